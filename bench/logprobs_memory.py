@@ -1,0 +1,128 @@
+"""Peak memory and time of losses.get_response_log_probs (chunked lm_head + log-softmax) against the naive
+log_softmax(model(ids).logits.float()) on a bf16 model with a Qwen-sized vocabulary, on CPU.
+
+Method: every (variant, mode) runs in a fresh subprocess. After building the model and inputs the child
+resets the kernel's RSS high-water mark (writes "5" to /proc/self/clear_refs), records VmRSS, runs the
+call once and reads VmHWM: peak extra memory = VmHWM - VmRSS before the call. This sees every byte torch
+allocates (tracemalloc does not), and the fresh process keeps one variant's allocator state out of the
+other's. Time is the best of --reps further calls, as wall time and as process CPU time (the latter is
+the fair comparison on a machine shared with other jobs). "train" = forward + backward of sum(log_probs * mask),
+"no_grad" = the old-log-probs forward. The naive variant peaks at ~2.3 x B*T*V*4 bytes (9.5 GB at the
+default sizes), so run it where there is room.
+
+    python bench/logprobs_memory.py                      # vocab 151936, seq 1024, batch 4, hidden 64
+    python bench/logprobs_memory.py --seq 256 --reps 1   # quick look
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+# --- model ---
+parser.add_argument("--vocab", type=int, default=151936, help="vocabulary size (Qwen2.5: 151936)")
+parser.add_argument("--hidden", type=int, default=64, help="hidden size of the 1-layer bf16 Qwen2")
+parser.add_argument("--layers", type=int, default=1, help="number of transformer layers")
+# --- workload ---
+parser.add_argument("--batch", type=int, default=4, help="sequences per call")
+parser.add_argument("--seq", type=int, default=1024, help="tokens per sequence")
+parser.add_argument("--chunk-size", type=int, default=256, help="tokens per lm_head chunk in get_response_log_probs")
+parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature applied to the logits")
+parser.add_argument("--reps", type=int, default=2, help="timed calls after the measured first call (best is kept)")
+# --- internal ---
+parser.add_argument("--child", default=None, help="internal: 'variant:mode' to run in this process")
+args = parser.parse_args()
+
+
+def proc_kb(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
+
+
+def child(variant, mode):
+    import gc
+
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    import losses
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
+                      num_hidden_layers=args.layers, num_attention_heads=max(1, args.hidden // 64),
+                      num_key_value_heads=max(1, args.hidden // 64), head_dim=64,
+                      max_position_embeddings=args.seq + 1, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+    ids = torch.randint(0, args.vocab, (args.batch, args.seq + 1))
+    input_ids, labels = ids[:, :-1], ids[:, 1:]  # (B, T)
+    mask = (torch.rand(args.batch, args.seq) > 0.3).float()  # (B, T)
+
+    def call():
+        model.zero_grad(set_to_none=True)
+        with torch.set_grad_enabled(mode == "train"):
+            if variant == "naive":
+                logits = model(input_ids, use_cache=False).logits.float() / args.temperature  # (B, T, V) float32
+                lp = torch.log_softmax(logits, dim=-1).gather(-1, labels[..., None]).squeeze(-1)  # (B, T)
+            else:
+                lp = losses.get_response_log_probs(model, input_ids, labels, temperature=args.temperature,
+                                                   chunk_size=args.chunk_size)["log_probs"]
+            if mode == "train":
+                (lp * mask).sum().backward()
+        return lp.detach().double().sum().item()
+
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current RSS
+    base = proc_kb("VmRSS")
+    t0, c0 = time.perf_counter(), time.process_time()
+    checksum = call()
+    first, first_cpu = time.perf_counter() - t0, time.process_time() - c0
+    peak = proc_kb("VmHWM")
+    times, cpus = [first], [first_cpu]
+    for _ in range(args.reps):
+        t0, c0 = time.perf_counter(), time.process_time()
+        call()
+        times.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    grad = model.model.embed_tokens.weight.grad
+    print(json.dumps({"peak_extra_mb": round((peak - base) / 1024, 1), "rss_before_mb": round(base / 1024, 1),
+                      "time_s": round(min(times[1:] or times), 3), "first_call_s": round(first, 3),
+                      "cpu_s": round(min(cpus[1:] or cpus), 3),
+                      "log_probs_sum": checksum,
+                      "embed_grad_norm": None if grad is None else grad.float().norm().item()}))
+
+
+def main():
+    import torch
+    result = {"config": {k: v for k, v in vars(args).items() if k != "child"}, "torch": torch.__version__,
+              "threads": torch.get_num_threads(),
+              "method": "fresh subprocess per variant/mode; peak extra = VmHWM - VmRSS before the call after resetting "
+                        "the high-water mark via /proc/self/clear_refs; time_s (wall) and cpu_s (process CPU time, robust to "
+                        "other load on a shared machine) = best of --reps calls after the first",
+              "runs": {}}
+    for mode in ("train", "no_grad"):
+        for variant in ("naive", "chunked"):
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", f"{variant}:{mode}"] + sys.argv[1:]
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            if out.returncode != 0:
+                raise SystemExit(f"error: {variant}:{mode} failed (rc {out.returncode}):\n{out.stderr[-2000:]}")
+            result["runs"][f"{variant}:{mode}"] = json.loads(out.stdout.strip().splitlines()[-1])
+        n, c = result["runs"][f"naive:{mode}"], result["runs"][f"chunked:{mode}"]
+        result[f"{mode}_memory_ratio"] = round(c["peak_extra_mb"] / n["peak_extra_mb"], 4)
+        result[f"{mode}_time_ratio"] = round(c["time_s"] / n["time_s"], 3)
+        result[f"{mode}_cpu_time_ratio"] = round(c["cpu_s"] / n["cpu_s"], 3)
+        result[f"{mode}_log_probs_sum_rel_diff"] = abs(c["log_probs_sum"] - n["log_probs_sum"]) / abs(n["log_probs_sum"])
+    result["targets"] = {"memory_ratio_max": 0.25, "time_ratio_max": 1.5}
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    if args.child:
+        child(*args.child.split(":"))
+    else:
+        main()

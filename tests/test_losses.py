@@ -1,0 +1,285 @@
+"""losses.py: hand-computed cases for every function and option, float64 gradchecks, and the chunked
+log-prob path checked against the naive full-vocab computation on the tiny HF model."""
+import copy
+import math
+
+import pytest
+import torch
+
+import losses as L
+
+T = torch.tensor
+
+
+def close(a, b, tol=1e-6):
+    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64),
+                               atol=tol, rtol=tol)
+
+
+# ----------------------------------------------------------------------------- tokenisation
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def test_tokenize_prompt_and_output(tiny):
+    tok = tiny[1]
+    prompts, outputs = ["User: 3 + 4", "Hi"], [" <answer> 7 </answer>", " ok"]
+    out = L.tokenize_prompt_and_output(prompts, outputs, tok)
+    p = [tok(s)["input_ids"] for s in prompts]
+    o = [tok(s, add_special_tokens=False)["input_ids"] for s in outputs]
+    full = [a + b for a, b in zip(p, o)]
+    n = max(map(len, full))
+    assert out["input_ids"].shape == out["labels"].shape == out["response_mask"].shape == (2, n - 1)
+    for i, seq in enumerate(full):
+        padded = seq + [tok.pad_token_id] * (n - len(seq))
+        assert out["input_ids"][i].tolist() == padded[:-1] and out["labels"][i].tolist() == padded[1:]
+        want = [len(p[i]) <= j + 1 < len(seq) for j in range(n - 1)]  # label j is token j + 1
+        assert out["response_mask"][i].tolist() == want
+    with pytest.raises(ValueError, match="one output per prompt"):
+        L.tokenize_prompt_and_output(["a"], [], tok)
+
+
+# ----------------------------------------------------------------------------- entropy / reductions
+def test_compute_entropy():
+    close(L.compute_entropy(torch.zeros(2, 3, 4)), torch.full((2, 3), math.log(4)))
+    close(L.compute_entropy(T([[1e4, 0.0, 0.0]])), [0.0])  # stable: no NaN/inf from exp(1e4)
+    z = torch.randn(5, 7, dtype=torch.float64)
+    p = z.softmax(-1)
+    close(L.compute_entropy(z), -(p * p.log()).sum(-1), 1e-12)
+
+
+def test_masked_mean_and_normalize():
+    x, m = T([[1.0, 2.0, float("nan")], [4.0, 5.0, 6.0]]), T([[1, 1, 0], [0, 0, 1]])
+    close(L.masked_mean(x, m), 3.0)
+    close(L.masked_mean(x, m, dim=1), [1.5, 6.0])
+    close(L.masked_mean(x, m.bool(), dim=0)[:1], [1.0])  # column 0 has one kept element
+    close(L.masked_normalize(x, m, 2.0), 4.5)
+    close(L.masked_normalize(x, m, 2.0, dim=1), [1.5, 3.0])
+    close(L.masked_normalize(x, m, 4.0, dim=-1), [0.75, 1.5])
+
+
+def test_seed_length_normalization_example():
+    """Seed 000 §7.2 worked example (floats: an int tensor cannot require grad; the seed's
+    `constant_normalizer=` keyword is this module's `normalize_constant`)."""
+    ratio = torch.ones(2, 7, requires_grad=True)
+    advs = torch.full((2, 7), 2.0)
+    masks = T([[1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1]])
+    max_gen_len = 7
+    masked_mean_result = L.masked_mean(ratio * advs, masks, dim=1)
+    masked_normalize_result = L.masked_normalize(ratio * advs, masks, dim=1, normalize_constant=max_gen_len)
+    close(masked_mean_result, [2.0, 2.0])
+    close(masked_normalize_result, [1.1429, 2.0], 1e-4)
+    masked_mean_result.mean().backward()
+    close(ratio.grad, [[0.25] * 4 + [0.0] * 3, [1 / 7] * 7])
+    ratio.grad.zero_()
+    masked_normalize_result.mean().backward()
+    close(ratio.grad, [[1 / 7] * 4 + [0.0] * 3, [1 / 7] * 7])
+
+
+# ----------------------------------------------------------------------------- SFT
+def test_sft_microbatch_train_step():
+    lp = T([[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]], requires_grad=True)
+    mask = T([[0, 1, 1], [1, 0, 0]])
+    loss, meta = L.sft_microbatch_train_step(lp, mask, gradient_accumulation_steps=2, normalize_constant=2.0)
+    close(loss, (2.5 + 2.0) / 2 / 2)  # per example -(masked sum)/2 = [2.5, 2.0] -> mean -> / 2
+    close(lp.grad, -0.125 * mask)  # -1 / (c * B * gas) on response tokens
+    close(meta["nll_per_token"], 3.0)  # (2 + 3 + 4) / 3
+    with pytest.raises(ValueError, match="response_mask"):
+        L.sft_microbatch_train_step(lp, mask[:, :2], 1)
+
+
+# ----------------------------------------------------------------------------- GRPO
+def test_compute_group_normalized_rewards():
+    table = {"a": 1.0, "b": 0.0, "c": 0.5}
+    fn = lambda r, gt: {"reward": table[r], "format_reward": 1.0, "answer_reward": table[r]}  # noqa: E731
+    resp, gts = ["a", "b", "c", "c"], ["x"] * 4
+    adv, raw, meta = L.compute_group_normalized_rewards(fn, resp, gts, 2, 1e-6, True)
+    s = 1 / math.sqrt(2)  # unbiased std of (1, 0); the biased std would be 0.5
+    close(raw, [1.0, 0.0, 0.5, 0.5])
+    close(adv, [0.5 / (s + 1e-6), -0.5 / (s + 1e-6), 0.0, 0.0])
+    assert meta["frac_groups_zero_std"] == 0.5 and meta["format_reward_mean"] == 1.0
+    adv, _, _ = L.compute_group_normalized_rewards(fn, resp, gts, 2, 1e-6, False)
+    close(adv, [0.5, -0.5, 0.0, 0.0])
+
+    def boom(r, gt):
+        raise AssertionError("reward_fn must not run when reward_dicts is given")
+    adv2, raw2, _ = L.compute_group_normalized_rewards(boom, resp, gts, 2, 1e-6, False,
+                                                       reward_dicts=[fn(r, g) for r, g in zip(resp, gts)])
+    close(adv2, adv)
+    close(raw2, raw)
+    with pytest.raises(ValueError, match="does not divide"):
+        L.compute_group_normalized_rewards(fn, resp[:3], gts[:3], 2, 1e-6, True)
+    with pytest.raises(ValueError, match="ground truths"):
+        L.compute_group_normalized_rewards(fn, resp, gts[:3], 2, 1e-6, True)
+
+
+def test_per_token_losses():
+    lp = torch.log(T([[1.5, 0.5, 1.0], [1.5, 0.5, 1.0]]))  # old = 0 so ratio = (1.5, 0.5, 1.0)
+    old, a = torch.zeros(2, 3), T([[1.0], [-1.0]])
+    close(L.compute_naive_policy_gradient_loss(a, lp), -a * lp)
+    close(L.compute_naive_policy_gradient_loss(a.view(2), lp), -a * lp)  # (B,) advantages accepted
+    close(L.compute_policy_gradient_loss(lp, "no_baseline", raw_rewards=a)[0], -a * lp)
+    close(L.compute_policy_gradient_loss(lp, "reinforce_with_baseline", advantages=a)[0], -a * lp)
+    loss, meta = L.compute_grpo_clip_loss(a, lp, old, 0.2)
+    close(loss, [[-1.2, -0.5, -1.0], [1.5, 0.8, 1.0]])
+    assert meta["clipped"].tolist() == [[True, False, False], [False, True, False]]
+    loss, _ = L.compute_grpo_clip_loss(a, lp, old, 0.2, cliprange_high=0.4)  # DAPO clip-higher
+    close(loss, [[-1.4, -0.5, -1.0], [1.5, 0.8, 1.0]])
+    loss, meta = L.compute_policy_gradient_loss(lp, "grpo_no_clip", advantages=a, old_log_probs=old)
+    close(loss, [[-1.5, -0.5, -1.0], [1.5, 0.5, 1.0]])
+    # GSPO: s = exp(mean of log-ratio over response tokens), clipped per sequence, broadcast to tokens
+    lp, mask = T([[0.2, 0.4, 9.0], [-0.1, -0.1, 0.0]]), T([[1, 1, 0], [1, 1, 1]])
+    loss, meta = L.compute_policy_gradient_loss(lp, "gspo", advantages=a, old_log_probs=torch.zeros(2, 3),
+                                                cliprange=0.2, response_mask=mask)
+    s2 = math.exp(-0.2 / 3)
+    close(loss, [[-1.2] * 3, [s2] * 3])
+    assert meta["clipped"][:, 0].tolist() == [True, False]
+    lp = lp.clone().requires_grad_()  # a row without response tokens must not give NaN gradients
+    L.grpo_microbatch_train_step(lp, T([[1, 1, 0], [0, 0, 0]]), 1, "gspo", advantages=a, old_log_probs=torch.zeros(2, 3),
+                                 cliprange=0.2)
+    assert torch.isfinite(lp.grad).all() and lp.grad[1].abs().sum() == 0
+
+
+def test_compute_kl():
+    lp, ref = torch.log(T([[0.5]])), torch.log(T([[0.25]]))
+    log_r = math.log(0.5)
+    close(L.compute_kl(lp, ref, "k1"), [[-log_r]])
+    close(L.compute_kl(lp, ref, "k2"), [[0.5 * log_r ** 2]])
+    close(L.compute_kl(lp, ref, "k3"), [[0.5 - 1 - log_r]])
+    with pytest.raises(ValueError, match="unknown kl"):
+        L.compute_kl(lp, ref, "k4")
+
+
+@pytest.mark.parametrize("loss_type,kwargs,missing", [
+    ("no_baseline", {}, "raw_rewards"), ("reinforce_with_baseline", {}, "advantages"),
+    ("grpo_clip", {"advantages": torch.ones(2, 1)}, "old_log_probs"),
+    ("grpo_clip", {"advantages": torch.ones(2, 1), "old_log_probs": torch.zeros(2, 3)}, "cliprange"),
+    ("grpo_no_clip", {"advantages": torch.ones(2, 1)}, "old_log_probs"),
+    ("gspo", {"advantages": torch.ones(2, 1), "old_log_probs": torch.zeros(2, 3), "cliprange": 0.2}, "response_mask")])
+def test_policy_gradient_loss_missing_args(loss_type, kwargs, missing):
+    with pytest.raises(ValueError, match=f"requires {missing}"):
+        L.compute_policy_gradient_loss(torch.zeros(2, 3), loss_type, **kwargs)
+
+
+def test_shape_and_option_errors():
+    lp, m = torch.zeros(2, 3, requires_grad=True), torch.ones(2, 3)
+    with pytest.raises(ValueError, match="unknown loss_type"):
+        L.compute_policy_gradient_loss(lp, "ppo")
+    with pytest.raises(ValueError, match="advantages has shape"):
+        L.compute_policy_gradient_loss(lp, "reinforce_with_baseline", advantages=torch.ones(3, 1))
+    with pytest.raises(ValueError, match="old_log_probs has shape"):
+        L.compute_grpo_clip_loss(torch.ones(2, 1), lp, torch.zeros(2, 4), 0.2)
+    step = lambda **kw: L.grpo_microbatch_train_step(lp, kw.pop("mask", m), 1, "no_baseline",  # noqa: E731
+                                                     raw_rewards=torch.ones(2, 1), **kw)
+    with pytest.raises(ValueError, match="unknown length_norm"):
+        step(length_norm="sum")
+    with pytest.raises(ValueError, match="requires normalize_constant"):
+        step(length_norm="masked_normalize")
+    with pytest.raises(ValueError, match="requires ref_log_probs"):
+        step(kl_beta=0.1)
+    with pytest.raises(ValueError, match="response_mask has shape"):
+        step(mask=torch.ones(2, 4))
+
+
+@pytest.mark.parametrize("length_norm,const,g0,g1", [
+    ("masked_mean", None, -1 / 8, 2 / 4),  # -A_b / (B * n_b * gas), n = (2, 1)
+    ("masked_normalize", 4.0, -1 / 16, 2 / 16),  # -A_b / (B * c * gas)
+    ("token", None, -1 / 6, 2 / 6)])  # -A_b / (n_total * gas)
+def test_grpo_microbatch_train_step_length_norms(length_norm, const, g0, g1):
+    lp = T([[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]], requires_grad=True)
+    mask, adv = T([[1, 1, 0], [1, 0, 0]]), T([[1.0], [-2.0]])
+    loss, meta = L.grpo_microbatch_train_step(lp, mask, 2, "reinforce_with_baseline", advantages=adv,
+                                              length_norm=length_norm, normalize_constant=const)
+    close(lp.grad, [[g0, g0, 0.0], [g1, 0.0, 0.0]])
+    close(loss, (lp.grad * lp.detach()).sum())  # the loss is linear in log-probs here
+    assert meta["num_response_tokens"] == 3
+
+
+def test_grpo_microbatch_train_step_clip_kl_and_empty_rows():
+    lp = torch.log(T([[1.5, 0.5, 1.0], [1.0, 1.0, 1.0]])).requires_grad_()
+    old, ref, mask = torch.zeros(2, 3), torch.zeros(2, 3), T([[1, 1, 1], [0, 0, 0]])  # row 1 empty
+    loss, meta = L.grpo_microbatch_train_step(lp, mask, 1, "grpo_clip", advantages=T([1.0, 1.0]),
+                                              old_log_probs=old, cliprange=0.2, ref_log_probs=ref,
+                                              kl_beta=0.5, kl_estimator="k1")
+    assert torch.isfinite(loss) and torch.isfinite(lp.grad).all()
+    close(meta["clip_fraction"], 1 / 3)
+    close(meta["ratio_mean"], 1.0)
+    close(meta["ratio_max"], 1.5)
+    close(meta["kl"], (math.log(1.5) + math.log(0.5)) / 3)  # k1 = logp - ref
+    # per-token loss (-1.2, -0.5 * ..., ...) + 0.5 * k1, masked mean over row 0, batch mean over 2 rows
+    close(loss, ((-1.2 - 0.5 - 1.0) + 0.5 * (math.log(1.5) + math.log(0.5))) / 3 / 2)
+    # grad row 0: clipped token only gets the KL term; others ratio * A * (-1) + beta, / (3 * 2)
+    close(lp.grad[0], [(0.5) / 6, (-0.5 + 0.5) / 6, (-1.0 + 0.5) / 6])
+
+
+def test_gradcheck_losses_float64():
+    torch.manual_seed(0)
+    d = dict(dtype=torch.float64)
+    lp = (torch.randn(3, 5, **d) * 0.3).requires_grad_()
+    old, ref, adv = torch.randn(3, 5, **d) * 0.3, torch.randn(3, 5, **d) * 0.3, torch.randn(3, 1, **d)
+    mask = torch.rand(3, 5) > 0.3
+    mask[:, 0] = True
+    for fn in [lambda x: L.compute_naive_policy_gradient_loss(adv, x),
+               lambda x: L.compute_grpo_clip_loss(adv, x, old, 0.2, cliprange_high=0.3)[0],
+               lambda x: L.compute_policy_gradient_loss(x, "grpo_no_clip", advantages=adv, old_log_probs=old)[0],
+               lambda x: L.compute_policy_gradient_loss(x, "gspo", advantages=adv, old_log_probs=old, cliprange=0.2,
+                                                        response_mask=mask)[0],
+               lambda x: L.masked_mean(x, mask, dim=1), lambda x: L.masked_normalize(x, mask, 3.0, dim=0),
+               lambda x: L.compute_entropy(x)] + [lambda x, k=k: L.compute_kl(x, ref, k) for k in L.KL_ESTIMATORS]:
+        assert torch.autograd.gradcheck(fn, (lp,))
+    h, w = torch.randn(7, 4, **d, requires_grad=True), torch.randn(11, 4, **d, requires_grad=True)
+    labels = torch.randint(0, 11, (7,))
+    for want_ent in (False, True):
+        assert torch.autograd.gradcheck(
+            lambda h, w: L._ChunkedHeadLogProbs.apply(h, w, labels, 0.7, 3, want_ent)[:1 + want_ent], (h, w))
+
+
+# ----------------------------------------------------------------------------- chunked log-probs on a real model
+def _naive(model, ids, labels, temperature):
+    logits = model(ids).logits.float() / temperature  # (B, T, V)
+    lp = torch.log_softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1)
+    return lp, L.compute_entropy(logits)
+
+
+def _grads(model, out_lp, out_ent, w):
+    model.zero_grad()
+    ((out_lp * w).sum() + out_ent.sum()).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("temperature,fallback", [(1.0, False), (0.7, False), (0.7, True)])
+def test_get_response_log_probs_matches_naive(tiny, temperature, fallback):
+    model = tiny[0]
+    model.config.final_logit_softcapping = 30.0 if fallback else None  # Qwen2 ignores it; forces the fallback
+    torch.manual_seed(0)
+    ids, labels, w = torch.randint(0, 500, (3, 19)), torch.randint(0, 500, (3, 19)), torch.randn(3, 19)
+    out = L.get_response_log_probs(model, ids, labels, return_token_entropy=True, temperature=temperature,
+                                   chunk_size=8)  # 57 tokens: chunks do not divide evenly
+    lp, ent = _naive(model, ids, labels, temperature)
+    close(out["log_probs"], lp, 1e-5)
+    close(out["token_entropy"], ent, 1e-5)
+    for a, b in zip(_grads(model, out["log_probs"], out["token_entropy"], w), _grads(model, lp, ent, w)):
+        torch.testing.assert_close(a, b, atol=1e-5 * b.abs().max().item(), rtol=1e-4)
+    with torch.no_grad():  # old log-probs path; no entropy key unless asked
+        out = L.get_response_log_probs(model, ids, labels, temperature=temperature)
+    assert set(out) == {"log_probs"} and not out["log_probs"].requires_grad
+    close(out["log_probs"], lp, 1e-5)
+    model.config.final_logit_softcapping = None
+
+
+def test_get_response_log_probs_bf16_and_errors(tiny):
+    model = copy.deepcopy(tiny[0]).to(torch.bfloat16)
+    ids = torch.randint(0, 500, (2, 9))
+    with torch.no_grad():
+        ref = torch.log_softmax(model(ids).logits.float(), -1)[:, :-1]
+        out = L.get_response_log_probs(model, ids[:, :-1], ids[:, 1:])["log_probs"]
+    assert out.dtype == torch.float32
+    close(out, ref.gather(-1, ids[:, 1:, None]).squeeze(-1), 5e-2)  # bf16 logits, different matmul blocking
+    with torch.no_grad():  # HF-style -100 labels are scored (as token 0) instead of crashing gather
+        assert torch.isfinite(L.get_response_log_probs(model, ids, torch.full_like(ids, -100))["log_probs"]).all()
+    with pytest.raises(ValueError, match="must both be"):
+        L.get_response_log_probs(model, ids, ids[:, 1:])
+    with pytest.raises(ValueError, match="temperature"):
+        L.get_response_log_probs(model, ids, ids, temperature=0.0)
