@@ -1,0 +1,356 @@
+"""Task data and prompts: the one shared helper module (loaders, prompt files, Countdown generator).
+
+Every task loader returns a list of dicts {"question": str, "ground_truth": ..., ...}; the caller
+fills a prompt template (prompts/<name>.prompt) with `format_prompt` and grades with the
+`grader.REWARD_FNS[TASKS[task]["reward"]]` function.
+
+Hub datasets (openai/gsm8k, hiyouga/math12k, HuggingFaceH4/MATH-500, justinphan3110/Countdown-Tasks-3to4)
+load through `datasets` only when it is importable (it is optional and not in requirements);
+every task also takes a local JSON/JSONL path, which is how tests and offline runs use it.
+`load_task("countdown")` without a path uses the synthetic generator below, which needs nothing.
+
+Synthetic Countdown (departures from the seed's hub dataset, chosen so a tiny model can learn it):
+  * k numbers (k drawn from `numbers`, default 3..4, at most 5) in 1..max_value (default 10), duplicates allowed;
+    target a positive integer <= max_target (default 50) reachable using ALL k numbers exactly once;
+  * the target may also be reachable from a proper subset: the default reward requires every number
+    (see grader.py), so a subset answer scores 0.1, not 1.0;
+  * the reference solution keeps every intermediate value a non-negative integer (Countdown-game
+    rule), fully parenthesised like the seed's examples: "(9 * (4 * 3)) - 7";
+  * train/test are disjoint by a stable hash of (sorted numbers, target): ~10% of problems are test.
+
+Examples:
+  python data.py countdown --numbers 3..4 --max-value 10 --seed 0 --n 1000 --out /tmp/cd_train.jsonl
+  python data.py countdown --split test --n 200 --out /tmp/cd_test.jsonl
+  python data.py gsm8k --path ../shared/data/gsm8k_test.jsonl --n 5 --out /tmp/gsm8k5.jsonl
+"""
+import argparse
+import hashlib
+import json
+import os
+import random
+import re
+from fractions import Fraction
+from functools import lru_cache
+from itertools import combinations
+
+PROMPTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prompts")
+
+# default prompt and reward (grader.REWARD_FNS key) per task
+TASKS = {
+    "countdown": {"prompt": "r1_zero", "reward": "countdown"},
+    "gsm8k": {"prompt": "r1_zero", "reward": "r1_zero"},
+    "math": {"prompt": "intellect", "reward": "intellect"},
+    "math500": {"prompt": "intellect", "reward": "intellect"},
+    "keyword": {"prompt": "keyword", "reward": "keyword"},
+    "jsonl": {"prompt": "r1_zero", "reward": "r1_zero"},
+}
+HUB = {  # task -> (dataset id, config) when `datasets` is importable and no path is given
+    "gsm8k": ("openai/gsm8k", "main"),
+    "math": ("hiyouga/math12k", None),
+    "math500": ("HuggingFaceH4/MATH-500", None),
+    "countdown_hub": ("justinphan3110/Countdown-Tasks-3to4", None),
+}
+TEST_BUCKETS = 10  # of 100 hash buckets go to the test split (countdown, keyword)
+
+
+# ----------------------------------------------------------------------------- prompts
+def load_prompt(name):
+    """Template text of prompts/<name>.prompt (one trailing newline, if an editor added it, is dropped)."""
+    path = os.path.join(PROMPTS_DIR, f"{name}.prompt")
+    if not os.path.exists(path):
+        have = sorted(f[:-7] for f in os.listdir(PROMPTS_DIR) if f.endswith(".prompt"))
+        raise ValueError(f"no prompt file {path}; available prompts: {have}")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    return text[:-1] if text.endswith("\n") else text
+
+
+def format_prompt(template, question):
+    """Fill {question}. Plain replace, not str.format: templates contain LaTeX braces."""
+    if "{question}" not in template:
+        raise ValueError("prompt template has no {question} placeholder")
+    return template.replace("{question}", question)
+
+
+def stop_strings(template):
+    return ["</answer>"] if "<answer>" in template else []
+
+
+# ----------------------------------------------------------------------------- jsonl io
+def read_jsonl(path):
+    """Rows of a .jsonl file (a .json file holding a list also works)."""
+    if not os.path.exists(path):
+        raise ValueError(f"file not found: {path}")
+    with open(path, encoding="utf-8") as f:
+        if path.endswith(".json"):
+            rows = json.load(f)
+            if not isinstance(rows, list):
+                raise ValueError(f"{path}: expected a JSON list of objects")
+            return rows
+        rows = []
+        for i, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{i}: invalid JSON ({e.msg})") from None
+        return rows
+
+
+def write_jsonl_atomic(path, rows):
+    """Write rows as JSONL via tmp file + os.replace, so readers never see a half-written file."""
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def _field(row, names, path, i):
+    for n in names:
+        if n in row and row[n] is not None:
+            return row[n]
+    raise ValueError(f"{path}: row {i} has no field {' or '.join(repr(n) for n in names)}")
+
+
+def load_sft_jsonl(path):
+    """SFT pairs [{"prompt", "response"}] from a JSONL file with those two fields."""
+    rows = read_jsonl(path)
+    return [{"prompt": _field(r, ["prompt"], path, i), "response": _field(r, ["response"], path, i)}
+            for i, r in enumerate(rows)]
+
+
+# ----------------------------------------------------------------------------- answers
+def last_boxed(text):
+    """Content of the last \\boxed{...} / \\fbox{...} in text (brace-matched), or None."""
+    i = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if i < 0:
+        return None
+    j = text.find("{", i)
+    if j < 0 or text[i:j].strip() not in ("\\boxed", "\\fbox"):
+        m = re.match(r"\\boxed ([^\s$]+)", text[i:])  # "\boxed 5" form
+        return m.group(1) if m else None
+    depth = 0
+    for k in range(j, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[k], 0)
+        if depth == 0:
+            return text[j + 1:k]
+    return None  # unbalanced
+
+
+def gsm8k_answer(solution):
+    """'... #### 1,234' -> '1234'."""
+    if "####" not in solution:
+        raise ValueError(f"GSM8K answer has no '####': {solution[-80:]!r}")
+    return solution.split("####")[-1].strip().replace(",", "")
+
+
+def math_answer(text):
+    """Final answer of a MATH solution: last \\boxed{}, else the text after 'The answer is:', else text."""
+    b = last_boxed(text)
+    if b is not None:
+        return b.strip()
+    m = re.search(r"The answer is:?\s*(.+?)\s*$", text, re.S)
+    return (m.group(1) if m else text).strip()
+
+
+# ----------------------------------------------------------------------------- loaders
+def _hub_rows(task, split):
+    try:
+        import datasets  # optional dependency
+    except ImportError:
+        raise ValueError(f"task {task!r} needs path=<local .jsonl> (the `datasets` package is not installed)") from None
+    name, config = HUB[task]
+    return list(datasets.load_dataset(name, config, split=split))
+
+
+def _bucket(key):
+    return int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) % 100
+
+
+def _in_split(key, split):
+    if split is None:
+        return True
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    return (_bucket(key) < TEST_BUCKETS) == (split == "test")
+
+
+def load_task(task, split="test", path=None, limit=None, seed=0, question_key=None, answer_key=None):
+    """[{"question", "ground_truth", ...}] for one task; see the module docstring.
+
+    Local files keep their order (seed is only used by the synthetic countdown and the keyword
+    split); `limit` keeps the first rows. For "jsonl", question_key/answer_key name the fields
+    (defaults: "question"/"problem" and "ground_truth"/"answer").
+    """
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; choose from {sorted(TASKS)}")
+    n = limit
+    if task == "countdown" and path is None:
+        return generate_countdown(n if n is not None else (10000 if split == "train" else 1024),
+                                  seed=seed, split=split)
+    if task == "keyword":
+        if path is None:
+            raise ValueError("task 'keyword' needs path=<keyword list file, one word per line> "
+                             "(e.g. ../shared/data/keywords.txt)")
+        if not os.path.exists(path):
+            raise ValueError(f"file not found: {path}")
+        with open(path, encoding="utf-8") as f:
+            words = sorted({w.strip() for w in f if w.strip()})
+        words = [w for w in words if _in_split("kw:" + w.lower(), split)]
+        random.Random(seed).shuffle(words)
+        return [{"question": w, "ground_truth": [w]} for w in words[:n]]
+    if path is None:
+        if task == "jsonl":
+            raise ValueError("task 'jsonl' needs path=<local .jsonl>")
+        rows = _hub_rows("countdown_hub" if task == "countdown" else task, "train" if task == "countdown" else split)
+        path = HUB["countdown_hub" if task == "countdown" else task][0]
+        if task == "countdown":  # the hub set has only a train split: hold out its last 1024 rows
+            rows = rows[-1024:] if split == "test" else rows[:-1024]
+    else:
+        rows = read_jsonl(path)
+    out = []
+    for i, r in enumerate(rows[:n] if n is not None else rows):
+        if task == "countdown":
+            nums = [int(x) for x in _field(r, ["numbers", "nums"], path, i)]
+            gt = {"numbers": nums, "target": int(_field(r, ["target"], path, i))}
+            out.append({"question": countdown_question(nums, gt["target"]), "ground_truth": gt})
+            continue
+        q = _field(r, [question_key] if question_key else ["question", "problem"], path, i)
+        if task == "gsm8k":
+            sol = _field(r, [answer_key] if answer_key else ["answer"], path, i)
+            out.append({"question": q, "ground_truth": gsm8k_answer(sol), "solution": sol})
+        elif task in ("math", "math500"):
+            a = _field(r, [answer_key] if answer_key else ["answer", "solution"], path, i)
+            out.append({"question": q, "ground_truth": math_answer(str(a)), "solution": r.get("solution", a)})
+        else:  # jsonl: ground truth taken as is
+            gt = _field(r, [answer_key] if answer_key else ["ground_truth", "answer"], path, i)
+            out.append({**r, "question": q, "ground_truth": gt})
+    return out
+
+
+# ----------------------------------------------------------------------------- countdown
+def countdown_question(numbers, target):
+    """The problem statement of seed 000 §5 (fills {question} of countdown.prompt and r1_zero.prompt)."""
+    return (f"Using the numbers in the list [{', '.join(str(x) for x in numbers)}], create an equation "
+            f"that equals {target}.\n\nYou can use basic arithmetic operations (+, -, *, /) and each "
+            f"number can only be used once.")
+
+
+def _combine(a, b):
+    """(value, expr, nice) pairs from two (value, expr, nice) operands; nice = integer >= 0 so far."""
+    (va, ea, na), (vb, eb, nb) = a, b
+    pa = ea if ea.isdigit() else f"({ea})"
+    pb = eb if eb.isdigit() else f"({eb})"
+    out = [(va + vb, f"{pa} + {pb}", na and nb), (va * vb, f"{pa} * {pb}", na and nb),
+           (va - vb, f"{pa} - {pb}", na and nb and va >= vb), (vb - va, f"{pb} - {pa}", na and nb and vb >= va)]
+    if vb != 0:
+        out.append((va / vb, f"{pa} / {pb}", na and nb and va % vb == 0))
+    if va != 0:
+        out.append((vb / va, f"{pb} / {pa}", na and nb and vb % va == 0))
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _reachable(nums):
+    """{value: (expr, nice)} for every value an expression using ALL of `nums` (a sorted tuple)
+    exactly once can take, exact over Fractions; a nice (all-integer, non-negative) expression is
+    kept over a non-nice one, else the first found (deterministic order)."""
+    if len(nums) == 1:
+        return {Fraction(nums[0]): (str(nums[0]), True)}
+    out = {}
+    idx = range(len(nums))
+    for r in range(1, len(nums) // 2 + 1):
+        for left in combinations(idx, r):
+            if r * 2 == len(nums) and 0 not in left:
+                continue  # each unordered split once
+            a = tuple(nums[i] for i in left)
+            b = tuple(nums[i] for i in idx if i not in left)
+            ra, rb = _reachable(a), _reachable(b)
+            for va, (ea, na) in ra.items():
+                for vb, (eb, nb) in rb.items():
+                    for v, e, nice in _combine((va, ea, na), (vb, eb, nb)):
+                        if v not in out or (nice and not out[v][1]):
+                            out[v] = (e, nice)
+    return out
+
+
+@lru_cache(maxsize=1 << 16)
+def _targets(nums, max_target, split):
+    """Sorted integer targets in 1..max_target of `split` that `nums` reach with a nice expression."""
+    return [int(v) for v, (e, nice) in sorted(_reachable(nums).items())
+            if nice and v.denominator == 1 and 1 <= v <= max_target and _in_split(f"cd:{nums}:{int(v)}", split)]
+
+
+def solve_countdown(numbers, target):
+    """An expression using every number exactly once that equals target (exact rationals), or None.
+    Exhaustive: instant for <= 4 numbers, ~1 s for 5; more than 6 is refused."""
+    if len(numbers) > 6:
+        raise ValueError(f"solve_countdown handles at most 6 numbers, got {len(numbers)}")
+    hit = _reachable(tuple(sorted(int(x) for x in numbers))).get(Fraction(target))
+    return hit[0] if hit else None
+
+
+def _parse_range(s):
+    lo, _, hi = str(s).partition("..")
+    return int(lo), int(hi or lo)
+
+
+def generate_countdown(n, numbers=(3, 4), max_value=10, seed=0, max_target=50, split=None):
+    """n distinct solvable problems [{"question", "ground_truth": {"numbers", "target"}, "solution"}].
+
+    numbers: (lo, hi) count of numbers (or "3..4"); values in 1..max_value; targets in 1..max_target.
+    split: None (any), "train" or "test" (disjoint by a hash of the sorted numbers and the target).
+    """
+    lo, hi = _parse_range(numbers) if isinstance(numbers, str) else (int(numbers[0]), int(numbers[-1]))
+    if not (2 <= lo <= hi <= 5):
+        raise ValueError(f"numbers must be a range within 2..5, got {numbers!r}")
+    if max_value < 1 or max_target < 1:
+        raise ValueError("max_value and max_target must be >= 1")
+    rng = random.Random(f"countdown-{seed}-{split}")
+    seen, out = set(), []
+    for _ in range(50 * n + 1000):
+        if len(out) == n:
+            break
+        nums = [rng.randint(1, max_value) for _ in range(rng.randint(lo, hi))]
+        key = tuple(sorted(nums))
+        cands = [t for t in _targets(key, max_target, split) if (key, t) not in seen]
+        if not cands:
+            continue
+        t = rng.choice(cands)
+        seen.add((key, t))
+        out.append({"question": countdown_question(nums, t), "ground_truth": {"numbers": nums, "target": t},
+                    "solution": _reachable(key)[Fraction(t)][0]})
+    if len(out) < n:
+        raise ValueError(f"only {len(out)} distinct countdown problems found for n={n}; "
+                         f"raise --max-value/--max-target or widen --numbers")
+    return out
+
+
+# ----------------------------------------------------------------------------- CLI
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description="Write task data as JSONL (synthetic Countdown or a loaded task).")
+    p.add_argument("task", choices=sorted(TASKS), help="task to generate/load")
+    # --- countdown generator ---
+    p.add_argument("--numbers", default="3..4", help="how many numbers per problem, 'lo..hi'")
+    p.add_argument("--max-value", type=int, default=10, help="numbers are drawn from 1..max-value")
+    p.add_argument("--max-target", type=int, default=50, help="targets are in 1..max-target")
+    p.add_argument("--n", type=int, default=1000, help="number of problems (countdown) / rows kept")
+    # --- loading ---
+    p.add_argument("--split", default=None, help="train|test (countdown default: no split filter)")
+    p.add_argument("--path", default=None, help="local JSON/JSONL file (keyword: word list)")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--out", required=True, help="output .jsonl path (written atomically)")
+    args = p.parse_args()
+    try:
+        if args.task == "countdown" and args.path is None:
+            rows = generate_countdown(args.n, _parse_range(args.numbers), args.max_value, args.seed,
+                                      args.max_target, args.split)
+        else:
+            rows = load_task(args.task, args.split or "test", args.path, args.n, args.seed)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
+    write_jsonl_atomic(args.out, rows)
+    print(f"wrote {len(rows)} rows to {args.out}")

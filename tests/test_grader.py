@@ -1,0 +1,254 @@
+"""grader.py: verdict tables for every rule, the seeds' examples verbatim, a fuzz test with a per-call
+time bound, and grade_batch (order, threads, a stuck helper killed)."""
+import functools
+import threading
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import grader
+from grader import (REWARD_FNS, _evaluate_equation, _validate_numbers, countdown_reward_fn, grade_batch,
+                    gsm8k_reward_fn, intellect_reward_fn, keyword_inclusion_reward_fn, question_only_reward_fn,
+                    r1_zero_reward_fn)
+
+KEYS = {"reward", "format_reward", "answer_reward"}
+
+
+def V(reward, fmt, ans):
+    return {"reward": reward, "format_reward": fmt, "answer_reward": ans}
+
+
+def R1(ans):
+    return f"Let me think. </think> <answer> {ans} </answer>"
+
+
+# ----------------------------------------------------------------------------- seed examples, verbatim
+def test_seed_002_asserts():
+    # Example 1: Valid Usage (subset)
+    assert _validate_numbers("(64 + 14) - 16", [64, 14, 16, 7]) == True  # noqa: E712
+    # Example 2: Invalid Usage (number used too many times)
+    assert _validate_numbers((7 + 7) + 7, [7, 7, 65]) == False  # noqa: E712
+    # Example 3: Invalid Usage (number not available)
+    assert _validate_numbers("10 + 9", [10, 8, 2]) == False  # noqa: E712
+    assert _evaluate_equation("(65 - 7) - 7") == 51.0
+    reward_fn = lambda g, t: countdown_reward_fn(g, t)["reward"]  # noqa: E731
+    numbers = [79, 17, 60]
+    target = 36
+    ground_truth = {"numbers": numbers, "target": target}
+    rollout = "...thinking... <answer>(79 - (60 - 17))</answer>"
+    assert reward_fn(rollout, ground_truth) == 1.0
+    rollout = "...thinking...<answer>(79 + 60) + 17</answer>"
+    assert reward_fn(rollout, ground_truth) == 0.1  # valid format of <answer>
+    rollout = "...thinking...The final answer is 62."
+    assert reward_fn(rollout, ground_truth) == 0.0
+    # the seed's section 1.1 examples are correct answers
+    for nums, t, e in [([7, 7, 65], 51, "(65 - 7) - 7"), ([34, 84, 83, 72], 39, "(72 - 34) + (84 - 83)"),
+                       ([9, 4, 3, 7], 101, "(9 * (4 * 3)) - 7")]:
+        assert reward_fn(f"<answer>{e}</answer>", {"numbers": nums, "target": t}) == 1.0
+
+
+def test_seed_004_keyword_example():
+    assert keyword_inclusion_reward_fn("The red apple fell from the tree.", ["apple", "red"])["reward"] == 1
+    assert keyword_inclusion_reward_fn("The red apple fell from the tree.", "apple")["reward"] == 1
+
+
+# ----------------------------------------------------------------------------- tables
+R1_TABLE = [  # (response, ground truth, (reward, format, answer))
+    (R1("18"), "18", (1, 1, 1)),
+    (R1("17"), "18", (0, 1, 0)),                                   # formatted wrong answer
+    ("</think><answer> 18 </answer>", "18", (0, 0, 0)),            # strict: '</think> <answer>'
+    ("</think> <answer> 18", "18", (0, 0, 0)),                     # no </answer>
+    ("18", "18", (0, 0, 0)),
+    (R1("17") + " <answer> 18 </answer>", "18", (1, 1, 1)),        # last <answer> counts
+    (R1("\\boxed{\\dfrac{1}{2}}"), "0.5", (1, 1, 1)),              # \boxed unwrapped, frac vs decimal
+    (R1("\\frac12"), "\\dfrac{1}{2}", (1, 1, 1)),
+    (R1("1/3"), "0.33", (0, 1, 0)),
+    (R1("\\left( 3, \\frac{\\pi}{2} \\right)"), "(3,\\frac{\\pi}{2})", (1, 1, 1)),
+    (R1("(3, \\pi/2)"), "\\left( 3, \\frac{\\pi}{2} \\right)", (1, 1, 1)),
+    (R1("[1, 2)"), "[1,2)", (1, 1, 1)),
+    (R1("(1, 2]"), "[1,2)", (0, 1, 0)),
+    (R1("30^\\circ"), "30", (1, 1, 1)),
+    (R1("30^{\\circ}"), "30", (1, 1, 1)),
+    (R1("10\\text{ cm}"), "10", (1, 1, 1)),
+    (R1("18 dollars"), "18", (1, 1, 1)),
+    (R1("1,234 dollars"), "1234", (1, 1, 1)),
+    (R1("58, 500"), "58500", (0, 1, 0)),                           # a tuple, not a thousands separator
+    (R1("$18.00"), "18", (1, 1, 1)),
+    (R1("18."), "18", (1, 1, 1)),
+    (R1("x = 5"), "5", (1, 1, 1)),
+    (R1("007"), "7", (1, 1, 1)),
+    (R1("1,234"), "1234", (1, 1, 1)),
+    (R1("1,234"), 1234, (1, 1, 1)),                                 # numeric ground truth
+    (R1("50\\%"), "50", (1, 1, 1)),
+    (R1("x^2+2x+1"), "(x+1)^2", (1, 1, 1)),                         # sympy equivalence
+    (R1("\\sqrt{2}/2"), "\\frac{\\sqrt{2}}{2}", (1, 1, 1)),
+    (R1("\\text{(B)}"), "B", (1, 1, 1)),
+    (R1("2"), ["3", "2"], (1, 1, 1)),                              # list of acceptable answers
+    (R1("10^{10^{10}}"), "10", (0, 1, 0)),                          # guarded, no hang
+    (R1("\\frac{1}{2"), "\\frac{1}{2}", (0, 1, 0)),                 # unbalanced braces
+    (R1(""), "5", (0, 1, 0)),
+]
+
+
+@pytest.mark.parametrize("response,gt,expected", R1_TABLE)
+def test_r1_zero_table(response, gt, expected):
+    assert r1_zero_reward_fn(response, gt) == V(*map(float, expected))
+
+
+OTHER_TABLE = [  # (fn, response, ground truth, (reward, format, answer))
+    (question_only_reward_fn, "so 2+2 is \\boxed{4}.", "4", (1, 1, 1)),
+    (question_only_reward_fn, "\\boxed{3} no wait \\boxed{4}", "4", (1, 1, 1)),
+    (question_only_reward_fn, "The answer is 4.", "4", (1, 1, 1)),
+    (question_only_reward_fn, "\\boxed{5}", "4", (0, 1, 0)),
+    (question_only_reward_fn, "it is 4", "4", (0, 0, 0)),
+    (intellect_reward_fn, "Work.\nTherefore, the final answer is: $\\boxed{\\frac{3}{4}}$. I hope it is correct.", "0.75", (1, 1, 1)),
+    (intellect_reward_fn, "Therefore, the final answer is: $\\boxed{2}$. I hope it is correct.", "3", (0, 1, 0)),
+    (intellect_reward_fn, "so \\boxed{3}", "3", (1, 0, 1)),                 # answer graded, format 0
+    (intellect_reward_fn, "no idea", "3", (0, 0, 0)),
+    (gsm8k_reward_fn, "9 * 2 = 18\n#### 18", "18", (1, 1, 1)),
+    (gsm8k_reward_fn, "#### 1,234", "Janet... <<1+1=2>>\n#### 1234", (1, 1, 1)),  # gt: full solution
+    (gsm8k_reward_fn, R1("$18.00."), "18", (1, 1, 1)),
+    (gsm8k_reward_fn, "The answer is 18 dollars.", "18", (1, 1, 1)),
+    (gsm8k_reward_fn, "16 - 3 - 4 = 9 eggs, 9 * 2 = 18", "18", (1, 0, 1)),  # no marker: last number
+    (gsm8k_reward_fn, "#### 19", "18", (0, 1, 0)),
+    (gsm8k_reward_fn, "#### 18.5", "18", (0, 1, 0)),
+    (keyword_inclusion_reward_fn, "An APPLE a day", ["apple"], (1, 1, 1)),
+    (keyword_inclusion_reward_fn, "Two apples", ["apple"], (0, 1, 0)),       # whole words only
+    (keyword_inclusion_reward_fn, "pineapple", ["apple"], (0, 1, 0)),
+    (keyword_inclusion_reward_fn, "red apple", ["apple", "tree"], (0, 1, 0)),
+    (keyword_inclusion_reward_fn, "c++ rocks", ["c++"], (1, 1, 1)),
+    (keyword_inclusion_reward_fn, "", ["apple"], (0, 0, 0)),
+]
+
+
+@pytest.mark.parametrize("fn,response,gt,expected", OTHER_TABLE)
+def test_other_tables(fn, response, gt, expected):
+    assert fn(response, gt) == V(*map(float, expected))
+
+
+CD = {"numbers": [1, 2, 3], "target": 1}
+COUNTDOWN_TABLE = [  # (response, ground truth, reward)
+    ("<answer>(1 + 2) / 3</answer>", CD, 1.0),
+    ("<answer>\nStep 1: 1 + 2 = 3\nStep 2: 3 / 3 = 1\n</answer>", CD, 1.0),    # the seed 000 example
+    ("<answer>Step 1: 1 + 2 = 3 Step 2: 3 / 3 = 1</answer>", CD, 1.0),
+    ("<answer>Step 1: 1 + 2 = 4\nStep 2: 4 / 3 = 1</answer>", CD, 0.1),       # false step
+    ("<answer>Step 1: 1 + 2 = 3\nStep 2: 3 / 3 = 1\nStep 3: 3 - 2 = 1</answer>", CD, 0.1),  # 2 already used
+    ("<answer>Step 1: 3 - 2 = 1</answer>", CD, 0.1),                       # 1 unused (all required)
+    ("<answer>(1 + 2) / 3 = 1</answer>", CD, 1.0),
+    ("<answer>(1 + 2) / 3 = 2</answer>", CD, 0.1),
+    ("<answer>3 - 2</answer>", CD, 0.1),                                   # subset: all numbers required
+    ("<answer>(1 + 1) / 2 * 3 / 3</answer>", CD, 0.1),                     # reused number
+    ("<answer>1 / (3 - 3) + 2</answer>", CD, 0.1),                         # division by zero: wrong, no crash
+    ("<answer>-1 + 2 * 1 / 3</answer>", CD, 0.1),                          # unary minus not allowed
+    ("<answer>1 ** 2 * 3 / 3</answer>", CD, 0.1),                          # power not allowed
+    ("<answer>(1 + 2) ÷ 3</answer>", CD, 0.1),                             # unicode operator
+    ("<answer>2(1 + 3)</answer>", CD, 0.1),                                # implicit multiplication
+    ("<answer>__import__('os').system('true')</answer>", CD, 0.1),         # never eval'd
+    ("<answer>1.0 + 2 - 3</answer>", CD, 0.1),                             # floats not allowed
+    ("<answer>" + "(" * 5000 + "1" + ")" * 5000 + "</answer>", CD, 0.1),
+    ("<answer>(1 + 2) / 3", CD, 0.0),
+    ("(1 + 2) / 3", CD, 0.0),
+    ("<answer>3 * 9 - 5</answer>", {"numbers": [3, 9, 5, 1], "target": 22}, 0.1),
+    ("<answer>3 * 9 - 5 * 1</answer>", {"numbers": [3, 9, 5, 1], "target": 22}, 1.0),
+]
+
+
+@pytest.mark.parametrize("response,gt,reward", COUNTDOWN_TABLE)
+def test_countdown_table(response, gt, reward):
+    v = countdown_reward_fn(response, gt)
+    assert v["reward"] == reward and v["format_reward"] == (1.0 if reward else 0.0)
+    assert v["answer_reward"] == (1.0 if reward == 1.0 else 0.0)
+
+
+def test_countdown_subset_flag_and_exactness():
+    sub = functools.partial(countdown_reward_fn, require_all=False)
+    assert sub("<answer>3 - 2</answer>", CD)["reward"] == 1.0
+    assert sub("<answer>Step 1: 3 - 2 = 1</answer>", CD)["reward"] == 1.0
+    assert _validate_numbers("1 + 2 + 3", [1, 2, 3], require_all=True) and not _validate_numbers("1 + 2", [1, 2, 3], require_all=True)
+    # exact rationals: 8 / (3 - 8 / 3) == 24 exactly (float arithmetic gives 23.999999999999993)
+    assert countdown_reward_fn("<answer>8 / (3 - 8 / 3)</answer>", {"numbers": [8, 3, 8, 3], "target": 24})["reward"] == 1.0
+    assert _evaluate_equation("1 / 0") is None and _evaluate_equation("2 x 3") is None
+
+
+def test_bad_inputs_raise_clearly():
+    with pytest.raises(ValueError, match="response must be a str"):
+        r1_zero_reward_fn(None, "1")
+    with pytest.raises(ValueError, match="ground truth"):
+        r1_zero_reward_fn(R1("1"), {"a": 1})
+    with pytest.raises(ValueError, match="3 responses but 2"):
+        grade_batch(r1_zero_reward_fn, ["a", "b", "c"], ["1", "2"])
+
+
+# ----------------------------------------------------------------------------- bounded time
+ADVERSARIAL = ["10^10^10", "10^{10^{10}}", "9^{9^{9^{9}}}", "(10^{999})^{999}", "2^{99999}", "99999!", "(5!)!",
+               "1" * 5000, "\\frac{" * 300, "}" * 300 + "{", "\\sqrt{" * 100 + "2" + "}" * 100,
+               "x" * 50_000, "\\boxed{" + "(" * 3000 + "1" + ")" * 3000 + "}", "e^{e^{e^{e^{e^{10}}}}}",
+               "\\sum_{k=1}^{10^{9}} k", "\\prod_{k=1}^{100000} k", "10**10**10", "\\left(" * 200]
+
+
+def _gt_for(name):
+    return {"countdown": {"numbers": [1, 2, 3], "target": 6}, "keyword": ["apple", "tree"], "gsm8k": "18"}.get(name, "\\frac{1}{2}")
+
+
+@pytest.mark.parametrize("name", sorted(REWARD_FNS))
+def test_adversarial_inputs_are_fast(name):
+    fn = REWARD_FNS[name]
+    fn(R1("x^2+1"), _gt_for(name))  # one-time sympy warm-up is not part of any verdict's bound
+    for a in ADVERSARIAL:
+        for resp in (R1(a), a, "Therefore, the final answer is: $\\boxed{" + a + "}$", "<answer>" + a + "</answer>" * 3):
+            t = time.monotonic()
+            v = fn(resp, _gt_for(name))
+            assert set(v) == KEYS and time.monotonic() - t <= 1.2, (name, a[:40])
+
+
+FRAGMENTS = ["</think> <answer>", "</answer>", "<answer>", "\\boxed{", "}", "{", "^", "^{", "10", "9", "!", "\\frac",
+             "(", ")", " + ", " * ", " / ", " - ", "=", "Step 1:", "####", "x", "\\left(", "\\right)", ".", ",", "$",
+             "\\sqrt", "e", "\\pi", "\\infty", "%", "\\text{cm}", "apple", "\n", "1" * 30]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(parts=st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=8)), max_size=40),
+       name=st.sampled_from(sorted(REWARD_FNS)))
+def test_fuzz_no_exception_right_keys_bounded(parts, name):
+    resp = "".join(parts)
+    t = time.monotonic()
+    v = REWARD_FNS[name](resp, _gt_for(name))
+    assert set(v) == KEYS and all(isinstance(x, float) for x in v.values())
+    assert time.monotonic() - t <= 1.2
+
+
+def test_alarm_stops_sympy_and_leaks_nothing(monkeypatch):
+    grader._sympy_equal("x", "y")  # warm-up
+    monkeypatch.setattr(grader, "SYMPY_BUDGET_S", 1e-4)
+    t = time.monotonic()
+    assert grader._sympy_equal("(x+1)^{20}", "x^{20}+20x^{19}+1") is False  # timed out -> not equal
+    assert time.monotonic() - t < 0.5
+    monkeypatch.undo()
+    time.sleep(0.12)  # a stray re-fired alarm would raise here
+    assert grader._sympy_equal("(x+1)^2", "x^2+2x+1") is True
+
+
+# ----------------------------------------------------------------------------- grade_batch
+def test_grade_batch_order_threads_and_stuck_helper():
+    resps = [R1(i) for i in range(60)] + [R1("x^2+2x+1"), R1("\\frac{1}{3}")]
+    gts = [str(i if i % 3 else i + 1) for i in range(60)] + ["(x+1)^2", "1/3"]
+    serial = [r1_zero_reward_fn(r, g) for r, g in zip(resps, gts)]
+    assert grade_batch(r1_zero_reward_fn, resps, gts, workers=2) == serial
+    assert grade_batch(r1_zero_reward_fn, resps, gts, workers=0) == serial
+    assert grade_batch(lambda r, g: r1_zero_reward_fn(r, g), resps[:3], gts[:3], workers=2) == serial[:3]
+    out = []  # from a non-main thread (e.g. a Ray actor's worker thread)
+    th = threading.Thread(target=lambda: out.append(grade_batch(r1_zero_reward_fn, resps, gts, workers=2)))
+    th.start(), th.join(60)
+    assert out == [serial]
+    # single verdicts from a thread run sympy in a helper process
+    th = threading.Thread(target=lambda: out.append((grader.math_equal("(y+1)^2", "y^2+2y+1"), grader.math_equal("y^3", "y^2"))))
+    th.start(), th.join(60)
+    assert out[-1] == (True, False)
+    # a helper stuck in C code (no signal can interrupt pow) is killed; its item gets the zero verdict
+    t = time.monotonic()
+    res = grade_batch(pow, [2, 3, 5, 7], [3, 10 ** 8, 2, 2], workers=2)
+    assert res == [8, grader.ZERO, 25, 49] and time.monotonic() - t < 10
+    with pytest.raises(ValueError, match="ground truth must be"):
+        grade_batch(r1_zero_reward_fn, [R1("1")], [{"bad": 1}], workers=1)
