@@ -1,0 +1,228 @@
+"""kissing.py: exact verifier, sandboxed evaluator, constructions, LLM search loop (HTTP + local engine)."""
+import http.server
+import itertools
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, requires_vllm
+import kissing
+
+
+def brute(P):
+    """Independent reference: (max norm², min dist², first closest pair in i<j order, #violations, #contacts)."""
+    M = max(sum(c * c for c in p) for p in P)
+    d = {(i, j): sum((a - b) ** 2 for a, b in zip(P[i], P[j])) for i, j in itertools.combinations(range(len(P)), 2)}
+    best = min(d.values())
+    pair = next(k for k, v in d.items() if v == best)
+    return M, best, list(pair), sum(v < M for v in d.values()), sum(v == M for v in d.values())
+
+
+def summary(m):
+    return m["max_sq_norm"], m["min_sq_dist"], m["closest_pair"], m["num_violations"], m["contacts"]
+
+
+def rational_rotation(points, rng, reflections=2, radius=700):
+    """Integer Householder reflections q·x − 2(v·x)v, q = v·v: an exact rotation scaled by Πq (~2^43 here)."""
+    for _ in range(reflections):
+        v = [rng.randint(-radius, radius) for _ in points[0]]
+        q = sum(c * c for c in v)
+        points = [[q * a - 2 * sum(b * c for b, c in zip(v, x)) * b for a, b in zip(x, v)] for x in points]
+    return points
+
+
+# ----------------------------------------------------------------------------- verifier
+def test_constructions_valid_and_cli(tmp_path):
+    m = kissing.verify([list(p) for p in kissing.construct_roots(11)])
+    assert m["valid"] and m["num_points"] == 220 and (m["max_sq_norm"], m["min_sq_dist"]) == (2, 2)
+    code = kissing.construct_code(11)
+    assert len(code) == 582 and all(sum(c * c for c in p) == 4 for p in code)
+    out = tmp_path / "c.json"  # the README recipe, end to end through the CLI
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "kissing.py"), "construct", "--method", "code", "--out",
+                        str(out)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "kissing.py"), "verify", str(out)],
+                       capture_output=True, text=True, timeout=60)
+    m = json.loads(r.stdout)
+    assert m["valid"] and m["num_points"] == 582 and m["margin"] == 0 and m["num_violations"] == 0
+    for dim, size in [(8, 240), (9, 306), (10, 500)]:  # E8 kissing, P9a, P10b from the same construction
+        assert kissing.verify([list(p) for p in kissing.construct_code(dim)], dim)["num_points"] == size
+
+
+def test_shell_search_and_optimize_are_verified():
+    pts = kissing.construct_shell_search(8, 4, seconds=1.0)
+    m = kissing.verify([list(p) for p in pts], 8)
+    assert m["valid"] and m["num_points"] >= 200  # E8 has 240 on this shell
+    pts = kissing.construct_optimize(4, seconds=1.0)
+    m = kissing.verify([list(p) for p in pts], 4)
+    assert m["valid"] and 8 <= m["num_points"] <= 24  # τ4 = 24
+
+
+def test_invalid_sets_rejected_with_the_right_pair():
+    e = lambda i, s=1: [s * (k == i) for k in range(11)]
+    m = kissing.verify([[2] + [0] * 10, e(3), [1, 1] + [0] * 9])
+    assert not m["valid"] and m["closest_pair"] == [0, 2] and m["num_violations"] == 2
+    assert m["message"].startswith("Minimum squared distance 2 < maximum squared norm 4")
+    code = [list(p) for p in kissing.construct_code(11)]
+    bad = code + [[1, 1] + [0] * 9]
+    assert summary(kissing.verify(bad)) == tuple(brute(bad))
+    rng = random.Random(0)
+    for _ in range(5):
+        P = list({tuple(rng.randint(-3, 3) for _ in range(11)) for _ in range(40)} - {(0,) * 11})
+        assert summary(kissing.verify([list(p) for p in P])) == tuple(brute(P))
+    for bad, why in [(code + [[0] * 11], "zero vector"), (code + [code[5]], "vectors 5 and 582 are duplicates"),
+                     ([[2.5] + [0] * 10], "non-integer"), ([[float("nan")] + [0] * 10], "non-finite"),
+                     ([[float("inf")] + [0] * 10], "non-finite"), ([[1] * 10], "not a list of 11"),
+                     ([[True] + [0] * 10], "non-number"), ("abc", "non-empty list"), ([], "non-empty list")]:
+        m = kissing.verify(bad)
+        assert not m["valid"] and why in m["message"], (why, m["message"])
+    assert kissing.verify([[2.0] + [0] * 10])["valid"]  # integral floats are accepted as integers
+    assert kissing.verify([[1, 0, 0], [0, 1, 0]], dim=3)["valid"]  # --dim
+
+
+def test_large_coordinates_checked_exactly():
+    rng = random.Random(1)
+    c12 = [list(p) for p in kissing.construct_code(12)]  # 840 in 12-D
+    sub = rng.sample(c12, 593)
+    big = rational_rotation(sub, rng)  # exact rotation: same geometry, ~43-bit coordinates
+    assert 40 <= max(abs(c) for p in big for c in p).bit_length() <= 48
+    m, small = kissing.verify(big, 12), kissing.verify(sub, 12)
+    assert m["path"] == "limb" and m["valid"] and m["num_points"] == 593 and m["margin"] == 0
+    assert m["contacts"] == small["contacts"] > 1000 and m["closest_pair"] == small["closest_pair"]
+    # 11-D, 593 points: scale a float configuration by 2^42 and round (a random orthogonal rotation of the
+    # 582 code plus 11 extra directions); rounding makes ties go either way, only exact arithmetic can tell
+    Q, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((11, 11)))
+    F = np.vstack([np.array(kissing.construct_code(11), float) / 2, np.random.default_rng(1).standard_normal((11, 11))])
+    F = F @ Q.T / np.linalg.norm(F, axis=1, keepdims=True)  # every row on the unit sphere
+    pts = [[int(c) for c in row] for row in np.rint(F * 2.0 ** 42).astype(np.int64)]
+    m = kissing.verify(pts)
+    assert m["path"] == "limb" and m["num_points"] == 593
+    assert summary(m) == summary(kissing.verify(pts, path="python"))
+    twin = [[2 ** 45, 0, 7] + [0] * 8, [2 ** 45 + 1, 0, 7] + [0] * 8, [0, 2 ** 45] + [0] * 9]  # float error ≫ 1
+    assert summary(kissing.verify(twin)) == summary(kissing.verify(twin, path="python")) == (2 ** 90 + 2 ** 46 + 50, 1, [0, 1], 1, 0)
+    huge = [[c << 30 for c in p] for p in pts[:60]]  # ~72-bit coordinates: pure Python-int path
+    assert kissing.verify(huge)["path"] == "python"
+
+
+def test_fast_path_matches_exact_paths():
+    rng = np.random.default_rng(0)
+    for scale in (3, 1000, 2 ** 26):
+        X = np.unique(rng.integers(-scale, scale + 1, (80, 11)), axis=0)
+        X = [list(map(int, r)) for r in X if r.any()]
+        ms = [summary(kissing.verify(X, path=p)) for p in ("int64", "limb", "python")]
+        assert ms[0] == ms[1] == ms[2]
+
+
+# ----------------------------------------------------------------------------- sandboxed evaluator
+@pytest.mark.parametrize("source, why", [
+    ("while True:\n    pass\n", "timeout"),
+    ("buf = bytearray(10 * 2**30)\npoints = [[1] + [0] * 10]\n", "MemoryError"),
+    ("import os\nos.system('touch {marker}')\npoints = [[1] + [0] * 10]\n", "os.system is blocked"),
+    ("import subprocess\nsubprocess.run(['touch', '{marker}'])\npoints = [[1] + [0] * 10]\n", "is blocked"),
+    ("data = open('/etc/passwd').read()\npoints = [[1] + [0] * 10]\n", "outside the working directory"),
+    ("data = open('{repo}/kissing.py').read()\npoints = [[1] + [0] * 10]\n", "outside the working directory"),
+    ("print('garbage ' * 10000)\npoints = 'not vectors'\n", "invalid input"),
+    ("import os, sys\nos.write(int(sys.argv[1]), b'{{{{not json')\nos._exit(0)\n", "malformed output"),
+    ("def broken(:\n", "SyntaxError"),
+    ("x = 1\n", "no `points`"),
+])
+def test_evaluator_failures_are_clean(tmp_path, source, why):
+    marker = tmp_path / "pwned"
+    t0 = time.time()
+    res = kissing.evaluate_program(source.format(marker=marker, repo=ROOT), timeout=3)
+    assert time.time() - t0 < 20
+    assert res["validity"] == 0.0 and res["score"] == 0 and why in res["reason"], res
+    assert not marker.exists()
+
+
+def test_evaluator_scores_a_valid_program_and_ignores_its_claims():
+    src = ("import numpy as np\nprint('score: 10000 valid: 1.0')\n"
+           "points = np.array([[2 * s * (k == i) for k in range(11)] for i in range(11) for s in (1, -1)])\n")
+    res = kissing.evaluate_program(src, timeout=20)
+    assert res["validity"] == 1.0 and res["score"] == 22 and "score: 10000" in res["stdout_tail"]
+
+
+# ----------------------------------------------------------------------------- search loop
+GOOD = "```python\npoints = [[s * (k == i) for k in range(11)] for i in range(11) for s in (1, -1)]\n```"
+BAD = "```python\npoints = [[2] + [0] * 10, [1, 1] + [0] * 9]\n```"
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A stdlib OpenAI-compatible /chat/completions server: canned good, bad and garbage answers."""
+    replies, calls = [GOOD, "I cannot do that.", BAD, "<<garbage>>", GOOD], []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            calls.append(body)
+            if len(calls) % 7 == 3:  # a non-JSON 200 response: the client must survive it
+                data = b"not json at all"
+            else:
+                text = replies[len(calls) % len(replies)]
+                data = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}],
+                                   "usage": {"prompt_tokens": 11, "completion_tokens": 7}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1", calls
+    srv.shutdown()
+
+
+@pytest.mark.parametrize("mode", ["refine", "best-of-n", "evolve"])
+def test_search_end_to_end_and_resume(tmp_path, server, mode):
+    url, calls = server
+    argv = ["search", "--llm", f"openai:{url}", "--model", "m", "--mode", mode, "--timeout", "10",
+            "--out-dir", str(tmp_path), "--iters", "3"]
+    kissing.main(argv)
+    with open(tmp_path / "conversation_log.json") as f:
+        log = json.load(f)
+    assert len(log["entries"]) == 3 and calls[-1]["model"] == "m"
+    for e in log["entries"]:
+        assert {"messages", "response", "program", "metrics", "seed", "prompt_tokens", "completion_tokens"} <= set(e)
+    with pytest.raises(SystemExit):  # an existing log is never silently overwritten
+        kissing.main(argv)
+    kissing.main(argv[:-1] + ["5", "--resume"])
+    with open(tmp_path / "conversation_log.json") as f:
+        log2 = json.load(f)
+    assert len(log2["entries"]) == 5 and log2["entries"][:3] == log["entries"]
+    assert log2["best"]["score"] == 22  # GOOD is among the canned replies
+    assert kissing.verify(json.load(open(tmp_path / "best_points.json")))["num_points"] == 22
+    assert "points" in open(tmp_path / "program.py").read()
+    if mode == "refine":  # the seed's feedback texts went back into the conversation
+        fb = " ".join(e["feedback"] for e in log2["entries"])
+        assert "This is great!" in fb or "Minimum squared distance 2 < maximum squared norm 4" in fb
+        assert log2["entries"][1]["messages"][-1]["content"] == log2["entries"][0]["feedback"]
+
+
+def test_extract_program_blocks_and_diff_edits():
+    parent = "d = 11\npoints = [[1] + [0] * 10]\n"
+    assert kissing.extract_program("<think>```python\nx = 0\n```</think> ok ```python\ny = 1\n```") == "y = 1\n"
+    edit = "<<<<<<< SEARCH\npoints = [[1] + [0] * 10]\n=======\npoints = [[2] + [0] * 10]\n>>>>>>> REPLACE"
+    assert kissing.extract_program(edit, parent) == "d = 11\npoints = [[2] + [0] * 10]\n"
+    assert kissing.extract_program("no code here") == "no code here"
+    res = kissing.evaluate_program("def get_points():\n    return [[0, 1, 0], [1, 0, 0]]\n", dim=3, timeout=20)
+    assert res["score"] == 2
+
+
+@requires_vllm
+def test_search_local_backend(tmp_path, tiny_model_dir):
+    kissing.main(["search", "--llm", f"local:{tiny_model_dir}", "--mode", "best-of-n", "--iters", "2",
+                  "--max-tokens", "24", "--timeout", "10", "--eager", "--out-dir", str(tmp_path)])
+    log = json.load(open(tmp_path / "conversation_log.json"))
+    assert len(log["entries"]) == 2 and all(e["completion_tokens"] > 0 for e in log["entries"])
+    assert all(e["metrics"]["validity"] == 0.0 and e["metrics"]["reason"] for e in log["entries"])
