@@ -1,0 +1,215 @@
+"""grpo_ray.py on a real local Ray cluster (CPU, tiny model, keyword task built here).
+
+Covers: colocated k=1 (with KL monitoring) and k=2 (GRPO-Clip on old log-probs of version v); disaggregated
+sync and async (vLLM generator, object store); async over Ray Direct Transport (gloo, HF engine); engine and
+learner weights equal after the final sync; the staleness bound and the overlap read from recorded lags
+and timestamps; a killed generator ends the run with a clear error, not a hang.
+Ray starts once per module; each actor set is built once and reused across runs through reset().
+"""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+from conftest import requires_vllm
+
+ray = pytest.importorskip("ray")
+import grpo  # noqa: E402
+import grpo_ray  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Whole words the tiny random model emits often (digits, symbols, merges of its BPE corpus): groups get
+# reward variance, so the advantages are non-zero and the policy really moves.
+WORDS = [str(i) for i in range(10)] + ["<", "=", "+", "-", "and", "the", "The", "in", "at", "be", "e", "b", "I",
+                                       "k", "answer", "User", "equ", "ers"]
+# --min-tokens 0: vLLM's processed log-probs of the first min_tokens tokens are renormalised without EOS
+SMALL = ("--task keyword --n-grpo-steps 3 --rollout-batch-size 8 --group-size 4 --train-batch-size 8 "
+         "--gradient-accumulation-steps 2 --max-tokens 16 --min-tokens 0 --eval-n 2 --eval-every 0 "
+         "--grader-workers 0 --lr 1e-3 --kl-every 0 --num-cpus 8 --timeout-s 300").split()
+
+
+@pytest.fixture(scope="module")
+def make_args(tiny_model_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("grpo_ray")
+    kw = tmp / "keywords.txt"
+    kw.write_text("\n".join(WORDS))
+    counter = iter(range(1000))
+
+    def make(*flags):
+        return grpo_ray.parse_args(SMALL + ["--model", tiny_model_dir, "--train-path", str(kw), "--val-path", str(kw),
+                                            "--out", str(tmp / f"run{next(counter)}")] + list(flags))
+    return make
+
+
+@pytest.fixture(scope="module")
+def cluster(make_args):
+    grpo_ray.init_ray(make_args())
+    yield
+    ray.shutdown()
+
+
+def start(actors, args):
+    ray.get([a.reset.remote(args) for a in actors.values()], timeout=300)
+    return args
+
+
+def read(args, name):
+    with open(os.path.join(args.out, name)) as f:
+        return json.load(f) if name.endswith(".json") else [json.loads(line) for line in f]
+
+
+def resolved(args):
+    a = grpo_ray.copy.copy(args)
+    grpo.resolve_devices(a)
+    return a
+
+
+def assert_synced(gen_actor, learner_actor, args):
+    """The engine's sampled log-probs equal the learner's on the same tokens (weights match), and differ
+    from the initial model's when some group had reward variance (training moved them: not a trivial match)."""
+    gen = ray.get(gen_actor.generate.remote(10_000), timeout=120)
+    old = ray.get(learner_actor.old_log_probs.remote(gen), timeout=120)
+    assert old["version"] == gen["version"] == args.n_grpo_steps, "engine and learner at the final version"
+    tensors = grpo.collate(gen["batch"], 0)
+    mask = tensors["response_mask"]
+    engine = grpo_ray.engine_log_probs(gen["batch"], tensors)
+    assert (old["old"] - engine).abs()[mask].max() < 2e-3
+    if any(r["train/zero_var_frac"] < 1 for r in read(args, "metrics.jsonl") if "ray/lag" in r):
+        a = resolved(args)
+        init = grpo.batch_log_probs(grpo.load_policy(args.model, a)[0], tensors, a)
+        assert (init - engine).abs()[mask].max() > 1e-2
+
+
+def test_parse_args_rejects_bad_modes(make_args):
+    for flags, msg in [(["--async"], "disaggregated"), (["--steps-per-rollout", "2"], "ratio loss"),
+                       (["--steps-per-rollout", "2", "--loss", "grpo_clip"], "multiple"),
+                       (["--placement", "disaggregated", "--weight-sync", "gloo"], "engine hf"),
+                       (["--placement", "disaggregated", "--async", "--max-staleness", "0"], "drop --async")]:
+        with pytest.raises(AssertionError, match=msg):
+            make_args(*flags)
+
+
+def test_bounded_get_names_the_phase(cluster):
+    slow = ray.remote(num_cpus=0)(lambda: time.sleep(60)).remote()
+    t0 = time.time()
+    with pytest.raises(RuntimeError, match="probe did not finish within --timeout-s 0.5s"):
+        grpo_ray.get(slow, "probe", SimpleNamespace(timeout_s=0.5, ray_tmp="/tmp"))
+    assert time.time() - t0 < 10
+    ray.cancel(slow, force=True)
+
+
+@requires_vllm
+def test_colocated_on_policy_then_k_steps(cluster, make_args):
+    args = make_args("--kl-every", "1")
+    actors = grpo_ray.build_actors(args)
+    try:
+        summary = grpo_ray.run(args, actors)
+        rows = [r for r in read(args, "metrics.jsonl") if "ray/lag" in r]
+        assert [r["step"] for r in rows] == [0, 1, 2] and summary["lags"] == [0, 0, 0]
+        assert all(r["train/kl_ref"] >= 0 and r["train/kl_prev"] >= 0 for r in rows)
+        assert any(r["train/zero_var_frac"] < 1 for r in rows), "no reward variance: the policy cannot move"
+        assert summary["devices"] == 1 and summary["samples"] == 24 and summary["samples_per_s"] > 0
+        assert {"generate", "score", "train", "weight_sync"} <= set(summary["phase_mean_s"])
+        assert os.path.getsize(os.path.join(args.out, "timeline.png")) > 0
+        assert os.path.exists(os.path.join(args.out, "checkpoint", "model.safetensors"))
+        assert_synced(actors["colocated"], actors["colocated"], args)
+        # Problem 7 B: k=2 batches from version v, both with pi_old of v, then two GRPO-Clip steps
+        args = start(actors, make_args("--steps-per-rollout", "2", "--loss", "grpo_clip", "--n-grpo-steps", "4"))
+        summary = grpo_ray.run(args, actors)
+        assert summary["lags"] == [0, 1, 0, 1]
+        rows = [r for r in read(args, "metrics.jsonl") if "ray/lag" in r]
+        assert [r["ray/gen_version"] for r in rows] == [0, 0, 2, 2]
+        assert_synced(actors["colocated"], actors["colocated"], args)
+    finally:
+        grpo_ray.kill_actors(actors)
+
+
+@pytest.fixture(scope="module")
+def disaggregated(cluster, make_args):
+    actors = grpo_ray.build_actors(make_args("--placement", "disaggregated"))
+    yield actors
+    grpo_ray.kill_actors(actors)
+
+
+def spans(args, phase):
+    return {s["step"]: s for s in read(args, "timeline.json") if s["phase"] == phase}
+
+
+@requires_vllm
+def test_disaggregated_sync(disaggregated, make_args):
+    args = start(disaggregated, make_args("--placement", "disaggregated"))
+    summary = grpo_ray.run(args, disaggregated)
+    assert summary["lags"] == [0, 0, 0] and summary["devices"] == 2
+    gen, train = spans(args, "generate"), spans(args, "train")
+    assert all(gen[t + 1]["t0"] >= train[t]["t1"] for t in range(2)), "sync: no overlap"
+    assert_synced(disaggregated["generator"], disaggregated["learner"], args)
+
+
+@requires_vllm
+def test_disaggregated_async_staleness_and_overlap(disaggregated, make_args):
+    args = start(disaggregated, make_args("--placement", "disaggregated", "--async", "--loss", "grpo_clip"))
+    summary = grpo_ray.run(args, disaggregated)
+    assert summary["lags"] == [0, 1, 1] and summary["max_lag"] <= args.max_staleness
+    gen, train = spans(args, "generate"), spans(args, "train")
+    assert all(gen[t + 1]["t0"] < train[t]["t1"] for t in range(2)), "async: generation t+1 starts before train t ends"
+    assert_synced(disaggregated["generator"], disaggregated["learner"], args)
+
+
+@requires_vllm
+def test_killed_generator_raises_not_hangs(disaggregated, make_args):
+    args = start(disaggregated, make_args("--placement", "disaggregated", "--async", "--n-grpo-steps", "200"))
+    failure = {}
+
+    def drive():
+        try:
+            grpo_ray.run(args, disaggregated)
+        except Exception as e:  # noqa: BLE001 - handed to the test thread
+            failure["error"] = e
+    thread = threading.Thread(target=drive, daemon=True)
+    thread.start()
+    metrics = os.path.join(args.out, "metrics.jsonl")
+    deadline = time.time() + 120
+    while not (os.path.exists(metrics) and "ray/lag" in open(metrics).read()) and time.time() < deadline:
+        time.sleep(0.2)
+    assert thread.is_alive() and "ray/lag" in open(metrics).read(), "the run should be mid-way (200 steps)"
+    t0 = time.time()
+    ray.kill(disaggregated["generator"])
+    thread.join(60)
+    assert not thread.is_alive(), "driver hung after the generator died"
+    assert isinstance(failure.get("error"), RuntimeError) and "died" in str(failure["error"])
+    assert time.time() - t0 < 60
+
+
+def test_async_over_ray_direct_transport_gloo(cluster, make_args):
+    flags = ("--placement", "disaggregated", "--engine", "hf", "--weight-sync", "gloo", "--async", "--loss", "grpo_clip")
+    args = make_args(*flags)
+    actors = grpo_ray.build_actors(args)
+    try:
+        summary = grpo_ray.run(args, actors)
+        assert summary["weight_sync"] == "gloo" and summary["lags"] == [0, 1, 1]
+        assert_synced(actors["generator"], actors["learner"], args)
+        pushed = actors["learner"].get_weights.options(tensor_transport="gloo").remote(clone=True)
+        n_bytes = ray.get(actors["generator"].receive.remote(pushed), timeout=60)
+        policy = grpo.load_policy(args.model, resolved(args))[0]
+        assert n_bytes == sum(p.numel() * p.element_size() for p in policy.state_dict().values())
+    finally:
+        grpo_ray.kill_actors(actors)
+
+
+def test_cli_smoke_joins_the_cluster(cluster, make_args, tmp_path):
+    """The script end to end as a subprocess, joining this module's cluster through --address."""
+    args = make_args()
+    cmd = [sys.executable, os.path.join(ROOT, "grpo_ray.py"), "--address", ray.get_runtime_context().gcs_address,
+           "--engine", "hf", "--n-grpo-steps", "2", "--out", str(tmp_path / "cli")]
+    cmd += [x for pair in [("--model", args.model), ("--train-path", args.train_path), ("--val-path", args.val_path)]
+            for x in pair] + SMALL[SMALL.index("--rollout-batch-size"):SMALL.index("--num-cpus")]
+    proc = subprocess.run(cmd + ["--task", "keyword"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["mode"] == "colocated-k1" and summary["steps"] == 2
+    for name in ("summary.json", "timeline.png", "metrics.jsonl", "checkpoint", "train_reward.png"):
+        assert os.path.exists(tmp_path / "cli" / name), name
