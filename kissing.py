@@ -335,28 +335,23 @@ def construct_optimize(dim, seconds=20.0, seed=0, add=8, margin=0.01, scale=10 *
 
 
 # ----------------------------------------------------------------------------- LLM search
-# Prompt texts from seed 001 §7.4, verbatim except for the dimension.
-BASE_PROMPT = ("I need to find a set of integer vectors C in {dim} dimensions such that 0 is not in C and "
-               "$\\min_{{x \\neq y \\in C}} \\|x - y\\| \\geq \\max_{{x \\in C}} \\|x\\|$. My score is the number of "
-               "vectors in C. Please write a Python program that defines a global variable `points` as a list of "
-               "such vectors.")
-FAIL_PROMPT = ("Your previous attempt failed with this error: `{error}`. This means the condition was violated. "
-               "Please analyze your set of vectors and propose a new, corrected set that fixes this error.")
-CRASH_PROMPT = "Your previous attempt failed with this error: `{error}`. Please fix the program."
-OK_PROMPT = ("Your previous set of vectors was valid and achieved a score of {score}. This is great! Now, can you try "
-             "to *add more vectors* to this set while still satisfying the condition? For example, can you find a "
-             "new vector `z` such that its norm is no more than the current max norm, and its distance to all other "
-             "vectors is at least that max norm?")
-EVOLVE_PROMPT = ("{base}\n\nBelow are earlier programs with their verified scores (0 = invalid). Improve on the "
-                 "first one. Answer with a complete program in one ```python block, or with edits to the first "
-                 "program as blocks\n<<<<<<< SEARCH\n(exact old lines)\n=======\n(new lines)\n>>>>>>> REPLACE\n\n{shown}")
+def prompt(name, **fields):
+    """prompts/kissing_<name>.prompt (seed 001 §7.4's texts; ours for crash/evolve) with {field}s filled.
+    str.replace, not str.format: the texts hold LaTeX braces."""
+    import data
+    text = data.load_prompt(f"kissing_{name}")
+    for k, v in fields.items():
+        text = text.replace("{" + k + "}", str(v))
+    return text
+
+
 STARTER = "# starter: the 2*d unit vectors +-e_i (valid, tiny)\nd = {dim}\npoints = [[s if k == i else 0 for k in range(d)] for i in range(d) for s in (1, -1)]\n"
 
 
 def feedback(metrics):
-    return (OK_PROMPT.format(score=metrics["score"]) if metrics["validity"] == 1.0 else
-            FAIL_PROMPT.format(error=metrics["reason"].split(" (pair")[0]) if metrics.get("num_violations") else
-            CRASH_PROMPT.format(error=metrics["reason"][:500]))
+    return (prompt("ok", score=metrics["score"]) if metrics["validity"] == 1.0 else
+            prompt("fail", error=metrics["reason"].split(" (pair")[0]) if metrics.get("num_violations") else
+            prompt("crash", error=metrics["reason"][:500]))
 
 
 def extract_program(text, parent=None):
@@ -429,7 +424,7 @@ def search(args):
         if log["args"]["mode"] != args.mode:
             raise SystemExit(f"error: the log in {args.out_dir} was made with --mode {log['args']['mode']}")
     os.makedirs(args.out_dir, exist_ok=True)
-    chat, base = make_backend(args), BASE_PROMPT.format(dim=args.dim)
+    chat, base = make_backend(args), prompt("base", dim=args.dim)
     islands = [[(0, STARTER.format(dim=args.dim))] for _ in range(args.islands)]  # evolve: (score, program)
 
     def add(island, score, program):  # keep each island's best island_size programs
@@ -452,7 +447,7 @@ def search(args):
             others = [isl[0] for k, isl in enumerate(islands) if k != island]
             shown = [parent] + rng.sample(others, min(2, len(others))) + [rng.choice(islands[island])]
             text = "\n\n".join(f"### Program (score {sc})\n```python\n{pr[:args.max_program_chars]}\n```" for sc, pr in shown)
-            msgs = [{"role": "user", "content": EVOLVE_PROMPT.format(base=base, shown=text)}]
+            msgs = [{"role": "user", "content": prompt("evolve", base=base, shown=text)}]
         # --- generate -> evaluate (our verifier, never the program's own claims)
         t0, (response, ptok, ctok) = time.time(), chat(msgs, seed)
         program = extract_program(response, parent[1] if parent else None)
