@@ -217,12 +217,15 @@ def compute_group_normalized_rewards(reward_fn, rollout_responses, repeated_grou
         raise ValueError(f"{len(reward_dicts)} reward_dicts for {n} responses; pass one per response")
     raw = torch.tensor([float(d["reward"]) for d in reward_dicts], dtype=torch.float32)  # (N,)
     grouped = raw.view(-1, group_size)  # (n_prompts, G)
-    centered = grouped - grouped.mean(dim=1, keepdim=True)
+    # A group of equal rewards carries no signal, but float32 rounding leaves r - mean ~ 1e-8, which / eps
+    # becomes a ~1e-2 advantage that Adam (scale-free) turns into a full-size random step: zero it exactly.
+    flat = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)  # (n_prompts, 1)
+    centered = torch.where(flat, 0.0, grouped - grouped.mean(dim=1, keepdim=True))
     std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(centered[:, :1])  # (n_prompts, 1)
     adv = centered / (std + advantage_eps) if normalize_by_std else centered
     meta = {"reward_mean": raw.mean().item(), "reward_std": raw.std().item() if n > 1 else 0.0,
             "reward_max": raw.max().item(), "reward_min": raw.min().item(),
-            "frac_groups_zero_std": (std.squeeze(1) == 0).float().mean().item()}
+            "frac_groups_zero_std": flat.float().mean().item()}
     for key in ("format_reward", "answer_reward"):
         if all(key in d for d in reward_dicts):
             meta[f"{key}_mean"] = sum(float(d[key]) for d in reward_dicts) / n

@@ -109,6 +109,10 @@ def test_compute_group_normalized_rewards():
                                                        reward_dicts=[fn(r, g) for r, g in zip(resp, gts)])
     close(adv2, adv)
     close(raw2, raw)
+    # eight equal 0.1 rewards: float32 mean != 0.1, yet the advantages must be exactly 0 (no random Adam step)
+    flat = [{"reward": 0.1}] * 8
+    adv, _, meta = L.compute_group_normalized_rewards(None, ["r"] * 8, ["x"] * 8, 8, 1e-6, True, reward_dicts=flat)
+    assert torch.equal(adv, torch.zeros(8)) and meta["frac_groups_zero_std"] == 1.0
     with pytest.raises(ValueError, match="does not divide"):
         L.compute_group_normalized_rewards(fn, resp[:3], gts[:3], 2, 1e-6, True)
     with pytest.raises(ValueError, match="ground truths"):
