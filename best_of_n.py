@@ -26,7 +26,6 @@ Examples:
   python best_of_n.py --from-generations runs/bon_gsm8k/generations.jsonl --ns 1,2,4,8,16
 """
 import argparse
-import json
 import os
 import re
 import sys
@@ -34,7 +33,8 @@ from collections import Counter
 from fractions import Fraction
 from math import comb
 
-from data import TASKS, format_prompt, last_boxed, load_prompt, load_task, read_jsonl, stop_strings, write_jsonl_atomic
+from data import (TASKS, format_prompt, last_boxed, load_prompt, load_task, read_jsonl, stop_strings,
+                  write_json_atomic, write_jsonl_atomic)
 from grader import REWARD_FNS, grade_batch
 
 DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "countdown-tiny")
@@ -229,9 +229,7 @@ def main(argv=None):
               f" | oracle_gap {r['oracle_gap']:.4f}")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "best_of_n.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump({"args": vars(args), **result}, f, indent=2)
-    os.replace(path + ".tmp", path)
+    write_json_atomic(path, {"args": vars(args), **result})
     title = args.from_generations or f"{os.path.basename(args.model.rstrip('/'))} {args.task} T={args.temperature}"
     plot(result, os.path.join(args.out, "best_of_n.png"), title[-60:])
     print(f"accuracy (mean over all samples = pass@1) {result['accuracy']:.4f} | wrote {path} and best_of_n.png")

@@ -99,12 +99,19 @@ def read_jsonl(path):
 
 def write_jsonl_atomic(path, rows):
     """Write rows as JSONL via tmp file + os.replace, so readers never see a half-written file."""
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
+    _write_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def write_json_atomic(path, obj):
+    """Write one JSON document (summaries, timelines) atomically, like write_jsonl_atomic."""
+    _write_atomic(path, json.dumps(obj, indent=1))
+
+
+def _write_atomic(path, text):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        f.write(text)
     os.replace(tmp, path)
 
 

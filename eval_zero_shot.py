@@ -24,7 +24,7 @@ import os
 import sys
 import time
 
-from data import TASKS, format_prompt, load_prompt, load_task, stop_strings, write_jsonl_atomic
+from data import TASKS, format_prompt, load_prompt, load_task, stop_strings, write_json_atomic, write_jsonl_atomic
 from grader import REWARD_FNS, grade_batch
 
 DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "countdown-tiny")
@@ -162,9 +162,7 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     write_jsonl_atomic(os.path.join(args.out, "generations.jsonl"), all_rows)
     path = os.path.join(args.out, "summary.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump({"args": vars(args), "rows": summary_rows}, f, indent=2)
-    os.replace(path + ".tmp", path)
+    write_json_atomic(path, {"args": vars(args), "rows": summary_rows})
     print(f"wrote {args.out}/generations.jsonl ({len(all_rows)} rows) and {path}")
 
 

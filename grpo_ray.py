@@ -351,8 +351,8 @@ def run(args, actors):
     learner = actors.get("learner", actors.get("colocated"))
     get(learner.save.remote(args.out, {"step": args.n_grpo_steps, "wall": wall}), "save checkpoint", args)
     summary = summarize(args, rows, spans, wall)
-    _write_json(os.path.join(args.out, "timeline.json"), spans)
-    _write_json(os.path.join(args.out, "summary.json"), summary)
+    data.write_json_atomic(os.path.join(args.out, "timeline.json"), spans)
+    data.write_json_atomic(os.path.join(args.out, "summary.json"), summary)
     plot_timeline([(args.mode, spans)], os.path.join(args.out, "timeline.png"))
     return summary
 
@@ -374,12 +374,6 @@ def _log_step(args, rows, g, tr, t_run):
 def _log(args, rows, row):
     rows.append(row)
     grpo.log_row(args.out, row)
-
-
-def _write_json(path, obj):
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(path + ".tmp", path)
 
 
 # ----------------------------------------------------------------------------- profiling
