@@ -10,7 +10,7 @@ every task also takes a local JSON/JSONL path, which is how tests and offline ru
 `load_task("countdown")` without a path uses the synthetic generator below, which needs nothing.
 
 Synthetic Countdown (departures from the seed's hub dataset, chosen so a tiny model can learn it):
-  * k numbers (k drawn from `numbers`, default 3..4, at most 5) in 1..max_value (default 10), duplicates allowed;
+  * k numbers (k from `numbers`, default 3, at most 5) in 1..max_value (default 10), duplicates allowed;
     target a positive integer <= max_target (default 50) reachable using ALL k numbers exactly once;
   * the target may also be reachable from a proper subset: the default reward requires every number
     (see grader.py), so a subset answer scores 0.1, not 1.0;
@@ -302,13 +302,33 @@ def solve_countdown(numbers, target):
     return hit[0] if hit else None
 
 
+def _steps(x, y):
+    """The exact one-step results of x and y, in a fixed order: x + y, x * y, larger - smaller, larger / smaller."""
+    hi, lo = max(x, y), min(x, y)
+    out = [(f"{x} + {y}", x + y), (f"{x} * {y}", x * y), (f"{hi} - {lo}", hi - lo)]
+    return out + [(f"{hi} / {lo}", hi // lo)] if lo > 1 and hi % lo == 0 else out
+
+
+def countdown_attempts(numbers, target):
+    """Every 3-number attempt in search order: each first step (pairs in list order, then _steps' order),
+    finished by the second step that lands nearest the target. [(text, answer expression, hit)]."""
+    out = []
+    for i, j in ((0, 1), (0, 2), (1, 2)):
+        c = numbers[3 - i - j]
+        for t1, x in _steps(numbers[i], numbers[j]):
+            t2, y = min(_steps(x, c), key=lambda s: abs(s[1] - target))
+            expr = f"({t1}) {t2.split()[1]} {c}" if t2.split()[0] == str(x) else f"{c} {t2.split()[1]} ({t1})"
+            out.append((f"{t1} = {x}, {t2} = {y}", expr, y == target))
+    return out
+
+
 def _parse_range(s):
     lo, _, hi = str(s).partition("..")
     return int(lo), int(hi or lo)
 
 
-def generate_countdown(n, numbers=(3, 4), max_value=10, seed=0, max_target=50, split=None):
-    """n distinct solvable problems [{"question", "ground_truth": {"numbers", "target"}, "solution"}].
+def generate_countdown(n, numbers=(3, 3), max_value=10, seed=0, max_target=50, split=None):
+    """n distinct solvable problems (distinct as listed: order counts) [{"question", "ground_truth", "solution"}].
 
     numbers: (lo, hi) count of numbers (or "3..4"); values in 1..max_value; targets in 1..max_target.
     split: None (any), "train" or "test" (disjoint by a hash of the sorted numbers and the target).
@@ -325,11 +345,11 @@ def generate_countdown(n, numbers=(3, 4), max_value=10, seed=0, max_target=50, s
             break
         nums = [rng.randint(1, max_value) for _ in range(rng.randint(lo, hi))]
         key = tuple(sorted(nums))
-        cands = [t for t in _targets(key, max_target, split) if (key, t) not in seen]
+        cands = [t for t in _targets(key, max_target, split) if (tuple(nums), t) not in seen]
         if not cands:
             continue
         t = rng.choice(cands)
-        seen.add((key, t))
+        seen.add((tuple(nums), t))
         out.append({"question": countdown_question(nums, t), "ground_truth": {"numbers": nums, "target": t},
                     "solution": _reachable(key)[Fraction(t)][0]})
     if len(out) < n:
@@ -343,7 +363,7 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description="Write task data as JSONL (synthetic Countdown or a loaded task).")
     p.add_argument("task", choices=sorted(TASKS), help="task to generate/load")
     # --- countdown generator ---
-    p.add_argument("--numbers", default="3..4", help="how many numbers per problem, 'lo..hi'")
+    p.add_argument("--numbers", default="3", help="how many numbers per problem, 'lo..hi' (e.g. 3..4)")
     p.add_argument("--max-value", type=int, default=10, help="numbers are drawn from 1..max-value")
     p.add_argument("--max-target", type=int, default=50, help="targets are in 1..max-target")
     p.add_argument("--n", type=int, default=1000, help="number of problems (countdown) / rows kept")

@@ -71,7 +71,7 @@ STARTER = dict(lr=1e-5, n_grpo_steps=200, rollout_batch_size=256, group_size=8, 
                gradient_accumulation_steps=128, max_tokens=1024, temperature=0.7, eval_every=10, eval_n=1024,
                save_every=50, kl_every=1, train_n=0)
 DEMO = dict(lr=2e-4, n_grpo_steps=20, rollout_batch_size=64, group_size=8, train_batch_size=64,
-            gradient_accumulation_steps=2, max_tokens=96, temperature=1.0, eval_every=5, eval_n=100,
+            gradient_accumulation_steps=2, max_tokens=128, temperature=1.0, eval_every=5, eval_n=100,
             save_every=0, kl_every=5, train_n=2000)
 
 

@@ -7,7 +7,7 @@ fp32 on CPU. Every --eval-every steps the weights are pushed into the engine (vL
 colocated or on --vllm-device) and greedy answers to held-out problems are graded. metrics.jsonl keys:
 train/* on train_step, eval/* on eval_step (the seed's two wandb x-axes; wandb itself with --wandb).
 Departures from the seed: `--data countdown` makes SFT pairs from data.py's synthetic Countdown with a
-step trace (`countdown_trace`); `--init-config tiny` starts from a fresh byte-level BPE tokenizer and a
+search trace (`countdown_trace`); `--init-config tiny` starts from a fresh byte-level BPE tokenizer and a
 random small Qwen2 (how models/countdown-tiny was made, see its MODEL_CARD.md); `--share-prefix`.
 
 Examples:
@@ -17,7 +17,6 @@ Examples:
   python sft.py --out runs/countdown-tiny --resume --steps 1200    # continue with optimizer state
 """
 import argparse
-import ast
 import json
 import math
 import os
@@ -33,7 +32,7 @@ os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 import torch
 
 import rollout
-from data import TASKS, format_prompt, load_prompt, load_sft_jsonl, load_task, stop_strings
+from data import TASKS, countdown_attempts, format_prompt, load_prompt, load_sft_jsonl, load_task, stop_strings
 from grader import REWARD_FNS, grade_batch
 from losses import (compute_entropy, get_response_log_probs, masked_mean, sft_microbatch_train_step,
                     tokenize_prompt_and_output)
@@ -59,6 +58,7 @@ def parse_args(argv=None):
     p.add_argument("--n-examples", default="all", help="128|256|512|1024|...|all unique examples (subset by --seed)")
     p.add_argument("--countdown-n", type=int, default=8000, help="--data countdown: problems drawn from the train split")
     p.add_argument("--prompt", default="r1_zero", help="--data countdown: prompt template (prompts/<name>.prompt)")
+    p.add_argument("--give-up", type=float, default=0.0, help="--data countdown: share of traces that answer their first miss")
     p.add_argument("--max-seq-len", type=int, default=1024, help="drop pairs longer than this many tokens")
     # --- optimisation ---
     p.add_argument("--lr", type=float, default=2e-5, help="peak learning rate")
@@ -94,25 +94,17 @@ def parse_args(argv=None):
 
 
 # ----------------------------------------------------------------------------- countdown traces
-def countdown_trace(solution):
-    """'(8 * (10 - 5)) - 2' -> ' 10 - 5 = 5, 8 * (10 - 5) = 40, (8 * (10 - 5)) - 2 = 38 </think> <answer> ... </answer>':
-    one operation per step, restating its sub-expression, so the answer is a copy of the last step."""
-    steps = []
-
-    def walk(node):  # -> (text, value)
-        if isinstance(node, ast.Constant):
-            return str(node.value), node.value
-        (lt, lv), (rt, rv) = walk(node.left), walk(node.right)
-        op = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}[type(node.op)]
-        val = {"+": lv + rv, "-": lv - rv, "*": lv * rv, "/": lv / rv if rv else float("nan")}[op]
-        val = int(val) if float(val).is_integer() else val
-        text = f"{lt if isinstance(node.left, ast.Constant) else f'({lt})'} {op} " \
-               f"{rt if isinstance(node.right, ast.Constant) else f'({rt})'}"
-        steps.append(f"{text} = {val}")
-        return text, val
-
-    expr, _ = walk(ast.parse(solution, mode="eval").body)
-    return f" {', '.join(steps)} </think> <answer> {expr} </answer>"
+def countdown_trace(numbers, target, give_up=0.0, rng=random):
+    """A search trace: attempts in order, each checked ("yes."/"no."), until one hits the target, e.g.
+    ' 10 + 1 = 11, 11 * 3 = 33 no. 10 * 1 = 10, 10 * 3 = 30 yes. </think> <answer> (10 * 1) * 3 </answer>'.
+    With probability give_up it stops after the first miss and answers that attempt (wrong, formatted)."""
+    assert len(numbers) == 3, "countdown_trace searches 3-number problems (data.py's default)"
+    said = []
+    for k, (text, expr, hit) in enumerate(countdown_attempts(numbers, target)):
+        said.append(f"{text} {'yes' if hit else 'no'}.")
+        if hit or (k == 0 and rng.random() < give_up):
+            return f" {' '.join(said)} </think> <answer> {expr} </answer>"
+    raise ValueError(f"{numbers} cannot reach {target}")
 
 
 # ----------------------------------------------------------------------------- tiny model from scratch
@@ -260,8 +252,9 @@ def main(argv=None):
     if args.data == "countdown":
         template = load_prompt(args.prompt)
         problems = load_task("countdown", split="train", limit=args.countdown_n, seed=args.seed)
-        rows = [{"prompt": format_prompt(template, r["question"]), "response": countdown_trace(r["solution"])}
-                for r in problems]
+        rng = random.Random(f"trace-{args.seed}")
+        rows = [{"prompt": format_prompt(template, r["question"]), "response": countdown_trace(
+            r["ground_truth"]["numbers"], r["ground_truth"]["target"], args.give_up, rng)} for r in problems]
     else:
         rows = load_sft_jsonl(args.data)
     rows = subset(rows, args.n_examples, args.seed)

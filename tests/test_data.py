@@ -111,7 +111,8 @@ def test_generator_solvable_reference_scores_one_deterministic_disjoint():
     assert train == data.generate_countdown(300, seed=3, split="train")
     assert train != data.generate_countdown(300, seed=4, split="train")
     key = lambda r: (tuple(sorted(r["ground_truth"]["numbers"])), r["ground_truth"]["target"])  # noqa: E731
-    assert len({key(r) for r in train}) == 300 and not {key(r) for r in train} & {key(r) for r in test}
+    assert len({(tuple(r["ground_truth"]["numbers"]), r["ground_truth"]["target"]) for r in train}) == 300  # as listed
+    assert not {key(r) for r in train} & {key(r) for r in test}  # splits disjoint by number multiset and target
     for r in train + test:
         gt = r["ground_truth"]
         assert 3 <= len(gt["numbers"]) <= 4 and all(1 <= x <= 10 for x in gt["numbers"]) and 1 <= gt["target"] <= 50

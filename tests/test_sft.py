@@ -2,6 +2,7 @@
 run, subsets are seeded, checkpoints load in vLLM, and the shipped models/countdown-tiny works."""
 import json
 import os
+import random
 import subprocess
 import sys
 
@@ -21,7 +22,8 @@ SHIPPED = os.path.join(ROOT, "models", "countdown-tiny")
 def sft_jsonl(tmp_path_factory):
     """8 Countdown SFT pairs in r1_zero format, written the way users hand sft.py a dataset."""
     template = load_prompt("r1_zero")
-    rows = [{"prompt": format_prompt(template, r["question"]), "response": sft.countdown_trace(r["solution"])}
+    rows = [{"prompt": format_prompt(template, r["question"]),
+             "response": sft.countdown_trace(r["ground_truth"]["numbers"], r["ground_truth"]["target"])}
             for r in load_task("countdown", split="train", limit=8, seed=0)]
     path = tmp_path_factory.mktemp("sftdata") / "sft.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -39,13 +41,29 @@ def train_rows(history):
 
 
 def test_countdown_trace_is_correct_and_graded_correct():
-    for r in load_task("countdown", split="train", limit=200, seed=1):
-        resp = sft.countdown_trace(r["solution"])
-        steps = resp.split(" </think>")[0].split(", ")
-        for s in steps:  # every line is "expression = its value"
-            lhs, rhs = s.rsplit(" = ", 1)
-            assert eval(lhs) == float(rhs), s
-        assert countdown_reward_fn("<think>" + resp, r["ground_truth"])["reward"] == 1.0, resp
+    rng, gave_up = random.Random(0), 0
+    for r in load_task("countdown", split="train", limit=300, seed=1):
+        gt = r["ground_truth"]
+        resp = sft.countdown_trace(gt["numbers"], gt["target"], give_up=0.5, rng=rng)
+        attempts = resp.split(" </think>")[0].strip().split(". ")
+        for k, a in enumerate(attempts):  # "x o y = v, v o z = w yes|no": true arithmetic, true verdict
+            first, second = a.rstrip(".").split(", ")
+            verdict = second.rsplit(" ", 1)[1]
+            second = second.rsplit(" ", 1)[0]
+            for step in (first, second):
+                lhs, rhs = step.rsplit(" = ", 1)
+                assert eval(lhs) == int(rhs), step
+            assert (verdict == "yes") == (int(second.rsplit(" = ", 1)[1]) == gt["target"]), a
+            assert verdict == "no" or k == len(attempts) - 1, "the search stops at its first hit"
+        reward = countdown_reward_fn("<think>" + resp, gt)["reward"]
+        if attempts[-1].endswith("no."):  # gave up after the first miss: a formatted wrong answer
+            gave_up += 1
+            assert len(attempts) == 1 and reward == 0.1, resp
+        else:
+            assert reward == 1.0, resp
+    assert 100 < gave_up < 150, "about half of the traces that miss first give up (give_up=0.5)"
+    with pytest.raises(ValueError):
+        sft.countdown_trace([1, 1, 1], 47)
 
 
 def test_loss_decreases_on_fixed_batch(tiny_model_dir, sft_jsonl, tmp_path):
