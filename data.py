@@ -317,7 +317,8 @@ def countdown_attempts(numbers, target):
         c = numbers[3 - i - j]
         for t1, x in _steps(numbers[i], numbers[j]):
             t2, y = min(_steps(x, c), key=lambda s: abs(s[1] - target))
-            expr = f"({t1}) {t2.split()[1]} {c}" if t2.split()[0] == str(x) else f"{c} {t2.split()[1]} ({t1})"
+            left, op, _ = t2.split()
+            expr = f"({t1}) {op} {c}" if left == str(x) else f"{c} {op} ({t1})"
             out.append((f"{t1} = {x}, {t2} = {y}", expr, y == target))
     return out
 
