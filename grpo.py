@@ -70,8 +70,8 @@ EMBEDDED = os.path.join(ROOT, "models", "countdown-tiny")
 STARTER = dict(lr=1e-5, n_grpo_steps=200, rollout_batch_size=256, group_size=8, train_batch_size=256,
                gradient_accumulation_steps=128, max_tokens=1024, temperature=0.7, eval_every=10, eval_n=1024,
                save_every=50, kl_every=1, train_n=0)
-DEMO = dict(lr=2e-4, n_grpo_steps=20, rollout_batch_size=64, group_size=8, train_batch_size=64,
-            gradient_accumulation_steps=2, max_tokens=128, temperature=1.0, eval_every=5, eval_n=100,
+DEMO = dict(lr=1e-4, n_grpo_steps=30, rollout_batch_size=64, group_size=8, train_batch_size=64,
+            gradient_accumulation_steps=2, max_tokens=192, temperature=1.0, eval_every=5, eval_n=200,
             save_every=0, kl_every=5, train_n=2000)
 
 
@@ -89,7 +89,7 @@ def parse_args(argv=None):
     g.add_argument("--train-n", type=int, default=None, help="train questions to load (0 = all; demo 2000: generating is slow)")
     g.add_argument("--data-seed", type=int, default=0, help="seed of the synthetic data set (kept apart from --seed)")
     g = p.add_argument_group("optimisation")  # --- optimisation ---
-    g.add_argument("--lr", type=float, default=None, help="AdamW learning rate (starter 1e-5, demo 3e-4)")
+    g.add_argument("--lr", type=float, default=None, help="AdamW learning rate (starter 1e-5, demo 1e-4)")
     g.add_argument("--n-grpo-steps", type=int, default=None, help="rollout batches to train on (starter 200)")
     g.add_argument("--rollout-batch-size", type=int, default=None, help="responses per step = prompts x group size")
     g.add_argument("--group-size", type=int, default=None, help="G samples per question")

@@ -8,7 +8,7 @@ colocated or on --vllm-device) and greedy answers to held-out problems are grade
 train/* on train_step, eval/* on eval_step (the seed's two wandb x-axes; wandb itself with --wandb).
 Departures from the seed: `--data countdown` makes SFT pairs from data.py's synthetic Countdown with a
 search trace (`countdown_trace`); `--init-config tiny` starts from a fresh byte-level BPE tokenizer and a
-random small Qwen2 (how models/countdown-tiny was made, see its MODEL_CARD.md); `--share-prefix`.
+random small Llama (how models/countdown-tiny was made, see its MODEL_CARD.md); `--share-prefix`.
 
 Examples:
   python sft.py --model Qwen/Qwen2.5-Math-1.5B --data MATH/sft.jsonl --n-examples 512 --eval-task math500 \\
@@ -39,7 +39,8 @@ from losses import (compute_entropy, get_response_log_probs, masked_mean, sft_mi
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_MODEL = os.path.join(ROOT, "models", "countdown-tiny")
-QWEN2_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# GPT-2's split: a number with its leading space is one pre-token, so frequent numbers become single tokens
+NUMBER_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 
 
 def parse_args(argv=None):
@@ -47,10 +48,10 @@ def parse_args(argv=None):
     # --- model ---
     p.add_argument("--model", default=DEFAULT_MODEL, help="HF model dir or hub id to start from")
     p.add_argument("--init-config", choices=["none", "tiny"], default="none",
-                   help="tiny: ignore --model, train a BPE tokenizer on the data and randomly init a small Qwen2")
+                   help="tiny: ignore --model, train a BPE tokenizer on the data and randomly init a small Llama")
     p.add_argument("--hidden-size", type=int, default=256, help="tiny init: hidden size (multiple of 64, head_dim 64)")
     p.add_argument("--layers", type=int, default=3, help="tiny init: number of transformer layers")
-    p.add_argument("--vocab-size", type=int, default=512, help="tiny init: BPE vocabulary size")
+    p.add_argument("--vocab-size", type=int, default=1024, help="tiny init: BPE vocabulary size")
     p.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in backward")
     p.add_argument("--share-prefix", action="store_true", help="run a microbatch's common prompt prefix once (exact, small vocab)")
     # --- data ---
@@ -95,13 +96,15 @@ def parse_args(argv=None):
 
 # ----------------------------------------------------------------------------- countdown traces
 def countdown_trace(numbers, target, give_up=0.0, rng=random):
-    """A search trace: attempts in order, each checked ("yes."/"no."), until one hits the target, e.g.
-    ' 10 + 1 = 11, 11 * 3 = 33 no. 10 * 1 = 10, 10 * 3 = 30 yes. </think> <answer> (10 * 1) * 3 </answer>'.
-    With probability give_up it stops after the first miss and answers that attempt (wrong, formatted)."""
+    """A search trace: attempts in order, each checked against the target until one hits, e.g. (target 30)
+    ' 10 + 1 = 11, 11 * 3 = 33 vs 30 no. 10 * 1 = 10, 10 * 3 = 30 vs 30 yes. </think> <answer> (10 * 1) * 3 </answer>'.
+    Restating the target puts the two numbers side by side: a tiny model compares them instead of having to
+    recall the target from the prompt. With probability give_up it stops after the first miss and answers
+    that attempt (wrong, formatted)."""
     assert len(numbers) == 3, "countdown_trace searches 3-number problems (data.py's default)"
     said = []
     for k, (text, expr, hit) in enumerate(countdown_attempts(numbers, target)):
-        said.append(f"{text} {'yes' if hit else 'no'}.")
+        said.append(f"{text} vs {target} {'yes' if hit else 'no'}.")
         if hit or (k == 0 and rng.random() < give_up):
             return f" {' '.join(said)} </think> <answer> {expr} </answer>"
     raise ValueError(f"{numbers} cannot reach {target}")
@@ -109,14 +112,15 @@ def countdown_trace(numbers, target, give_up=0.0, rng=random):
 
 # ----------------------------------------------------------------------------- tiny model from scratch
 def build_tiny_model(out_dir, corpus, hidden_size=256, num_layers=4, vocab_size=640, seed=0):
-    """Train a byte-level BPE on `corpus` and save it with a randomly initialised Qwen2 (head_dim 64: vLLM-CPU)."""
+    """Train a byte-level BPE on `corpus` and save it with a randomly initialised Llama (head_dim 64: vLLM-CPU).
+    Whole numbers are tokens (' 15', not ' ', '1', '5'), so '7 + 8 = 15' is one lookup, not digit arithmetic.
+    Llama, not Qwen2: transformers reloads any qwen2 checkpoint with Qwen2Tokenizer, which re-imposes
+    single-digit splitting; for llama it keeps tokenizer.json as saved (tokenizer_class TokenizersBackend)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    # transformers loads any qwen2 checkpoint with Qwen2Tokenizer, which re-imposes this split (single
-    # digits, words with one leading space/punct): train the merges under the same split
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_SPLIT), "isolated"),
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(NUMBER_SPLIT), "isolated"),
                                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
@@ -125,12 +129,12 @@ def build_tiny_model(out_dir, corpus, hidden_size=256, num_layers=4, vocab_size=
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     hf_tok.save_pretrained(out_dir)
     torch.manual_seed(seed)
-    config = Qwen2Config(
+    config = LlamaConfig(
         vocab_size=64 * math.ceil(len(hf_tok) / 64), hidden_size=hidden_size, intermediate_size=3 * hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=hidden_size // 64, num_key_value_heads=hidden_size // 64,
         head_dim=64, max_position_embeddings=2048, tie_word_embeddings=True, rope_theta=10000.0,
         eos_token_id=hf_tok.eos_token_id, bos_token_id=hf_tok.eos_token_id, pad_token_id=hf_tok.pad_token_id)
-    Qwen2ForCausalLM(config).save_pretrained(out_dir)  # vocab rounded up to 64s as vLLM pads its embedding
+    LlamaForCausalLM(config).save_pretrained(out_dir)  # vocab rounded up to 64s as vLLM pads its embedding
     return out_dir
 
 

@@ -3,6 +3,7 @@ run, subsets are seeded, checkpoints load in vLLM, and the shipped models/countd
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -46,10 +47,10 @@ def test_countdown_trace_is_correct_and_graded_correct():
         gt = r["ground_truth"]
         resp = sft.countdown_trace(gt["numbers"], gt["target"], give_up=0.5, rng=rng)
         attempts = resp.split(" </think>")[0].strip().split(". ")
-        for k, a in enumerate(attempts):  # "x o y = v, v o z = w yes|no": true arithmetic, true verdict
+        for k, a in enumerate(attempts):  # "x o y = v, v o z = w vs target yes|no": true arithmetic, verdict
             first, second = a.rstrip(".").split(", ")
-            verdict = second.rsplit(" ", 1)[1]
-            second = second.rsplit(" ", 1)[0]
+            second, restated, verdict = re.fullmatch(r"(.*) vs (\d+) (yes|no)", second).groups()
+            assert int(restated) == gt["target"], a
             for step in (first, second):
                 lhs, rhs = step.rsplit(" = ", 1)
                 assert eval(lhs) == int(rhs), step
@@ -149,6 +150,9 @@ def test_from_scratch_cli_smoke(tmp_path):
     assert "step 2/2 |" in res.stdout
     for f in ("config.json", "model.safetensors", "tokenizer.json", "sft_args.json"):
         assert os.path.exists(tmp_path / "model" / f), f
+    from transformers import AutoTokenizer  # reloaded, a number seen in training stays one token
+    tok = AutoTokenizer.from_pretrained(tmp_path / "model")
+    assert [tok.decode([i]) for i in tok(" 10 =", add_special_tokens=False)["input_ids"]] == [" 10", " ="]
     bad = subprocess.run(cmd[:2] + ["--data", str(tmp_path / "missing.jsonl")], capture_output=True, text=True,
                          timeout=120, cwd=ROOT)
     assert bad.returncode != 0 and "error: --data" in bad.stderr
@@ -186,7 +190,7 @@ def test_shipped_model_loads_and_eval_zero_shot_matches_model_card(tmp_path):
     import eval_zero_shot
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(SHIPPED)
-    assert model.config.model_type == "qwen2" and model.config.head_dim == 64
+    assert model.config.model_type == "llama" and model.config.head_dim == 64
     assert sum(os.path.getsize(os.path.join(SHIPPED, f)) for f in os.listdir(SHIPPED)) < 20 * 2**20
     card = open(os.path.join(SHIPPED, "MODEL_CARD.md")).read()
     m = re.search(r"eval_zero_shot\.py --limit (\d+) --max-tokens (\d+)`: accuracy ([\d.]+), format rate ([\d.]+)", card)
