@@ -1,8 +1,8 @@
 """Benchmark grpo.py on the embedded model: seconds per GRPO step with its time split, and the demo's
 learning curve (validation accuracy vs wall-clock time). Prints one JSON object.
 
-  python bench/grpo_step.py                  # both parts (~12 min on 2 CPU cores)
-  python bench/grpo_step.py --skip-demo      # step timing only (~2 min)
+  python bench/grpo_step.py                  # both parts (~5 min on 2 CPU cores)
+  python bench/grpo_step.py --skip-demo      # step timing only (~1 min)
   python bench/grpo_step.py --engine hf      # same with the transformers fallback engine
 
 Step timing runs grpo.py as a subprocess at a fixed config (16 prompts x 8 samples, <= 64 new tokens,
