@@ -111,7 +111,7 @@ def countdown_trace(numbers, target, give_up=0.0, rng=random):
 
 
 # ----------------------------------------------------------------------------- tiny model from scratch
-def build_tiny_model(out_dir, corpus, hidden_size=256, num_layers=4, vocab_size=640, seed=0):
+def build_tiny_model(out_dir, corpus, hidden_size=256, num_layers=3, vocab_size=1024, seed=0):
     """Train a byte-level BPE on `corpus` and save it with a randomly initialised Llama (head_dim 64: vLLM-CPU).
     Whole numbers are tokens (' 15', not ' ', '1', '5'), so '7 + 8 = 15' is one lookup, not digit arithmetic.
     Llama, not Qwen2: transformers reloads any qwen2 checkpoint with Qwen2Tokenizer, which re-imposes

@@ -185,8 +185,6 @@ def test_checkpoint_round_trips_through_vllm_with_eval(tiny_model_dir, sft_jsonl
 @pytest.mark.skipif(not os.path.exists(os.path.join(SHIPPED, "config.json")), reason="models/countdown-tiny not built")
 def test_shipped_model_loads_and_eval_zero_shot_matches_model_card(tmp_path):
     """HF loads it; eval_zero_shot (vLLM-CPU) reproduces the card's greedy accuracy (+-3 points) and format rate."""
-    import re
-
     import eval_zero_shot
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(SHIPPED)
