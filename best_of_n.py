@@ -4,7 +4,7 @@ One generation pass draws N samples per prompt (default T=1.0) with per-token lo
 and saves everything to DIR/generations.jsonl; `--from-generations FILE` recomputes the metrics from
 such a file without a model. Metrics are exact expectations over a uniformly random k-subset of a
 prompt's n samples (not "the first k"), averaged over prompts, computed in closed form with exact
-fractions (c = correct samples; correct = format_reward == 1 and answer_reward == 1):
+fractions (c = correct samples; correct = answer_reward == 1, the accuracy of every script):
   pass@k = 1 - C(n-c, k) / C(n, k)                                      (Chen et al. 2021)
   Best@k : sort samples by mean token log-prob (descending, ties by sample index); the sample of
            rank i is the pick iff it is in the subset and no better-ranked one is, which has
@@ -14,30 +14,31 @@ fractions (c = correct samples; correct = format_reward == 1 and answer_reward =
            answers; an answer is correct if any sample carrying it is correct. Counted exactly by
            a small DP over the other answers' vote counts (see `maj_at_k`).
   oracle gap = pass@k - Best@k (what a perfect verifier would add over likelihood selection).
-Best@1 == pass@1 == mean accuracy over all samples, exactly (asserted). Sample 0 of prompt i is drawn
-with seed + i as eval_zero_shot.py draws its one sample, so `first_sample_accuracy` is exactly its
-accuracy at the same --seed/--temperature/--max-tokens (tested). Departure: the seed draws N samples
-per N; we draw --n once and average over k-subsets (unbiased, lower variance). Log-probs are of the
-sampled (temperature-scaled) distribution, as rollout.generate returns them; at T=1, the model's.
+Best@1 == pass@1 == mean accuracy over all samples, exactly (asserted). Data, prompt, grader, engine
+and --out checks are eval_zero_shot.py's, and sample 0 of prompt i is drawn with seed + i as it draws
+its one sample, so `first_sample_accuracy` is exactly its accuracy at the same --seed/--temperature/
+--max-tokens (tested). Departure: the seed draws N samples per N; we draw --n once and average over
+k-subsets (unbiased, lower variance). Log-probs are of the sampled (temperature-scaled) distribution,
+as rollout.generate returns them; at T=1, the model's.
 
 Examples:
   python best_of_n.py                                       # embedded model, synthetic Countdown
   python best_of_n.py --model Qwen/Qwen3-0.6B --task gsm8k --data gsm8k_test.jsonl --n 16 --ns 1,4,8,16
   python best_of_n.py --from-generations runs/bon_gsm8k/generations.jsonl --ns 1,2,4,8,16
 """
-import argparse
 import os
 import re
-import sys
 from collections import Counter
 from fractions import Fraction
 from math import comb
 
-from data import (TASKS, format_prompt, last_boxed, load_prompt, load_task, read_jsonl, stop_strings,
-                  write_json_atomic, write_jsonl_atomic)
+from common import (Parser, check, dry_run, existing_file, fail, int_list, nonneg_int, positive_float, positive_int,
+                    probability)
+from data import EMBEDDED_MODEL, read_jsonl, write_json_atomic, write_jsonl_atomic
+from eval_zero_shot import (add_data_flags, check_engine, check_out, default_max_tokens, describe, load_examples,
+                            resolve_task, start_engine)
+from grader import last_boxed
 from grader import REWARD_FNS, grade_batch
-
-DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "countdown-tiny")
 
 
 # ----------------------------------------------------------------------------- estimators
@@ -98,7 +99,7 @@ def metrics(rows, ks):
     per = []  # per prompt: (correct flags, mean token log-probs, normalised answers)
     for r in rows:
         s = r["samples"]
-        per.append(([x["format_reward"] >= 1 and x["answer_reward"] >= 1 for x in s],
+        per.append(([x["answer_reward"] >= 1 for x in s],
                     [sum(x["logprobs"]) / len(x["logprobs"]) if x["logprobs"] else float("-inf") for x in s],
                     [x["answer"] for x in s]))
     mean = lambda f: sum((f(*q) for q in per), Fraction(0)) / len(per)  # noqa: E731
@@ -130,76 +131,80 @@ def plot(result, path, title):
     os.replace(path + ".tmp", path)
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="pass@k, Best@k (log-prob selection) and maj@k from N samples.")
-    p.error = lambda msg: sys.exit(f"error: {msg} (see --help)")  # one line, not usage + error
-    # --- model ---
-    p.add_argument("--model", default=DEFAULT_MODEL, help="model dir or hub id (default: embedded tiny model)")
-    p.add_argument("--engine", default="vllm", choices=["vllm", "hf"], help="rollout engine (hf = transformers)")
-    p.add_argument("--from-generations", default=None, help="recompute metrics from this generations.jsonl")
-    # --- data ---
-    p.add_argument("--task", default="countdown", choices=sorted(TASKS), help="task (data.load_task)")
-    p.add_argument("--data", default=None, help="local JSON/JSONL for the task (countdown: synthetic if unset)")
-    p.add_argument("--prompt", default=None, help="prompts/<name>.prompt (default: the task's)")
-    p.add_argument("--reward", default=None, choices=sorted(REWARD_FNS), help="grader (default: the task's)")
-    p.add_argument("--limit", type=int, default=None, help="use only the first N problems")
-    p.add_argument("--data-seed", type=int, default=0, help="seed of the synthetic Countdown set (0 = sft/grpo's)")
-    # --- sampling ---
-    p.add_argument("--n", type=int, default=16, help="samples per prompt")
-    p.add_argument("--ns", default="1,4,8,16", help="k values to report, comma list, each <= n")
-    p.add_argument("--max-tokens", type=int, default=1024, help="max generated tokens per sample")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
-    p.add_argument("--seed", type=int, default=0, help="engine seed; prompt i is sampled with seed + i")
-    # --- output ---
-    p.add_argument("--out", default=None, help="output dir (default runs/bon_<task>, or the file's dir)")
-    p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="grading processes")
-    args = p.parse_args(argv)
+# ----------------------------------------------------------------------------- generations.jsonl
+SAMPLE_FIELDS = ("answer_reward", "logprobs", "answer", "num_tokens")  # what `metrics` reads
+
+
+def read_generations(path):
+    """Rows of a best_of_n.py generations.jsonl; every sample must carry the fields `metrics` reads."""
     try:
-        args.ns = sorted({int(k) for k in args.ns.split(",")})
-    except ValueError:
-        p.error(f"--ns must be integers separated by commas, got {args.ns!r}")
-    if args.from_generations:
-        if not os.path.isfile(args.from_generations):
-            p.error(f"--from-generations {args.from_generations}: file not found")
-        args.out = args.out or os.path.dirname(os.path.abspath(args.from_generations))
+        rows = read_jsonl(path)
+    except ValueError as e:
+        fail(str(e))
+    check(rows, f"--from-generations {path}: no rows")
+    for i, r in enumerate(rows, 1):
+        samples = r.get("samples") if isinstance(r, dict) else None
+        check(isinstance(samples, list) and samples,
+              f"{path}: row {i} has no \"samples\" list; not a best_of_n.py generations.jsonl")
+        for j, x in enumerate(samples):
+            for key in SAMPLE_FIELDS:
+                check(isinstance(x, dict) and key in x, f"{path}: row {i} sample {j}: missing field {key!r}")
+            num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+            check(num(x["answer_reward"]) and isinstance(x["num_tokens"], int) and isinstance(x["logprobs"], list)
+                  and all(map(num, x["logprobs"])) and isinstance(x["answer"], (str, type(None))),
+                  f"{path}: row {i} sample {j}: need a number answer_reward, an int num_tokens, a list of "
+                  f"numbers logprobs and a string/null answer")
+    return rows
+
+
+def parse_args(argv=None):
+    p = Parser(description="pass@k, Best@k (log-prob selection) and maj@k from N samples.")
+    # --- model ---
+    p.add_argument("--model", default=EMBEDDED_MODEL, help="model dir or hub id (default: the embedded tiny model)")
+    p.add_argument("--engine", default="vllm", help="rollout engine, one of rollout.ENGINES (hf = transformers)")
+    p.add_argument("--from-generations", type=existing_file, default=None,
+                   help="re-score this generations.jsonl (no model); writes next to it unless --out")
+    # --- data ---
+    add_data_flags(p)  # --task --data --split --prompt --reward --limit --data-seed, as eval_zero_shot.py
+    # --- sampling ---
+    p.add_argument("--n", type=positive_int, default=16, help="samples per prompt")
+    p.add_argument("--ns", type=int_list, default="1,4,8,16", help="k values to report, comma list, each <= n")
+    p.add_argument("--max-tokens", type=positive_int, default=None,
+                   help="max generated tokens per sample (default: eval_zero_shot.py's for the task/model)")
+    p.add_argument("--temperature", type=positive_float, default=1.0, help="sampling temperature (seed 001: 1.0)")
+    p.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling mass")
+    p.add_argument("--seed", type=nonneg_int, default=0,
+                   help="engine seed; sample j of prompt i uses seed + j*P + i (P prompts): sample 0 = eval_zero_shot's")
+    # --- output ---
+    p.add_argument("--out", default=None, help="output dir (default runs/bon_<task>, or the re-scored file's dir)")
+    p.add_argument("--overwrite", action="store_true", help="replace generations.jsonl/best_of_n.json in --out")
+    p.add_argument("--dry-run", action="store_true", help="print the effective configuration as JSON and exit")
+    p.add_argument("--workers", type=positive_int, default=min(8, os.cpu_count() or 1), help="grading processes")
+    args = p.parse_args(argv)
+    args.ns = sorted(set(args.ns))
+    if args.from_generations:  # re-scoring next to the file replaces its metrics: allowed without --overwrite
+        here = os.path.dirname(os.path.abspath(args.from_generations))
+        args.out = args.out or here
+        check_out(args.out, [] if os.path.abspath(args.out) == here else ["best_of_n.json"], args.overwrite)
         return args
-    if args.ns[0] < 1 or args.ns[-1] > args.n:
-        p.error(f"--ns values must be in 1..--n ({args.n}), got {args.ns}")
-    if args.temperature <= 0 or args.max_tokens < 1 or (args.limit is not None and args.limit < 1):
-        p.error("need --temperature > 0 (N greedy samples are identical), --max-tokens >= 1, --limit >= 1")
-    if args.data is not None and not os.path.exists(args.data):
-        p.error(f"--data {args.data}: file not found")
-    m = args.model  # a local-looking path must be a model dir; anything else is left to the hub
-    if (os.path.isabs(m) or m.startswith((".", "~")) or os.path.isdir(os.path.dirname(m) or ".")) \
-            and not os.path.isfile(os.path.join(os.path.expanduser(m), "config.json")):
-        p.error(f"--model {m}: no config.json there; pass a model dir or hub id")
-    args.prompt = args.prompt or TASKS[args.task]["prompt"]
-    args.reward = args.reward or TASKS[args.task]["reward"]
+    check(args.ns[-1] <= args.n, f"--ns values must be in 1..--n ({args.n}), got {args.ns}")
+    resolve_task(args)
+    args.max_tokens = args.max_tokens or default_max_tokens(args.task, args.model)
     args.out = args.out or os.path.join("runs", f"bon_{args.task}")
+    check_out(args.out, ["generations.jsonl", "best_of_n.json"], args.overwrite)
+    check_engine(args.engine)
     return args
 
 
 def generate_rows(args):
     """One pass of args.n samples per prompt, graded; returns the rows written to generations.jsonl."""
-    try:  # data / prompt problems are one-line errors before the engine starts
-        template = load_prompt(args.prompt)
-        examples = load_task(args.task, path=args.data, limit=args.limit, seed=args.data_seed)
-        prompts = [format_prompt(template, ex["question"]) for ex in examples]
-    except ValueError as e:
-        raise SystemExit(f"error: {e}")
-    import torch
-    from rollout import generate, init_engine
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    print(f"{len(prompts)} prompts x {args.n} samples | device {device} | engine {args.engine}")
-    extra = {}
-    if args.engine == "vllm":  # context = longest prompt + generation (init_vllm caps it at the model's)
-        from transformers import AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(args.model)
-        extra["max_model_len"] = max(len(tok(p).input_ids) for p in prompts) + args.max_tokens
-    llm = init_engine(args.engine, args.model, device=device, seed=args.seed, **extra)
-    outs = generate(llm, prompts, n=args.n, temperature=args.temperature, top_p=args.top_p,
-                    max_tokens=args.max_tokens, stop=stop_strings(template), seed=args.seed)
+    examples, stop = load_examples(args)
+    prompts = [ex["prompt"] for ex in examples]
+    print(f"{len(prompts)} prompts x {args.n} samples | max_tokens {args.max_tokens} | temperature {args.temperature}")
+    llm = start_engine(args, prompts, args.max_tokens)
+    import rollout
+    outs = rollout.generate(llm, prompts, n=args.n, temperature=args.temperature, top_p=args.top_p,
+                            max_tokens=args.max_tokens, stop=stop, seed=args.seed)
     flat = [o for per_prompt in outs for o in per_prompt]
     gts = [ex["ground_truth"] for ex in examples for _ in range(args.n)]
     rewards = grade_batch(REWARD_FNS[args.reward], [o["text"] for o in flat], gts, workers=args.workers)
@@ -211,14 +216,13 @@ def generate_rows(args):
 
 def main(argv=None):
     args = parse_args(argv)
+    print(f"re-scoring {args.from_generations}" if args.from_generations else describe(args), flush=True)
+    if args.dry_run:
+        dry_run(args)
     if args.from_generations:
-        try:
-            rows = read_jsonl(args.from_generations)
-            n = min(len(r["samples"]) for r in rows)
-        except (ValueError, KeyError, TypeError):
-            raise SystemExit(f"error: {args.from_generations} is not a best_of_n.py generations.jsonl")
-        if args.ns[0] < 1 or args.ns[-1] > n:
-            raise SystemExit(f"error: --ns values must be in 1..{n} (samples per prompt in the file)")
+        rows = read_generations(args.from_generations)
+        n = min(len(r["samples"]) for r in rows)
+        check(args.ns[-1] <= n, f"--ns values must be in 1..{n} (samples per prompt in {args.from_generations})")
     else:
         rows = generate_rows(args)
         write_jsonl_atomic(os.path.join(args.out, "generations.jsonl"), rows)
@@ -227,7 +231,6 @@ def main(argv=None):
     for r in result["rows"]:
         print(f"k {r['k']:>3} | pass@k {r['pass@k']:.4f} | best@k {r['best@k']:.4f} | maj@k {r['maj@k']:.4f}"
               f" | oracle_gap {r['oracle_gap']:.4f}")
-    os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "best_of_n.json")
     write_json_atomic(path, {"args": vars(args), **result})
     title = args.from_generations or f"{os.path.basename(args.model.rstrip('/'))} {args.task} T={args.temperature}"

@@ -7,7 +7,9 @@ fills a prompt template (prompts/<name>.prompt) with `format_prompt` and grades 
 Hub datasets (openai/gsm8k, hiyouga/math12k, HuggingFaceH4/MATH-500, justinphan3110/Countdown-Tasks-3to4)
 load through `datasets` only when it is importable (it is optional and not in requirements);
 every task also takes a local JSON/JSONL path, which is how tests and offline runs use it.
-`load_task("countdown")` without a path uses the synthetic generator below, which needs nothing.
+`load_task("countdown", path="synthetic")` uses the synthetic generator below, which needs nothing;
+without a path Countdown is the seeds' hub set (justinphan3110/Countdown-Tasks-3to4, its last 1024 rows
+held out as the test split).
 
 Synthetic Countdown (departures from the seed's hub dataset, chosen so a tiny model can learn it):
   * k numbers (k from `numbers`, default 3, at most 5) in 1..max_value (default 10), duplicates allowed;
@@ -24,23 +26,27 @@ Examples:
   python data.py gsm8k --path ../shared/data/gsm8k_test.jsonl --n 5 --out /tmp/gsm8k5.jsonl
 """
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import random
-import re
 from fractions import Fraction
 from functools import lru_cache
 from itertools import combinations
 
-PROMPTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prompts")
+from grader import gsm8k_answer, math_answer  # ground truths are parsed by the grader's own rules
 
-# default prompt and reward (grader.REWARD_FNS key) per task
+ROOT = os.path.dirname(os.path.abspath(__file__))
+PROMPTS_DIR = os.path.join(ROOT, "prompts")
+EMBEDDED_MODEL = os.path.join(ROOT, "models", "countdown-tiny")  # the offline default model of every script
+
+# default prompt and reward (grader.REWARD_FNS key) per task, for hub models (see task_defaults)
 TASKS = {
-    "countdown": {"prompt": "r1_zero", "reward": "countdown"},
+    "countdown": {"prompt": "countdown", "reward": "countdown"},  # seeds 000/002
     "gsm8k": {"prompt": "r1_zero", "reward": "r1_zero"},
-    "math": {"prompt": "intellect", "reward": "intellect"},
-    "math500": {"prompt": "intellect", "reward": "intellect"},
+    "math": {"prompt": "intellect", "reward": "question_only"},  # seed 000 §3.2: Dr. GRPO's question_only grader
+    "math500": {"prompt": "intellect", "reward": "question_only"},
     "keyword": {"prompt": "keyword", "reward": "keyword"},
     "jsonl": {"prompt": "r1_zero", "reward": "r1_zero"},
 }
@@ -51,6 +57,22 @@ HUB = {  # task -> (dataset id, config) when `datasets` is importable and no pat
     "countdown_hub": ("justinphan3110/Countdown-Tasks-3to4", None),
 }
 TEST_BUCKETS = 10  # of 100 hash buckets go to the test split (countdown, keyword)
+
+
+def is_embedded(model):
+    """True for the embedded model (also when no --model was given)."""
+    return model is None or os.path.abspath(os.path.expanduser(model)) == EMBEDDED_MODEL
+
+
+def task_defaults(task, model):
+    """{"prompt", "reward", "path"} a task uses when the flags leave them out. Hub models: TASKS and the hub
+    set (path None). The embedded model does Countdown with the r1_zero prompt it was trained on and on
+    synthetic problems, since it is offline by design. One rule for every script, so zero-shot, Best-of-N,
+    SFT and GRPO runs of one model use one prompt."""
+    out = {**TASKS[task], "path": None}
+    if task == "countdown" and is_embedded(model):
+        out.update(prompt="r1_zero", path="synthetic")
+    return out
 
 
 # ----------------------------------------------------------------------------- prompts
@@ -110,9 +132,14 @@ def write_json_atomic(path, obj):
 def _write_atomic(path, text):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:  # a full disk or Ctrl-C: no half-written tmp file stays behind
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
 
 
 def _field(row, names, path, i):
@@ -129,46 +156,14 @@ def load_sft_jsonl(path):
             for i, r in enumerate(rows)]
 
 
-# ----------------------------------------------------------------------------- answers
-def last_boxed(text):
-    """Content of the last \\boxed{...} / \\fbox{...} in text (brace-matched), or None."""
-    i = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if i < 0:
-        return None
-    j = text.find("{", i)
-    if j < 0 or text[i:j].strip() not in ("\\boxed", "\\fbox"):
-        m = re.match(r"\\boxed ([^\s$]+)", text[i:])  # "\boxed 5" form
-        return m.group(1) if m else None
-    depth = 0
-    for k in range(j, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[k], 0)
-        if depth == 0:
-            return text[j + 1:k]
-    return None  # unbalanced
-
-
-def gsm8k_answer(solution):
-    """'... #### 1,234' -> '1234'."""
-    if "####" not in solution:
-        raise ValueError(f"GSM8K answer has no '####': {solution[-80:]!r}")
-    return solution.split("####")[-1].strip().replace(",", "")
-
-
-def math_answer(text):
-    """Final answer of a MATH solution: last \\boxed{}, else the text after 'The answer is:', else text."""
-    b = last_boxed(text)
-    if b is not None:
-        return b.strip()
-    m = re.search(r"The answer is:?\s*(.+?)\s*$", text, re.S)
-    return (m.group(1) if m else text).strip()
-
-
 # ----------------------------------------------------------------------------- loaders
 def _hub_rows(task, split):
     try:
         import datasets  # optional dependency
     except ImportError:
-        raise ValueError(f"task {task!r} needs path=<local .jsonl> (the `datasets` package is not installed)") from None
+        extra = " or 'synthetic' (data.py's generator)" if task == "countdown_hub" else ""
+        raise ValueError(f"task {task.replace('_hub', '')!r}: no local file given and the `datasets` package is not "
+                         f"installed for the hub set {HUB[task][0]}; pass a local .jsonl{extra}") from None
     name, config = HUB[task]
     return list(datasets.load_dataset(name, config, split=split))
 
@@ -185,17 +180,27 @@ def _in_split(key, split):
     return (_bucket(key) < TEST_BUCKETS) == (split == "test")
 
 
-def load_task(task, split="test", path=None, limit=None, seed=0, question_key=None, answer_key=None):
+def load_task(task, split="test", path=None, limit=None, seed=0, question_key=None, answer_key=None, prompt=None):
     """[{"question", "ground_truth", ...}] for one task; see the module docstring.
 
-    Local files keep their order (seed is only used by the synthetic countdown and the keyword
-    split); `limit` keeps the first rows. For "jsonl", question_key/answer_key name the fields
-    (defaults: "question"/"problem" and "ground_truth"/"answer").
+    path: a local JSON/JSONL file; None = the task's hub set (needs `datasets`); for countdown, the
+    string "synthetic" = this module's generator. Local files keep their order (seed is only used by
+    the synthetic countdown and the keyword split); `limit` keeps the first rows. For "jsonl",
+    question_key/answer_key name the fields (defaults: "question"/"problem" and "ground_truth"/"answer").
+    prompt: a prompts/<name>.prompt name; each row then also carries "prompt", the filled template
+    (prompts are formatted once, here, not in every caller).
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose from {sorted(TASKS)}")
-    n = limit
-    if task == "countdown" and path is None:
+    rows = _load_rows(task, split, path, limit, seed, question_key, answer_key)
+    if prompt is not None:
+        template = load_prompt(prompt)
+        rows = [{**r, "prompt": format_prompt(template, r["question"])} for r in rows]
+    return rows
+
+
+def _load_rows(task, split, path, n, seed, question_key, answer_key):
+    if task == "countdown" and path == "synthetic":
         return generate_countdown(n if n is not None else (10000 if split == "train" else 1024),
                                   seed=seed, split=split)
     if task == "keyword":
@@ -302,27 +307,6 @@ def solve_countdown(numbers, target):
     return hit[0] if hit else None
 
 
-def _steps(x, y):
-    """The exact one-step results of x and y, in a fixed order: x + y, x * y, larger - smaller, larger / smaller."""
-    hi, lo = max(x, y), min(x, y)
-    out = [(f"{x} + {y}", x + y), (f"{x} * {y}", x * y), (f"{hi} - {lo}", hi - lo)]
-    return out + [(f"{hi} / {lo}", hi // lo)] if lo > 1 and hi % lo == 0 else out
-
-
-def countdown_attempts(numbers, target):
-    """Every 3-number attempt in search order: each first step (pairs in list order, then _steps' order),
-    finished by the second step that lands nearest the target. [(text, answer expression, hit)]."""
-    out = []
-    for i, j in ((0, 1), (0, 2), (1, 2)):
-        c = numbers[3 - i - j]
-        for t1, x in _steps(numbers[i], numbers[j]):
-            t2, y = min(_steps(x, c), key=lambda s: abs(s[1] - target))
-            left, op, _ = t2.split()
-            expr = f"({t1}) {op} {c}" if left == str(x) else f"{c} {op} ({t1})"
-            out.append((f"{t1} = {x}, {t2} = {y}", expr, y == target))
-    return out
-
-
 def _parse_range(s):
     lo, _, hi = str(s).partition("..")
     return int(lo), int(hi or lo)
@@ -375,7 +359,7 @@ if __name__ == "__main__":
     p.add_argument("--out", required=True, help="output .jsonl path (written atomically)")
     args = p.parse_args()
     try:
-        if args.task == "countdown" and args.path is None:
+        if args.task == "countdown" and args.path in (None, "synthetic"):
             rows = generate_countdown(args.n, _parse_range(args.numbers), args.max_value, args.seed,
                                       args.max_target, args.split)
         else:

@@ -1,34 +1,47 @@
 """Zero-shot evaluation: prompt a model on a task, generate, grade, sort into the seeds' categories.
 
-Follows seed 000 §3.2 (MATH, intellect prompt, greedy, 2048 tokens), seed 001 §3.2 (GSM8K, r1_zero
-prompt) and seed 002 §1.6.1 (Countdown at 256/512/1024 max tokens). Prompts come from prompts/ via
-data.py, generation from rollout.py (vLLM, or the transformers fallback with --engine hf), grading
+Follows seed 000 §3.2 (MATH: intellect prompt, question_only grading, greedy, 2048 tokens), seed 001
+§3.2 (GSM8K: r1_zero prompt, T = 1, 1024 tokens) and seed 002 §1.6.1 (Countdown at 256/512/1024 max
+tokens). Prompt, grader and data default to data.task_defaults(task, model), the one rule every script
+uses: hub models get the task's seed prompt and hub set, the embedded model Countdown with the r1_zero
+prompt it was trained on, on data.py's synthetic problems. --max-tokens / --temperature default to
+SEED_SETTINGS below. Generation comes from rollout.py (vLLM, or transformers with --engine hf), grading
 from grader.py in parallel (grade_batch). Generation stops at "</answer>" when the prompt uses it.
 
-Accuracy = fraction of examples with format_reward == 1 and answer_reward == 1 (category 1). The
-three categories of the seeds are (1) format 1 & answer 1, (2) format 1 & answer 0, (3) format 0 &
-answer 0; a grader that ever returns format 0 & answer 1 gets a fourth row so the counts add up.
-Departures: --max-tokens takes a comma list and runs one generation pass per value on one engine
-(one summary row each); every row of generations.jsonl carries its max_tokens. The seeds use one
-engine per setting and a fixed dataset; Countdown here defaults to data.py's synthetic test split.
+Accuracy = fraction of examples with answer_reward == 1, as sft.py and grpo.py count it. The seeds'
+three categories are still reported: (1) format 1 & answer 1, (2) format 1 & answer 0, (3) format 0 &
+answer 0; a grader that returns format 0 & answer 1 gets a fourth row (counted as accurate) so the
+counts add up. Departures: --max-tokens takes a comma list and runs one generation pass per value on
+one engine (one summary row each); every row of generations.jsonl carries its max_tokens.
+--out is checked before any work and existing results are kept unless --overwrite; --dry-run prints
+the effective configuration (one JSON line) and stops before anything loads.
 
 Examples:
   python eval_zero_shot.py                                 # embedded tiny model, synthetic Countdown
-  python eval_zero_shot.py --model Qwen/Qwen2.5-Math-1.5B --task math500 --data math500_test.jsonl \
-      --prompt intellect --max-tokens 2048
-  python eval_zero_shot.py --model Qwen/Qwen3-1.7B --task countdown --max-tokens 256,512,1024
+  python eval_zero_shot.py --model Qwen/Qwen2.5-Math-1.5B --task math500 --data math500_test.jsonl
+  python eval_zero_shot.py --model Qwen/Qwen3-1.7B --task countdown --max-tokens 256,512,1024 --dry-run
 """
-import argparse
+import importlib.util
 import json
 import os
 import sys
 import time
 
-from data import TASKS, format_prompt, load_prompt, load_task, stop_strings, write_json_atomic, write_jsonl_atomic
+from common import (Parser, check, check_model_dir, dry_run, existing_file, fail, int_list, nonneg_float,
+                    nonneg_int, positive_int, probability)
+from data import (EMBEDDED_MODEL, TASKS, is_embedded, load_prompt, load_task, stop_strings, task_defaults,
+                  write_json_atomic, write_jsonl_atomic)
 from grader import REWARD_FNS, grade_batch
 
-DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "countdown-tiny")
 CATEGORIES = ["format1_answer1", "format1_answer0", "format0_answer0", "format0_answer1"]
+# zero-shot (max generated tokens, temperature) per task, as the seeds set them; flags override
+SEED_SETTINGS = {"math": (2048, 0.0), "math500": (2048, 0.0),  # seed 000 §3.2
+                 "gsm8k": (1024, 1.0),                         # seed 001 §3.2
+                 "countdown": (1024, 0.0),                     # seed 002 §1.6.1: its longest budget, L1024
+                 "keyword": (60, 0.0),                         # seed 004's budget
+                 "jsonl": (1024, 0.0)}
+EMBEDDED_MAX_TOKENS = 192  # the embedded model answers in ~50 tokens (model card); grpo.py's demo budget
+NO_HUB_DATA = ("keyword", "jsonl")  # tasks whose data is always a local file
 
 
 def category(r):
@@ -37,118 +50,178 @@ def category(r):
 
 
 def summarize(rows):
-    """Accuracy, category counts and length stats of graded rows (one max_tokens setting)."""
+    """Accuracy (answer_reward == 1), category counts and length stats of graded rows (one max_tokens)."""
     n = len(rows)
     counts = {c: sum(r["category"] == c for r in rows) for c in CATEGORIES}
-    return {"n": n, "accuracy": counts["format1_answer1"] / max(n, 1), "counts": counts,
+    correct = sum(r["answer_reward"] >= 1 for r in rows)
+    return {"n": n, "correct": correct, "accuracy": correct / max(n, 1), "counts": counts,
             "mean_reward": sum(r["reward"] for r in rows) / max(n, 1),
             "mean_tokens": sum(r["num_tokens"] for r in rows) / max(n, 1),
             "frac_truncated": sum(r["finish_reason"] == "length" for r in rows) / max(n, 1)}
 
 
-def check_model(model):
-    """Local-looking paths must be model directories; anything else is left to the hub."""
-    local = os.path.isabs(model) or model.startswith((".", "~")) or os.path.isdir(os.path.dirname(model) or ".")
-    if local and not os.path.isfile(os.path.join(os.path.expanduser(model), "config.json")):
-        hint = " (the embedded model comes with sft.py; see README)" if model == DEFAULT_MODEL else ""
-        raise SystemExit(f"error: --model {model}: no config.json there{hint}; pass a model dir or hub id")
+# ----------------------------------------------------------------------------- checks (shared with best_of_n.py)
+def data_path(s):
+    """argparse type for --data: "synthetic" (data.py's Countdown generator) or a non-empty file."""
+    return s if s == "synthetic" else existing_file(s)
+
+
+def check_engine(engine):
+    """--engine must be one of rollout.ENGINES. rollout is imported here, after the cheap checks, not at the
+    top: it imports torch (~2 s), which would slow every one-line error; it sets vLLM's environment itself."""
+    import rollout
+    check(engine in rollout.ENGINES, f"--engine {engine}: choose from {', '.join(rollout.ENGINES)}")
+
+
+def default_max_tokens(task, model):
+    return EMBEDDED_MAX_TOKENS if task == "countdown" and is_embedded(model) else SEED_SETTINGS[task][0]
+
+
+def resolve_task(args):
+    """Check --model and fill --prompt/--reward/--data from data.task_defaults; nothing is loaded."""
+    check_model_dir(args.model)
+    d = task_defaults(args.task, args.model)
+    args.prompt, args.reward = args.prompt or d["prompt"], args.reward or d["reward"]
+    args.data = args.data or d["path"]
+    try:
+        load_prompt(args.prompt)
+    except ValueError as e:
+        fail(f"--prompt {args.prompt}: {e}")
+    check(args.data != "synthetic" or args.task == "countdown",
+          f"--data synthetic is data.py's Countdown generator; --task {args.task} needs a file")
+    check(args.data is not None or args.task not in NO_HUB_DATA, f"--task {args.task} needs --data FILE")
+
+
+def check_out(out, results, overwrite):
+    """--out must be a directory this run can create or write, holding none of `results` unless
+    --overwrite. Checked at parse time (nothing is created), so a bad --out never costs a generation pass."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        fail(f"--out {out}: is a file; pass a directory")
+    held = [f for f in results if os.path.exists(os.path.join(out, f))]
+    if held and not overwrite:
+        fail(f"--out {out} already holds {', '.join(held)}; pass --overwrite to replace them, or choose a new --out")
+    parent = os.path.abspath(out)
+    while not os.path.exists(parent):  # the nearest existing ancestor is where the directory gets created
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        fail(f"--out {out}: cannot create or write it ({parent} is not a writable directory)")
+
+
+def describe(args):
+    """The configuration line printed first: which data, prompt and grader this run uses."""
+    data = (f"synthetic Countdown (data.py's generator, {args.split} split, --data-seed {args.data_seed}"
+            + ("; the embedded model's default set)" if is_embedded(args.model) else ")")
+            if args.data == "synthetic" else args.data or f"the {args.task} hub set (needs `datasets`)")
+    return f"task {args.task} | data {data} | prompt {args.prompt} | reward {args.reward} | model {args.model}"
+
+
+# ----------------------------------------------------------------------------- load (shared with best_of_n.py)
+def load_examples(args):
+    """The task's rows, each with its "prompt" formatted once, and the prompt's stop strings."""
+    if args.data is None and importlib.util.find_spec("datasets") is None:
+        fail(f"the {args.task} hub set needs the `datasets` package (pip install datasets); pass --data FILE"
+             + (" or --data synthetic" if args.task == "countdown" else ""))
+    try:
+        examples = load_task(args.task, split=args.split, path=args.data, limit=args.limit, seed=args.data_seed,
+                             prompt=args.prompt)
+    except ValueError as e:
+        fail(str(e))
+    check(examples, f"--data {args.data}: no examples loaded; check the file, --split and --limit")
+    return examples, stop_strings(load_prompt(args.prompt))
+
+
+def start_engine(args, prompts, max_tokens):
+    """The rollout engine; vLLM's context = longest prompt + max_tokens (init_vllm caps it at the model's)."""
+    import rollout
+    import torch
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    print(f"device {device} ({'CUDA available' if device == 'cuda' else 'no CUDA'}) | engine {args.engine}")
+    extra = {}
+    if args.engine == "vllm":
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(args.model)
+        extra["max_model_len"] = max(len(tok(p).input_ids) for p in prompts) + max_tokens
+    return rollout.init_engine(args.engine, args.model, device=device, seed=args.seed, **extra)
+
+
+def add_data_flags(p):
+    """The flags resolve_task and load_examples read (best_of_n.py uses the same ones)."""
+    p.add_argument("--task", default="countdown", choices=sorted(TASKS), help="task (data.load_task)")
+    p.add_argument("--data", type=data_path, default=None,
+                   help="local JSON/JSONL, or 'synthetic' (Countdown generator); default: data.task_defaults")
+    p.add_argument("--split", default="test", choices=["train", "test"], help="split of the synthetic/hub data")
+    p.add_argument("--prompt", default=None, help="prompts/<name>.prompt (default: data.task_defaults)")
+    p.add_argument("--reward", default=None, choices=sorted(REWARD_FNS), help="grader (default: data.task_defaults)")
+    p.add_argument("--limit", type=positive_int, default=None, help="use only the first N examples")
+    p.add_argument("--data-seed", type=nonneg_int, default=0, help="seed of the synthetic Countdown set (0 = sft/grpo's)")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="Zero-shot evaluation with the seeds' three reward categories.")
-    p.error = lambda msg: sys.exit(f"error: {msg} (see --help)")  # one line, not usage + error
+    p = Parser(description="Zero-shot evaluation with the seeds' three reward categories.")
     # --- model ---
-    p.add_argument("--model", default=DEFAULT_MODEL, help="model dir or hub id (default: embedded tiny model)")
-    p.add_argument("--engine", default="vllm", choices=["vllm", "hf"], help="rollout engine (hf = transformers)")
-    # --- data ---
-    p.add_argument("--task", default="countdown", choices=sorted(TASKS), help="task (data.load_task)")
-    p.add_argument("--data", default=None, help="local JSON/JSONL for the task (countdown: synthetic if unset)")
-    p.add_argument("--split", default="test", help="split for the synthetic/hub data")
-    p.add_argument("--prompt", default=None, help="prompts/<name>.prompt (default: the task's, see data.TASKS)")
-    p.add_argument("--reward", default=None, choices=sorted(REWARD_FNS), help="grader (default: the task's)")
-    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N examples")
-    p.add_argument("--data-seed", type=int, default=0, help="seed of the synthetic Countdown set (0 = sft/grpo's)")
+    p.add_argument("--model", default=EMBEDDED_MODEL, help="model dir or hub id (default: the embedded tiny model)")
+    p.add_argument("--engine", default="vllm", help="rollout engine, one of rollout.ENGINES (hf = transformers)")
+    # --- data: --task --data --split --prompt --reward --limit --data-seed ---
+    add_data_flags(p)
     # --- sampling ---
-    p.add_argument("--max-tokens", default="1024", help="max generated tokens; comma list = sweep (256,512,1024)")
-    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
-    p.add_argument("--seed", type=int, default=0, help="engine seed; prompt i is sampled with seed + i")
+    p.add_argument("--max-tokens", type=int_list, default=None,
+                   help="max generated tokens; comma list = sweep (256,512,1024); default: SEED_SETTINGS")
+    p.add_argument("--temperature", type=nonneg_float, default=None, help="0 = greedy; default: SEED_SETTINGS")
+    p.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling mass")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="engine seed; example i is sampled with seed + i")
     # --- output ---
     p.add_argument("--out", default=None, help="output dir (default runs/eval_<task>)")
-    p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="grading processes")
-    p.add_argument("--show", type=int, default=3, help="examples printed per category")
-    p.add_argument("--chunk", type=int, default=512, help="prompts per generate call (progress bar step)")
+    p.add_argument("--overwrite", action="store_true", help="replace generations.jsonl/summary.json in --out")
+    p.add_argument("--dry-run", action="store_true", help="print the effective configuration as JSON and exit")
+    p.add_argument("--workers", type=positive_int, default=min(8, os.cpu_count() or 1), help="grading processes")
+    p.add_argument("--show", type=nonneg_int, default=3, help="examples printed per category")
+    p.add_argument("--chunk", type=positive_int, default=512, help="prompts per generate call (progress bar step)")
     args = p.parse_args(argv)
-    # derived settings, each checked before any model is loaded
-    try:
-        args.max_tokens = [int(x) for x in args.max_tokens.split(",")]
-    except ValueError:
-        p.error(f"--max-tokens must be integers separated by commas, got {args.max_tokens!r}")
-    assert all(m > 0 for m in args.max_tokens), "error: --max-tokens values must be > 0"
-    assert args.temperature >= 0 and 0 < args.top_p <= 1, "error: need --temperature >= 0 and 0 < --top-p <= 1"
-    assert args.limit is None or args.limit > 0, "error: --limit must be > 0"
-    assert args.workers > 0 and args.chunk > 0, "error: --workers and --chunk must be > 0"
-    args.prompt = args.prompt or TASKS[args.task]["prompt"]
-    args.reward = args.reward or TASKS[args.task]["reward"]
+    resolve_task(args)
+    args.max_tokens = args.max_tokens or [default_max_tokens(args.task, args.model)]
+    args.temperature = SEED_SETTINGS[args.task][1] if args.temperature is None else args.temperature
     args.out = args.out or os.path.join("runs", f"eval_{args.task}")
-    if args.data is not None and not os.path.exists(args.data):
-        p.error(f"--data {args.data}: file not found")
-    check_model(args.model)
+    check_out(args.out, ["generations.jsonl", "summary.json"], args.overwrite)
+    check_engine(args.engine)
     return args
 
 
 def main(argv=None):
-    try:
-        args = parse_args(argv)
-    except AssertionError as e:
-        raise SystemExit(str(e))
-    try:  # data and prompt problems are one-line errors, raised before the engine starts
-        template = load_prompt(args.prompt)
-        examples = load_task(args.task, split=args.split, path=args.data, limit=args.limit, seed=args.data_seed)
-        prompts = [format_prompt(template, ex["question"]) for ex in examples]
-    except ValueError as e:
-        raise SystemExit(f"error: {e}")
-    if not examples:
-        raise SystemExit("error: no examples loaded; check --data/--split/--limit")
-    stop = stop_strings(template)
-    reward_fn = REWARD_FNS[args.reward]
-    print(f"{len(examples)} {args.task} examples | prompt {args.prompt} | reward {args.reward} | stop {stop}")
-
-    import torch
+    args = parse_args(argv)
+    print(describe(args), flush=True)
+    if args.dry_run:
+        dry_run(args)
+    examples, stop = load_examples(args)
+    prompts = [ex["prompt"] for ex in examples]
+    print(f"{len(examples)} examples | max_tokens {args.max_tokens} | temperature {args.temperature} | stop {stop}")
+    llm = start_engine(args, prompts, max(args.max_tokens))
+    import rollout
     from tqdm import tqdm
-    from rollout import generate, init_engine
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    print(f"device {device} ({'CUDA available' if device == 'cuda' else 'no CUDA'}) | engine {args.engine}")
-    extra = {}
-    if args.engine == "vllm":  # context = longest prompt + longest generation (init_vllm caps it at the model's)
-        from transformers import AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(args.model)
-        extra["max_model_len"] = max(len(tok(p).input_ids) for p in prompts) + max(args.max_tokens)
-    llm = init_engine(args.engine, args.model, device=device, seed=args.seed, **extra)
 
     all_rows, summary_rows = [], []
     for max_tokens in args.max_tokens:
-        # --- generate (in chunks only so the progress bar moves; seeds are per prompt, so chunking
-        # does not change the samples) ---
+        # --- generate (in chunks only so the progress bar moves; example i is sampled with seed + i
+        # whatever the chunking, as rollout.generate seeds prompt k of a call with seed + k) ---
         t0, outs = time.time(), []
         with tqdm(total=len(prompts), desc=f"generate max_tokens={max_tokens}", file=sys.stdout) as bar:
             for i in range(0, len(prompts), args.chunk):
                 batch = prompts[i:i + args.chunk]
-                outs += [o[0] for o in generate(llm, batch, n=1, temperature=args.temperature, top_p=args.top_p,
-                                                max_tokens=max_tokens, stop=stop, seed=args.seed + i)]
+                outs += [o[0] for o in rollout.generate(llm, batch, n=1, temperature=args.temperature,
+                                                        top_p=args.top_p, max_tokens=max_tokens, stop=stop,
+                                                        seed=args.seed + i)]
                 bar.update(len(batch))
         gen_s = time.time() - t0
         # --- grade ---
-        rewards = grade_batch(reward_fn, [o["text"] for o in outs], [ex["ground_truth"] for ex in examples],
-                              workers=args.workers)
-        rows = [{"max_tokens": max_tokens, "index": i, "prompt": p, "response": o["text"],
+        rewards = grade_batch(REWARD_FNS[args.reward], [o["text"] for o in outs],
+                              [ex["ground_truth"] for ex in examples], workers=args.workers)
+        rows = [{"max_tokens": max_tokens, "index": i, "prompt": ex["prompt"], "response": o["text"],
                  "ground_truth": ex["ground_truth"], "reward": r["reward"], "format_reward": r["format_reward"],
                  "answer_reward": r["answer_reward"], "category": category(r),
                  "num_tokens": len(o["token_ids"]), "finish_reason": o["finish_reason"]}
-                for i, (p, o, ex, r) in enumerate(zip(prompts, outs, examples, rewards))]
+                for i, (o, ex, r) in enumerate(zip(outs, examples, rewards))]
         s = {"max_tokens": max_tokens, **summarize(rows), "time/generate_s": round(gen_s, 2)}
         # --- report ---
-        print(f"max_tokens {max_tokens} | accuracy {s['accuracy']:.4f} ({s['counts']['format1_answer1']}/{s['n']}) | "
+        print(f"max_tokens {max_tokens} | accuracy {s['accuracy']:.4f} ({s['correct']}/{s['n']}) | "
               + " | ".join(f"{c} {s['counts'][c]}" for c in CATEGORIES if c != CATEGORIES[-1] or s["counts"][c])
               + f" | mean_reward {s['mean_reward']:.4f} | mean_tokens {s['mean_tokens']:.1f}"
               + f" | truncated {s['frac_truncated']:.3f} | generate {gen_s:.1f}s")
@@ -158,8 +231,7 @@ def main(argv=None):
         all_rows += rows
         summary_rows.append(s)
 
-    # --- save (atomic: tmp + os.replace) ---
-    os.makedirs(args.out, exist_ok=True)
+    # --- save (atomic: tmp + os.replace; --out was checked before any work) ---
     write_jsonl_atomic(os.path.join(args.out, "generations.jsonl"), all_rows)
     path = os.path.join(args.out, "summary.json")
     write_json_atomic(path, {"args": vars(args), "rows": summary_rows})

@@ -4,33 +4,67 @@ Pure (no printing, no randomness); no verdict takes more than ~1 s whatever the 
 one-time ~1 s sympy warm-up). Math equivalence = light normalisation with an exact fast path (string
 / rational equality: GSM8K-style answers never reach sympy) + math-verify (sympy). The time bound:
   1. a guard keeps long answers, unbalanced braces, huge literals, big/nested exponents and big
-     factorials away from sympy (they are compared as strings/numbers only);
+     factorials away from sympy (they are compared as strings/numbers only), and logic statements
+     too, which math-verify misreads ("\\neg 5" as 5, "5 \\lor 6" as 6);
   2. in a main thread, math-verify runs under a sub-second setitimer alarm (its own timeouts are
      whole-second signal.alarm that refuse threads, so they are off); no signal can stop C code;
-  3. in other threads the sympy step runs in a helper process (`grader._serve`, via subprocess, so
-     it works in daemonic workers and Ray actors); one silent for HARD_LIMIT_S is killed and the
-     verdict is "not equal". `grade_batch` runs whole verdicts on a pool of these helpers.
+  3. in other threads the sympy step runs in a worker process of a pebble ProcessPool; one that runs
+     HARD_LIMIT_S is killed (verdict "not equal") and replaced. `grade_batch` grades on such a pool.
+     Works in Ray actors and daemonic processes (tested). The workers' forkserver imports the main
+     script: a script that grades in parallel needs the usual `if __name__ == "__main__":` guard.
 
-Countdown decision: seed 002 says "each number n_i must be used in E exactly once", but its
-`_validate_numbers` accepts a subset. `countdown_reward_fn` requires ALL numbers, each exactly once
-(the problem statement; the Countdown-Tasks-3to4 convention); require_all=False (functools.partial)
-gives the subset rule. `_validate_numbers` keeps the subset default so the seed's asserts hold.
+Countdown decision: seed 002 says "each number n_i must be used in E exactly once", but its `_validate_numbers`
+accepts a subset. "countdown" requires ALL numbers, each exactly once (the problem statement; the Countdown-
+Tasks-3to4 convention); "countdown_subset" is the seed's rule, and `_validate_numbers` keeps its default.
 """
-import ast, logging, operator, os, pickle, re, select, signal, struct, subprocess, sys, threading, time  # noqa: E401
+import ast, atexit, logging, multiprocessing, operator, os, pickle, re, signal, threading  # noqa: E401
 from collections import Counter
 from fractions import Fraction
-from functools import lru_cache
-
-from data import gsm8k_answer, last_boxed
+from functools import lru_cache, partial
 
 SYMPY_BUDGET_S = 0.6   # wall budget of the sympy step of one verdict
-HARD_LIMIT_S = 1.0     # a helper silent this long on one item is killed
+HARD_LIMIT_S = 1.0     # an item running this long in a pool worker is killed with the worker (grade_batch)
+CHUNK = 8              # items per pool task in grade_batch (a task costs ~0.1 ms of pool overhead)
 MAX_SYMPY_CHARS = 256  # longer answers never reach sympy
 MAX_EXPR_CHARS = 1000  # longer answers: not normalised, and an invalid countdown expression (0.1)
 ZERO = {"reward": 0.0, "format_reward": 0.0, "answer_reward": 0.0}
 _verdict = lambda fmt, ans, reward=None: {"reward": float(ans if reward is None else reward),  # noqa: E731
                                           "format_reward": float(fmt), "answer_reward": float(ans)}
 logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns once that we disabled its timeouts
+
+
+# ----------------------------------------------------------------------------- answers
+def last_boxed(text):
+    """Content of the last \\boxed{...} / \\fbox{...} in text (brace-matched), or None."""
+    i = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if i < 0:
+        return None
+    j = text.find("{", i)
+    if j < 0 or text[i:j].strip() not in ("\\boxed", "\\fbox"):
+        m = re.match(r"\\boxed ([^\s$]+)", text[i:])  # "\boxed 5" form
+        return m.group(1) if m else None
+    depth = 0
+    for k in range(j, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[k], 0)
+        if depth == 0:
+            return text[j + 1:k]
+    return None  # unbalanced
+
+
+def gsm8k_answer(solution):
+    """'... #### 1,234' -> '1234'."""
+    if "####" not in solution:
+        raise ValueError(f"GSM8K answer has no '####': {solution[-80:]!r}")
+    return solution.split("####")[-1].strip().replace(",", "")
+
+
+def math_answer(text):
+    """Final answer of a MATH solution: last \\boxed{}, else the text after 'The answer is:', else text."""
+    b = last_boxed(text)
+    if b is not None:
+        return b.strip()
+    m = re.search(r"The answer is:?\s*(.+?)\s*$", text, re.S)
+    return (m.group(1) if m else text).strip()
 
 
 # ----------------------------------------------------------------------------- normalisation
@@ -59,7 +93,8 @@ def _number(k):
 
 
 def _safe_for_sympy(s):
-    """False for inputs that could keep sympy busy for long (in C code, where no signal helps)."""
+    """False for inputs that could keep sympy busy for long (in C code, where no signal helps) and
+    for logic statements (math-verify keeps one operand: "\\neg 5" is 5, "5 \\implies 6" is 6)."""
     if len(s) > MAX_SYMPY_CHARS or re.search(r"\d{40,}", s):
         return False
     t = s
@@ -67,6 +102,7 @@ def _safe_for_sympy(s):
         t = u
     exps = re.findall(r"(?:\^|\*\*)\s*[{(]?\s*[-+]?\s*(\d+)", s)
     return not ("{" in t or "}" in t or any(len(e) >= 4 for e in exps) or sum(len(e) >= 2 for e in exps) >= 2
+                or re.search(r"\\(neg|lnot|lor|land|vee|wedge|oplus|implies|iff|to|([Ll]eft|[Rr]ight)+arrow)(?![a-z])", s)
                 or re.search(r"(?:\^|\*\*)\s*\{[^{}]*(?:\^|\*\*)|(?:\^|\*\*)\s*[\w.\\]+\s*(?:\^|\*\*)|\\uparrow", s)
                 or re.search(r"\d{3,}\s*!|!\s*\)?\s*!|\)\s*!", s))  # nested exponents, big factorials
 
@@ -103,7 +139,7 @@ def _sympy_equal(pred, gold):
 def _sympy_equal_any_thread(pred, gold):  # args are <= MAX_SYMPY_CHARS, so the cache stays small
     if threading.current_thread() is threading.main_thread():
         return _sympy_equal(pred, gold)
-    return grade_batch(_sympy_equal, [pred], [gold], workers=1)[0] is True  # a stuck helper gives ZERO
+    return _result(_pool().schedule(_sympy_equal, (pred, gold), timeout=HARD_LIMIT_S), False)  # killed: not equal
 
 
 def math_equal(pred, gold):
@@ -180,7 +216,7 @@ def gsm8k_reward_fn(response, ground_truth):
         raise ValueError(f"GSM8K ground truth is not a number: {gt[-80:]!r}")
     ans = _extract_answer(response)
     ans = ans if ans is not None else response.rsplit("####", 1)[1][:200] if "####" in response else _answer_is(response)
-    nums = re.findall(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+", (response if ans is None else ans)[-2000:])
+    nums = re.findall(r"-?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|-?\.\d+", (response if ans is None else ans)[-2000:])
     return _verdict(ans is not None, bool(nums) and _number(nums[-1].replace(",", "")) == gold)
 
 
@@ -190,9 +226,11 @@ _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, as
 
 def _eval_exact(expr):
     """Exact Fraction value of an expression of positive integers, + - * / and parentheses, else None.
-    Parsed with ast (never eval); unary minus, powers, calls, floats, unicode operators -> None."""
+    Parsed with ast (never eval); unary minus, powers, calls, floats, unicode operators -> None. Line
+    breaks are spaces, and a leading zero is dropped (03 is 3, as _validate_numbers reads it)."""
     if len(expr := str(expr)) > MAX_EXPR_CHARS or not re.fullmatch(r"[\d\s+\-*/()]+", expr):
         return None
+    expr = re.sub(r"(?<!\d)0+(?=\d)", "", " ".join(expr.split()))
 
     def ev(node):
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
@@ -201,7 +239,7 @@ def _eval_exact(expr):
             return Fraction(node.value)
         raise ValueError("disallowed syntax")
     try:
-        return ev(ast.parse(expr.strip(), mode="eval").body)
+        return ev(ast.parse(expr, mode="eval").body)
     except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError):
         return None
 
@@ -219,16 +257,30 @@ def _validate_numbers(equation_str, available_numbers, require_all=False):
     return used == avail if require_all else not (used - avail)
 
 
+def _stated(text):
+    """Value of a right side: an expression ('3/2') or a decimal ('1.5'); a closing period is dropped."""
+    text = text.strip().rstrip(".")
+    return Fraction(text) if re.fullmatch(r"\d+\.\d+", text) else _eval_exact(text)
+
+
 def _countdown_steps(answer, numbers, target, require_all):
     """'Step k: a op b = c' lines: each left side uses available numbers (originals or earlier
-    results) once and equals its right side; the last result is the target."""
+    results) once and equals its right side; the last result is the target. An earlier non-integer
+    result is used again as written on its right side ('3/2' or '1.5'), and counts as one number."""
     orig, inter, last = Counter(Fraction(n) for n in numbers), Counter(), None
     for step in re.split(r"Step\s*\d+\s*:", answer)[1:]:
         lhs, eq, rhs = step.strip().partition("=")
-        val, stated = _eval_exact(lhs), _eval_exact(rhs.strip().split("\n")[0])
+        parts, lits = re.split(r"(\d+\s*/\s*\d+|\d+\.\d+)", lhs), []  # odd parts: maybe an earlier result
+        for k, part in enumerate(parts):
+            v = _stated(part) if k % 2 else None
+            if v is not None and v.denominator > 1 and inter[v]:
+                inter[v], parts[k] = inter[v] - 1, f"({v.numerator}/{v.denominator})"
+            else:
+                lits += re.findall(r"\d+", part)
+        val, stated = _eval_exact("".join(parts)), _stated(rhs.strip().split("\n")[0])
         if not eq or val is None or val != stated:
             return False
-        for lit in map(Fraction, re.findall(r"\d+", lhs)):
+        for lit in map(Fraction, lits):
             pool = inter if inter[lit] else orig  # an earlier result before an original number
             if not pool[lit]:
                 return False
@@ -239,8 +291,9 @@ def _countdown_steps(answer, numbers, target, require_all):
 
 def countdown_reward_fn(response, ground_truth, require_all=True):
     """Seed 002 §1.3: 1.0 correct; 0.1 an <answer> tag with a wrong value, wrong/reused numbers or an
-    invalid expression; 0.0 no <answer>...</answer>. The answer is one expression (optionally
-    '= target') or 'Step k:' lines. require_all: every number used exactly once (module docstring)."""
+    invalid expression; 0.0 no <answer>...</answer>. The answer is one expression (optionally '= target';
+    line breaks inside are spaces; a leading zero is read as decimal, 03 = 3: a typo, not an octal or a
+    new number) or 'Step k:' lines. require_all: every number used exactly once (module docstring)."""
     _check(response)
     numbers, target = list(ground_truth["numbers"]), Fraction(ground_truth["target"])
     if (ans := _extract_answer(response)) is None:
@@ -251,7 +304,7 @@ def countdown_reward_fn(response, ground_truth, require_all=True):
         lhs, _, rhs = ans.partition("=")
         val = _eval_exact(lhs)
         ok = (val is not None and val == target and _validate_numbers(lhs, numbers, require_all)
-              and (not rhs.strip() or _eval_exact(rhs) == val))
+              and (not rhs.strip() or _stated(rhs) == val))
     return _verdict(1.0, ok, 1.0 if ok else 0.1)
 
 
@@ -264,90 +317,63 @@ def keyword_inclusion_reward_fn(response, keywords):
 
 
 REWARD_FNS = {"r1_zero": r1_zero_reward_fn, "question_only": question_only_reward_fn, "intellect": intellect_reward_fn,
-              "gsm8k": gsm8k_reward_fn, "countdown": countdown_reward_fn, "keyword": keyword_inclusion_reward_fn}
+              "gsm8k": gsm8k_reward_fn, "countdown": countdown_reward_fn, "keyword": keyword_inclusion_reward_fn,
+              "countdown_subset": partial(countdown_reward_fn, require_all=False)}  # seed 002's rule (module docstring)
 
 
-# ----------------------------------------------------------------------------- helper processes
-def _send(fd, obj):
-    data = struct.pack("<I", len(p := pickle.dumps(obj))) + p
-    while data:
-        data = data[os.write(fd, data):]
+# ----------------------------------------------------------------------------- worker pool
+_POOLS, _LOCK = {}, threading.Lock()  # (pid, workers) -> pebble ProcessPool; a forked child never uses its parent's
 
 
-def _serve():
-    """Helper process loop: read (fn, [(i, args), ...]) frames on stdin, stream (i, ok, result) back."""
-    inp, out = sys.stdin.buffer, sys.stdout.fileno()
-    sys.stdout = sys.stderr  # a stray print must not corrupt the pipe
-    _sympy_equal("1", "2")  # warm up before announcing readiness
-    _send(out, "ready")
-    while len(hdr := inp.read(4)) == 4:
-        fn, items = pickle.loads(inp.read(struct.unpack("<I", hdr)[0]))
-        for i, args in items:
-            try:
-                _send(out, (i, True, fn(*args)))
-            except Exception as e:  # e.g. a bad ground truth: re-raised in the caller
-                _send(out, (i, False, f"{type(e).__name__}: {e}"))
+def _stop_pools():  # at exit no worker may still be starting (it would fail without our semaphores, loudly)
+    for pool in [p for (pid, _), p in _POOLS.items() if pid == os.getpid()]:
+        pool.stop(), pool.join()
 
 
-class _Helper:
-    """One `grader._serve` subprocess and the framed pipes to it; __init__ starts it, wait_ready() waits."""
-    def __init__(self):
-        code = f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); import grader; grader._serve()"
-        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        self.fd, self.buf, self.pid, self.ready = self.proc.stdout.fileno(), b"", os.getpid(), False
-
-    def wait_ready(self):
-        if not self.ready and self.recv(timeout=120) != ["ready"]:
-            self.kill()
-            raise RuntimeError(f"grader helper process failed to start (exit code {self.proc.poll()})")
-        self.ready = True
-        return self
-
-    def recv(self, timeout):
-        """The messages that arrive within `timeout` s: waits for at least one, [] if none came."""
-        msgs, end = [], time.monotonic() + timeout
-        while not msgs:
-            if not select.select([self.fd], [], [], max(0.0, end - time.monotonic()))[0]:
-                return msgs
-            chunk = os.read(self.fd, 1 << 20)
-            if not chunk:
-                raise RuntimeError(f"grader helper process died (exit code {self.proc.wait()})")
-            self.buf += chunk
-            while len(self.buf) >= 4 and len(self.buf) >= 4 + (n := struct.unpack("<I", self.buf[:4])[0]):
-                msgs.append(pickle.loads(self.buf[4:4 + n]))
-                self.buf = self.buf[4 + n:]
-        return msgs
-
-    def kill(self):
-        self.proc.kill()
-        self.proc.wait()
+def _start_worker():
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # pebble stops a timed-out worker by SIGTERM: die even in C code
+    _sympy_equal("1", "2")  # one-time warm-up before the worker takes a task (a task's clock starts then)
 
 
-_IDLE, _LOCK = [], threading.Lock()
-
-
-def _checkout(n):
+def _pool(workers=None):
+    """This process's pool of `workers` processes (None: any it has, else one). They fork from
+    multiprocessing's forkserver: single-threaded, so safe next to torch/vLLM/Ray threads."""
+    from pebble import ProcessPool  # here: `import grader` (and data.py) stays light for scripts that never need it
     with _LOCK:
-        _IDLE[:] = [h for h in _IDLE if h.pid == os.getpid() and h.proc.poll() is None]  # not a forked copy
-        got = [_IDLE.pop() for _ in range(min(n, len(_IDLE)))]
-    return [h.wait_ready() for h in got + [_Helper() for _ in range(n - len(got))]]  # new ones start in parallel
+        mine = {w: p for (pid, w), p in _POOLS.items() if pid == os.getpid() and p.active}
+        if (workers := workers or max(mine, default=1)) not in mine:
+            if (me := multiprocessing.current_process()).daemon:  # multiprocessing refuses children to a daemonic
+                me.daemon = False  # process (a Pool worker) lest they outlive it; pebble's exit with their parent
+            mine[workers] = _POOLS[(os.getpid(), workers)] = ProcessPool(
+                workers, initializer=_start_worker, context=multiprocessing.get_context("forkserver"))
+            atexit.unregister(_stop_pools)  # registered after pebble's own exit hook, so it runs first
+            atexit.register(_stop_pools)
+        return mine[workers]
 
 
-def _checkin(helpers):
-    with _LOCK:
-        _IDLE.extend(h for h in helpers if h.proc.poll() is None)
+def _run(fn, items, start):
+    """In a worker: [fn(r, g) for r, g in items]; an error names its item and is re-raised in the caller."""
+    out = []
+    for i, (r, g) in enumerate(items, start):
+        try:
+            out.append(fn(r, g))
+        except Exception as e:  # e.g. a bad ground truth
+            raise ValueError(f"grading item {i}: {type(e).__name__}: {e}") from None
+    return out
 
 
-def warmup(workers=1):
-    """Start `workers` helpers now (~1-2 s, in parallel), so no threaded verdict / grade_batch waits."""
-    _checkin(_checkout(workers))
+def _result(future, on_kill):
+    try:
+        return future.result()
+    except OSError:  # pebble's TimeoutError (killed at its limit) or ProcessExpired (it died): a new worker starts
+        return on_kill
 
 
 def grade_batch(fn, responses, ground_truths, workers=None):
-    """[fn(r, g) for r, g in zip(...)] in input order, on `workers` helper processes (default
-    os.cpu_count(); 0 = in this process). An item a helper is stuck on for HARD_LIMIT_S gets the
-    all-zero verdict and that helper is killed. fn must be picklable (a grader function or a
-    functools.partial of one); other callables are graded in this process."""
+    """[fn(r, g) for r, g in zip(...)] in input order, on a pool of `workers` processes (default os.cpu_count();
+    0 = here). fn must be picklable (a grader function or a functools.partial of one), else it runs here.
+    Items go in chunks of <= CHUNK with HARD_LIMIT_S per item; a chunk over its limit is killed and graded
+    again item by item: the item that overruns gets the all-zero verdict, after <= (CHUNK + 1) * HARD_LIMIT_S."""
     if len(responses) != len(ground_truths):
         raise ValueError(f"{len(responses)} responses but {len(ground_truths)} ground truths")
     workers = (os.cpu_count() or 1) if workers is None else workers
@@ -357,43 +383,17 @@ def grade_batch(fn, responses, ground_truths, workers=None):
         workers = 0
     if workers <= 0 or not responses:
         return [fn(r, g) for r, g in zip(responses, ground_truths)]
-    n = len(responses)
-    size = max(1, min(64, -(-n // (4 * workers))))  # ~4 chunks per helper balance the load
-    todo = [list(range(s, min(n, s + size))) for s in range(0, n, size)]
-    helpers, results, busy = _checkout(min(workers, len(todo))), [None] * n, {}
+    pool, items = _pool(workers), list(zip(responses, ground_truths))
+    size = max(1, min(CHUNK, -(-len(items) // (4 * workers))))  # >= 4 chunks per worker balance the load
+    submit = lambda part, s: pool.schedule(_run, (fn, part, s), timeout=HARD_LIMIT_S * len(part))  # noqa: E731
+    parts = [(s, items[s:s + size]) for s in range(0, len(items), size)]
+    futures, out = [submit(part, s) for s, part in parts], []
     try:
-        while todo or busy:
-            for h in helpers:
-                if h not in busy and todo:
-                    idx = todo.pop(0)
-                    _send(h.proc.stdin.fileno(), (fn, [(i, (responses[i], ground_truths[i])) for i in idx]))
-                    busy[h] = [idx, time.monotonic()]  # [pending items in order, time of last progress]
-            wait = min(t + HARD_LIMIT_S for _, t in busy.values()) - time.monotonic()
-            ready = set(select.select([h.fd for h in busy], [], [], max(0.0, wait))[0])
-            for h in list(busy):
-                msgs = h.recv(0) if h.fd in ready else []
-                for i, ok, res in msgs:
-                    if not ok:
-                        raise ValueError(f"grading item {i}: {res}")
-                    results[i] = res
-                    busy[h][0].remove(i)
-                    busy[h][1] = time.monotonic()
-                if not busy[h][0]:
-                    del busy[h]
-                elif not msgs and time.monotonic() - busy[h][1] > HARD_LIMIT_S:
-                    pending = busy.pop(h)[0]  # a helper works in order: the first pending item is stuck
-                    results[pending[0]] = dict(ZERO)
-                    h.kill()  # go on with the others
-                    helpers.remove(h)
-                    todo[:0] = [pending[1:]] if pending[1:] else []
-                    if todo and not helpers:
-                        helpers.append(_Helper().wait_ready())
-                    else:  # a spare starts in the background, so the next call does not wait for it
-                        _checkin([_Helper()])
-    except BaseException:
-        for h in busy:  # their pipes hold unread work: never reuse them
-            h.kill()
-        raise
-    finally:
-        _checkin(helpers)
-    return results
+        for (s, part), f in zip(parts, futures):
+            if (res := _result(f, [dict(ZERO)] if len(part) == 1 else None)) is None:  # a slow chunk: item by item
+                res = [_result(g, [dict(ZERO)])[0] for g in [submit([it], i) for i, it in enumerate(part, s)]]
+            out += res
+        return out
+    finally:  # after an error nothing keeps running for us
+        for f in futures:
+            f.cancel()

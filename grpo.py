@@ -1,243 +1,342 @@
 """GRPO with verifiable rewards: the training loop of seed 000 §7 (Algorithm 2), one flat loop.
 
-Each step: sample questions -> G samples each from the engine (vLLM, or transformers with --engine hf)
--> grade -> group-normalised advantages -> old log-probs once per rollout batch (inference mode) when
-off-policy -> epochs x train batches x microbatches with gradient accumulation, clip, AdamW -> log ->
-eval -> save -> push the new weights into the engine.
-
-Departures from the seeds (all visible as flags):
-  * trains on the engine's sampled token ids (prompt_token_ids + token_ids), never re-tokenised text,
-    scored with log_softmax(logits / temperature): exactly the tokens and distribution vLLM sampled;
-  * seed 000's starter block says rollout 16 / train batch 64 / grad-acc 128, which fails its own
-    asserts (64 % 128) and its "on-policy: train = rollout" rule; the hub defaults here are the
-    consistent 256 / 256 / 128 of seed 001 (micro batch 2), with seed 000's temperature 0.7;
-  * extra loss types grpo_no_clip / gspo, --cliprange-high (DAPO), --length-norm token, --kl-beta;
-  * KL to the initial policy and between consecutive policies is logged (seed 004 §3.2, k3);
-  * eval at step s is greedy on the engine's weights, i.e. the policy after s GRPO steps (step 0 =
-    the starting model); the final eval runs after the last weight push.
-With no --model it is the offline demo: embedded tiny model, synthetic Countdown, engine on CPU,
-small batches (the DEMO profile below). It learns only if the starting model solves a few percent of
-sampled problems: a group whose samples all score the same has zero advantage and no gradient.
+Each step: collect (sample questions -> G samples each from the engine -> grade -> group-normalised
+advantages) -> train_step (pi_old by a no-grad pass when a ratio needs it -> epochs x train batches x
+microbatches, clip, AdamW) -> log -> save -> push the weights into the engine. grpo_ray.py runs the same
+collect and train_step in Ray actors. With no --model: the offline demo (embedded model, synthetic Countdown).
+Departures from the seeds (defaults per run in PROFILES below): trains on the engine's token ids, scored at
+its temperature and with its min_tokens ban (the distribution vLLM sampled); seed 000's starter sizes fail
+its own asserts, so the hub profile takes seed 001's 256 / 256 / 128; bf16 compute keeps fp32 master
+weights and AdamW state (--pure-bf16: the seeds' bf16-only policy, which rounds most lr-1e-5 updates away);
+several optimizer steps per rollout batch need a ratio loss (a plain -A log pi on stale data is refused).
+Extras, off by default: grpo_no_clip / gspo, DAPO (--cliprange-high, --length-norm token, --dynamic-sampling,
+--mask-truncated, --overlong-buffer), --kl-beta, --rollout-is tis|mis, --old-log-probs engine, --kl-every.
 
 Examples:
   python grpo.py                                                       # offline CPU demo
-  python grpo.py --model Qwen/Qwen2.5-Math-1.5B --lr 3e-5               # seed 000 starter, 2 GPUs
+  python grpo.py --model Qwen/Qwen2.5-Math-1.5B --lr 3e-5               # seed 000, 2 GPUs
   python grpo.py --model Qwen/Qwen2.5-Math-1.5B --loss grpo_clip --epochs-per-rollout-batch 2 \\
       --train-batch-size 128 --gradient-accumulation-steps 64           # off-policy
-  python plot.py runs/a runs/b                                         # overlay runs
-
-Per-step API (grpo_ray.py imports these; names and signatures are kept stable):
-  parse_args(argv=None) -> args            flags, profile defaults, derived sizes, asserts; loads nothing
-  load_data(args) -> (train_rows, val_rows, template, stop, reward_fn)
-  load_policy(path, args) -> (policy, tokenizer)      HF causal LM on args.policy_device
-  make_engine(path, args) -> engine                   rollout.init_engine for this run
-  sample_questions(train_rows, args, step) -> rows    n_prompts rows, a function of (seed, step) only
-  rollout(engine, rows, template, stop, args, step) -> batch    dict of lists, N = rows * G, group-major
-  score(batch, reward_fn, args) -> (advantages (N,), raw_rewards (N,), metrics)
-  collate(batch, pad_id) -> {"input_ids", "labels", "response_mask" (N, T), "lengths" (N,)}  CPU tensors
-  batch_log_probs(model, tensors, args) -> (N, T)      inference mode, micro-batched, at args.temperature
-  train_on_batch(policy, optimizer, tensors, advantages, raw_rewards, old_log_probs, ref_log_probs, args, step)
-      -> list of metric dicts, one per optimizer step (epochs x train batches x grad-acc microbatches)
-  kl_metrics(before, after, ref, tensors) -> {"train/kl_ref", "train/kl_prev"}
-  evaluate(engine, val_rows, template, stop, reward_fn, args) -> (metrics, sample rows)
-  sync_weights(policy, engine) -> seconds
-  save_checkpoint(out_dir, policy, tokenizer, optimizer, args, state) / load_checkpoint(path, policy, optimizer) -> state
-  log_row(out_dir, row, wandb_run=None)
+  python grpo.py --model Qwen/Qwen3-1.7B --dry-run                      # print the effective settings
 """
-import argparse
 import json
 import math
 import os
 import random
-import shutil
 import time
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: weights pushed by reference
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # keep the per-step lines readable
 import torch
 
+import common
 import data
 import grader
 import losses
 import rollout as engines
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
-EMBEDDED = os.path.join(ROOT, "models", "countdown-tiny")
-
-# Defaults that differ between a hub model on GPUs (seed 000's starter hyperparameters) and the offline
-# CPU demo on the embedded model. A flag left at None takes its value from the profile in use.
-STARTER = dict(lr=1e-5, n_grpo_steps=200, rollout_batch_size=256, group_size=8, train_batch_size=256,
-               gradient_accumulation_steps=128, max_tokens=1024, temperature=0.7, eval_every=10, eval_n=1024,
-               save_every=50, kl_every=1, train_n=0)
-DEMO = dict(lr=1e-4, n_grpo_steps=30, rollout_batch_size=64, group_size=8, train_batch_size=64,
-            gradient_accumulation_steps=2, max_tokens=192, temperature=1.0, eval_every=5, eval_n=200,
-            save_every=0, kl_every=5, train_n=2000)
+# One settings table. A flag left unset takes the value of the run's profile: "demo" (the embedded model,
+# offline on CPU) or "hub" (any other model: seed 000 §7.2's starter values with seed 001's consistent
+# batch sizes), then the task's row of TASK_PROFILES (seed 001's GSM8K/MATH sampling, seed 004's keyword
+# task). The README's settings table lists every entry with its seed.
+PROFILES = {
+    "hub": dict(lr=1e-5, n_grpo_steps=200, rollout_batch_size=256, group_size=8, train_batch_size=256,
+                gradient_accumulation_steps=128, temperature=0.7, min_tokens=4, max_tokens=1024, advantage_eps=1e-6,
+                loss="reinforce_with_baseline", eval_every=10, eval_n=1024, save_every=50, train_n=0, kl_estimator="k3"),
+    "demo": dict(lr=1e-4, n_grpo_steps=30, rollout_batch_size=64, group_size=8, train_batch_size=64,
+                 gradient_accumulation_steps=2, temperature=1.0, min_tokens=4, max_tokens=192, advantage_eps=1e-6,
+                 loss="reinforce_with_baseline", eval_every=5, eval_n=200, save_every=0, train_n=2000, kl_estimator="k3"),
+}
+TASK_PROFILES = {
+    "gsm8k": dict(temperature=1.0), "math": dict(temperature=1.0), "math500": dict(temperature=1.0),  # seed 001 §5
+    "keyword": dict(lr=5e-4, n_grpo_steps=100, group_size=4, temperature=0.8, max_tokens=60, advantage_eps=1e-8,
+                    loss="grpo_clip", kl_estimator="seq"),  # seed 004 §3.1.2; Eq. 8 for KL monitoring
+}
+SEED_SPACE = 2 ** 16  # --seed and step each index 16 bits of the sampling seed (see sample_seed)
 
 
 # ----------------------------------------------------------------------------- config
+def data_path(s):
+    """argparse type: 'synthetic' (Countdown's generator) or an existing non-empty file."""
+    return s if s == "synthetic" else common.existing_file(s)
+
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="GRPO on a verifiable-reward task (seed 000 §7).",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    g = p.add_argument_group("model")  # --- model ---
-    g.add_argument("--model", default=None, help="HF hub id or local dir (STARTER profile); omitted or models/countdown-tiny = the DEMO profile")
+    p = common.Parser(description="GRPO on a verifiable-reward task (seed 000 §7). Unset flags come from PROFILES.")
+    pos, nonneg, pfloat = common.positive_int, common.nonneg_int, common.positive_float
+    g = p.add_argument_group("model and data")  # --- model and data ---
+    g.add_argument("--model", default=None, help="HF hub id or local dir; omitted = the embedded model (demo profile)")
     g.add_argument("--task", default="countdown", choices=sorted(data.TASKS), help="task (data.load_task)")
-    g.add_argument("--prompt", default=None, help="prompts/<name>.prompt; default: the task's (data.TASKS)")
+    g.add_argument("--prompt", default=None, help="prompts/<name>.prompt; default: data.task_defaults")
     g.add_argument("--reward", default=None, choices=sorted(grader.REWARD_FNS), help="reward fn; default: the task's")
-    g.add_argument("--train-path", default=None, help="local train file (json/jsonl); default: synthetic / hub")
-    g.add_argument("--val-path", default=None, help="local validation file; default: the task's test split")
-    g.add_argument("--train-n", type=int, default=None, help="train questions to load (0 = all; demo 2000: generating is slow)")
-    g.add_argument("--data-seed", type=int, default=0, help="seed of the synthetic data set (kept apart from --seed)")
+    g.add_argument("--train-path", type=data_path, default=None, help="train JSONL, 'synthetic' (Countdown), or the hub set")
+    g.add_argument("--val-path", type=data_path, default=None, help="validation file; default: the task's test split")
+    g.add_argument("--train-n", type=nonneg, default=None, help="train questions to load (0 = all)")
+    g.add_argument("--data-seed", type=nonneg, default=0, help="seed of the synthetic data set (kept apart from --seed)")
     g = p.add_argument_group("optimisation")  # --- optimisation ---
-    g.add_argument("--lr", type=float, default=None, help="AdamW learning rate (starter 1e-5, demo 1e-4)")
-    g.add_argument("--n-grpo-steps", type=int, default=None, help="rollout batches to train on (starter 200)")
-    g.add_argument("--rollout-batch-size", type=int, default=None, help="responses per step = prompts x group size")
-    g.add_argument("--group-size", type=int, default=None, help="G samples per question")
-    g.add_argument("--train-batch-size", type=int, default=None, help="responses per optimizer step")
-    g.add_argument("--gradient-accumulation-steps", type=int, default=None, help="microbatches per optimizer step")
-    g.add_argument("--epochs-per-rollout-batch", type=int, default=1, help="passes over each rollout batch (>1 = off-policy)")
-    g.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping value")
+    g.add_argument("--lr", type=pfloat, default=None, help="AdamW learning rate")
+    g.add_argument("--n-grpo-steps", type=pos, default=None, help="rollout batches to train on")
+    g.add_argument("--rollout-batch-size", type=pos, default=None, help="responses per step = prompts x group size")
+    g.add_argument("--group-size", type=pos, default=None, help="G samples per question")
+    g.add_argument("--train-batch-size", type=pos, default=None, help="responses per optimizer step")
+    g.add_argument("--gradient-accumulation-steps", type=pos, default=None, help="microbatches per optimizer step")
+    g.add_argument("--epochs-per-rollout-batch", type=pos, default=1, help="passes over each rollout batch (>1 = off-policy)")
+    g.add_argument("--max-grad-norm", type=pfloat, default=1.0, help="gradient-norm clip")
     g.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations (memory for time)")
+    g.add_argument("--dtype", default="auto", choices=common.DTYPES, help="compute dtype (auto: bf16 on CUDA, fp32 on CPU)")
+    g.add_argument("--pure-bf16", action="store_true", help="bf16 weights + AdamW state (half the memory; drops small updates)")
     g = p.add_argument_group("loss")  # --- loss ---
-    g.add_argument("--loss", default="reinforce_with_baseline", choices=losses.LOSS_TYPES, help="policy-gradient loss")
-    g.add_argument("--cliprange", type=float, default=0.2, help="epsilon of GRPO-Clip / GSPO")
-    g.add_argument("--cliprange-high", type=float, default=None, help="upper epsilon (DAPO clip-higher); default = --cliprange")
+    g.add_argument("--loss", default=None, choices=losses.LOSS_TYPES, help="policy-gradient loss")
+    g.add_argument("--cliprange", type=pfloat, default=0.2, help="epsilon of GRPO-Clip / GSPO")
+    g.add_argument("--cliprange-high", type=pfloat, default=None, help="upper epsilon (DAPO clip-higher); default --cliprange")
     g.add_argument("--length-norm", default="masked_mean", choices=losses.LENGTH_NORMS, help="per-sequence reduction")
-    g.add_argument("--normalize-constant", type=float, default=None, help="divisor for masked_normalize; default --max-tokens")
-    g.add_argument("--std-norm", action=argparse.BooleanOptionalAction, default=True, help="divide advantages by group std")
-    g.add_argument("--advantage-eps", type=float, default=1e-6, help="added to the group std")
-    g.add_argument("--kl-beta", type=float, default=0.0, help="KL(pi || initial policy) penalty weight (0 = off)")
+    g.add_argument("--normalize-constant", type=pfloat, default=None, help="masked_normalize divisor; default --max-tokens")
+    g.add_argument("--std-norm", action=common.argparse.BooleanOptionalAction, default=True, help="divide advantages by group std")
+    g.add_argument("--advantage-eps", type=pfloat, default=None, help="added to the group std")
+    g.add_argument("--kl-beta", type=common.nonneg_float, default=0.0, help="KL(pi || initial policy) penalty weight")
+    g.add_argument("--kl-estimator", default=None, choices=losses.KL_ESTIMATORS, help="KL estimator (seq = seed 004 Eq. 8)")
+    g = p.add_argument_group("off-policy correction and DAPO")  # --- correction ---
+    g.add_argument("--old-log-probs", default="trainer", choices=["trainer", "engine"], help="pi_old source (engine: skip a pass)")
+    g.add_argument("--rollout-is", default="none", choices=losses.ROLLOUT_IS, help="correct engine/trainer mismatch")
+    g.add_argument("--rollout-is-cap", type=pfloat, default=2.0, help="TIS truncation / MIS band [1/C, C]")
+    g.add_argument("--rollout-is-level", default="token", choices=["token", "sequence"], help="ratio per token or sequence")
+    g.add_argument("--dynamic-sampling", action="store_true", help="drop equal-reward groups, resample to fill (DAPO)")
+    g.add_argument("--dynamic-sampling-max-rounds", type=nonneg, default=3, help="extra generation rounds at most")
+    g.add_argument("--mask-truncated", action="store_true", help="truncated responses leave the loss (DAPO)")
+    g.add_argument("--overlong-buffer", type=nonneg, default=0, help="DAPO soft length penalty over the last N tokens")
     g = p.add_argument_group("sampling")  # --- sampling ---
-    g.add_argument("--temperature", type=float, default=None, help="rollout temperature; log-probs use the same")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (keep 1.0: log-probs assume full softmax)")
-    g.add_argument("--min-tokens", type=int, default=4, help="minimum response tokens (no empty answers)")
-    g.add_argument("--max-tokens", type=int, default=None, help="maximum response tokens (seed 002: 256 / 512)")
-    g = p.add_argument_group("eval and logging")  # --- eval / logging ---
-    g.add_argument("--eval-every", type=int, default=None, help="greedy validation every N steps (0 = start/end only)")
-    g.add_argument("--eval-n", type=int, default=None, help="validation questions")
-    g.add_argument("--kl-every", type=int, default=None, help="log KL to initial/previous policy every N steps (0 = never)")
-    g.add_argument("--grader-workers", type=int, default=2, help="processes for grading")
+    g.add_argument("--temperature", type=pfloat, default=None, help="rollout temperature; log-probs use the same")
+    g.add_argument("--top-p", type=common.probability, default=1.0, help="nucleus sampling (keep 1.0 for RL)")
+    g.add_argument("--min-tokens", type=nonneg, default=None, help="minimum response tokens (stop tokens banned before)")
+    g.add_argument("--max-tokens", type=pos, default=None, help="maximum response tokens")
+    g = p.add_argument_group("eval and logging")  # --- eval and logging ---
+    g.add_argument("--eval-every", type=nonneg, default=None, help="greedy validation every N steps (0 = start/end)")
+    g.add_argument("--eval-n", type=pos, default=None, help="validation questions")
+    g.add_argument("--kl-every", type=nonneg, default=0, help="log KL to the initial and previous policy every N steps")
+    g.add_argument("--grader-workers", type=nonneg, default=2, help="grading processes (0 = in this process)")
     g.add_argument("--wandb", default=None, help="wandb project name (off when omitted)")
     g = p.add_argument_group("systems")  # --- systems ---
-    g.add_argument("--engine", default="vllm", choices=["vllm", "hf"], help="rollout engine (hf = transformers fallback)")
-    g.add_argument("--policy-device", default=None, help="device of the trained policy; default cuda:0, else cpu")
+    g.add_argument("--engine", default="vllm", choices=engines.ENGINES, help="rollout engine (hf = transformers)")
+    g.add_argument("--policy-device", default=None, help="trained policy's device; default cuda:0, else cpu")
     g.add_argument("--vllm-device", default=None, help="engine device; default cuda:1 with 2 GPUs, else the policy's")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.8, help="vLLM GPU memory fraction (CUDA)")
+    g.add_argument("--gpu-memory-utilization", type=common.probability, default=None, help="engine GPU share; default sized")
+    g.add_argument("--sleep-engine", action="store_true", help="one shared GPU: free the engine's memory while training")
+    g.add_argument("--shared-prefix", action=common.argparse.BooleanOptionalAction, default=None,
+                   help="run each group's prompt once for its G responses (exact); default on for a CPU policy")
     g = p.add_argument_group("run")  # --- run ---
-    g.add_argument("--seed", type=int, default=0, help="seeds prompts sampling, engine sampling, shuffling, torch")
-    g.add_argument("--out", default=None, help="run dir (metrics.jsonl, rollouts/, plots, checkpoint/)")
-    g.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps (0 = only at the end)")
-    g.add_argument("--resume", default=None, help="checkpoint dir (or run dir holding checkpoint/) to continue from")
+    g.add_argument("--seed", type=nonneg, default=0, help="seeds prompt sampling, engine sampling, shuffling, torch")
+    g.add_argument("--out", default=None, help="run dir (args.json, metrics.jsonl, rollouts/, dashboard.png, checkpoint/)")
+    g.add_argument("--save-every", type=nonneg, default=None, help="checkpoint every N steps (0 = only at the end)")
+    g.add_argument("--resume", default=None, help="run dir (or its checkpoint/) to continue, with its saved flags")
+    g.add_argument("--dry-run", action="store_true", help="print the effective settings as JSON and exit")
     args = p.parse_args(argv)
+    if args.resume:
+        args.resume = common.find_checkpoint(args.resume) or common.fail(
+            f"--resume {args.resume}: no complete checkpoint there (expected <run>/checkpoint/state.json)")
+        with open(os.path.join(args.resume, "state.json")) as f:
+            common.resume_args(p, argv, args, json.load(f)["args"])
+    return resolve(args)
 
-    args.demo = args.model is None or os.path.abspath(args.model) == EMBEDDED
-    for k, v in (DEMO if args.demo else STARTER).items():
+
+def resolve(args):
+    """Profile defaults, derived sizes and every consistency check (one line naming the fix), nothing loaded."""
+    args.demo = data.is_embedded(args.model)
+    args.model = common.check_model_dir(args.model or data.EMBEDDED_MODEL)
+    args.profile = "demo" if args.demo else "hub"
+    for k, v in {**PROFILES[args.profile], **TASK_PROFILES.get(args.task, {})}.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
-    args.model = args.model or EMBEDDED
-    # seed 000 trains Countdown with its own prompt; the embedded model was SFT'd on r1_zero
-    args.prompt = args.prompt or ("countdown" if args.task == "countdown" and not args.demo else data.TASKS[args.task]["prompt"])
-    args.reward = args.reward or data.TASKS[args.task]["reward"]
-    if args.normalize_constant is None:
-        args.normalize_constant = float(args.max_tokens)
-    args.out = args.out or (os.path.dirname(_ckpt_dir(args.resume)) if args.resume else
-                            os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")))
-
-    # derived sizes (seed 000 §7.2 sanity asserts, with what to change)
-    assert args.train_batch_size % args.gradient_accumulation_steps == 0, (
-        f"--train-batch-size {args.train_batch_size} must be divisible by --gradient-accumulation-steps "
-        f"{args.gradient_accumulation_steps}")
+    task = data.task_defaults(args.task, args.model)
+    args.prompt, args.reward = args.prompt or task["prompt"], args.reward or task["reward"]
+    args.train_path, args.val_path = args.train_path or task["path"], args.val_path or task["path"]
+    args.stop = data.stop_strings(common.attempt(data.load_prompt, args.prompt, what=f"--prompt {args.prompt}"))
+    args.normalize_constant = args.normalize_constant or float(args.max_tokens)
+    args.out = args.out or (os.path.dirname(args.resume) if args.resume else os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")))
+    # derived sizes (seed 000 §7.2's sanity asserts, each naming what to change)
+    c = common.check
+    c(args.train_batch_size % args.gradient_accumulation_steps == 0, f"--train-batch-size {args.train_batch_size} must "
+      f"be divisible by --gradient-accumulation-steps {args.gradient_accumulation_steps}")
     args.micro_train_batch_size = args.train_batch_size // args.gradient_accumulation_steps
-    assert args.rollout_batch_size % args.group_size == 0, (
-        f"--rollout-batch-size {args.rollout_batch_size} must be divisible by --group-size {args.group_size}")
+    c(args.rollout_batch_size % args.group_size == 0,
+      f"--rollout-batch-size {args.rollout_batch_size} must be divisible by --group-size {args.group_size}")
     args.n_prompts_per_rollout_batch = args.rollout_batch_size // args.group_size
-    assert args.train_batch_size >= args.group_size, (
-        f"--train-batch-size {args.train_batch_size} must be >= --group-size {args.group_size}")
-    assert args.rollout_batch_size % args.train_batch_size == 0, (
-        f"--rollout-batch-size {args.rollout_batch_size} must be a multiple of --train-batch-size {args.train_batch_size}")
-    args.n_microbatches_per_rollout_batch = args.rollout_batch_size // args.micro_train_batch_size
+    c(args.train_batch_size >= args.group_size, f"--train-batch-size {args.train_batch_size} must be >= --group-size {args.group_size}")
+    c(args.rollout_batch_size % args.train_batch_size == 0,
+      f"--rollout-batch-size {args.rollout_batch_size} must be a multiple of --train-batch-size {args.train_batch_size}")
     args.optimizer_steps_per_rollout_batch = args.epochs_per_rollout_batch * args.rollout_batch_size // args.train_batch_size
     args.off_policy = args.optimizer_steps_per_rollout_batch > 1
-    # ratio losses need pi_old; on-policy their ratio is 1 (seed 000: use GRPO-Clip off-policy)
-    args.needs_old = args.off_policy or args.loss not in ("no_baseline", "reinforce_with_baseline")
-    assert not (args.std_norm and args.group_size < 2), "--std-norm needs --group-size >= 2 (or pass --no-std-norm)"
-    assert args.temperature > 0, "--temperature must be > 0 (log-probs of greedy samples are not defined)"
-    assert args.n_prompts_per_rollout_batch < 1000, "--rollout-batch-size / --group-size must be < 1000 prompts"
-    assert not args.resume or os.path.exists(os.path.join(_ckpt_dir(args.resume), "state.json")), (
-        f"--resume {args.resume}: no checkpoint there (expected <run>/checkpoint/state.json)")
+    c(not args.off_policy or args.loss in losses.RATIO_LOSSES, f"--loss {args.loss} with {args.optimizer_steps_per_rollout_batch}"
+      f" optimizer steps per rollout batch trains -A log pi on data from an older policy, uncorrected: use --loss grpo_clip")
+    # pi_old is needed by ratio losses (on-policy their ratio is 1, seed 000 asks for it anyway) and rollout IS
+    args.needs_old = args.loss in losses.RATIO_LOSSES or args.rollout_is != "none"
+    c(not args.std_norm or args.group_size >= 2, "--std-norm needs --group-size >= 2 (or pass --no-std-norm)")
+    c(args.min_tokens <= args.max_tokens, f"--min-tokens {args.min_tokens} must be <= --max-tokens {args.max_tokens}")
+    c(args.overlong_buffer < args.max_tokens, f"--overlong-buffer {args.overlong_buffer} must be < --max-tokens {args.max_tokens}")
+    c(args.rollout_is == "none" or args.old_log_probs == "trainer",
+      "--rollout-is compares the trainer's pi_old with the engine's log-probs: drop --old-log-probs engine")
+    c(args.kl_beta == 0 or args.kl_estimator != "seq", "--kl-estimator seq is for monitoring; the penalty needs k1, k2 or k3")
+    c(args.sleep_engine is False or args.engine == "vllm", "--sleep-engine frees vLLM's GPU memory: use --engine vllm")
+    c(args.seed < SEED_SPACE and args.n_grpo_steps < SEED_SPACE, f"--seed and --n-grpo-steps must be < {SEED_SPACE}")
+    c(args.dynamic_sampling_max_rounds < 16 and 2 * args.rollout_batch_size <= 2 ** 20,  # sample_seed's blocks
+      "--dynamic-sampling-max-rounds must be < 16 and --rollout-batch-size <= 2^19")
     return args
 
 
 # ----------------------------------------------------------------------------- setup
-def resolve_devices(args):
-    """Policy on cuda:0 and the engine on cuda:1 when there are 2 GPUs (seed 000 layout); one GPU: shared; else CPU."""
+def setup_devices(args):
+    """Policy on cuda:0 and engine on cuda:1 with 2 GPUs (seed 000 layout); one GPU: shared; else CPU."""
     n_gpu = torch.cuda.device_count()
-    if args.policy_device is None:
-        args.policy_device = "cuda:0" if n_gpu else "cpu"
-    if args.vllm_device is None:
-        args.vllm_device = "cuda:1" if n_gpu > 1 else args.policy_device
-    args.dtype = "bfloat16" if args.policy_device.startswith("cuda") else "float32"  # CPU bf16 is slow and inexact
-    print(f"devices: policy {args.policy_device} ({args.dtype}), engine {args.engine} on {args.vllm_device} "
-          f"({n_gpu} GPUs visible)" + (" | one GPU shared: lower --gpu-memory-utilization (e.g. 0.3) to leave room "
-                                      "for training" if n_gpu == 1 and args.vllm_device == args.policy_device else ""))
+    args.policy_device = args.policy_device or ("cuda:0" if n_gpu else "cpu")
+    args.vllm_device = args.vllm_device or ("cuda:1" if n_gpu > 1 else args.policy_device)
+    args.param_dtype, args.compute_dtype = common.resolve_precision(args.policy_device, args.dtype, args.pure_bf16)
+    if args.shared_prefix is None:  # on CUDA the saving is the prompt's share of a long response: see the README
+        args.shared_prefix = args.policy_device == "cpu" and not args.gradient_checkpointing
+    pol, eng = torch.device(args.policy_device), torch.device(args.vllm_device)
+    args.shared_gpu = pol.type == eng.type == "cuda" and (pol.index or 0) == (eng.index or 0)
+    print(f"devices: policy {args.policy_device} (weights {args.param_dtype}, compute {args.compute_dtype}), engine "
+          f"{args.engine} on {args.vllm_device} ({n_gpu} GPUs visible)" + (" | one GPU shared" if args.shared_gpu else ""))
 
 
 def load_data(args):
-    train = data.load_task(args.task, "train", path=args.train_path, limit=args.train_n or None, seed=args.data_seed)
-    val = data.load_task(args.task, "test", path=args.val_path, limit=args.eval_n, seed=args.data_seed)
-    template = data.load_prompt(args.prompt)
-    return train, val, template, data.stop_strings(template), grader.REWARD_FNS[args.reward]
+    """(train rows, validation rows), each with its formatted "prompt"; one-line errors on missing/empty data."""
+    train = common.attempt(data.load_task, args.task, "train", args.train_path, args.train_n or None, args.data_seed, prompt=args.prompt)
+    val = common.attempt(data.load_task, args.task, "test", args.val_path, args.eval_n, args.data_seed, prompt=args.prompt)
+    common.check(len(train) >= args.n_prompts_per_rollout_batch, f"{len(train)} train questions < "
+                 f"{args.n_prompts_per_rollout_batch} prompts per rollout batch: more data or a smaller --rollout-batch-size")
+    common.check(len(val) > 0, "the validation set is empty: check --val-path")
+    if args.train_path == "synthetic":
+        print(f"data: synthetic Countdown (data.generate_countdown), {len(train)} train / {len(val)} test problems")
+    return train, val
 
 
-def load_policy(path, args):
+def disable_dropout(model):
+    """RL scores pi_old, pi_ref and pi with the same function: dropout off everywhere (training forwards too)."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+        if isinstance(getattr(m, "attention_dropout", None), float):  # HF attention modules keep a float
+            m.attention_dropout = 0.0
+    return model
+
+
+def load_policy(path, args, dtype=None):
+    """HF causal LM on args.policy_device in `dtype` (default: the master-weight dtype), dropout off."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    policy = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).to(args.policy_device)
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or args.param_dtype).to(args.policy_device)
     if args.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
     policy.config.use_cache = False
-    return policy.train(), AutoTokenizer.from_pretrained(path)
+    tok, rows = AutoTokenizer.from_pretrained(path), policy.get_input_embeddings().weight.shape[0]
+    common.check(len(tok) <= rows, f"{path}: the tokenizer has {len(tok)} tokens but the model only {rows} embeddings")
+    if args.shared_prefix and (args.gradient_checkpointing or not losses.shared_prefix_works(policy, len(tok))):
+        args.shared_prefix = False
+        print("notice: --shared-prefix off (gradient checkpointing drops the KV cache it reuses, or this model's "
+              "cache did not reproduce its plain log-probs)")
+    return disable_dropout(policy).train(), tok
 
 
-def make_engine(path, args):
+def make_engine(path, args, policy=None):
+    """rollout.init_engine for this run. One shared GPU: the engine's share leaves room for the policy."""
     from transformers import AutoConfig
     max_len = min(getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 4096), 4096)
-    kw = dict(gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=max_len) if args.engine == "vllm" else {}
+    kw = dict(max_model_len=max_len) if args.engine == "vllm" else {}
+    if args.engine == "vllm" and args.vllm_device.startswith("cuda"):
+        kw.update(gpu_memory_utilization=args.gpu_memory_utilization or engine_share(args, policy),
+                  enable_sleep_mode=args.sleep_engine)
+        print(f"engine: gpu_memory_utilization {kw['gpu_memory_utilization']:.2f}")
     return engines.init_engine(args.engine, path, device=args.vllm_device, seed=args.seed, **kw)
 
 
+def engine_share(args, policy):
+    """vLLM's GPU fraction: 0.85 on its own GPU (seed 001); on one shared GPU what the trainer leaves: its
+    weights + AdamW's two moments (+ a bf16 reference) stay resident, gradients only while training (the
+    engine's memory is free then with --sleep-engine), activations and the allocator get a 15% margin."""
+    if not args.shared_gpu or policy is None:
+        return 0.85
+    n, w = sum(p.numel() for p in policy.parameters()), torch.finfo(args.param_dtype).bits // 8
+    resident, grads = n * 3 * w + (2 * n if args.kl_beta or args.kl_every else 0), n * w
+    total = torch.cuda.get_device_properties(torch.device(args.policy_device)).total_memory
+    share = 1 - (resident + (0 if args.sleep_engine else grads)) / total - 0.15
+    common.check(share > 0.05, f"the policy needs {(resident + grads) / 2**30:.1f} GiB of this GPU's {total / 2**30:.1f}: "
+                 f"use a second GPU (--vllm-device cuda:1), --pure-bf16 or --sleep-engine")
+    return share
+
+
 # ----------------------------------------------------------------------------- rollout / reward
-def _step_seed(args, step):
-    return args.seed * 1_000_003 + step * 1000  # per-step; rollout.generate adds the prompt index
+def sample_seed(args, step, rnd=0):
+    """First sampling seed of step `step`, round `rnd` (dynamic sampling): disjoint 2^20-seed blocks, so no
+    two samples of a run ever share a stream (rollout.generate uses [seed, seed + prompts x G))."""
+    return ((args.seed * SEED_SPACE + step) * 16 + rnd) * 2 ** 20
 
 
-def sample_questions(train_rows, args, step):
-    return random.Random(_step_seed(args, step)).sample(train_rows, args.n_prompts_per_rollout_batch)
+def rollout(engine, rows, args, seed):
+    """G samples of each row's prompt -> batch: dict of group-major lists (N = rows x G)."""
+    outs = engines.generate(engine, [r["prompt"] for r in rows], n=args.group_size, temperature=args.temperature,
+                            top_p=args.top_p, max_tokens=args.max_tokens, min_tokens=args.min_tokens, stop=args.stop,
+                            seed=seed)
+    flat = [(r, o) for r, os_ in zip(rows, outs) for o in os_]  # group-major: G per prompt
+    return {"prompts": [r["prompt"] for r, _ in flat], "ground_truths": [r["ground_truth"] for r, _ in flat],
+            "responses": [o["text"] for _, o in flat], "prompt_ids": [o["prompt_token_ids"] for _, o in flat],
+            "response_ids": [o["token_ids"] for _, o in flat], "engine_logprobs": [o["logprobs"] for _, o in flat],
+            "truncated": [o["finish_reason"] == "length" for _, o in flat]}
 
 
-def rollout(engine, rows, template, stop, args, step):
-    prompts = [data.format_prompt(template, r["question"]) for r in rows]
-    outs = engines.generate(engine, prompts, n=args.group_size, temperature=args.temperature, top_p=args.top_p,
-                            max_tokens=args.max_tokens, min_tokens=args.min_tokens, stop=stop,
-                            seed=_step_seed(args, step))
-    flat = [(p, r, o) for p, r, os_ in zip(prompts, rows, outs) for o in os_]  # group-major: G per prompt
-    return {"prompts": [p for p, _, _ in flat], "ground_truths": [r["ground_truth"] for _, r, _ in flat],
-            "responses": [o["text"] for _, _, o in flat], "prompt_ids": [o["prompt_token_ids"] for _, _, o in flat],
-            "response_ids": [o["token_ids"] for _, _, o in flat], "engine_logprobs": [o["logprobs"] for _, _, o in flat],
-            "truncated": [o["finish_reason"] == "length" for _, _, o in flat]}
+def score(batch, args):
+    """Grade every response (+ DAPO's overlong penalty); batch["rewards"] = the reward dicts, batch["raw"] (N,)."""
+    dicts = grader.grade_batch(grader.REWARD_FNS[args.reward], batch["responses"], batch["ground_truths"],
+                               workers=args.grader_workers)
+    raw = torch.tensor([d["reward"] for d in dicts], dtype=torch.float32)  # (N,)
+    if args.overlong_buffer:  # 0 up to max - buffer tokens, then linear down to -1 at max_tokens
+        n = torch.tensor([len(r) for r in batch["response_ids"]], dtype=torch.float32)
+        raw += ((args.max_tokens - args.overlong_buffer - n) / args.overlong_buffer).clamp(-1.0, 0.0)
+    batch["rewards"], batch["raw"] = dicts, raw
+    return batch
 
 
-def score(batch, reward_fn, args):
-    dicts = grader.grade_batch(reward_fn, batch["responses"], batch["ground_truths"], workers=args.grader_workers)
-    batch["rewards"] = dicts
-    adv, raw, meta = losses.compute_group_normalized_rewards(
-        reward_fn, batch["responses"], batch["ground_truths"], args.group_size, args.advantage_eps, args.std_norm,
-        reward_dicts=dicts)
-    lens = [len(r) for r in batch["response_ids"]]
-    return adv, raw, {
-        "train/reward": meta["reward_mean"], "train/format_reward": _mean([d["format_reward"] for d in dicts]),
-        "train/answer_reward": _mean([d["answer_reward"] for d in dicts]),
-        "train/zero_var_frac": meta["frac_groups_zero_std"], "train/response_len_mean": _mean(lens),
-        "train/response_len_max": max(lens), "train/truncation_rate": _mean(batch["truncated"])}
+def _keep_groups(batch, keep, G):
+    """The rows of batch whose group index is in `keep` (lists and (N,) tensors alike)."""
+    rows = [i * G + j for i in keep for j in range(G)]
+    return {k: (v[rows] if torch.is_tensor(v) else [v[i] for i in rows]) for k, v in batch.items()}
+
+
+def collect(engine, train_rows, args, step, shard=(0, 1)):
+    """The rollout + reward phases of one step: a scored batch with advantages, and its metrics. With
+    --dynamic-sampling (DAPO), groups whose rewards are all equal are dropped and fresh prompts sampled, at most
+    --dynamic-sampling-max-rounds extra rounds; a batch still short after them trains as it is (smaller).
+    shard (i, n): generator i of n (grpo_ray.py) takes its contiguous share of the step's prompts, with seeds
+    disjoint from the others'; shards joined in order are one rollout batch."""
+    (i, n), G, total = shard, args.group_size, args.n_prompts_per_rollout_batch
+    start, rng = i * total // n, random.Random(f"{sample_seed(args, step)}-{i}")  # extra rounds: this shard's own draws
+    rows = random.Random(sample_seed(args, step)).sample(train_rows, total)[start:(i + 1) * total // n]
+    want, batch, sampled, t0, t_grade, t_round0 = len(rows), None, 0, time.perf_counter(), 0.0, None
+    for rnd in range(1 + args.dynamic_sampling_max_rounds * args.dynamic_sampling):
+        part, t1 = rollout(engine, rows, args, sample_seed(args, step, rnd) + 2 * start * G), time.perf_counter()
+        part, sampled, t_grade = score(part, args), sampled + len(rows), t_grade + time.perf_counter() - t1
+        if args.dynamic_sampling:  # keep the groups with reward variance, up to the batch size
+            raw, have = part["raw"].view(-1, G), 0 if batch is None else len(batch["raw"]) // G  # (n, G)
+            flat, part = part, _keep_groups(part, [g for g in range(len(rows)) if raw[g].max() > raw[g].min()][:want - have], G)
+        batch = part if batch is None else {k: (torch.cat([batch[k], v]) if torch.is_tensor(v) else batch[k] + v)
+                                            for k, v in part.items()}
+        t_round0 = t_round0 or time.perf_counter() - t0
+        missing = want - len(batch["raw"]) // G
+        if not args.dynamic_sampling or missing <= 0:
+            break
+        rows = rng.sample(train_rows, min(len(train_rows), 2 * missing))  # oversample: some groups come out flat
+    if not len(batch["raw"]):  # nothing to learn from this step: train on the flat groups (zero advantage)
+        print(f"notice: step {step}: no group with reward variance in {sampled} prompts (--dynamic-sampling)")
+        batch = flat
+    batch["advantages"], _, meta = losses.compute_group_normalized_rewards(
+        None, batch["responses"], batch["ground_truths"], G, args.advantage_eps, args.std_norm,
+        reward_dicts=batch["raw"].tolist())
+    batch["raw_rewards"], batch["ban_token_ids"] = batch["raw"], engines.min_tokens_banned_ids(engine) if args.min_tokens else []
+    lens, d = [len(r) for r in batch["response_ids"]], batch["rewards"]
+    m = {"train/reward": meta["mean"], "train/format_reward": _mean([x["format_reward"] for x in d]),
+         "train/answer_reward": _mean([x["answer_reward"] for x in d]), "train/zero_var_frac": meta["frac_groups_zero_std"],
+         "train/response_len_mean": _mean(lens), "train/response_len_max": max(lens),
+         "train/truncation_rate": _mean(batch["truncated"]), "time/generation": time.perf_counter() - t0 - t_grade,
+         "time/grading": t_grade}
+    if args.dynamic_sampling:
+        m.update({"train/dynamic_filtered_frac": 1 - len(batch["raw"]) / G / sampled, "train/dynamic_prompts_sampled": sampled,
+                  "time/dynamic_extra_generation": time.perf_counter() - t0 - t_round0})
+    return batch, m
 
 
 def _mean(xs):
@@ -245,285 +344,308 @@ def _mean(xs):
     return sum(xs) / max(len(xs), 1)
 
 
-def collate(batch, pad_id):
-    """Right-padded engine token ids; labels are the next tokens, the mask marks sampled response tokens."""
+def collate(batch, args, pad_id=0):
+    """Right-padded engine token ids: input_ids / labels / response_mask / engine_log_probs / ban_mask (N, T),
+    lengths (N,). ban_mask marks the first --min-tokens response positions (stop tokens banned there)."""
     seqs = [p + r for p, r in zip(batch["prompt_ids"], batch["response_ids"])]
-    ids = torch.full((len(seqs), max(map(len, seqs))), pad_id, dtype=torch.long)  # (N, T+1)
-    mask = torch.zeros(ids.shape, dtype=torch.bool)  # (N, T+1)
-    for i, (p, r) in enumerate(zip(batch["prompt_ids"], batch["response_ids"])):
+    N, T = len(seqs), max(map(len, seqs)) - 1
+    ids = torch.full((N, T + 1), pad_id, dtype=torch.long)  # (N, T+1)
+    mask, ban = torch.zeros(N, T, dtype=torch.bool), torch.zeros(N, T, dtype=torch.bool)  # (N, T) over labels
+    eng = torch.zeros(N, T)
+    for i, (p, r, lp) in enumerate(zip(batch["prompt_ids"], batch["response_ids"], batch["engine_logprobs"])):
         ids[i, :len(p) + len(r)] = torch.tensor(p + r)
-        mask[i, len(p):len(p) + len(r)] = True
-    return {"input_ids": ids[:, :-1], "labels": ids[:, 1:], "response_mask": mask[:, 1:],  # (N, T)
-            "lengths": torch.tensor([len(s) - 1 for s in seqs])}  # (N,) label positions per row
+        s = len(p) - 1  # label s is the first response token
+        mask[i, s:s + len(r)] = True
+        ban[i, s:s + min(len(r), args.min_tokens)] = True
+        eng[i, s:s + len(r)] = torch.tensor(lp, dtype=torch.float32)
+    if args.mask_truncated:  # DAPO overlong filtering: truncated responses leave the loss
+        mask[torch.tensor(batch["truncated"], dtype=torch.bool)] = False
+    return {"input_ids": ids[:, :-1], "labels": ids[:, 1:], "response_mask": mask, "engine_log_probs": eng,
+            "ban_mask": ban, "lengths": torch.tensor([len(s) - 1 for s in seqs]), "group": torch.arange(N) // args.group_size,
+            "prompt_len": torch.tensor([len(p) for p in batch["prompt_ids"]])}
 
 
-def _micro(tensors, idx, device):
-    """Rows idx, trimmed to their longest sequence (less padding per microbatch), on device."""
-    L = int(tensors["lengths"][idx].max())
-    return {k: tensors[k][idx, :L].to(device) for k in ("input_ids", "labels", "response_mask")}, L
+def _forwards(tensors, idx, args, device):
+    """The forward passes of microbatch rows idx: one per group with --shared-prefix (its prompt runs once:
+    prefix_len = prompt length - 1, the last prompt token predicts each response's first), else one. Each
+    is trimmed to its longest sequence. Yields (rows, tensors on device, length L, prefix_len P)."""
+    groups = [idx[tensors["group"][idx] == g] for g in tensors["group"][idx].unique()] if args.shared_prefix else [idx]
+    for rows in groups:
+        L, P = int(tensors["lengths"][rows].max()), int(tensors["prompt_len"][rows].min()) - 1 if len(rows) > 1 else 0
+        yield rows, {k: tensors[k][rows, :L].to(device) for k in ("input_ids", "labels", "ban_mask")}, L, P * (args.shared_prefix and P < L)
 
 
 # ----------------------------------------------------------------------------- log-probs / train
-def batch_log_probs(model, tensors, args):
-    """(N, T) log-probs of the labels at the sampling temperature, no grad (old / ref / post-step policy)."""
+def _shard(rows, dp):
+    """This learner's contiguous part of `rows` (all of them without data parallelism)."""
+    return rows if dp is None else rows[dp["rank"] * len(rows) // dp["world"]:(dp["rank"] + 1) * len(rows) // dp["world"]]
+
+
+def batch_log_probs(model, tensors, args, ban_ids, dp=None):
+    """(N, T) log-probs of the labels under `model` at the sampling temperature: no grad, eval mode. With dp,
+    each learner scores its shard and the sum over learners fills in the rest."""
     N, T = tensors["labels"].shape
-    out = torch.zeros(N, T)
-    dev = next(model.parameters()).device
-    with torch.inference_mode():
-        for s in range(0, N, args.micro_train_batch_size):
-            idx = torch.arange(s, min(s + args.micro_train_batch_size, N))
-            mb, L = _micro(tensors, idx, dev)
-            out[idx, :L] = losses.get_response_log_probs(model, mb["input_ids"], mb["labels"],
-                                                         temperature=args.temperature)["log_probs"].float().cpu()
-    return out.clone()  # a normal tensor: inference tensors cannot enter autograd later
+    out, dev, was_training, rows = torch.zeros(N, T), next(model.parameters()).device, model.training, _shard(torch.arange(N), dp)
+    model.eval()
+    with torch.inference_mode(), common.autocast(dev, args.compute_dtype):
+        for s in range(0, len(rows), args.micro_train_batch_size):
+            for idx, mb, L, P in _forwards(tensors, rows[s:s + args.micro_train_batch_size], args, dev):
+                out[idx, :L] = losses.get_response_log_probs(model, mb["input_ids"], mb["labels"], temperature=args.temperature,
+                                                             ban_token_ids=ban_ids, ban_mask=mb["ban_mask"], prefix_len=P)["log_probs"].float().cpu()
+    model.train(was_training)
+    out = out.clone()  # a normal tensor: inference tensors cannot enter autograd later
+    return out if dp is None else dp["reduce"](out, "sum")
 
 
-def train_on_batch(policy, optimizer, tensors, advantages, raw_rewards, old_log_probs, ref_log_probs, args, step):
-    """epochs x (rollout / train batch) optimizer steps, each over grad-acc microbatches; one metrics dict per step."""
-    N, dev = len(advantages), args.policy_device
-    gen = torch.Generator().manual_seed(_step_seed(args, step))
-    params = [p for p in policy.parameters() if p.requires_grad]
-    history = []
+def train_step(policy, optimizer, batch, args, step, ref_model=None, prev_model=None, lag=0, dp=None):
+    """One scored rollout batch -> policy updates and metrics: pi_old (and reference / previous-policy
+    log-probs for KL) by no-grad passes, then epochs x train batches x microbatches. `lag` = how many updates
+    the policy is ahead of the batch's generator (grpo_ray.py's async mode); a stale batch takes pi_old from
+    the engine unless --rollout-is corrects it. prev_model (KL monitoring) holds pi_{t-1}, refreshed here.
+    dp (grpo_ray.py --num-learners M): {"rank", "world", "reduce": in-place all-reduce(tensor, op)}: each learner
+    runs its 1/M of every row set and gradients and metrics are summed, so all take the step one learner would.
+    Returns (history: one dict per optimizer step, metrics of the whole step)."""
+    t0, ban_ids = time.perf_counter(), batch["ban_token_ids"]
+    tensors, m = collate(batch, args), {}
+    do_kl = bool(args.kl_every) and step % args.kl_every == 0
+    engine_old = args.old_log_probs == "engine" or (lag > 0 and args.rollout_is == "none")
+    need_cur = do_kl or (not engine_old and (args.needs_old or lag > 0))
+    cur = batch_log_probs(policy, tensors, args, ban_ids, dp) if need_cur else None  # pi_t, the policy before this step
+    old = tensors["engine_log_probs"] if engine_old else cur
+    mask, weights = tensors["response_mask"], None
+    if cur is not None:  # engine-trainer mismatch (kernels, precision; staleness when lag > 0)
+        weights, keep, is_m = losses.compute_rollout_is(cur, tensors["engine_log_probs"], mask, args.rollout_is,
+                                                        args.rollout_is_cap, args.rollout_is_level)
+        m.update({f"train/{k}": v for k, v in is_m.items()})
+        m["train/logprob_mismatch"] = losses.masked_mean((cur - tensors["engine_log_probs"]).abs(), mask).item()
+        mask = keep if args.rollout_is == "mis" else mask
+        weights = weights if args.rollout_is == "tis" else None
+    ref = batch_log_probs(ref_model, tensors, args, ban_ids, dp) if (args.kl_beta or do_kl) and ref_model is not None else None
+    if do_kl:
+        m["train/kl_ref"] = losses.kl_divergence(cur, ref, tensors["response_mask"], args.kl_estimator).item()
+        if prev_model is not None and getattr(prev_model, "holds_step", None) == step - 1:
+            prev = batch_log_probs(prev_model, tensors, args, ban_ids, dp)
+            m["train/kl_prev"] = losses.kl_divergence(cur, prev, tensors["response_mask"], args.kl_estimator).item()
+            if lag == 1:  # prev generated this batch: split the mismatch into kernel and staleness parts
+                m["train/mismatch_kernel_kl"] = losses.kl_divergence(prev, tensors["engine_log_probs"], mask, "k3").item()
+                m["train/mismatch_staleness_kl"] = losses.kl_divergence(prev, cur, mask, "k3").item()
+    if prev_model is not None and args.kl_every and (step + 1) % args.kl_every == 0:
+        prev_model.load_state_dict(policy.state_dict())  # pi_t, the previous policy of the next step
+        prev_model.holds_step = step
+    m["time/old_log_probs"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    history = _updates(policy, optimizer, batch, tensors, mask, old, ref, weights, args, step, dp)
+    return history, m | {"time/training": time.perf_counter() - t1}
+
+
+def _updates(policy, optimizer, batch, tensors, mask, old, ref, weights, args, step, dp=None):
+    """epochs x train batches of --train-batch-size x microbatches of --micro-train-batch-size (the last ones
+    may be smaller: each microbatch's loss is scaled by its share of the step's rows). One dict per step."""
+    N, dev, ban_ids = len(batch["advantages"]), args.policy_device, batch["ban_token_ids"]
+    gen, params, history = torch.Generator().manual_seed(sample_seed(args, step)), [p for p in policy.parameters() if p.requires_grad], []
     for epoch in range(args.epochs_per_rollout_batch):
-        order = torch.randperm(N, generator=gen) if args.off_policy else torch.arange(N)
+        # on-policy the order is free: microbatches of similar lengths pad less (groups stay whole for --shared-prefix)
+        order = (torch.randperm(N, generator=gen) if args.off_policy else torch.arange(N) if args.shared_prefix
+                 else torch.argsort(tensors["lengths"], stable=True))
         for b in range(0, N, args.train_batch_size):
-            m = {"loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0,
-                                          "ratio_mean": 0.0, "ratio_min": math.inf, "ratio_max": -math.inf}
-            for s in range(b, b + args.train_batch_size, args.micro_train_batch_size):
-                idx = order[s:s + args.micro_train_batch_size]
-                mb, L = _micro(tensors, idx, dev)
-                out = losses.get_response_log_probs(policy, mb["input_ids"], mb["labels"], return_token_entropy=True,
-                                                    temperature=args.temperature)
-                lp, mask = out["log_probs"], mb["response_mask"]  # (n, L)
-                old = old_log_probs[idx, :L].to(dev) if old_log_probs is not None else None
-                ref = ref_log_probs[idx, :L].to(dev) if (ref_log_probs is not None and args.kl_beta) else None
+            rows = order[b:b + args.train_batch_size]
+            h = {"loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "ratio_min": math.inf, "ratio_max": -math.inf}
+            h_ratio = False
+            n_tok = max(int(mask[rows].sum()), 1)  # DAPO token norm: the tokens of the whole optimizer step
+            mine = _shard(rows, dp)
+            for idx, mb, L, P in (f for s in range(0, len(mine), args.micro_train_batch_size)
+                                  for f in _forwards(tensors, mine[s:s + args.micro_train_batch_size], args, dev)):
+                share = len(idx) / len(rows)  # this forward's part of the optimizer step's loss
+                with common.autocast(dev, args.compute_dtype):
+                    out = losses.get_response_log_probs(policy, mb["input_ids"], mb["labels"], return_token_entropy=True,
+                                                        temperature=args.temperature, ban_token_ids=ban_ids,
+                                                        ban_mask=mb["ban_mask"], prefix_len=P)
+                mbm = mask[idx, :L].to(dev)
                 loss, meta = losses.grpo_microbatch_train_step(
-                    lp, mask, args.gradient_accumulation_steps, args.loss, raw_rewards=raw_rewards[idx, None].to(dev),
-                    advantages=advantages[idx, None].to(dev), old_log_probs=old, cliprange=args.cliprange,
-                    cliprange_high=args.cliprange_high, length_norm=args.length_norm,
-                    normalize_constant=args.normalize_constant, ref_log_probs=ref, kl_beta=args.kl_beta)
-                m["loss"] += loss.item()
-                m["entropy"] += losses.masked_mean(out["token_entropy"].detach(), mask).item() / args.gradient_accumulation_steps
-                if old is not None:  # importance ratio pi / pi_old over response tokens
-                    ratio = torch.exp(lp.detach() - old)[mask]
-                    m["ratio_mean"] += ratio.mean().item() / args.gradient_accumulation_steps
-                    m["ratio_min"], m["ratio_max"] = min(m["ratio_min"], ratio.min().item()), max(m["ratio_max"], ratio.max().item())
-                    m["clip_fraction"] += float(meta.get("clip_fraction", 0.0)) / args.gradient_accumulation_steps
+                    out["log_probs"], mbm, 1 / share, args.loss, raw_rewards=batch["raw_rewards"][idx].to(dev),
+                    advantages=batch["advantages"][idx].to(dev), old_log_probs=None if old is None else old[idx, :L].to(dev),
+                    cliprange=args.cliprange, cliprange_high=args.cliprange_high, length_norm=args.length_norm,
+                    normalize_constant=n_tok if args.length_norm == "token" else args.normalize_constant,
+                    ref_log_probs=ref[idx, :L].to(dev) if (ref is not None and args.kl_beta) else None, kl_beta=args.kl_beta,
+                    kl_estimator=args.kl_estimator, is_weights=None if weights is None else weights[idx, :L].to(dev))
+                h["loss"] += loss.item()
+                h["entropy"] += losses.masked_mean(out["token_entropy"].detach(), mbm).nan_to_num().item() * share
+                h["clip_fraction"] += float(meta.get("clip_fraction", 0.0)) * share
+                if "ratio_mean" in meta:
+                    h_ratio = True
+                    h["ratio_mean"] += meta["ratio_mean"].nan_to_num(1.0).item() * share
+                    h["ratio_min"], h["ratio_max"] = min(h["ratio_min"], meta["ratio_min"].item()), max(h["ratio_max"], meta["ratio_max"].item())
+            if dp is not None:  # the step's gradient and metrics are the sums of every learner's part
+                _reduce(params, h, dp)
+                h_ratio = bool(dp["reduce"](torch.tensor(float(h_ratio)), "max"))
             grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            if old_log_probs is None:
-                m.update(ratio_mean=1.0, ratio_min=1.0, ratio_max=1.0)  # on-policy: pi_old is pi by construction
-            history.append({f"train/{k}": v for k, v in m.items()} | {
-                "train/grad_norm": grad_norm.item(), "train/epoch": epoch})
+            if not h_ratio:  # a loss without a ratio (on-policy by construction): pi_old is pi
+                h.update(ratio_mean=1.0, ratio_min=1.0, ratio_max=1.0)
+            history.append({f"train/{k}": v for k, v in h.items()} | {"train/grad_norm": grad_norm.item(),
+                                                                      "train/epoch": epoch, "train/lr": args.lr})
     return history
 
 
-def kl_metrics(before, after, ref, tensors):
-    """k3 KL on this batch's response tokens: kl_ref = KL(pi_t || pi_init), kl_prev = KL(pi_t || pi_t+1),
-    both estimated on samples of pi_t (the policy that generated the batch)."""
-    mask = tensors["response_mask"]
-    out = {}
-    if ref is not None:
-        out["train/kl_ref"] = losses.masked_mean(losses.compute_kl(before, ref), mask).item()
-    if after is not None:
-        out["train/kl_prev"] = losses.masked_mean(losses.compute_kl(before, after), mask).item()
-    return out
+def _reduce(params, h, dp):
+    """All-reduce the accumulated gradients (one flat buffer) and the step's metric sums / extremes over learners."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = dp["reduce"](torch.cat([p.grad.reshape(-1) for p in params]), "sum")
+    for p, g in zip(params, flat.split([p.numel() for p in params])):
+        p.grad.copy_(g.view_as(p))
+    keys = ("loss", "entropy", "clip_fraction", "ratio_mean")
+    h.update(zip(keys, dp["reduce"](torch.tensor([h[k] for k in keys], dtype=torch.float64), "sum").tolist()))
+    h["ratio_min"], h["ratio_max"] = (dp["reduce"](torch.tensor(h[k]), op).item() for k, op in (("ratio_min", "min"), ("ratio_max", "max")))
+
+
+def step_rows(step, opt_step, batch, history, metrics, step_s, weight_sync_s, wall_s):
+    """The metric rows of one GRPO step, one per optimizer step: what grpo.py and grpo_ray.py both log.
+    metrics = collect's | train_step's (| the caller's own, e.g. ray/*)."""
+    n_tok = sum(len(r) for r in batch["response_ids"])
+    row = metrics | {"time/weight_sync": weight_sync_s, "time/step": step_s, "time/wall": wall_s,
+                     "time/tokens_per_s": n_tok / max(step_s, 1e-9),
+                     "time/gen_tokens_per_s": n_tok / max(metrics["time/generation"], 1e-9)}
+    return [{"step": step, "opt_step": opt_step + i + 1} | row | h for i, h in enumerate(history)]
 
 
 # ----------------------------------------------------------------------------- eval / io
-def evaluate(engine, val_rows, template, stop, reward_fn, args):
-    prompts = [data.format_prompt(template, r["question"]) for r in val_rows]
-    outs = [o[0] for o in engines.generate(engine, prompts, n=1, temperature=0.0, max_tokens=args.max_tokens,
-                                           min_tokens=args.min_tokens, stop=stop)]
+def evaluate(engine, val_rows, args):
+    """Greedy answers to the validation prompts on the engine's current weights -> (metrics, sample rows).
+    accuracy = the fraction with answer reward 1 (the same meaning in every script)."""
+    outs = [o[0] for o in engines.generate(engine, [r["prompt"] for r in val_rows], n=1, temperature=0.0,
+                                           max_tokens=args.max_tokens, min_tokens=args.min_tokens, stop=args.stop)]
     gts = [r["ground_truth"] for r in val_rows]
-    dicts = grader.grade_batch(reward_fn, [o["text"] for o in outs], gts, workers=args.grader_workers)
-    metrics = {"eval/accuracy": _mean([d["answer_reward"] > 0 for d in dicts]),
-               "eval/reward": _mean([d["reward"] for d in dicts]),
+    dicts = grader.grade_batch(grader.REWARD_FNS[args.reward], [o["text"] for o in outs], gts, workers=args.grader_workers)
+    metrics = {"eval/accuracy": _mean([d["answer_reward"] >= 1 for d in dicts]), "eval/reward": _mean([d["reward"] for d in dicts]),
                "eval/format_reward": _mean([d["format_reward"] for d in dicts]),
                "eval/answer_reward": _mean([d["answer_reward"] for d in dicts]),
                "eval/response_len": _mean([len(o["token_ids"]) for o in outs]),
                "eval/truncation_rate": _mean([o["finish_reason"] == "length" for o in outs])}
-    samples = [{"split": "eval", "prompt": p, "response": o["text"], "ground_truth": g, **d}
-               for p, o, g, d in zip(prompts, outs, gts, dicts)]
-    return metrics, samples
+    return metrics, [{"split": "eval", "prompt": r["prompt"], "response": o["text"], "ground_truth": g, **d}
+                     for r, o, g, d in zip(val_rows, outs, gts, dicts)]
 
 
 def sync_weights(policy, engine):
+    """Push the policy into the engine (rollout.load_policy_into_vllm); returns seconds."""
     return engines.load_policy_into_vllm(policy, engine)
 
 
-def log_row(out_dir, row, wandb_run=None):
-    with open(os.path.join(out_dir, "metrics.jsonl"), "a") as f:
-        f.write(json.dumps(row) + "\n")
-    if wandb_run is not None:
-        wandb_run.log(row)
-
-
-def _ckpt_dir(path):
-    return os.path.join(path, "checkpoint") if os.path.isdir(os.path.join(path, "checkpoint")) else path.rstrip("/")
-
-
 def save_checkpoint(out_dir, policy, tokenizer, optimizer, args, state):
-    """out_dir/checkpoint/ = HF weights + tokenizer + optimizer + state.json, swapped in whole (tmp + rename)."""
-    final, tmp = os.path.join(out_dir, "checkpoint"), os.path.join(out_dir, "checkpoint.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    policy.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
-    with open(os.path.join(tmp, "state.json"), "w") as f:
-        json.dump({**state, "args": vars(args)}, f, indent=1)
-    if os.path.exists(final):
-        os.replace(final, final + ".old")
-    os.replace(tmp, final)
-    shutil.rmtree(final + ".old", ignore_errors=True)
-    return final
+    """out_dir/checkpoint/ (weights, tokenizer, optimizer.pt, state.json), swapped in whole."""
+    return common.save_model_checkpoint(out_dir, policy, tokenizer, args, state, {"optimizer.pt": optimizer.state_dict()})
 
 
-def load_checkpoint(path, policy, optimizer):
-    path = _ckpt_dir(path)
+def load_checkpoint(path, optimizer):
+    """Optimizer state and the step counters of a checkpoint dir (its weights load with load_policy)."""
+    common.check(os.path.exists(os.path.join(path, "optimizer.pt")), f"--resume {path}: the checkpoint has no optimizer.pt")
+    optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), map_location="cpu"))
     with open(os.path.join(path, "state.json")) as f:
-        state = json.load(f)
-    optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), map_location=next(policy.parameters()).device))
-    return state
+        return {k: v for k, v in json.load(f).items() if k in ("step", "opt_step", "wall")}
+
+
+LINE = [("loss", "train/loss", "+.4f"), ("reward", "train/reward", ".3f"), ("ans", "train/answer_reward", ".2f"),
+        ("len", "train/response_len_mean", ".1f"), ("trunc", "train/truncation_rate", ".2f"), ("ent", "train/entropy", ".3f"),
+        ("gnorm", "train/grad_norm", ".3f"), ("clip", "train/clip_fraction", ".3f"), ("kl_ref", "train/kl_ref", ".2e"),
+        ("kl_prev", "train/kl_prev", ".2e"), ("gen", "time/generation", ".1f"), ("train", "time/training", ".1f"),
+        ("tok/s", "time/tokens_per_s", ".0f")]
 
 
 def _line(step, args, row):
-    g = row.get
-    s = (f"step {step + 1}/{args.n_grpo_steps} | loss {g('train/loss'):+.4f} | reward {g('train/reward'):.3f} "
-         f"(fmt {g('train/format_reward'):.2f} ans {g('train/answer_reward'):.2f}) | len {g('train/response_len_mean'):.1f}"
-         f"/{g('train/response_len_max')} trunc {g('train/truncation_rate'):.2f} | ent {g('train/entropy'):.3f} "
-         f"| gnorm {g('train/grad_norm'):.3f} | clip {g('train/clip_fraction'):.3f} | zero-var {g('train/zero_var_frac'):.2f}")
-    if "train/kl_ref" in row:
-        s += f" | kl_ref {g('train/kl_ref'):.2e} kl_prev {g('train/kl_prev', float('nan')):.2e}"
-    return s + (f" | gen {g('time/generation'):.1f}s train {g('time/training'):.1f}s sync {g('time/weight_sync'):.2f}s"
-                f" | {g('time/tokens_per_s'):.0f} tok/s")
+    """The per-step stdout line: the LINE keys present in the row."""
+    return f"step {step + 1}/{args.n_grpo_steps} | " + " | ".join(f"{n} {row[k]:{f}}" for n, k, f in LINE if k in row)
+
+
+def _eval_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_run):
+    t0 = time.perf_counter()
+    metrics, samples = evaluate(engine, val_rows, args)
+    common.log_row(args.out, {"step": step, "opt_step": state["opt_step"], "time/wall": time.perf_counter() - t_run,
+                       "time/eval": time.perf_counter() - t0} | metrics, wandb_run)
+    print(f"eval step {step} | accuracy {metrics['eval/accuracy']:.3f} | reward {metrics['eval/reward']:.3f} | "
+          f"format {metrics['eval/format_reward']:.3f} | len {metrics['eval/response_len']:.1f}", flush=True)
+    train = [] if batch is None else [{"split": "train", "prompt": p, "response": r, "ground_truth": g, **d} for p, r, g, d in
+                                      zip(batch["prompts"], batch["responses"], batch["ground_truths"], batch["rewards"])]
+    data.write_jsonl_atomic(os.path.join(args.out, "rollouts", f"step_{step:04d}.jsonl"), samples[:32] + train[:2 * args.group_size])
+    return time.perf_counter() - t0
 
 
 # ----------------------------------------------------------------------------- main
 def main(args):
     from tqdm import tqdm
     import plot
+    setup_devices(args)
+    if args.dry_run:
+        common.dry_run(args)  # the effective settings as one JSON line; nothing loaded
     torch.manual_seed(args.seed)
-    resolve_devices(args)
-    os.makedirs(os.path.join(args.out, "rollouts"), exist_ok=True)
-    train_rows, val_rows, template, stop, reward_fn = load_data(args)
-    start = _ckpt_dir(args.resume) if args.resume else args.model
-    policy, tokenizer = load_policy(start, args)
+    common.claim_run_dir(args.out, args.resume)  # an existing run needs --resume; checked writable first
+    train_rows, val_rows = load_data(args)
+    policy, tokenizer = load_policy(args.resume or args.model, args)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    state = {"step": 0, "opt_step": 0, "wall": 0.0}
+    state, metrics_path = {"step": 0, "opt_step": 0, "wall": 0.0}, os.path.join(args.out, "metrics.jsonl")
     if args.resume:
-        state = load_checkpoint(args.resume, policy, optimizer)
-        state.pop("args")
-        rows = [r for r in data.read_jsonl(os.path.join(args.out, "metrics.jsonl")) if r["step"] < state["step"]] \
-            if os.path.exists(os.path.join(args.out, "metrics.jsonl")) else []
-        data.write_jsonl_atomic(os.path.join(args.out, "metrics.jsonl"), rows)  # drop rows past the checkpoint
-        print(f"resumed from {start} at step {state['step']}")
-    need_ref = args.kl_beta > 0 or args.kl_every > 0
-    ref_model = load_policy(args.model, args)[0].eval().requires_grad_(False) if need_ref else None  # frozen pi_init
-    engine = make_engine(start, args)
-    with open(os.path.join(args.out, "args.json"), "w") as f:
-        json.dump(vars(args), f, indent=1)
+        state = load_checkpoint(args.resume, optimizer)
+        data.write_jsonl_atomic(metrics_path, [r for r in common.read_metrics(metrics_path) if r["step"] < state["step"]])
+        print(f"resumed from {args.resume} at step {state['step']}")
+    kl_models = [load_policy(args.model, args, dtype=args.compute_dtype)[0].eval().requires_grad_(False)
+                 for _ in range((args.kl_beta > 0 or args.kl_every > 0) + (args.kl_every > 0))]  # frozen pi_init, pi_{t-1}
+    ref_model, prev_model = (kl_models + [None, None])[:2]
+    engine = make_engine(args.resume or args.model, args, policy)
+    data.write_json_atomic(os.path.join(args.out, "args.json"), common.jsonable(vars(args)))
     wandb_run = None
     if args.wandb:
         import wandb
-        wandb_run = wandb.init(project=args.wandb, config=vars(args))
+        wandb_run = wandb.init(project=args.wandb, config=common.jsonable(vars(args)))
         wandb_run.define_metric("train/*", step_metric="opt_step")
         wandb_run.define_metric("eval/*", step_metric="step")  # validation on its own x-axis
     print(f"{len(train_rows)} train / {len(val_rows)} val questions | {args.n_prompts_per_rollout_batch} prompts x "
           f"{args.group_size} samples | {args.optimizer_steps_per_rollout_batch} optimizer steps per rollout batch "
-          f"({'off' if args.off_policy else 'on'}-policy) | out {args.out}")
-
-    t_run, sync_s, interrupted = time.perf_counter() - state["wall"], 0.0, False
-    step = state["step"]
+          f"({'off' if args.off_policy else 'on'}-policy) | {args.profile} profile | out {args.out}", flush=True)
+    t_run, sync_s, dirty, interrupted = time.perf_counter() - state["wall"], 0.0, False, False
+    os.makedirs(os.path.join(args.out, "rollouts"), exist_ok=True)
     try:
         for step in tqdm(range(state["step"], args.n_grpo_steps), initial=state["step"], total=args.n_grpo_steps):
             t_step = time.perf_counter()
-            # --- rollout: G samples per question from the engine (holds the current policy) ---
-            batch = rollout(engine, sample_questions(train_rows, args, step), template, stop, args, step)
-            t_gen = time.perf_counter() - t_step
-            # --- reward / advantage ---
-            t0 = time.perf_counter()
-            advantages, raw_rewards, roll_m = score(batch, reward_fn, args)
-            tensors = collate(batch, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
-            t_grade = time.perf_counter() - t0
-            # --- old log-probs, once per rollout batch, no grad (off-policy ratio; also pi_t for KL) ---
-            t0 = time.perf_counter()
-            do_kl = args.kl_every > 0 and step % args.kl_every == 0
-            old = batch_log_probs(policy, tensors, args) if (args.needs_old or do_kl) else None
-            ref = batch_log_probs(ref_model, tensors, args) if (args.kl_beta or do_kl) else None
-            t_old = time.perf_counter() - t0
-            # --- train: epochs x train batches x microbatches ---
-            t0 = time.perf_counter()
-            history = train_on_batch(policy, optimizer, tensors, advantages, raw_rewards,
-                                     old if args.needs_old else None, ref, args, step)
-            t_train = time.perf_counter() - t0
-            state["step"] = step + 1  # the policy now holds this step's update (what a Ctrl-C from here saves)
-            t0 = time.perf_counter()
-            after = batch_log_probs(policy, tensors, args) if do_kl else None  # pi_t+1 on the same tokens
-            t_old += time.perf_counter() - t0  # no-grad forwards: old, ref and post-step log-probs
-            # --- log: one row per optimizer step ---
-            n_tok = int(tensors["response_mask"].sum())
-            common = roll_m | (kl_metrics(old, after, ref, tensors) if do_kl else {}) | {
-                "train/lr": args.lr, "train/logprob_mismatch": _mismatch(old, batch, tensors),
-                "time/generation": t_gen, "time/grading": t_grade, "time/old_log_probs": t_old, "time/training": t_train,
-                "time/weight_sync": sync_s, "time/step": time.perf_counter() - t_step + sync_s,
-                "time/gen_tokens_per_s": n_tok / max(t_gen, 1e-9)}
-            common["time/tokens_per_s"] = n_tok / common["time/step"]
-            for h in history:
-                state["opt_step"] += 1
-                row = {"step": step, "opt_step": state["opt_step"], "time/wall": time.perf_counter() - t_run} | common | h
-                log_row(args.out, row, wandb_run)
-                tqdm.write(_line(step, args, row))
-            # --- eval (greedy, on the engine = policy after `step` updates) ---
+            # --- rollout + reward / advantage: G samples per question from the engine (it holds pi_step) ---
+            batch, metrics = collect(engine, train_rows, args, step)
+            # --- eval: greedy on the engine's weights, the policy after `step` updates ---
             if args.eval_every and step % args.eval_every == 0:
-                _eval_and_dump(engine, val_rows, template, stop, reward_fn, args, step, state, t_run, batch, wandb_run)
+                t_step += _eval_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_run)  # not step time
+            if args.sleep_engine:
+                engines.sleep_engine(engine)  # one shared GPU: the engine's weights and KV cache leave it
+            # --- old log-probs, then train (epochs x train batches x microbatches); log. A first Ctrl-C lets
+            # this finish, so the saved weights, optimizer and step counter always agree ---
+            with common.finish_then_interrupt("this step's updates"):
+                dirty = True
+                history, train_m = train_step(policy, optimizer, batch, args, step, ref_model, prev_model)
+                rows = step_rows(step, state["opt_step"], batch, history, metrics | train_m,
+                                 time.perf_counter() - t_step + sync_s, sync_s, time.perf_counter() - t_run)
+                for row in rows:
+                    common.log_row(args.out, row, wandb_run)
+                    tqdm.write(_line(step, args, row))
+                state.update(step=step + 1, opt_step=rows[-1]["opt_step"], wall=time.perf_counter() - t_run)
+                dirty = False
             # --- save ---
-            state["wall"] = time.perf_counter() - t_run
             if args.save_every and (step + 1) % args.save_every == 0:
                 save_checkpoint(args.out, policy, tokenizer, optimizer, args, state)
             # --- sync weights into the engine for the next rollout ---
-            sync_s = sync_weights(policy, engine)
+            sync_s = engines.wake_engine(engine, policy) if args.sleep_engine else sync_weights(policy, engine)
     except KeyboardInterrupt:
         interrupted = True
-        print(f"\ninterrupted at step {step}: saving checkpoint and plots (resume restarts step {state['step']})")
+        if dirty:
+            raise SystemExit(f"\naborted inside step {state['step']}'s updates: nothing saved; --resume {args.out} "
+                             f"restarts from the last checkpoint")
+        print(f"\ninterrupted: saving checkpoint and plots (resume restarts at step {state['step']})")
     if not interrupted:
-        _eval_and_dump(engine, val_rows, template, stop, reward_fn, args, args.n_grpo_steps, state, t_run, None, wandb_run)
+        _eval_and_dump(engine, val_rows, args, args.n_grpo_steps, state, t_run, None, wandb_run)
     state["wall"] = time.perf_counter() - t_run
     path = save_checkpoint(args.out, policy, tokenizer, optimizer, args, state)
-    plot.plot_runs([args.out], args.out)
-    print(f"checkpoint {path} | plots + metrics in {args.out} | {state['wall']:.0f}s")
+    plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
+    print(f"checkpoint {path} | dashboard + metrics in {args.out} | {state['wall']:.0f}s")
     if wandb_run is not None:
         wandb_run.finish()
 
 
-def _mismatch(lp, batch, tensors):
-    """Mean |policy - engine| log-prob of the sampled tokens (None when no old log-probs were computed)."""
-    if lp is None:
-        return None
-    eng = torch.zeros_like(lp)
-    for i, (p, r) in enumerate(zip(batch["prompt_ids"], batch["engine_logprobs"])):
-        eng[i, len(p) - 1:len(p) - 1 + len(r)] = torch.tensor(r, dtype=torch.float32)
-    return losses.masked_mean((lp - eng).abs(), tensors["response_mask"]).item()
-
-
-def _eval_and_dump(engine, val_rows, template, stop, reward_fn, args, step, state, t_run, batch, wandb_run):
-    t0 = time.perf_counter()
-    metrics, samples = evaluate(engine, val_rows, template, stop, reward_fn, args)
-    row = {"step": step, "opt_step": state["opt_step"], "time/wall": time.perf_counter() - t_run,
-           "time/eval": time.perf_counter() - t0} | metrics
-    log_row(args.out, row, wandb_run)
-    print(f"eval step {step} | accuracy {metrics['eval/accuracy']:.3f} | reward {metrics['eval/reward']:.3f} | "
-          f"format {metrics['eval/format_reward']:.3f} | len {metrics['eval/response_len']:.1f}", flush=True)
-    train = [] if batch is None else [{"split": "train", "prompt": p, "response": r, "ground_truth": g, **d}
-                                      for p, r, g, d in zip(batch["prompts"], batch["responses"],
-                                                            batch["ground_truths"], batch["rewards"])][:2 * args.group_size]
-    data.write_jsonl_atomic(os.path.join(args.out, "rollouts", f"step_{step:04d}.jsonl"), samples[:32] + train)
-
-
 if __name__ == "__main__":
-    try:
-        cli_args = parse_args()
-    except AssertionError as e:  # bad sizes: one line naming the fix, before anything is loaded
-        raise SystemExit(f"error: {e}")
-    main(cli_args)
+    main(parse_args())

@@ -1,35 +1,41 @@
 """Kissing-number challenge (seed 001 §7): exact verifier, sandboxed evaluator, baselines, LLM search.
 
 Find C ⊂ Z^d, 0 ∉ C, with min_{x≠y} ‖x−y‖ ≥ max_x ‖x‖; then τ_d ≥ |C| (d = 11 by default).
-Subcommands: `verify FILE` (exact check of a JSON / .npy list of vectors); `evaluate PROG.py` (run an
-untrusted program in a sandboxed child, verify its `points` here); `construct` (non-LLM baselines: D_d roots,
-the binary-code construction reaching 582, norm-shell local search, sphere optimisation + rounding);
-`search` (the seed's agentic loop, refine / best-of-n / evolve, with an OpenAI-compatible server or a local
-model through rollout.py; every prompt, response, program and metric goes to conversation_log.json).
-Departures from the seed: exact integer metrics, zero / duplicate / non-integer vectors rejected outright.
+Subcommands: `verify FILE` (exact check of a JSON / .npy list of vectors); `evaluate PROG.py` (run an untrusted
+program in a sandbox, verify its `points` here); `construct` (non-LLM baselines: the binary-code construction
+reaching 582, norm-shell local search); `search` (the seed's agentic loop, refine / best-of-n / evolve, with an
+OpenAI-compatible server or a local model through rollout.py; every prompt, response, program and metric goes to
+conversation_log.json). Departures from the seed: exact integer metrics; zero / duplicate / non-integer vectors,
+and sets too large for --mem-mb, are rejected outright; an invalid set makes `verify` / `evaluate` exit 1.
 
   python kissing.py construct --method code --out c582.json && python kissing.py verify c582.json
   OPENAI_API_KEY=... python kissing.py search --llm openai:https://host/v1 --model Qwen/Qwen3-32B --mode refine
   python kissing.py search --llm local:models/countdown-tiny --mode best-of-n --iters 8
 """
-import argparse, contextlib, itertools, json, math, os, random, re, resource, signal, subprocess, sys, tempfile
-import time, urllib.request
+import argparse, contextlib, itertools, json, math, os, platform, random, re, shutil, signal, struct, subprocess, sys
+import tempfile, time, urllib.request, warnings
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # tiny matrices: threads only add contention (shared CPUs)
 import numpy as np  # noqa: E402
 
+from common import Parser, check, existing_file, fail, nonneg_float, positive_float, positive_int  # noqa: E402
+
 # ----------------------------------------------------------------------------- exact verifier
-# Exactness bounds. With L = max|coordinate|, every squared distance is ≤ 4·d·L², so the int64 Gram path
-# is exact when 4·d·L² < 2^63 (d = 11: L ≤ 4.5e8). The Gram itself goes through float64 BLAS when
-# d·L² ≤ 2^53 (every partial sum is an integer below 2^53, hence exact). For L < 2^62 (e.g. the ~43-bit
-# published 593) we screen all pairs in float64 and recheck every pair that could matter exactly with
-# 21-bit limbs in int64; beyond that, plain Python ints.
+# Exactness bounds. With L = max|coordinate|, every squared distance is ≤ 4·d·L², so the int64 Gram path is exact
+# when 4·d·L² < 2^63 (d = 11: L ≤ 4.5e8); its Gram goes through float64 BLAS when d·L² ≤ 2^53 (partial sums are
+# integers below 2^53, hence exact). For L < 2^62 (e.g. the ~43-bit published 593) we screen all pairs in float64
+# and recheck every pair that could matter exactly with 21-bit limbs in int64; larger coordinates are refused.
 LIMB, MASK = 21, (1 << 21) - 1
+BYTES_PER_PAIR = 80  # peak memory per (point, point) pair of the worst case (a tight cluster: every pair rechecked in limbs)
 
 
-def parse_points(obj, dim):
-    """JSON-ish object -> list of int tuples. Raises ValueError naming the first bad vector."""
-    obj = obj.get("points") if isinstance(obj, dict) else obj.tolist() if isinstance(obj, np.ndarray) else obj
+def parse_points(obj, dim, max_points=None):
+    """JSON-ish object -> list of int tuples. Raises ValueError naming the first bad vector, or the count when it
+    exceeds max_points (checked first: the pair check's memory grows with the square of the count)."""
+    obj = obj.get("points") if isinstance(obj, dict) else obj
+    if max_points is not None and (isinstance(obj, (list, tuple)) or getattr(obj, "ndim", 0)) and len(obj) > max_points:
+        raise ValueError(f"{len(obj)} vectors; checking more than {max_points} needs more than --mem-mb allows (raise it)")
+    obj = obj.tolist() if isinstance(obj, np.ndarray) else obj
     if not isinstance(obj, (list, tuple)) or not obj:
         raise ValueError("expected a non-empty list of vectors (or {\"points\": [...]})")
     pts = [tuple(v) if isinstance(v, (list, tuple)) else () for v in obj]
@@ -66,13 +72,6 @@ def _limb_sq_dists(X, I, J):
     return c
 
 
-def _stats_python(P):  # reference path: Python ints over all pairs, any coordinate size
-    M = max(sum(c * c for c in p) for p in P)
-    D = [(sum((a - b) * (a - b) for a, b in zip(P[i], P[j])), (i, j)) for i, j in itertools.combinations(range(len(P)), 2)]
-    best, pair = min(D, key=lambda t: t[0])  # min keeps the first of equal keys: (i, j) order
-    return M, best, pair, sum(s < M for s, _ in D), sum(s == M for s, _ in D)
-
-
 def _stats_numpy(P, path):
     n, d = len(P), len(P[0])
     X, Xf = np.array(P, dtype=np.int64), np.array(P, dtype=np.float64)  # (n, d)
@@ -93,7 +92,7 @@ def _stats_numpy(P, path):
     up, tol = np.triu(np.ones((n, n), bool), 1), 8 * (d + 8) * 2.0 ** -53 * float(M) + 1.0
     near = up & (np.abs(Df - float(M)) <= tol)
     I, J = np.nonzero(near | (up & (Df <= Df[up].min() + 2 * tol)))  # row-major: i < j order
-    c = _limb_sq_dists(X, I, J)  # (P, 5)
+    c = np.concatenate([_limb_sq_dists(X, I[k:k + 2 ** 16], J[k:k + 2 ** 16]) for k in range(0, len(I), 2 ** 16)])  # (P, 5)
     m = np.array([(M >> (LIMB * k)) & MASK for k in range(4)] + [M >> (4 * LIMB)], dtype=np.int64)
     sign = np.zeros(len(I), dtype=np.int64)
     for k in range(4, -1, -1):  # lexicographic compare, most significant digit first
@@ -104,21 +103,21 @@ def _stats_numpy(P, path):
     return M, best, (int(I[k]), int(J[k])), viol, int(((sign == 0) & near).sum())
 
 
-def verify(points, dim=11, path="auto"):
-    """Exact check. Returns the metrics dict; bad input gives valid=False and the reason, never an exception."""
+def verify(points, dim=11, path="auto", mem_mb=2048):
+    """Exact check. Returns the metrics dict; bad input gives valid=False and the reason, never an exception.
+    More than isqrt(mem_mb MiB / BYTES_PER_PAIR) points are refused before any pair is looked at."""
     out = dict(num_points=len(points) if isinstance(points, (list, tuple, np.ndarray)) else 0, dimension=dim, valid=False, path=None,
                **dict.fromkeys(["max_sq_norm", "min_sq_dist", "closest_pair", "margin", "num_violations", "contacts"]))
     try:
-        P = parse_points(points, dim)
+        P = parse_points(points, dim, math.isqrt((mem_mb << 20) // BYTES_PER_PAIR))
     except ValueError as e:
         return dict(out, message=f"invalid input: {e}")
     L = max(max(map(abs, p)) for p in P)
-    exact = {"int64": 4 * dim * L * L < 2 ** 63, "limb": L < 2 ** 62, "python": True}
-    path = next(p for p in exact if exact[p]) if path == "auto" else path
+    exact = {"int64": 4 * dim * L * L < 2 ** 63, "limb": L < 2 ** 62}
+    path = next((p for p in exact if exact[p]), "limb") if path == "auto" else path
     if not exact[path]:
-        return dict(out, message=f"invalid input: path {path} is not exact for coordinates up to {L}")
-    M, best, pair, viol, contacts = ((sum(c * c for c in P[0]), None, None, 0, 0) if len(P) == 1 else
-                                     _stats_python(P) if path == "python" else _stats_numpy(P, path))
+        return dict(out, message=f"invalid input: path {path} is not exact for coordinates up to {L} (limb: < 2^62)")
+    M, best, pair, viol, contacts = (sum(c * c for c in P[0]), None, None, 0, 0) if len(P) == 1 else _stats_numpy(P, path)
     valid = best is None or best >= M
     out.update(num_points=len(P), valid=valid, max_sq_norm=M, min_sq_dist=best, closest_pair=pair and list(pair),
                margin=None if best is None else best - M, num_violations=viol, contacts=contacts, path=path)
@@ -135,36 +134,49 @@ def write_json(path, obj):  # atomic: readers never see a half-written file
 
 
 # ----------------------------------------------------------------------------- sandboxed evaluator
-# The child runs `python -I -c RUNNER fd program.py`: an audit hook blocks process creation, sockets, ctypes
-# calls, gc introspection and file access outside the working directory (imports may read the Python
-# installation); then the program runs and json(points) goes to the dedicated channel `fd`.
+# Two layers. OS: bubblewrap (bwrap_cmd) when it works here: own user, PID and network namespaces (the child is PID 1,
+# so whatever it starts dies with it), the host read-only with a private size-capped /tmp as working directory and
+# /root, /home, /run hidden, no capabilities, a seccomp filter against new processes (RLIMIT_NPROC spares root).
+# In-process (RUNNER): rlimits, then an audit hook against processes, sockets, ctypes, rlimit changes and file access
+# outside the working directory; json(points) goes to the channel `fd`. Without bwrap only this layer runs, loudly.
 RUNNER = r'''
-import sys, os, json, runpy, importlib.util
+import sys, os, json, runpy, resource, importlib.util
 if importlib.util.find_spec("numpy"):
     import numpy  # loads ctypes before the hook exists; programs then find it in sys.modules
 out, prog, root = os.fdopen(int(sys.argv[1]), "w"), sys.argv[2], os.path.realpath(os.getcwd())
+for lim, val in zip(("AS", "CPU", "FSIZE", "CORE", "NPROC"), sys.argv[3:]):
+    resource.setrlimit(getattr(resource, "RLIMIT_" + lim), (int(val), int(val)))
 ro = tuple({os.path.realpath(p) for p in [sys.prefix, sys.base_prefix, sys.exec_prefix] + sys.path if p})
 BLOCK = ("os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "subprocess.", "pty.", "socket.",
          "ctypes.", "os.kill", "os.chdir", "os.fchdir", "os.chroot", "os.putenv", "os.unsetenv", "os.symlink", "os.link",
-         "gc.get_", "sys.setprofile", "sys.settrace", "setopencode", "urllib.", "http.", "ftplib.", "smtplib.", "webbrowser.")
+         "gc.get_", "resource.", "sys.setprofile", "sys.settrace", "setopencode", "code.__new__", "urllib.", "http.",
+         "ftplib.", "smtplib.", "webbrowser.")
 PATHS = ("os.listdir", "os.scandir", "os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.chmod", "os.chown",
          "os.utime", "os.truncate", "shutil.", "glob.glob")
-def hook(event, args, BLOCK=BLOCK, PATHS=PATHS, root=root, ro=ro, cwd=os.getcwd, fsdecode=os.fsdecode, any=any,
-         isinstance=isinstance, repr=repr, PermissionError=PermissionError):  # defaults: immune to monkeypatching
+DIRFD = {"os.mkdir": 2, "os.remove": 1, "os.rmdir": 1, "os.rename": 2, "os.chmod": 2, "os.chown": 3, "os.utime": 3,
+         "shutil.rmtree": 1}  # event -> index of its dir_fd argument(s)
+def hook(event, args, BLOCK=BLOCK, PATHS=PATHS, DIRFD=DIRFD, root=root, ro=ro, cwd=os.getcwd, fsdecode=os.fsdecode,
+         any=any, isinstance=isinstance, int=int, repr=repr, PermissionError=PermissionError):  # defaults: immune to monkeypatching
     if event.startswith(BLOCK):
         raise PermissionError("sandbox: " + event + " is blocked")
     if event == "object.__setattr__" and args[1] in ("__code__", "__defaults__", "__kwdefaults__", "__globals__"):
         raise PermissionError("sandbox: setting " + args[1] + " is blocked")
     if event == "open" or event.startswith(PATHS):
-        path = args[0] if args and args[0] is not None and not isinstance(args[0], int) else "."
-        parts = []  # normalise without os.path (patchable) or symlink resolution (os.symlink is blocked)
-        for part in (fsdecode(path) if fsdecode(path).startswith("/") else cwd() + "/" + fsdecode(path)).split("/"):
-            parts = parts[:-1] if part == ".." else parts + [part] if part not in ("", ".") else parts
-        p = "/" + "/".join(parts)
         write = event != "open" or (args[2] or 0) & 0o3103 or any(ch in (args[1] or "r") for ch in "wax+")
         readonly = event in ("open", "os.listdir", "os.scandir", "glob.glob") and not write
-        if not any(p == r or p.startswith(r + "/") for r in ((root,) + ro if readonly else (root,))):
-            raise PermissionError("sandbox: " + event + "(" + repr(path) + ") outside the working directory is blocked")
+        # the kernel resolves a relative path against dir_fd, this check against cwd: writes through a descriptor
+        # (an fd as the path, a dir_fd, os.open of a relative path, whose dir_fd the event does not show) are refused
+        if not readonly and (isinstance(args[0], int) or any(a is not None for a in args[DIRFD.get(event, 9):]) or
+                             event == "open" and args[1] is None and not fsdecode(args[0]).startswith("/")):
+            raise PermissionError("sandbox: " + event + " through a file descriptor (fd, dir_fd, relative os.open) is blocked")
+        for path in args[:2 if event == "os.rename" or event.startswith("shutil.") else 1]:  # rename/copy: both ends
+            path = "." if path is None or isinstance(path, int) else path
+            parts = []  # normalise without os.path (patchable) or symlink resolution (os.symlink is blocked)
+            for part in (fsdecode(path) if fsdecode(path).startswith("/") else cwd() + "/" + fsdecode(path)).split("/"):
+                parts = parts[:-1] if part == ".." else parts + [part] if part not in ("", ".") else parts
+            p = "/" + "/".join(parts)
+            if not any(p == r or p.startswith(r + "/") for r in ((root,) + ro if readonly else (root,))):
+                raise PermissionError("sandbox: " + event + "(" + repr(path) + ") outside the working directory is blocked")
 sys.addaudithook(hook)
 ns = runpy.run_path(prog, run_name="__main__")
 pts = ns.get("points", ns.get("get_points"))
@@ -174,29 +186,56 @@ pts = pts.tolist() if hasattr(pts, "tolist") else [v.tolist() if hasattr(v, "tol
 out.write(json.dumps(pts, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
 out.close()
 '''
+SYSCALLS = {"x86_64": (0xC000003E, 56, 57, 58), "aarch64": (0xC00000B7, 220, -1, -1)}  # AUDIT_ARCH, clone, fork, vfork
 
 
-def evaluate_program(source, dim=11, timeout=30.0, mem_mb=2048, fsize_mb=64, keep_points=False):
-    """Run untrusted program text in a sandboxed child, verify its points here; never raises. The sandbox:
-    `python -I` in a fresh temp dir, scrubbed env, own session, rlimits (address space, CPU, file size,
-    core, process count; root ignores RLIMIT_NPROC), wall-clock kill of the process group, and RUNNER's
-    audit hook. NOT isolation against adversarial code: no seccomp, no namespaces (network included), the
-    hook is in-process and best-effort, reads of the Python installation are allowed."""
-    t0, res = time.time(), {"validity": 0.0, "score": 0, "reason": "", "stdout_tail": "", "stderr_tail": ""}
+def seccomp_filter():
+    """BPF for `bwrap --seccomp`: fork, vfork, clone without CLONE_THREAD -> EPERM; clone3 -> ENOSYS (libc then makes
+    threads with clone); another ABI is killed. KeyError on other CPUs."""
+    arch, clone, fork, vfork = (n % 2 ** 32 for n in SYSCALLS[platform.machine()])  # aarch64: no fork, vfork
+    ALLOW, EPERM, ENOSYS = 0x7FFF0000, 0x50001, 0x50026
+    return b"".join(struct.pack("=HBBI", *ins) for ins in [  # (opcode, jump if true, jump if false, operand)
+        (0x20, 0, 0, 4), (0x15, 1, 0, arch), (0x06, 0, 0, 0x80000000),  # load arch; another ABI: kill
+        (0x20, 0, 0, 0), (0x35, 8, 0, 0x40000000), (0x15, 8, 0, 435),  # load nr; x32 ABI: EPERM; clone3: ENOSYS
+        (0x15, 6, 0, fork), (0x15, 5, 0, vfork), (0x15, 1, 0, clone), (0x06, 0, 0, ALLOW),  # fork, vfork: EPERM
+        (0x20, 0, 0, 16), (0x45, 0, 1, 0x10000), (0x06, 0, 0, ALLOW), (0x06, 0, 0, EPERM), (0x06, 0, 0, ENOSYS)])
 
-    def limits():  # runs in the child between fork and exec
-        for lim, val in ((resource.RLIMIT_AS, mem_mb << 20), (resource.RLIMIT_CPU, int(timeout) + 2),
-                         (resource.RLIMIT_FSIZE, fsize_mb << 20), (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, 0)):
-            resource.setrlimit(lim, (val, val))
+
+def bwrap_cmd(program, fsize, bpf_fd):
+    """The OS layer's command prefix: /tmp/program.py is `program`, the seccomp filter is read from bpf_fd."""
+    hidden = sorted({d for d in ("/root", "/home", "/run", "/var/tmp", os.path.expanduser("~")) if d != "/" and os.path.isdir(d)})
+    python = {os.path.realpath(p) for p in [sys.prefix, sys.base_prefix, sys.exec_prefix] + sys.path if os.path.isabs(p)}
+    rebind = sorted(p for p in python if os.path.exists(p) and any(p == h or p.startswith(h + "/") for h in hidden + ["/tmp"]))
+    return [shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+            "--new-session", "--as-pid-1", "--cap-drop", "ALL", "--seccomp", str(bpf_fd), "--ro-bind", "/", "/", "--dev",
+            "/dev", "--remount-ro", "/dev", "--proc", "/proc", "--size", str(fsize), "--tmpfs", "/tmp", "--ro-bind",
+            program, "/tmp/program.py", *[a for h in hidden for a in ("--tmpfs", h)],
+            *[a for p in rebind for a in ("--ro-bind", p, p)], *[a for h in hidden for a in ("--remount-ro", h)], "--chdir", "/tmp"]
+
+
+def evaluate_program(source, dim=11, timeout=30.0, mem_mb=2048, fsize_mb=64, keep_points=False, sandbox="auto"):
+    """Run untrusted program text in a sandbox (the layers above; `python -I`, a scrubbed environment, a wall-clock kill),
+    verify its points here within the same mem_mb; never raises. sandbox: auto (bwrap if here, else loudly none) | bwrap | none."""
+    isolated = sandbox != "none" and bool(shutil.which("bwrap")) and platform.machine() in SYSCALLS
+    if sandbox == "auto" and not isolated:  # a warning is shown once per process
+        warnings.warn("no bwrap here, so untrusted programs get rlimits and an audit hook only, which hostile code can "
+                      "escape: apt-get install bubblewrap, or refuse with --sandbox bwrap", RuntimeWarning, stacklevel=2)
+    t0, res = time.time(), {"validity": 0.0, "score": 0, "reason": "", "stdout_tail": "", "stderr_tail": "",
+                            "sandbox": "bwrap" if isolated else "none"}
+    if sandbox == "bwrap" and not isolated:
+        return dict(res, reason="could not start the sandbox: bwrap is not installed (or no seccomp filter for this CPU)")
+    limits = (mem_mb << 20, int(timeout) + 2, fsize_mb << 20, 0, 0)  # RUNNER: AS, CPU, FSIZE, CORE, NPROC
     with tempfile.TemporaryDirectory(prefix="kissing_eval_") as work, tempfile.TemporaryFile() as chan, \
-            tempfile.TemporaryFile() as so, tempfile.TemporaryFile() as se:
-        with open(os.path.join(work, "program.py"), "w") as f:
+            tempfile.TemporaryFile() as so, tempfile.TemporaryFile() as se, tempfile.TemporaryFile() as bpf:
+        with open(os.path.join(work, "program.py"), "w", encoding="utf-8", errors="replace") as f:
             f.write(source)
+        bpf.write(seccomp_filter() if isolated else b""), bpf.seek(0)
         env = {"PATH": "/usr/bin:/bin", "HOME": work, "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
         try:  # the points come back on `chan`, an anonymous file passed as an fd: the dedicated channel
-            proc = subprocess.Popen([sys.executable, "-I", "-c", RUNNER, str(chan.fileno()), "program.py"], cwd=work,
-                                    env=env, stdin=subprocess.DEVNULL, stdout=so, stderr=se, pass_fds=(chan.fileno(),),
-                                    start_new_session=True, preexec_fn=limits)
+            proc = subprocess.Popen((bwrap_cmd(f.name, fsize_mb << 20, bpf.fileno()) if isolated else []) + [
+                sys.executable, "-I", "-c", RUNNER, str(chan.fileno()), "program.py", *map(str, limits)], cwd=work,
+                env=env, stdin=subprocess.DEVNULL, stdout=so, stderr=se, pass_fds=(chan.fileno(), bpf.fileno()),
+                start_new_session=True)
         except OSError as err:
             return dict(res, reason=f"could not start the sandbox: {err}")
         try:
@@ -204,7 +243,7 @@ def evaluate_program(source, dim=11, timeout=30.0, mem_mb=2048, fsize_mb=64, kee
         except subprocess.TimeoutExpired:
             res["reason"] = f"timeout after {timeout:g} s"
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)  # the child and anything it managed to start
+            os.killpg(proc.pid, signal.SIGKILL)  # bwrap (its child, PID 1 inside, then takes everything down) or the child
         proc.wait()
         for key, f in (("stdout_tail", so), ("stderr_tail", se)):
             f.seek(max(0, f.seek(0, 2) - 2000))
@@ -214,51 +253,39 @@ def evaluate_program(source, dim=11, timeout=30.0, mem_mb=2048, fsize_mb=64, kee
     res.update(returncode=proc.returncode, time_s=round(time.time() - t0, 3))
     if not res["reason"] and proc.returncode != 0:
         rc, last = proc.returncode, (res["stderr_tail"].strip().splitlines() or [""])[-1][:300]
-        why = {-signal.SIGXCPU: ", CPU time limit", -signal.SIGKILL: ", killed", -signal.SIGXFSZ: ", file size limit"}
-        res["reason"] = f"program failed (exit {rc}{why.get(rc, '')}): {last}"
+        why = {signal.SIGXCPU: ", CPU time limit", signal.SIGKILL: ", killed", signal.SIGXFSZ: ", file size limit"}
+        res["reason"] = (f"could not start the sandbox: {last} (--sandbox none runs without it)" if last.startswith("bwrap:")
+                         else f"program failed (exit {rc}{why.get(-rc if rc < 0 else rc - 128, '')}): {last}")  # bwrap: 128 + N
     try:
         pts = None if res["reason"] else json.loads(raw)
     except (ValueError, RecursionError) as e:
         res["reason"] = f"malformed output: {str(e)[:200]}"
     if res["reason"]:
         return res
-    m = verify(pts, dim)
+    m = verify(pts, dim, mem_mb=mem_mb)
     res.update(m, validity=float(m["valid"]), score=m["num_points"] if m["valid"] else 0,
                reason="" if m["valid"] else m["message"], **({"points": pts} if keep_points and m["valid"] else {}))
     return res
 
 
 # ----------------------------------------------------------------------------- non-LLM constructions
-def construct_roots(dim):
-    """The D_d root system: all ±e_i ± e_j (2·d·(d−1) vectors, norm² 2, min distance² 2): 220 in 11-D."""
-    return [tuple(s if k == i else t if k == j else 0 for k in range(dim))
-            for i, j in itertools.combinations(range(dim), 2) for s in (1, -1) for t in (1, -1)]
-
-
 def weight4_code(n, seed=0, max_steps=1_000_000, restart=30_000):
-    """4-subsets of range(n) pairwise meeting in ≤ 2 points (constant-weight code, weight 4, distance 4: no
-    triple covered twice) by swap local search: add a random block clashing with ≤ 1 block (evicting it),
-    restart every `restart` steps. Finds the optima 14, 18, 30, 35, 51 for n = 8..12 (n = 11: < 0.2 s)."""
-    rng = random.Random(seed)
-    # Johnson bound A(n,4,4) ≤ ⌊n/4 ⌊(n−1)/3 ⌊(n−2)/2⌋⌋⌋, or the known optimum where it is lower (n ≤ 12)
-    bound = {12: 51}.get(n, n * ((n - 1) * ((n - 2) // 2) // 3) // 4)
-    blocks = list(itertools.combinations(range(n), 4))
-    owner, chosen, best = {}, set(), []  # owner: covered triple -> its block
-    for step in range(max_steps):
+    """4-subsets of range(n) pairwise meeting in ≤ 2 points (constant-weight code, weight 4, distance 4: no triple
+    covered twice) by swap local search: add a random block clashing with ≤ 1 block (evicting it), restart every
+    `restart` steps. Finds the optima 14, 18, 30, 35, 51 for n = 8..12 (n = 11: < 0.2 s)."""
+    rng, blocks, best = random.Random(seed), list(itertools.combinations(range(n), 4)), []
+    bound = {12: 51}.get(n, n * ((n - 1) * ((n - 2) // 2) // 3) // 4)  # Johnson bound A(n,4,4), or the optimum (n = 12)
+    for step in range(max_steps if blocks else 0):
         if step % restart == 0:  # a stuck run rarely recovers: restart from empty
-            owner, chosen = {}, set()
+            owner = {}  # covered triple -> its block; the code is set(owner.values())
         b = rng.choice(blocks)
         clash = {owner[t] for t in itertools.combinations(b, 3) if t in owner}
         if b in clash or len(clash) > 1:
             continue
-        for c in clash:  # evict the (at most one) clashing block
-            chosen.discard(c)
-            for t in itertools.combinations(c, 3):
-                del owner[t]
-        chosen.add(b)
+        owner = {t: o for t, o in owner.items() if o not in clash}  # evict the (at most one) clashing block
         owner.update((t, b) for t in itertools.combinations(b, 3))
-        if len(chosen) > len(best):
-            best = sorted(chosen)
+        if len(set(owner.values())) > len(best):
+            best = sorted(set(owner.values()))
             if len(best) >= bound:
                 break
     return best
@@ -273,22 +300,30 @@ def construct_code(dim, seed=0):
         for block in weight4_code(dim, seed) for signs in itertools.product((1, -1), repeat=4)]
 
 
-def shell_vectors(dim, norm):
-    """All integer vectors of squared norm `norm` in Z^dim."""
-    if dim == 0:
-        return [()] if norm == 0 else []
-    r = math.isqrt(norm)
-    return [(c,) + rest for c in range(-r, r + 1) for rest in shell_vectors(dim - 1, norm - c * c)]
+def shell_vectors(dim, norm, cap=20000):
+    """The vectors of squared norm `norm` in Z^dim, lexicographic, depth first without recursion. ValueError past `cap`
+    vectors or 20·cap search steps (a huge or a sparse shell): the cost follows the cap, not the shell."""
+    out, stack, steps = [], [((), norm)], 0  # stack: (prefix, squared norm left for the other coordinates)
+    while stack and len(out) <= cap and steps <= 20 * cap and norm < 2 ** 53:  # 2^53: the float64 clash test is exact
+        prefix, m = stack.pop()
+        r = math.isqrt(m)
+        if len(prefix) == dim - 1:  # last coordinate: ±r if m is a square
+            out += [prefix + (c,) for c in ((-r, r) if r else (0,)) if c * c == m]
+        elif (steps := steps + 2 * r + 1) <= 20 * cap:
+            stack += [(prefix + (c,), m - c * c) for c in range(r, -r - 1, -1)]  # popped from -r up
+    if len(out) > cap or steps > 20 * cap or norm >= 2 ** 53:
+        raise ValueError(f"the shell of squared norm {norm} in {dim} dimensions is too large to list (over {cap} vectors, "
+                         f"{20 * cap} search steps or 2^53); pick a smaller --norm")
+    return out
 
 
 def construct_shell_search(dim, norm=4, seconds=10.0, seed=0, p_force=0.05, tabu_len=1000):
     """Max independent set on one norm shell (x, y clash iff ‖x−y‖² < norm ⇔ 2·x·y > norm): add a random
     non-member clashing with ≤ 1 member (evicting it), or with 2 with probability p_force; evicted vectors
     are tabu for tabu_len steps. `seconds` is CPU time; 11-D norm 4 (5302 vectors), 10 s: 550–582 by seed."""
-    V = np.array(shell_vectors(dim, norm), dtype=np.int64)  # (m, dim)
-    if len(V) > 20000:
-        raise ValueError(f"the shell of norm {norm} has {len(V)} vectors (> 20000); pick a smaller --norm")
-    adj = (V @ V.T) * 2 > norm  # (m, m) clash matrix (the diagonal never matters: members are skipped)
+    V = np.array(shell_vectors(dim, norm), dtype=np.int64)  # (m, dim), m ≤ 20000
+    Vf = V.astype(np.float64)  # exact: |x·y| ≤ norm < 2^53; row blocks keep the temporaries at (1024, m)
+    adj = np.concatenate([2 * (Vf[i:i + 1024] @ Vf.T) > norm for i in range(0, len(V), 1024)])  # (m, m) clash matrix
     rng = np.random.default_rng(seed)
     member, tabu = np.zeros(len(V), bool), np.zeros(len(V), np.int64)
     best, t0, step = member.copy(), time.process_time(), 0
@@ -304,34 +339,6 @@ def construct_shell_search(dim, norm=4, seconds=10.0, seed=0, p_force=0.05, tabu
             if len(clash) == 0 and member.sum() > best.sum():
                 best = member.copy()
     return [tuple(int(c) for c in v) for v in V[best]]
-
-
-def construct_optimize(dim, seconds=20.0, seed=0, add=8, margin=0.01, scale=10 ** 6):
-    """Grow a spherical code by projected gradient descent on a hinge penalty for pairs closer than 60°:
-    when feasible, keep it and add the random candidates farthest from it; when stuck, drop the worst point.
-    Then scale, round to integers and check exactly (dropping a point of the closest pair until valid)."""
-    rng = np.random.default_rng(seed)
-    unit = lambda A: A / np.linalg.norm(A, axis=1, keepdims=True)
-    U, best, t0 = unit(rng.standard_normal((2 * dim * dim, dim))), None, time.time()  # (n, dim) on the sphere
-    while time.time() - t0 < seconds or best is None:
-        for step in range(300):
-            C = U @ U.T - 2 * np.eye(len(U))  # (n, n) cosines, diagonal pushed out of the way
-            if C.max() < 0.5 - margin / 2:
-                break
-            U = unit(U - 0.1 * np.maximum(C - 0.5 + margin, 0.0) @ U)  # push apart the clashing pairs
-        if C.max() < 0.5 - margin / 2:
-            best = U.copy()
-        else:
-            U = np.delete(U, C.max(1).argmax(), axis=0)
-            if best is None or len(U) > len(best):
-                continue
-            U, add = best.copy(), max(1, add // 2)  # back to the last feasible set, grow more slowly
-        cand = unit(rng.standard_normal((2000, dim)))
-        U = np.vstack([U, cand[np.argsort((cand @ U.T).max(1))[:add]]])
-    pts = [tuple(int(c) for c in row) for row in np.rint(best * scale).astype(np.int64)]
-    while not (m := verify(pts, dim))["valid"]:
-        pts.pop(m["closest_pair"][1])
-    return pts
 
 
 # ----------------------------------------------------------------------------- LLM search
@@ -368,8 +375,7 @@ def extract_program(text, parent=None):
 
 def openai_chat(base_url, model, messages, temperature, max_tokens, seed, timeout=600, retries=3):
     """Stdlib client for POST {base_url}/chat/completions. Returns (text, prompt_tokens, completion_tokens)."""
-    body = json.dumps({"model": model, "messages": messages, "temperature": temperature,
-                       "max_tokens": max_tokens, "seed": seed}).encode()
+    body = json.dumps(dict(model=model, messages=messages, temperature=temperature, max_tokens=max_tokens, seed=seed)).encode()
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', 'none')}"}
     for attempt in range(retries):  # a garbage reply is retried, then logged as the response
         try:
@@ -388,13 +394,10 @@ def make_backend(args):
     """Returns chat(messages, seed) -> (text, prompt_tokens, completion_tokens)."""
     kind, _, target = args.llm.partition(":")
     if kind == "openai":
-        url = target or os.environ.get("OPENAI_BASE_URL", "")
-        model = args.model or os.environ.get("OPENAI_MODEL", "")
-        if not url or not model:
-            raise SystemExit("error: --llm openai:URL needs a base URL (or $OPENAI_BASE_URL) and --model (or $OPENAI_MODEL)")
+        url, model = target or os.environ.get("OPENAI_BASE_URL", ""), args.model or os.environ.get("OPENAI_MODEL", "")
+        check(url and model, "--llm openai:URL needs a base URL (or $OPENAI_BASE_URL) and --model (or $OPENAI_MODEL)")
         return lambda msgs, seed: openai_chat(url, model, msgs, args.temperature, args.max_tokens, seed)
-    if kind != "local" or not target:
-        raise SystemExit(f"error: --llm must be openai:URL or local:MODEL_PATH, got {args.llm!r}")
+    check(kind == "local" and target, f"--llm must be openai:URL or local:MODEL_PATH, got {args.llm!r}")
     import rollout  # lazily: pulls in torch / vLLM
     from transformers import AutoConfig, AutoTokenizer
     tok = AutoTokenizer.from_pretrained(target)
@@ -407,8 +410,7 @@ def make_backend(args):
         prompt = (tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) if tok.chat_template else
                   "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in msgs) + "Assistant:")
         ids = tok(prompt)["input_ids"][-(ctx - max_new - 16):]  # keep the tail if it does not fit
-        out = rollout.generate(llm, [tok.decode(ids)], n=1, temperature=args.temperature, max_tokens=max_new,
-                               seed=seed)[0][0]
+        out = rollout.generate(llm, [tok.decode(ids)], n=1, temperature=args.temperature, max_tokens=max_new, seed=seed)[0][0]
         return out["text"], len(out["prompt_token_ids"]), len(out["token_ids"])
     return chat
 
@@ -417,12 +419,10 @@ def search(args):
     log_path = os.path.join(args.out_dir, "conversation_log.json")
     log = {"task": f"kissing number, d={args.dim}", "args": vars(args), "entries": [], "best": {"iter": None, "score": 0}}
     if os.path.exists(log_path):
-        if not args.resume:
-            raise SystemExit(f"error: {log_path} exists: pass --resume to continue it or choose another --out-dir")
+        check(args.resume, f"{log_path} exists: pass --resume to continue it or choose another --out-dir")
         with open(log_path) as f:
             log = json.load(f)
-        if log["args"]["mode"] != args.mode:
-            raise SystemExit(f"error: the log in {args.out_dir} was made with --mode {log['args']['mode']}")
+        check(log["args"]["mode"] == args.mode, f"the log in {args.out_dir} was made with --mode {log['args']['mode']}")
     os.makedirs(args.out_dir, exist_ok=True)
     chat, base = make_backend(args), prompt("base", dim=args.dim)
     islands = [[(0, STARTER.format(dim=args.dim))] for _ in range(args.islands)]  # evolve: (score, program)
@@ -451,12 +451,11 @@ def search(args):
         # --- generate -> evaluate (our verifier, never the program's own claims)
         t0, (response, ptok, ctok) = time.time(), chat(msgs, seed)
         program = extract_program(response, parent[1] if parent else None)
-        metrics = evaluate_program(program, args.dim, args.timeout, args.mem_mb, keep_points=True)
+        metrics = evaluate_program(program, args.dim, args.timeout, args.mem_mb, keep_points=True, sandbox=args.sandbox)
         points = metrics.pop("points", None)  # kept out of the log; best_points.json holds the best
-        log["entries"].append({"iter": it, "mode": args.mode, "seed": seed, "island": island, "messages": msgs,
-                               "response": response, "program": program, "metrics": metrics,
-                               "feedback": feedback(metrics), "prompt_tokens": ptok, "completion_tokens": ctok,
-                               "time_s": round(time.time() - t0, 3)})
+        log["entries"].append({"iter": it, "mode": args.mode, "seed": seed, "island": island, "messages": msgs, "response": response,
+                               "program": program, "metrics": metrics, "feedback": feedback(metrics), "prompt_tokens": ptok,
+                               "completion_tokens": ctok, "time_s": round(time.time() - t0, 3)})
         if island is not None:
             add(island, metrics["score"], program)
         if metrics["score"] > log["best"]["score"]:
@@ -473,71 +472,77 @@ def search(args):
 
 # ----------------------------------------------------------------------------- CLI
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = Parser(description=__doc__.split("\n")[0])
     dim = argparse.ArgumentParser(add_help=False)
-    dim.add_argument("--dim", type=int, default=11, help="dimension d of the vectors")
+    dim.add_argument("--dim", type=positive_int, default=11, help="dimension d of the vectors")
     sub = p.add_subparsers(dest="cmd", required=True)
-    v = sub.add_parser("verify", parents=[dim], help="exact check of a JSON / .npy configuration")
+    v = sub.add_parser("verify", parents=[dim], help="exact check of a JSON / .npy configuration (exit 1 if invalid)")
     v.add_argument("file", help="JSON list of vectors, {\"points\": [...]}, or .npy integer array")
-    v.add_argument("--path", default="auto", choices=["auto", "int64", "limb", "python"], help="force an exact path")
     e = sub.add_parser("evaluate", parents=[dim], help="run an untrusted program in the sandbox, verify its `points`")
-    e.add_argument("program", help="Python file defining `points` (or get_points())")
+    e.add_argument("program", type=existing_file, help="Python file defining `points` (or get_points())")
     c = sub.add_parser("construct", parents=[dim], help="non-LLM baselines that write a verified configuration")
-    c.add_argument("--method", default="code", choices=["d11", "code", "shell-search", "optimize"],
-                   help="d11: D_d roots (220); code: ±2e_i + signs on a weight-4 code (582); shell-search: local "
-                        "search on one norm shell; optimize: sphere descent + rounding")
+    c.add_argument("--method", default="code", choices=["code", "shell-search"], help="code: 582 in 11-D; shell-search")
     c.add_argument("--out", default=None, help="write the points here (JSON)")
-    c.add_argument("--norm", type=int, default=4, help="shell-search: squared norm of the shell")
-    c.add_argument("--seconds", type=float, default=10.0, help="shell-search (CPU) / optimize (wall) time budget (s)")
+    c.add_argument("--norm", type=positive_int, default=4, help="shell-search: squared norm of the shell")
+    c.add_argument("--seconds", type=positive_float, default=10.0, help="shell-search: CPU time budget (s)")
     s = sub.add_parser("search", parents=[dim], help="LLM-driven search (seed §7.4): refine, best-of-n or evolve")
     # --- model
     s.add_argument("--llm", required=True, help="openai:BASE_URL (key in $OPENAI_API_KEY) or local:MODEL_PATH")
     s.add_argument("--model", default=None, help="model name for openai: (default $OPENAI_MODEL)")
     s.add_argument("--engine", default="vllm", choices=["vllm", "hf"], help="local: rollout.py engine")
     s.add_argument("--device", default="cpu", help="local: engine device (cpu, cuda, cuda:N)")
-    s.add_argument("--max-model-len", type=int, default=8192, help="local: context length (capped by the model)")
+    s.add_argument("--max-model-len", type=positive_int, default=8192, help="local: context length (capped by the model)")
     s.add_argument("--eager", action="store_true", help="local vllm: skip torch.compile (fast start, slower decode)")
     # --- sampling
-    s.add_argument("--temperature", type=float, default=0.8, help="sampling temperature")
-    s.add_argument("--max-tokens", type=int, default=4096, help="max new tokens per response")
+    s.add_argument("--temperature", type=nonneg_float, default=0.8, help="sampling temperature")
+    s.add_argument("--max-tokens", type=positive_int, default=4096, help="max new tokens per response")
     # --- loop
     s.add_argument("--mode", default="refine", choices=["refine", "best-of-n", "evolve"],
                    help="refine: one conversation fed the exact error; best-of-n: independent samples, the verifier "
                         "picks; evolve: island program database, best + diverse parents, full or diff edits")
-    s.add_argument("--iters", type=int, default=20, help="total LLM calls (including resumed ones)")
-    s.add_argument("--history", type=int, default=4, help="refine: recent exchanges kept in the prompt (at least 1)")
-    s.add_argument("--islands", type=int, default=3, help="evolve: number of islands")
-    s.add_argument("--island-size", type=int, default=8, help="evolve: programs kept per island")
-    s.add_argument("--max-program-chars", type=int, default=6000, help="evolve: program text shown per parent")
+    s.add_argument("--iters", type=positive_int, default=20, help="total LLM calls (including resumed ones)")
+    s.add_argument("--history", type=positive_int, default=4, help="refine: recent exchanges kept in the prompt")
+    s.add_argument("--islands", type=positive_int, default=3, help="evolve: number of islands")
+    s.add_argument("--island-size", type=positive_int, default=8, help="evolve: programs kept per island")
+    s.add_argument("--max-program-chars", type=positive_int, default=6000, help="evolve: program text shown per parent")
     s.add_argument("--out-dir", default="runs/kissing", help="conversation_log.json, program.py, best_points.json")
     s.add_argument("--resume", action="store_true", help="continue the log in --out-dir")
     for q in (c, s):
         q.add_argument("--seed", type=int, default=0, help="seed (search: call i samples with seed*1000003 + i)")
-    for q in (e, s):  # --- sandbox
-        q.add_argument("--timeout", type=float, default=30.0, help="sandbox wall-clock limit per program (s)")
-        q.add_argument("--mem-mb", type=int, default=2048, help="sandbox address-space limit (MiB)")
+    for q in (v, e, s):  # --- sandbox and verifier limits
+        q.add_argument("--mem-mb", type=positive_int, default=2048, help="memory limit (MiB), sandbox and verifier")
+    for q in (e, s):
+        q.add_argument("--timeout", type=positive_float, default=30.0, help="sandbox wall-clock limit per program (s)")
+        q.add_argument("--sandbox", default="auto", choices=["auto", "bwrap", "none"], help="auto: bubblewrap if installed, "
+                       "else warn and use the audit hook alone; bwrap: refuse to run without it")
     args = p.parse_args(argv)
 
     if args.cmd == "verify":
         try:
             with open(args.file, "rb") as f:
-                m = verify(np.load(f, allow_pickle=False) if args.file.endswith(".npy") else json.load(f), args.dim, args.path)
-        except (OSError, ValueError) as err:
-            raise SystemExit(f"error: cannot read {args.file}: {err}")
+                pts = np.load(f, allow_pickle=False) if args.file.endswith(".npy") else json.load(f)
+            m = verify(pts, args.dim, mem_mb=args.mem_mb)
+        except (OSError, ValueError, RecursionError) as err:  # RecursionError: absurdly nested JSON
+            fail(f"cannot read {args.file}: {str(err)[:300]}")
     elif args.cmd == "evaluate":
-        with open(args.program) as f:
-            m = evaluate_program(f.read(), args.dim, args.timeout, args.mem_mb)
+        with open(args.program, encoding="utf-8", errors="replace") as f:  # existing_file checked it
+            m = evaluate_program(f.read(), args.dim, args.timeout, args.mem_mb, sandbox=args.sandbox)
     elif args.cmd == "construct":
         t0 = time.time()
-        pts = [list(x) for x in {"d11": lambda: construct_roots(args.dim), "code": lambda: construct_code(args.dim, args.seed),
-               "shell-search": lambda: construct_shell_search(args.dim, args.norm, args.seconds, args.seed),
-               "optimize": lambda: construct_optimize(args.dim, args.seconds, args.seed)}[args.method]()]
+        check(args.dim <= 32, "construct works up to --dim 32 (the code search keeps all dim^4 / 24 blocks)")
+        try:
+            pts = [list(x) for x in (construct_code(args.dim, args.seed) if args.method == "code" else
+                                     construct_shell_search(args.dim, args.norm, args.seconds, args.seed))]
+        except ValueError as err:
+            fail(str(err))
         m = dict(verify(pts, args.dim), method=args.method, construct_s=round(time.time() - t0, 3))
         if args.out:
             write_json(args.out, pts)
     else:
         m = search(args)
     print(json.dumps(m))
+    if args.cmd != "search" and not m.get("valid"):
+        sys.exit(1)  # an invalid set fails the command: `construct && verify` and scripts can rely on it
     return m
 
 

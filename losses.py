@@ -1,41 +1,36 @@
 """Tensor primitives for SFT and GRPO: tokenisation, log-probs, entropy, masked reductions, PG losses.
 
-Names and signatures follow the course handouts (seed 000 §4.2/§7.2, seed 001 §5.2) so their test
-suites can call them directly. Everything is a pure function of tensors (plus `model` / `tokenizer`
-where the seed signature demands one); shapes are in the comments, B = batch, T = sequence length,
-V = vocab, H = hidden size. Departures from / additions to the seeds, all opt-in by keyword:
-  * loss types "grpo_no_clip" (seed 001's GRPO-No-Clip) and "gspo" (sequence-level ratio, Zheng et al.
-    2025), asymmetric clipping `cliprange_high` (DAPO clip-higher; the low side stays 1 - cliprange);
-  * `length_norm` in grpo_microbatch_train_step: "masked_mean" (seed default, per sequence),
-    "masked_normalize" (Dr. GRPO, sum / constant), "token" (DAPO, mean over all tokens of the microbatch);
-  * k1/k2/k3 estimators of KL(pi || ref) for logging and as an optional penalty `kl_beta` (seed 003, Eq. 2);
-  * get_response_log_probs never builds a float32 (B, T, V) tensor: it runs the model body once and
-    applies lm_head + log-softmax in chunks of tokens, recomputing each chunk's logits in backward
-    (custom autograd function, exact gradients), and divides logits by `temperature` like vLLM does.
-Masked reductions use torch.where, so NaN/-inf at masked positions never leaks into sums or gradients.
+Names and signatures follow the handouts (seed 000 §4.2/§7.2, 001 §5.2, 002 §1.4), their keyword spellings
+included, so their test suites can call them. Pure functions of tensors (plus `model` / `tokenizer` where a seed
+signature has one); shapes: B = batch, T = sequence, V = vocab, H = hidden. Every fact about a loss lives
+here: LOSSES (one line per loss type) and RATIO_LOSSES (those needing pi_old). Beyond the seeds, opt-in by
+keyword: grpo_no_clip, gspo, DAPO's clip-higher and token-level normalisation, KL penalties and monitors, and
+rollout importance sampling (TIS / MIS). get_response_log_probs never builds a float32 (B, T, V) tensor (lm_head
++ log-softmax in chunks, recomputed in backward), scores at the sampling temperature with vLLM's min_tokens ban
+(the distribution vLLM sampled), and runs a shared prompt once for all its rows (prefix_len, KV cache reuse).
 """
-import torch
-import torch.utils.checkpoint
+import contextlib
 
-LOSS_TYPES = ("no_baseline", "reinforce_with_baseline", "grpo_clip", "grpo_no_clip", "gspo")
+import torch
+
 LENGTH_NORMS = ("masked_mean", "masked_normalize", "token")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+KL_ESTIMATORS = ("k1", "k2", "k3", "seq")  # "seq" = seed 004 Eq. 8 (monitoring only)
+ROLLOUT_IS = ("none", "tis", "mis")
+BANNED = -1e30  # logit of a banned token: exp() is 0 and 0 * BANNED is 0 (with -inf, entropy would be NaN)
 
 
 # ----------------------------------------------------------------------------- tokenisation
 def tokenize_prompt_and_output(prompt_strs, output_strs, tokenizer):
     """Tokenise prompts and outputs separately, concatenate, right-pad; returns (B, L-1) tensors
     input_ids (all but the last token), labels (all but the first) and a bool response_mask over labels."""
-    if len(prompt_strs) != len(output_strs):
-        raise ValueError(f"got {len(prompt_strs)} prompts but {len(output_strs)} outputs; pass one output per prompt")
+    _need(len(prompt_strs) == len(output_strs), f"got {len(prompt_strs)} prompts but {len(output_strs)} outputs; pass one output per prompt")
     # The prompt gets the tokenizer's usual special tokens (as vLLM does for prompts); the output gets none.
     prompt_ids = tokenizer(list(prompt_strs))["input_ids"]
     output_ids = tokenizer(list(output_strs), add_special_tokens=False)["input_ids"]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     seqs = [p + o for p, o in zip(prompt_ids, output_ids)]
-    L = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)  # (B, L)
-    mask = torch.zeros((len(seqs), L), dtype=torch.bool)  # (B, L), True on output tokens
+    ids = torch.full((len(seqs), max(map(len, seqs))), pad_id, dtype=torch.long)  # (B, L)
+    mask = torch.zeros(ids.shape, dtype=torch.bool)  # (B, L), True on output tokens
     for i, (p, o) in enumerate(zip(prompt_ids, output_ids)):
         ids[i, :len(p) + len(o)] = torch.tensor(p + o, dtype=torch.long)
         mask[i, len(p):len(p) + len(o)] = True
@@ -50,111 +45,143 @@ def compute_entropy(logits):
     return lse - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
 
 
-class _ChunkedHeadLogProbs(torch.autograd.Function):
-    """log p(label) and entropy of softmax((h @ W^T).float() / temperature), `chunk` tokens at a time.
+def _chunk_logits(h, w, temperature, ban, ban_ids, acc):
+    """(c, V) float logits / temperature of one chunk (h @ W^T, or h itself when W is None: the model's own
+    logits), banned ids set to BANNED on the rows where ban is True. Always a fresh tensor."""
+    z = h.to(acc, copy=True) if w is None else (h @ w.t()).to(acc)  # (c, V), the only big tensor
+    if temperature != 1.0:
+        z.div_(temperature)
+    if ban is not None and bool(ban.any()):
+        z[ban.nonzero().squeeze(-1)[:, None], ban_ids[None, :]] = BANNED
+    return z
 
-    Forward keeps only per-token scalars (lse, entropy); backward recomputes each chunk's logits, so
-    peak extra memory is O(chunk * V) instead of O(N * V). Gradients match autograd on the naive graph:
-    d logp_y / dz = onehot(y) - p,  dH / dz = -p * (log p + H), both divided by temperature.
-    """
+
+class _ChunkedLogProbs(torch.autograd.Function):
+    """log p(label) and entropy of softmax((h @ W^T).float() / temperature), `chunk` tokens at a time (W None:
+    h are logits). Forward keeps per-token scalars (lse, entropy); backward recomputes each chunk's logits: peak
+    extra memory O(chunk * V), not O(N * V). d logp_y / dz = onehot(y) - p, dH / dz = -p (log p + H), both
+    / temperature. W is cast to h's dtype (bf16 under autocast over fp32 master weights); its grad keeps W's."""
 
     @staticmethod
-    def forward(ctx, h, weight, labels, temperature, chunk, want_ent):  # h (N, H), weight (V, H), labels (N,)
+    def forward(ctx, h, weight, labels, temperature, chunk, want_ent, ban, ban_ids):  # h (N, H) or (N, V), W (V, H)
         ctx.set_materialize_grads(False)  # unused outputs give None grads, so backward skips their work
-        n, acc = h.shape[0], torch.promote_types(h.dtype, torch.float32)  # bf16 -> f32, f64 stays f64
+        n, acc = h.shape[0], torch.promote_types(h.dtype, torch.float32)
+        w = None if weight is None else weight.to(h.dtype)
         logp, ent, lse = (h.new_empty(n, dtype=acc) for _ in range(3))  # (N,) each
         for s in range(0, n, chunk):
-            z = (h[s:s + chunk] @ weight.t()).to(acc)  # (c, V) float32, the only big tensor
-            if temperature != 1.0:
-                z.div_(temperature)
-            lse_c = torch.logsumexp(z, dim=-1)  # (c,)
+            z = _chunk_logits(h[s:s + chunk], w, temperature, None if ban is None else ban[s:s + chunk], ban_ids, acc)
+            lse[s:s + chunk] = lse_c = torch.logsumexp(z, dim=-1)  # (c,)
             logp[s:s + chunk] = z.gather(-1, labels[s:s + chunk, None]).squeeze(-1) - lse_c
-            lse[s:s + chunk] = lse_c
             if want_ent:
                 z.sub_(lse_c[:, None])  # log p, in place
                 ent[s:s + chunk] = -(z.exp() * z).sum(-1)
         if not want_ent:
             ent.zero_()
-        ctx.save_for_backward(h, weight, labels, lse, ent)
+        ctx.save_for_backward(h, weight, labels, lse, ent, ban, ban_ids)
         ctx.temperature, ctx.chunk = temperature, chunk
         return logp, ent
 
     @staticmethod
     def backward(ctx, g_logp, g_ent):  # g_logp, g_ent (N,) or None
-        h, weight, labels, lse, ent = ctx.saved_tensors
-        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        h, weight, labels, lse, ent, ban, ban_ids = ctx.saved_tensors
+        c, w = ctx.chunk, None if weight is None else weight.to(h.dtype)
+        need_h, need_w = ctx.needs_input_grad[0], w is not None and ctx.needs_input_grad[1]
         grad_h = torch.zeros_like(h) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if need_w else None
-        for s in range(0, h.shape[0], ctx.chunk):
-            hc = h[s:s + ctx.chunk]  # (c, H)
-            z = (hc @ weight.t()).to(lse.dtype)  # (c, V)
-            if ctx.temperature != 1.0:
-                z.div_(ctx.temperature)
-            z.sub_(lse[s:s + ctx.chunk, None])  # log p
-            p = z.exp()  # (c, V)
-            gl = g_logp[s:s + ctx.chunk, None] if g_logp is not None else p.new_zeros(p.shape[0], 1)  # (c, 1)
+        for s in range(0, h.shape[0], c):
+            z = _chunk_logits(h[s:s + c], w, ctx.temperature, None if ban is None else ban[s:s + c], ban_ids, lse.dtype)
+            p = z.sub_(lse[s:s + c, None]).exp()  # z is now log p; p (c, V)
+            gl = g_logp[s:s + c, None] if g_logp is not None else p.new_zeros(p.shape[0], 1)  # (c, 1)
             if g_ent is not None:  # gz = p * (-(log p + H) * g_ent - g_logp), built in place in z
-                gz = z.add_(ent[s:s + ctx.chunk, None]).mul_(-g_ent[s:s + ctx.chunk, None]).sub_(gl).mul_(p)
+                gz = z.add_(ent[s:s + c, None]).mul_(-g_ent[s:s + c, None]).sub_(gl).mul_(p)
             else:
                 gz = p.mul_(-gl)
-            gz.scatter_add_(-1, labels[s:s + ctx.chunk, None], gl)  # + g_logp at the label: (onehot - p) g
-            if ctx.temperature != 1.0:
-                gz.div_(ctx.temperature)
-            gz = gz.to(h.dtype)  # autograd on the naive graph casts here too (backward of .float())
+            gz.scatter_add_(-1, labels[s:s + c, None], gl)  # + g_logp at the label: (onehot - p) g
+            gz = gz.div_(ctx.temperature).to(h.dtype)  # the naive graph casts here too (backward of .float())
             if need_h:
-                grad_h[s:s + ctx.chunk] = gz @ weight
+                grad_h[s:s + c] = gz if w is None else gz @ w
             if need_w:
-                grad_w += (gz.t() @ hc).to(grad_w.dtype)
-        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None
+                grad_w += (gz.t() @ h[s:s + c]).to(grad_w.dtype)
+        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None, None, None
 
 
-def _head_and_body(model):
-    """(body, lm_head weight) when logits are exactly body(x).last_hidden_state @ W^T, else None."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    body = getattr(model, "base_model", None)
-    cfg = getattr(model, "config", None)
-    scaled = any(getattr(cfg, k, None) not in (None, 1.0) for k in ("final_logit_softcapping", "logit_scale"))
-    if (body is None or body is model or not isinstance(head, torch.nn.Linear) or head.bias is not None
-            or scaled):
-        return None
-    return body, head.weight
+def _fast_path(model, input_ids):
+    """(body, lm_head weight) if logits == body(x).last_hidden_state @ W^T for this model, else None. Checked once
+    per model against its own logits on a few tokens: config flags scale or cap logits in ways no list of
+    attribute names keeps up with (Granite's logits_scaling, Gemma's softcapping)."""
+    if getattr(model, "_logprob_fast_path", None) is None:
+        head, body, ok = getattr(model, "get_output_embeddings", lambda: None)(), getattr(model, "base_model", None), False
+        if body is not None and body is not model and isinstance(head, torch.nn.Linear) and head.bias is None:
+            with _eval(model):
+                fast = (body(input_ids=input_ids[:1, :16], use_cache=False).last_hidden_state @ head.weight.t()).float()
+                ref = model(input_ids=input_ids[:1, :16], use_cache=False).logits.float()
+            ok = bool(torch.allclose(fast, ref, rtol=1e-2, atol=1e-3 * float(ref.abs().max()) + 1e-5))
+        model._logprob_fast_path = ok
+    return (model.base_model, model.get_output_embeddings().weight) if model._logprob_fast_path else None
 
 
-def get_response_log_probs(model, input_ids, labels, return_token_entropy=False, temperature=1.0, chunk_size=256):
+@contextlib.contextmanager
+def _eval(model):
+    """Eval mode (no dropout) and no grad for a probe; the model's mode is restored after."""
+    was = model.training
+    try:
+        with torch.no_grad():
+            yield model.eval()
+    finally:
+        model.train(was)
+
+
+def shared_prefix_works(model, vocab=64):
+    """Does prefix_len reproduce this model's plain log-probs (1e-4)? Probed once per model on 3 rows sharing
+    5 tokens: an architecture or attention backend without a usable KV cache falls back to the plain path."""
+    if getattr(model, "_logprob_shared_prefix", None) is None:
+        ids = torch.randint(1, vocab, (3, 9), generator=torch.Generator().manual_seed(0)).to(next(model.parameters()).device)
+        ids[:, :5], ok = ids[:1, :5], False
+        try:
+            with _eval(model):
+                a, b = (get_response_log_probs(model, ids[:, :-1], ids[:, 1:], prefix_len=p)["log_probs"][:, 4:] for p in (4, 0))
+            ok = bool(torch.allclose(a, b, atol=1e-4, rtol=1e-4))
+        except (TypeError, ValueError, RuntimeError, AttributeError):  # no cache support: fall back
+            pass
+        model._logprob_shared_prefix = ok
+    return model._logprob_shared_prefix
+
+
+def get_response_log_probs(model, input_ids, labels, return_token_entropy=False, temperature=1.0, chunk_size=256,
+                           ban_token_ids=None, ban_mask=None, prefix_len=0):
     """Per-token log p(labels | prefix) (B, T) and optionally the per-token entropy (B, T), float32.
-
-    `chunk_size` is the number of tokens whose (chunk, V) float32 logits exist at once. `temperature`
-    divides the logits, so the result is the distribution vLLM samples from at that temperature.
-    Models whose logits are not a plain linear head (softcapping, logit scale, bias) fall back to the
-    model's own logits, still log-softmaxed chunk by chunk with recomputation in backward.
-    """
-    if input_ids.shape != labels.shape or input_ids.dim() != 2:
-        raise ValueError(f"input_ids {tuple(input_ids.shape)} and labels {tuple(labels.shape)} must both be (B, T)")
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0 (got {temperature}); greedy decoding has no log-probs to match")
-    B, T = labels.shape
-    labels = labels.clamp(min=0)  # HF-style -100 "ignore" labels score token 0; the response mask drops them
-    parts = _head_and_body(model)
-    if parts is not None:
-        body, weight = parts
-        hidden = body(input_ids=input_ids, use_cache=False).last_hidden_state  # (B, T, H)
-        logp, ent = _ChunkedHeadLogProbs.apply(hidden.reshape(B * T, -1), weight, labels.reshape(-1),
-                                               float(temperature), int(chunk_size), return_token_entropy)
-    else:
-        logits = model(input_ids=input_ids, use_cache=False).logits.reshape(B * T, -1)  # (N, V), model dtype
-        outs = [torch.utils.checkpoint.checkpoint(_logits_chunk, logits[s:s + chunk_size], labels.reshape(-1)[s:s + chunk_size],
-                                                  float(temperature), use_reentrant=False)
-                for s in range(0, B * T, chunk_size)]
-        logp, ent = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
-    out = {"log_probs": logp.view(B, T)}
-    if return_token_entropy:
-        out["token_entropy"] = ent.view(B, T)
-    return out
-
-
-def _logits_chunk(logits, labels, temperature):  # (c, V), (c,) -> (c,), (c,)
-    logp_all = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature, dim=-1)
-    return logp_all.gather(-1, labels[:, None]).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
+    chunk_size: tokens whose (chunk, V) float32 logits exist at once. temperature divides the logits, as vLLM
+    samples. ban_token_ids (k,) with ban_mask (B, T) bool: ids excluded from the softmax at those positions
+    (vLLM's min_tokens bans stop tokens). prefix_len P: the rows share input_ids[:, :P] (a GRPO group's prompt),
+    which then runs once and its KV cache serves every row, gradients flowing back through it; positions < P
+    read 0. Models failing the fast-path check use their own logits, chunked the same way."""
+    _need(input_ids.shape == labels.shape and input_ids.dim() == 2, f"input_ids {tuple(input_ids.shape)} and labels "
+          f"{tuple(labels.shape)} must both be (B, T)")
+    _need(temperature > 0, f"temperature must be > 0 (got {temperature}); greedy decoding has no log-probs to match")
+    (B, T), P = labels.shape, int(prefix_len) if input_ids.shape[0] > 1 else 0
+    _need(not P or (P < T and torch.equal(input_ids[:, :P], input_ids[:1, :P].expand(B, P))),
+          f"prefix_len {P}: the rows do not share their first {P} tokens (or nothing follows them)")
+    labels = labels[:, P:].clamp(min=0).reshape(-1)  # HF-style -100 "ignore" labels score token 0; the mask drops them
+    ban = ban_ids = None
+    if ban_token_ids is not None and len(ban_token_ids) and ban_mask is not None:
+        ban = ban_mask[:, P:].reshape(-1).to(input_ids.device, torch.bool)  # (N,)
+        ban_ids = torch.as_tensor(ban_token_ids, dtype=torch.long, device=input_ids.device)  # (k,)
+    parts = _fast_path(model, input_ids)
+    fwd, kw = parts[0] if parts else model, {"use_cache": False}
+    if P:
+        from transformers import DynamicCache
+        _need(not (getattr(model, "is_gradient_checkpointing", False) and model.training),
+              "prefix_len needs the KV cache, which gradient checkpointing turns off")
+        cache = DynamicCache(config=model.config)
+        fwd(input_ids=input_ids[:1, :P], past_key_values=cache, use_cache=True)  # the shared prefix, once
+        cache.batch_repeat_interleave(B)  # (1, ...) -> (B, ...); backward sums the rows' gradients into it
+        kw = {"past_key_values": cache, "use_cache": True}
+    out = fwd(input_ids=input_ids[:, P:], **kw)
+    h = (out.last_hidden_state if parts else out.logits).reshape(B * (T - P), -1)  # (N, H) or (N, V)
+    logp, ent = _ChunkedLogProbs.apply(h, parts[1] if parts else None, labels, float(temperature), int(chunk_size),
+                                       return_token_entropy, ban, ban_ids)
+    pad = (lambda x: torch.cat([x.new_zeros(B, P), x.view(B, T - P)], 1)) if P else (lambda x: x.view(B, T))
+    return {"log_probs": pad(logp)} | ({"token_entropy": pad(ent)} if return_token_entropy else {})
 
 
 # ----------------------------------------------------------------------------- masked reductions
@@ -163,84 +190,101 @@ def masked_mean(tensor, mask, dim=None):
     An all-masked slice gives NaN, like torch.mean of an empty tensor."""
     mask = mask.bool()
     total = torch.where(mask, tensor, 0.0)
-    if dim is None:
-        return total.sum() / mask.sum()
-    return total.sum(dim) / mask.sum(dim)
+    return total.sum() / mask.sum() if dim is None else total.sum(dim) / mask.sum(dim)
 
 
-def masked_normalize(tensor, mask, normalize_constant, dim=None):
-    """Sum of `tensor` over positions where mask is true, along `dim` (all if None), / normalize_constant."""
+def masked_normalize(tensor, mask, normalize_constant=None, dim=None, *, constant_normalizer=None):
+    """Sum of `tensor` over positions where mask is true, along `dim` (all if None), / normalize_constant
+    (seed 000's spelling; its text also writes `constant_normalizer=`, accepted too)."""
+    c = normalize_constant if normalize_constant is not None else constant_normalizer
+    _need(c is not None, "masked_normalize needs normalize_constant")
     total = torch.where(mask.bool(), tensor, 0.0)
-    return (total.sum() if dim is None else total.sum(dim)) / normalize_constant
+    return (total.sum() if dim is None else total.sum(dim)) / c
+
+
+def masked_mean_drgrpo(tensor, mask, num_tokens):
+    """Seed 002's Dr. GRPO reduction: sum over response tokens / (num_tokens * B), a scalar."""
+    return masked_normalize(tensor, mask, num_tokens * tensor.shape[0])
+
+
+def _need(cond, message):
+    if not cond:
+        raise ValueError(message)
 
 
 def _check_2d(name, t, shape):
-    if t.shape != shape:
-        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)} (batch_size, sequence_length)")
+    _need(t.shape == shape, f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)} (batch_size, sequence_length)")
 
 
 def _per_example(x, batch, name):
     """(B,) or (B, 1) -> (B, 1) so it broadcasts over the sequence."""
-    if tuple(x.shape) not in ((batch,), (batch, 1)):
-        raise ValueError(f"{name} has shape {tuple(x.shape)}, expected ({batch},) or ({batch}, 1): one value per response")
+    _need(tuple(x.shape) in ((batch,), (batch, 1)), f"{name} has shape {tuple(x.shape)}, expected ({batch},) or ({batch}, 1)")
     return x.reshape(batch, 1)
 
 
 # ----------------------------------------------------------------------------- SFT
-def sft_microbatch_train_step(policy_log_probs, response_mask, gradient_accumulation_steps, normalize_constant=1.0):
-    """-masked_normalize(log_probs, mask, c, dim=-1) per example -> mean over batch -> / grad-acc -> backward()."""
+def sft_microbatch_loss(policy_log_probs, response_mask, gradient_accumulation_steps, normalize_constant=1.0):
+    """-masked_normalize(log_probs, mask, c, dim=-1) per example -> mean over batch -> / grad-acc.
+    Pure: returns (scaled loss, metadata); sft_microbatch_train_step adds the backward."""
     _check_2d("response_mask", response_mask, policy_log_probs.shape)
     per_example = -masked_normalize(policy_log_probs, response_mask, normalize_constant, dim=-1)  # (B,)
     loss = per_example.mean() / gradient_accumulation_steps
-    loss.backward()
-    n_tok = response_mask.sum()
     meta = {"nll_per_token": (-masked_mean(policy_log_probs, response_mask)).detach(),
-            "num_response_tokens": n_tok.detach()}
+            "num_response_tokens": response_mask.sum().detach()}
+    return loss, meta
+
+
+def sft_microbatch_train_step(policy_log_probs, response_mask, gradient_accumulation_steps, normalize_constant=1.0):
+    """Seed 000 §4.2: sft_microbatch_loss, then backward(). Returns (detached loss, metadata)."""
+    loss, meta = sft_microbatch_loss(policy_log_probs, response_mask, gradient_accumulation_steps, normalize_constant)
+    loss.backward()
     return loss.detach(), meta
 
 
-# ----------------------------------------------------------------------------- GRPO
+# ----------------------------------------------------------------------------- advantages
 def compute_group_normalized_rewards(reward_fn, rollout_responses, repeated_ground_truths, group_size,
-                                     advantage_eps, normalize_by_std, *, reward_dicts=None):
+                                     advantage_eps, normalize_by_std=None, *, normalized_by_std=None, reward_dicts=None):
     """Score N = n_prompts * group_size responses; A = (r - group mean) / (group std + eps) (unbiased std),
-    or r - group mean when normalize_by_std is False (Dr. GRPO). Returns (advantages (N,), raw (N,), meta)."""
-    n = len(rollout_responses)
-    if len(repeated_ground_truths) != n:
-        raise ValueError(f"{n} responses but {len(repeated_ground_truths)} ground truths; repeat each ground truth group_size times")
-    if group_size < 1 or n % group_size != 0:
-        raise ValueError(f"group_size {group_size} does not divide the rollout batch of {n} responses")
-    if normalize_by_std and group_size < 2:
-        raise ValueError("normalize_by_std needs group_size >= 2 (the std of one sample is undefined)")
+    or r - group mean when normalize_by_std is False (Dr. GRPO; seed 001 spells it normalized_by_std).
+    reward_fn(response, gt) returns a dict with "reward" (or a float). Returns (advantages (N,), raw (N,), meta)."""
+    std_norm, n = normalize_by_std if normalize_by_std is not None else normalized_by_std, len(rollout_responses)
+    _need(std_norm is not None, "compute_group_normalized_rewards needs normalize_by_std")
+    _need(len(repeated_ground_truths) == n, f"{n} responses but {len(repeated_ground_truths)} ground truths; repeat each G times")
+    _need(group_size >= 1 and n % group_size == 0, f"group_size {group_size} does not divide the batch of {n} responses")
+    _need(not std_norm or group_size >= 2, "normalize_by_std needs group_size >= 2 (the std of one sample is undefined)")
     if reward_dicts is None:
         reward_dicts = [reward_fn(r, g) for r, g in zip(rollout_responses, repeated_ground_truths)]
-    elif len(reward_dicts) != n:
-        raise ValueError(f"{len(reward_dicts)} reward_dicts for {n} responses; pass one per response")
-    raw = torch.tensor([float(d["reward"]) for d in reward_dicts], dtype=torch.float32)  # (N,)
+    _need(len(reward_dicts) == n, f"{len(reward_dicts)} reward_dicts for {n} responses; pass one per response")
+    raw = torch.tensor([float(d["reward"] if isinstance(d, dict) else d) for d in reward_dicts])  # (N,) float32
     grouped = raw.view(-1, group_size)  # (n_prompts, G)
     # A group of equal rewards carries no signal, but float32 rounding leaves r - mean ~ 1e-8, which / eps
     # becomes a ~1e-2 advantage that Adam (scale-free) turns into a full-size random step: zero it exactly.
     flat = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)  # (n_prompts, 1)
     centered = torch.where(flat, 0.0, grouped - grouped.mean(dim=1, keepdim=True))
     std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(centered[:, :1])  # (n_prompts, 1)
-    adv = centered / (std + advantage_eps) if normalize_by_std else centered
-    meta = {"reward_mean": raw.mean().item(), "reward_std": raw.std().item() if n > 1 else 0.0,
-            "reward_max": raw.max().item(), "reward_min": raw.min().item(),
-            "frac_groups_zero_std": flat.float().mean().item()}
-    for key in ("format_reward", "answer_reward"):
-        if all(key in d for d in reward_dicts):
-            meta[f"{key}_mean"] = sum(float(d[key]) for d in reward_dicts) / n
+    adv = centered / (std + advantage_eps) if std_norm else centered
+    meta = {"mean": raw.mean().item(), "std": raw.std().item() if n > 1 else 0.0, "max": raw.max().item(),
+            "min": raw.min().item(), "frac_groups_zero_std": flat.float().mean().item()}  # seed 002's keys
     return adv.reshape(-1), raw, meta
 
 
+def compute_group_normalized_advantages(rollout_responses, repeated_ground_truths, reward_fn, group_size,
+                                        advantage_eps, normalize_by_std):
+    """Seed 002 §1.4.1's spelling: same computation, its argument order, reward_fn returning a float."""
+    return compute_group_normalized_rewards(reward_fn, rollout_responses, repeated_ground_truths, group_size,
+                                            advantage_eps, normalize_by_std)
+
+
+# ----------------------------------------------------------------------------- per-token losses
 def compute_naive_policy_gradient_loss(raw_rewards_or_advantages, policy_log_probs):
-    """Per-token -A * log p: (B, 1) or (B,) and (B, T) -> (B, T)."""
+    """Per-token -A * log p: A (B, 1) or (B,), log p (B, T) -> (B, T)."""
     a = _per_example(raw_rewards_or_advantages, policy_log_probs.shape[0], "raw_rewards_or_advantages")
     return -a.to(policy_log_probs.dtype) * policy_log_probs
 
 
 def compute_grpo_clip_loss(advantages, policy_log_probs, old_log_probs, cliprange, *, cliprange_high=None):
-    """Per-token -min(r A, clip(r, 1 - eps, 1 + eps_high) A), r = exp(logp - old_logp); eps_high defaults
-    to eps. Returns (loss (B, T), {"clipped": (B, T) bool, clipped term was the min; "ratio": (B, T)})."""
+    """Per-token -min(r A, clip(r, 1 - eps, 1 + eps_high) A), r = exp(logp - old_logp), eps_high default eps.
+    A (B, 1) or (B,), log-probs (B, T) -> (loss (B, T), {"clipped": (B, T) bool, clip was active; "ratio"})."""
     _check_2d("old_log_probs", old_log_probs, policy_log_probs.shape)
     a = _per_example(advantages, policy_log_probs.shape[0], "advantages").to(policy_log_probs.dtype)  # (B, 1)
     hi = cliprange if cliprange_high is None else cliprange_high
@@ -249,9 +293,17 @@ def compute_grpo_clip_loss(advantages, policy_log_probs, old_log_probs, cliprang
     return -torch.minimum(unclipped, clipped), {"clipped": (clipped < unclipped).detach(), "ratio": ratio.detach()}
 
 
-def _gspo_loss(advantages, policy_log_probs, old_log_probs, response_mask, cliprange, cliprange_high):
-    """GSPO: s = exp(mean over response tokens of (logp - old_logp)) per sequence, clipped like PPO;
-    the (B,) sequence loss is broadcast to every token, so masked_mean over tokens gives it back."""
+def compute_grpo_no_clip_loss(advantages, policy_log_probs, old_log_probs):
+    """Seed 001's GRPO-No-Clip: per-token -r A, r = exp(logp - old_logp). A (B, 1), (B, T) -> (loss, {"ratio"})."""
+    _check_2d("old_log_probs", old_log_probs, policy_log_probs.shape)
+    a = _per_example(advantages, policy_log_probs.shape[0], "advantages").to(policy_log_probs.dtype)  # (B, 1)
+    ratio = torch.exp(policy_log_probs - old_log_probs)  # (B, T)
+    return -ratio * a, {"ratio": ratio.detach()}
+
+
+def compute_gspo_loss(advantages, policy_log_probs, old_log_probs, response_mask, cliprange, *, cliprange_high=None):
+    """GSPO: s = exp(mean over response tokens of (logp - old_logp)) per sequence, clipped like PPO, the sequence
+    loss broadcast to its tokens. A (B, 1) or (B,), (B, T) -> (loss (B, T), {"clipped", "ratio"} as (B, T))."""
     _check_2d("response_mask", response_mask, policy_log_probs.shape)
     _check_2d("old_log_probs", old_log_probs, policy_log_probs.shape)
     n = response_mask.bool().sum(-1, keepdim=True).clamp(min=1)  # (B, 1); empty rows give 0, not NaN grads
@@ -262,90 +314,116 @@ def _gspo_loss(advantages, policy_log_probs, old_log_probs, response_mask, clipr
     return loss_seq.expand(shape), {k: v.expand(shape) for k, v in meta.items()}
 
 
+LOSSES = {  # loss_type -> (function, its arguments in order). A new loss is one function above and one line here.
+    "no_baseline": (compute_naive_policy_gradient_loss, ("raw_rewards", "policy_log_probs")),
+    "reinforce_with_baseline": (compute_naive_policy_gradient_loss, ("advantages", "policy_log_probs")),
+    "grpo_clip": (compute_grpo_clip_loss, ("advantages", "policy_log_probs", "old_log_probs", "cliprange")),
+    "grpo_no_clip": (compute_grpo_no_clip_loss, ("advantages", "policy_log_probs", "old_log_probs")),
+    "gspo": (compute_gspo_loss, ("advantages", "policy_log_probs", "old_log_probs", "response_mask", "cliprange")),
+}
+LOSS_TYPES = tuple(LOSSES)
+RATIO_LOSSES = tuple(k for k, (_, names) in LOSSES.items() if "old_log_probs" in names)  # those needing pi_old
+
+
 def compute_policy_gradient_loss(policy_log_probs, loss_type, raw_rewards=None, advantages=None,
                                  old_log_probs=None, cliprange=None, *, cliprange_high=None, response_mask=None):
-    """Dispatch to the per-token loss for `loss_type`; returns (loss (B, T), metadata of (B, T) tensors)."""
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"unknown loss_type {loss_type!r}; choose one of {LOSS_TYPES}")
-    needs = {"no_baseline": ["raw_rewards"], "reinforce_with_baseline": ["advantages"],
-             "grpo_clip": ["advantages", "old_log_probs", "cliprange"],
-             "grpo_no_clip": ["advantages", "old_log_probs"],
-             "gspo": ["advantages", "old_log_probs", "cliprange", "response_mask"]}[loss_type]
+    """Per-token loss of `loss_type` (seed 000 §7.2): returns (loss (B, T), metadata of (B, T) tensors)."""
+    _need(loss_type in LOSSES, f"unknown loss_type {loss_type!r}; choose one of {LOSS_TYPES}")
+    fn, names = LOSSES[loss_type]
     given = {"raw_rewards": raw_rewards, "advantages": advantages, "old_log_probs": old_log_probs,
-             "cliprange": cliprange, "response_mask": response_mask}
-    for name in needs:
-        if given[name] is None:
-            raise ValueError(f"loss_type {loss_type!r} requires {name}")
-    if loss_type == "no_baseline":
-        return compute_naive_policy_gradient_loss(raw_rewards, policy_log_probs), {}
-    if loss_type == "reinforce_with_baseline":
-        return compute_naive_policy_gradient_loss(advantages, policy_log_probs), {}
-    if loss_type == "grpo_clip":
-        return compute_grpo_clip_loss(advantages, policy_log_probs, old_log_probs, cliprange, cliprange_high=cliprange_high)
-    if loss_type == "grpo_no_clip":  # seed 001: -r A, no clipping
-        _check_2d("old_log_probs", old_log_probs, policy_log_probs.shape)
-        a = _per_example(advantages, policy_log_probs.shape[0], "advantages").to(policy_log_probs.dtype)
-        ratio = torch.exp(policy_log_probs - old_log_probs)  # (B, T)
-        return -ratio * a, {"ratio": ratio.detach()}
-    return _gspo_loss(advantages, policy_log_probs, old_log_probs, response_mask, cliprange, cliprange_high)
+             "cliprange": cliprange, "response_mask": response_mask, "policy_log_probs": policy_log_probs}
+    for name in names:
+        _need(given[name] is not None, f"loss_type {loss_type!r} requires {name}")
+    out = fn(*[given[n] for n in names], **({"cliprange_high": cliprange_high} if "cliprange" in names else {}))
+    return out if isinstance(out, tuple) else (out, {})
 
 
+# ----------------------------------------------------------------------------- KL and rollout correction
 def compute_kl(policy_log_probs, ref_log_probs, estimator="k3"):
     """Per-token estimate of KL(pi || ref) from samples of pi (Schulman's k1/k2/k3), (B, T) -> (B, T).
     With log r = ref - logp: k1 = -log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r (seed 003 Eq. 2)."""
     _check_2d("ref_log_probs", ref_log_probs, policy_log_probs.shape)
+    _need(estimator in ("k1", "k2", "k3"), f"unknown kl estimator {estimator!r}; choose one of k1, k2, k3")
     log_r = ref_log_probs - policy_log_probs  # (B, T)
-    if estimator == "k1":
-        return -log_r
-    if estimator == "k2":
-        return 0.5 * log_r ** 2
-    if estimator == "k3":
-        return torch.exp(log_r) - 1.0 - log_r
-    raise ValueError(f"unknown kl estimator {estimator!r}; choose one of {KL_ESTIMATORS}")
+    return -log_r if estimator == "k1" else 0.5 * log_r ** 2 if estimator == "k2" else torch.exp(log_r) - 1.0 - log_r
 
 
-def grpo_microbatch_train_step(policy_log_probs, response_mask, gradient_accumulation_steps, loss_type,
-                               raw_rewards=None, advantages=None, old_log_probs=None, cliprange=None, *,
-                               cliprange_high=None, length_norm="masked_mean", normalize_constant=None,
-                               ref_log_probs=None, kl_beta=0.0, kl_estimator="k3"):
-    """Per-token PG loss (+ kl_beta * KL) -> length_norm per example -> mean over batch -> / grad-acc
-    -> backward(). Returns (scaled loss, metadata of detached 0-d tensors).
+def kl_divergence(policy_log_probs, ref_log_probs, response_mask, estimator="k3"):
+    """Scalar KL(pi || ref) on samples of pi: k1/k2/k3 averaged over response tokens, or "seq" = seed 004
+    Eq. 8, (1/N) sum_i sum_t (log pi - log ref): summed over each response, averaged over responses."""
+    if estimator == "seq":  # (B,) sums -> mean
+        return masked_normalize(compute_kl(policy_log_probs, ref_log_probs, "k1"), response_mask, 1.0, dim=-1).mean()
+    return masked_mean(compute_kl(policy_log_probs, ref_log_probs, estimator), response_mask)
 
-    length_norm: "masked_mean" (seed; rows with no response tokens count 0, not NaN),
-    "masked_normalize" (sum / normalize_constant per row), "token" (sum / #response tokens in the microbatch).
-    """
-    if policy_log_probs.dim() != 2:
-        raise ValueError(f"policy_log_probs has shape {tuple(policy_log_probs.shape)}, expected (batch_size, sequence_length)")
+
+def compute_rollout_is(old_log_probs, engine_log_probs, response_mask, mode="tis", cap=2.0, level="token"):
+    """Rollout correction (Yao et al. 2025): the engine samples from mu, the trainer scores pi_old; they differ
+    (kernels, precision, staleness). ratio = pi_old / mu per token, or per sequence (exp of its summed log-ratio).
+    tis: weight min(ratio, cap); mis: tokens (sequences) with ratio outside [1/cap, cap] leave the mask.
+    Returns (weights (B, T), mask (B, T) bool, metrics: KL(mu || pi_old) by k3 on mu's samples, the raw ratio's
+    mean/min/max, the fraction of tokens with a ratio outside [0.5, 2], the fraction dropped)."""
+    _need(mode in ROLLOUT_IS and level in ("token", "sequence"), f"rollout IS {mode!r} / {level!r}: {ROLLOUT_IS} / token, sequence")
+    mask = response_mask.bool()
+    log_ratio = torch.where(mask, old_log_probs - engine_log_probs, 0.0)  # (B, T)
+    ratio = torch.where(mask, log_ratio.sum(-1, keepdim=True), 0.0).exp() if level == "sequence" else log_ratio.exp()
+    weights = ratio.clamp(max=cap) if mode == "tis" else torch.ones_like(ratio)
+    keep = mask & (ratio >= 1.0 / cap) & (ratio <= cap) if mode == "mis" else mask
+    lr, r = (log_ratio[mask], ratio[mask]) if mask.any() else (torch.zeros(1), torch.ones(1))  # (n,) per response token
+    metrics = {"mismatch_kl": (lr.exp() - 1 - lr).mean().item(), "is_weight_mean": r.mean().item(),
+               "is_weight_min": r.min().item(), "is_weight_max": r.max().item(),
+               "is_weight_outside_frac": (lr.abs() > 0.6931472).float().mean().item(),  # |log r| > log 2
+               "is_dropped_frac": 1.0 - keep.sum().item() / max(mask.sum().item(), 1)}
+    return weights.detach(), keep, metrics
+
+
+# ----------------------------------------------------------------------------- GRPO microbatch
+def grpo_microbatch_loss(policy_log_probs, response_mask, gradient_accumulation_steps, loss_type,
+                         raw_rewards=None, advantages=None, old_log_probs=None, cliprange=None, *,
+                         cliprange_high=None, length_norm="masked_mean", normalize_constant=None,
+                         ref_log_probs=None, kl_beta=0.0, kl_estimator="k3", is_weights=None):
+    """Per-token PG loss (x detached is_weights) (+ kl_beta * KL) -> length_norm -> this microbatch's share of
+    the optimizer step's loss. Pure: returns (loss, metadata of detached 0-d tensors). length_norm:
+    "masked_mean" (seed: each row's mean over its response tokens, mean over rows, / grad-acc), "masked_normalize"
+    (each row's sum / normalize_constant, mean over rows, / grad-acc), "token" (DAPO: sum / normalize_constant =
+    the response tokens of the whole optimizer step, not / grad-acc, so every token's log-prob gets gradient
+    -A_i / N_step; without normalize_constant: this microbatch's tokens x grad-acc)."""
+    _need(policy_log_probs.dim() == 2, f"policy_log_probs has shape {tuple(policy_log_probs.shape)}, expected (B, T)")
     _check_2d("response_mask", response_mask, policy_log_probs.shape)
-    if length_norm not in LENGTH_NORMS:
-        raise ValueError(f"unknown length_norm {length_norm!r}; choose one of {LENGTH_NORMS}")
-    if length_norm == "masked_normalize" and normalize_constant is None:
-        raise ValueError("length_norm 'masked_normalize' requires normalize_constant (e.g. the max response length)")
-    if kl_beta and ref_log_probs is None:
-        raise ValueError(f"kl_beta={kl_beta} requires ref_log_probs")
+    _need(length_norm in LENGTH_NORMS, f"unknown length_norm {length_norm!r}; choose one of {LENGTH_NORMS}")
+    _need(length_norm != "masked_normalize" or normalize_constant is not None,
+          "length_norm 'masked_normalize' requires normalize_constant (e.g. the max response length)")
+    _need(not kl_beta or ref_log_probs is not None, f"kl_beta={kl_beta} requires ref_log_probs")
     per_token, loss_meta = compute_policy_gradient_loss(
         policy_log_probs, loss_type, raw_rewards, advantages, old_log_probs, cliprange,
         cliprange_high=cliprange_high, response_mask=response_mask)  # (B, T)
+    if is_weights is not None:
+        _check_2d("is_weights", is_weights, policy_log_probs.shape)
+        per_token = per_token * is_weights.detach()
     meta = {}
     if ref_log_probs is not None:
-        kl = compute_kl(policy_log_probs, ref_log_probs, kl_estimator)  # (B, T)
+        kl = compute_kl(policy_log_probs, ref_log_probs, "k3" if kl_estimator == "seq" else kl_estimator)  # (B, T)
         meta["kl"] = masked_mean(kl.detach(), response_mask)
         if kl_beta:
             per_token = per_token + kl_beta * kl
     mask = response_mask.bool()
-    if length_norm == "masked_mean":
-        per_example = masked_normalize(per_token, mask, 1.0, dim=-1) / mask.sum(-1).clamp(min=1)  # (B,)
-        loss = per_example.mean()
-    elif length_norm == "masked_normalize":
-        loss = masked_normalize(per_token, mask, normalize_constant, dim=-1).mean()
-    else:
-        loss = masked_normalize(per_token, mask, mask.sum().clamp(min=1))
-    loss = loss / gradient_accumulation_steps
-    loss.backward()
+    if length_norm == "token":  # DAPO: every token of the optimizer step weighs the same
+        loss = masked_normalize(per_token, mask, normalize_constant or mask.sum().clamp(min=1) * gradient_accumulation_steps)
+    else:  # per row: its mean over its tokens (seed; rows with none count 0) or its sum / a constant (Dr. GRPO)
+        div = normalize_constant if length_norm == "masked_normalize" else mask.sum(-1).clamp(min=1)
+        loss = masked_normalize(per_token, mask, div, dim=-1).mean() / gradient_accumulation_steps
     if "clipped" in loss_meta:
         meta["clip_fraction"] = masked_mean(loss_meta["clipped"].float(), mask)
     if "ratio" in loss_meta:
-        meta["ratio_mean"] = masked_mean(loss_meta["ratio"], mask)
-        meta["ratio_max"] = torch.where(mask, loss_meta["ratio"], float("-inf")).max()
-    meta["num_response_tokens"] = mask.sum()
+        r = loss_meta["ratio"]
+        meta.update(ratio_mean=masked_mean(r, mask), ratio_max=torch.where(mask, r, -torch.inf).max(),
+                    ratio_min=torch.where(mask, r, torch.inf).min())
+    return loss, meta | {"num_response_tokens": mask.sum()}
+
+
+def grpo_microbatch_train_step(policy_log_probs, response_mask, gradient_accumulation_steps, loss_type,
+                               raw_rewards=None, advantages=None, old_log_probs=None, cliprange=None, **kwargs):
+    """Seed 000 §7.2: grpo_microbatch_loss (keyword options there), then backward(). Returns (detached loss, metadata)."""
+    loss, meta = grpo_microbatch_loss(policy_log_probs, response_mask, gradient_accumulation_steps, loss_type,
+                                      raw_rewards, advantages, old_log_probs, cliprange, **kwargs)
+    loss.backward()
     return loss.detach(), meta

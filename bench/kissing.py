@@ -1,9 +1,10 @@
-"""Benchmark kissing.py: exact verify time (582 small-coordinate, 593 ~43-bit) and construct time/size.
+"""Benchmark kissing.py: exact verify time (582 small-coordinate, 593 ~43-bit), construct time/size, and the
+sandboxed evaluator's cost (bubblewrap vs the audit hook alone) and bounds (point count, shell size).
 
 Prints one JSON object. Targets (issue 8): verify ≤ 50 ms for each set; `code` construct well under 1 s.
-  python bench/kissing.py [--repeats 10] [--shell-seconds 10] [--optimize-seconds 20]
+  python bench/kissing.py [--repeats 10] [--shell-seconds 10]
 """
-import argparse, json, os, random, sys, time
+import argparse, json, math, os, random, resource, sys, time
 
 import numpy as np
 
@@ -38,7 +39,6 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=10, help="timing repeats (min is reported)")
     p.add_argument("--shell-seconds", type=float, default=10.0, help="CPU budget of construct --method shell-search")
-    p.add_argument("--optimize-seconds", type=float, default=20.0, help="wall budget of construct --method optimize")
     args = p.parse_args()
     rng = random.Random(0)
     res = {"load_avg_1min": os.getloadavg()[0], "cpus": os.cpu_count()}
@@ -64,13 +64,28 @@ def main():
     worst = rational_rotation(c582, rng) + [[rng.randint(-2 ** 43, 2 ** 43) for _ in range(11)] for _ in range(11)]
     m, t = timed(lambda: kissing.verify(worst, 11), args.repeats)  # every pair is a candidate for the exact recheck
     res["verify_593_43bit_worst_case_all_pairs"] = {"ms": round(1e3 * t, 2), "cpu_ms": timed.cpu_ms, "num_violations": m["num_violations"]}
-    m, t = timed(lambda: kissing.verify(big11, 11, path="python"), 1)
-    res["verify_593_python_reference"] = {"ms": round(1e3 * t, 2)}
-    for method, fn in [("d11", lambda: kissing.construct_roots(11)), ("code", lambda: kissing.construct_code(11)),
-                       ("shell-search", lambda: kissing.construct_shell_search(11, 4, args.shell_seconds)),
-                       ("optimize", lambda: kissing.construct_optimize(11, args.optimize_seconds))]:
+    # the parent's check at its point cap (2048 MiB: 5181 points) in the worst case, a tight cluster of ~40-bit
+    # points where every pair goes to the exact limb recheck: time and peak memory (this process, grown by it)
+    cap = math.isqrt((2048 << 20) // kissing.BYTES_PER_PAIR)
+    cluster = [[2 ** 40 + int(x) for x in row] for row in np.random.default_rng(0).integers(-1000, 1000, (cap, 11))]
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    m, t = timed(lambda: kissing.verify(cluster, 11), 1)
+    res["verify_cluster_at_cap"] = {"n": len(cluster), "s": round(t, 2), "path": m["path"],
+                                    "peak_mib_grown": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) >> 10}
+    for method, fn in [("code", lambda: kissing.construct_code(11)),
+                       ("shell-search", lambda: kissing.construct_shell_search(11, 4, args.shell_seconds))]:
         pts, t = timed(fn, 1)
         res[f"construct_{method}"] = {"s": round(t, 3), "size": len(pts), "valid": kissing.verify(pts, 11)["valid"]}
+    t0 = time.perf_counter()
+    try:
+        kissing.shell_vectors(11, 1000)  # ~10^13 vectors: refused once the cap is passed
+    except ValueError:
+        res["shell_norm_1000_refused_s"] = round(time.perf_counter() - t0, 3)
+    # the evaluator end to end on a 582-point program: sandbox start, numpy import, channel, exact check
+    prog = "import numpy as np\npoints = np.array(%s)\n" % c582
+    for sandbox in ("bwrap", "none"):
+        r, t = timed(lambda: kissing.evaluate_program(prog, 11, timeout=60, sandbox=sandbox), max(1, args.repeats // 2))
+        res[f"evaluate_582_{sandbox}"] = {"s": round(t, 3), "score": r["score"], "reason": r["reason"][:80]}
     print(json.dumps(res))
 
 

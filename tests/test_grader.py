@@ -1,6 +1,7 @@
 """grader.py: verdict tables for every rule, the seeds' examples verbatim, a fuzz test with a per-call
-time bound, and grade_batch (order, threads, a stuck helper killed)."""
+time bound, and grade_batch (order, threads, a stuck worker killed, daemonic callers)."""
 import functools
+import multiprocessing
 import threading
 import time
 
@@ -172,6 +173,56 @@ def test_countdown_subset_flag_and_exactness():
     assert _evaluate_equation("1 / 0") is None and _evaluate_equation("2 x 3") is None
 
 
+# ----------------------------------------------------------------------------- fixed defects (each failed before)
+FIXED = [  # (reward name, response, ground truth, reward)
+    ("r1_zero", R1("\\neg 5"), "5", 0.0),                   # 16.4: math-verify dropped the negation
+    ("r1_zero", R1("5 \\lor 6"), "6", 0.0),                 # 16.4: ... and kept the last disjunct
+    ("r1_zero", R1("5 \\implies 6"), "6", 0.0),
+    ("question_only", "\\boxed{5 \\wedge 6}", "6", 0.0),
+    ("r1_zero", R1("p \\lor q"), "p \\lor q", 1.0),         # the same statement still matches
+    ("gsm8k", "<answer>1,0</answer>", "10", 0.0),             # 16.4: "1,0" is no thousands-separated number
+    ("gsm8k", "<answer>12,34</answer>", "1234", 0.0),
+    ("gsm8k", "<answer>1,234,567</answer>", "1234567", 1.0),
+    ("countdown", "<answer>Step 1: 3 / 2 = 3/2\nStep 2: 3/2 * 4 = 6</answer>", {"numbers": [3, 2, 4], "target": 6}, 1.0),  # 14.10
+    ("countdown", "<answer>Step 1: 3 / 2 = 1.5\nStep 2: 4 * 1.5 = 6</answer>", {"numbers": [3, 2, 4], "target": 6}, 1.0),
+    ("countdown", "<answer>Step 1: 4 / 3 = 4/3\nStep 2: 6 / (4/3) = 9/2\nStep 3: 9/2 * 2 = 9</answer>",
+     {"numbers": [4, 3, 6, 2], "target": 9}, 1.0),
+    ("countdown", "<answer>Step 1: 3 / 2 = 3/2\nStep 2: 3/2 * 3/2 = 9/4</answer>", {"numbers": [3, 2], "target": "9/4"}, 0.1),  # reused
+    ("countdown", "<answer>Step 1: 3 / 2 = 1.4\nStep 2: 1.4 * 4 = 5.6</answer>", {"numbers": [3, 2, 4], "target": "28/5"}, 0.1),
+    ("countdown", "<answer>03*5+7</answer>", {"numbers": [3, 5, 7], "target": 22}, 1.0),  # 16.4: 03 reads as 3
+    ("countdown", "<answer>(1 + 2)\n/ 3</answer>", CD, 1.0),                            # 16.4: a newline inside
+    ("countdown", "<answer>\n(1 + 2)\n/ 3\n= 1\n</answer>", CD, 1.0),
+    ("countdown", "<answer>Step 1: 1 + 2 = 3\nStep 2: 3 / 3 = 1.</answer>", CD, 1.0),     # a closing period
+    ("countdown_subset", "<answer>3 - 2</answer>", CD, 1.0),                              # 15.7: seed 002's rule
+    ("countdown_subset", "<answer>3 - 3 + 1</answer>", CD, 0.1),
+]
+
+
+@pytest.mark.parametrize("name,response,gt,reward", FIXED)
+def test_fixed_defects(name, response, gt, reward):
+    v = REWARD_FNS[name](response, gt)
+    assert v["reward"] == reward and v["answer_reward"] == float(reward == 1.0)
+
+
+def test_seed_002_rule_as_countdown_subset():
+    """Seed 002 §1.2-1.3 with its own spellings: the helpers by keyword, its reward examples."""
+    assert _validate_numbers(equation_str="(64 + 14) - 16", available_numbers=[64, 14, 16, 7]) is True
+    assert _validate_numbers(equation_str=(7 + 7) + 7, available_numbers=[7, 7, 65]) is False
+    assert _validate_numbers(equation_str="10 + 9", available_numbers=[10, 8, 2]) is False
+    assert _evaluate_equation(equation_str="(65 - 7) - 7") == 51.0
+    assert _evaluate_equation("2(3)") is None and _evaluate_equation("2 × 3") is None  # implicit mult., unicode
+    assert grader._extract_answer("<answer>1</answer> ... <answer> (79 - (60 - 17)) </answer>") == "(79 - (60 - 17))"
+    reward_fn = lambda g, t: REWARD_FNS["countdown_subset"](g, t)["reward"]  # noqa: E731  (the seed returns a float)
+    ground_truth = {"numbers": [79, 17, 60], "target": 36}
+    assert reward_fn("...thinking... <answer>(79 - (60 - 17))</answer>", ground_truth) == 1.0
+    assert reward_fn("...thinking...<answer>(79 + 60) + 17</answer>", ground_truth) == 0.1
+    assert reward_fn("...thinking...The final answer is 62.", ground_truth) == 0.0
+    assert reward_fn("<answer>79 - 60 + 17</answer>", ground_truth) == 1.0
+    assert reward_fn("<answer>79 - 43</answer>", ground_truth) == 0.1  # 43 is not available
+    assert REWARD_FNS["countdown"]("<answer>(64 + 14) - 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62})["reward"] == 0.1
+    assert reward_fn("<answer>(64 + 14) - 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62}) == 1.0
+
+
 def test_bad_inputs_raise_clearly():
     with pytest.raises(ValueError, match="response must be a str"):
         r1_zero_reward_fn(None, "1")
@@ -189,7 +240,8 @@ ADVERSARIAL = ["10^10^10", "10^{10^{10}}", "9^{9^{9^{9}}}", "(10^{999})^{999}", 
 
 
 def _gt_for(name):
-    return {"countdown": {"numbers": [1, 2, 3], "target": 6}, "keyword": ["apple", "tree"], "gsm8k": "18"}.get(name, "\\frac{1}{2}")
+    return {"countdown": {"numbers": [1, 2, 3], "target": 6}, "keyword": ["apple", "tree"], "gsm8k": "18"}.get(
+        name.replace("_subset", ""), "\\frac{1}{2}")
 
 
 @pytest.mark.parametrize("name", sorted(REWARD_FNS))
@@ -242,13 +294,28 @@ def test_grade_batch_order_threads_and_stuck_helper():
     th = threading.Thread(target=lambda: out.append(grade_batch(r1_zero_reward_fn, resps, gts, workers=2)))
     th.start(), th.join(60)
     assert out == [serial]
-    # single verdicts from a thread run sympy in a helper process
+    # single verdicts from a thread run sympy in a pool worker
     th = threading.Thread(target=lambda: out.append((grader.math_equal("(y+1)^2", "y^2+2y+1"), grader.math_equal("y^3", "y^2"))))
     th.start(), th.join(60)
     assert out[-1] == (True, False)
-    # a helper stuck in C code (no signal can interrupt pow) is killed; its item gets the zero verdict
+    # a worker stuck in C code (no signal can interrupt pow) is killed; its item gets the zero verdict
     t = time.monotonic()
     res = grade_batch(pow, [2, 3, 5, 7], [3, 10 ** 8, 2, 2], workers=2)
     assert res == [8, grader.ZERO, 25, 49] and time.monotonic() - t < 10
-    with pytest.raises(ValueError, match="ground truth must be"):
-        grade_batch(r1_zero_reward_fn, [R1("1")], [{"bad": 1}], workers=1)
+    with pytest.raises(ValueError, match="grading item 1: ValueError: ground truth must be"):
+        grade_batch(r1_zero_reward_fn, [R1("1")] * 2, ["1", {"bad": 1}], workers=1)
+    assert grade_batch(r1_zero_reward_fn, resps, gts, workers=2) == serial  # the pool recovered
+
+
+def test_grade_batch_stuck_item_inside_a_chunk():
+    """A chunk that hits the time limit is graded again item by item: only the stuck item gets ZERO."""
+    bases, exps = list(range(16)), [2] * 16
+    bases[5], exps[5] = 3, 10 ** 8
+    res = grade_batch(pow, bases, exps, workers=2)  # chunks of 2
+    assert res[5] == grader.ZERO and res[:5] + res[6:] == [b * b for b in bases[:5] + bases[6:]]
+
+
+def test_grade_batch_in_a_daemonic_process():
+    """multiprocessing refuses children to a daemonic process (a Pool worker, a DataLoader worker) by default."""
+    with multiprocessing.get_context("spawn").Pool(1) as daemonic:
+        assert daemonic.apply(grade_batch, (pow, [2, 3, 5], [3, 10 ** 8, 2]), {"workers": 1}) == [8, grader.ZERO, 25]

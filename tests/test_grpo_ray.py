@@ -1,9 +1,10 @@
 """grpo_ray.py on a real local Ray cluster (CPU, tiny model, keyword task built here).
 
-Covers: colocated k=1 (with KL monitoring) and k=2 (GRPO-Clip on old log-probs of version v); disaggregated
-sync and async (vLLM generator, object store); async over Ray Direct Transport (gloo, HF engine); engine and
-learner weights equal after the final sync; the staleness bound and the overlap read from recorded lags
-and timestamps; a killed generator ends the run with a clear error, not a hang.
+Covers: colocated k=1 (with KL monitoring) and k=2 (stale batches take pi_old from the engine of version v),
+then --resume; disaggregated sync and async (vLLM generator, object store; async with TIS, the mismatch
+split into kernel and staleness parts); async over Ray Direct Transport (gloo, HF engine); engine and
+learner weights equal after the final sync; both trainers log grpo.py's keys; the staleness bound and the
+overlap read from recorded lags and timestamps; a killed generator ends the run with a clear error.
 Ray starts once per module; each actor set is built once and reused across runs through reset().
 """
 import json
@@ -26,10 +27,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # reward variance, so the advantages are non-zero and the policy really moves.
 WORDS = [str(i) for i in range(10)] + ["<", "=", "+", "-", "and", "the", "The", "in", "at", "be", "e", "b", "I",
                                        "k", "answer", "User", "equ", "ers"]
-# --min-tokens 0: vLLM's processed log-probs of the first min_tokens tokens are renormalised without EOS
 SMALL = ("--task keyword --n-grpo-steps 3 --rollout-batch-size 8 --group-size 4 --train-batch-size 8 "
-         "--gradient-accumulation-steps 2 --max-tokens 16 --min-tokens 0 --eval-n 2 --eval-every 0 "
+         "--gradient-accumulation-steps 2 --max-tokens 16 --min-tokens 2 --eval-n 2 --eval-every 0 "
          "--grader-workers 0 --lr 1e-3 --kl-every 0 --num-cpus 8 --timeout-s 300").split()
+# grpo.py's per-step keys: grpo_ray.py logs them through the same grpo.step_rows
+STEP_KEYS = ["train/loss", "train/grad_norm", "train/entropy", "train/clip_fraction", "train/ratio_mean", "train/reward",
+             "train/format_reward", "train/answer_reward", "train/response_len_mean", "train/truncation_rate",
+             "train/zero_var_frac", "train/lr", "train/logprob_mismatch", "time/generation", "time/grading",
+             "time/old_log_probs", "time/training", "time/weight_sync", "time/step", "time/wall", "step", "opt_step"]
 
 
 @pytest.fixture(scope="module")
@@ -64,33 +69,35 @@ def read(args, name):
 
 def resolved(args):
     a = grpo_ray.copy.copy(args)
-    grpo.resolve_devices(a)
+    grpo.setup_devices(a)
     return a
 
 
-def assert_synced(gen_actor, learner_actor, args):
-    """The engine's sampled log-probs equal the learner's on the same tokens (weights match), and differ
-    from the initial model's when some group had reward variance (training moved them: not a trivial match)."""
+def assert_synced(gen_actor, args):
+    """The engine's sampled log-probs equal the saved final policy's on the same tokens (weights match), and
+    differ from the initial model's when some group had reward variance (training moved them)."""
     gen = ray.get(gen_actor.generate.remote(10_000), timeout=120)
-    old = ray.get(learner_actor.old_log_probs.remote(gen), timeout=120)
-    assert old["version"] == gen["version"] == args.n_grpo_steps, "engine and learner at the final version"
-    tensors = grpo.collate(gen["batch"], 0)
-    mask = tensors["response_mask"]
-    engine = grpo_ray.engine_log_probs(gen["batch"], tensors)
-    assert (old["old"] - engine).abs()[mask].max() < 2e-3
+    assert gen["version"] == args.n_grpo_steps == json.load(open(os.path.join(args.out, "checkpoint", "state.json")))["step"]
+    a = resolved(args)
+    tensors = grpo.collate(gen["batch"], a)
+    mask, engine, ban = tensors["response_mask"], tensors["engine_log_probs"], gen["batch"]["ban_token_ids"]
+    final = grpo.batch_log_probs(grpo.load_policy(os.path.join(args.out, "checkpoint"), a)[0], tensors, a, ban)
+    assert (final - engine).abs()[mask].max() < 2e-3
     if any(r["train/zero_var_frac"] < 1 for r in read(args, "metrics.jsonl") if "ray/lag" in r):
-        a = resolved(args)
-        init = grpo.batch_log_probs(grpo.load_policy(args.model, a)[0], tensors, a)
+        init = grpo.batch_log_probs(grpo.load_policy(args.model, a)[0], tensors, a, ban)
         assert (init - engine).abs()[mask].max() > 1e-2
 
 
-def test_parse_args_rejects_bad_modes(make_args):
-    for flags, msg in [(["--async"], "disaggregated"), (["--steps-per-rollout", "2"], "ratio loss"),
-                       (["--steps-per-rollout", "2", "--loss", "grpo_clip"], "multiple"),
+def test_parse_args_rejects_bad_modes(make_args, capsys):
+    for flags, msg in [(["--async"], "disaggregated"), (["--steps-per-rollout", "2"], "multiple"),
+                       (["--steps-per-rollout", "2", "--n-grpo-steps", "4", "--loss", "reinforce_with_baseline"], "grpo_clip"),
+                       (["--placement", "disaggregated", "--async", "--loss", "no_baseline"], "grpo_clip"),
                        (["--placement", "disaggregated", "--weight-sync", "gloo"], "engine hf"),
-                       (["--placement", "disaggregated", "--async", "--max-staleness", "0"], "drop --async")]:
-        with pytest.raises(AssertionError, match=msg):
+                       (["--placement", "disaggregated", "--async", "--max-staleness", "0"], "integer > 0")]:
+        with pytest.raises(SystemExit):
             make_args(*flags)
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and msg in err, (flags, err)
 
 
 def test_bounded_get_names_the_phase(cluster):
@@ -110,20 +117,28 @@ def test_colocated_on_policy_then_k_steps(cluster, make_args):
         summary = grpo_ray.run(args, actors)
         rows = [r for r in read(args, "metrics.jsonl") if "ray/lag" in r]
         assert [r["step"] for r in rows] == [0, 1, 2] and summary["lags"] == [0, 0, 0]
-        assert all(r["train/kl_ref"] >= 0 and r["train/kl_prev"] >= 0 for r in rows)
+        assert all(set(STEP_KEYS) <= set(r) for r in rows), set(STEP_KEYS) - set(rows[0])
+        assert all(r["train/kl_ref"] >= 0 for r in rows) and all(r["train/kl_prev"] >= 0 for r in rows[1:])
         assert any(r["train/zero_var_frac"] < 1 for r in rows), "no reward variance: the policy cannot move"
         assert summary["devices"] == 1 and summary["samples"] == 24 and summary["samples_per_s"] > 0
         assert {"generate", "score", "train", "weight_sync"} <= set(summary["phase_mean_s"])
         assert os.path.getsize(os.path.join(args.out, "timeline.png")) > 0
         assert os.path.exists(os.path.join(args.out, "checkpoint", "model.safetensors"))
-        assert_synced(actors["colocated"], actors["colocated"], args)
-        # Problem 7 B: k=2 batches from version v, both with pi_old of v, then two GRPO-Clip steps
+        assert_synced(actors["colocated"], args)
+        # Problem 7 B: k=2 batches from version v, the second one stale (pi_old = the engine's, version v)
         args = start(actors, make_args("--steps-per-rollout", "2", "--loss", "grpo_clip", "--n-grpo-steps", "4"))
         summary = grpo_ray.run(args, actors)
         assert summary["lags"] == [0, 1, 0, 1]
         rows = [r for r in read(args, "metrics.jsonl") if "ray/lag" in r]
         assert [r["ray/gen_version"] for r in rows] == [0, 0, 2, 2]
-        assert_synced(actors["colocated"], actors["colocated"], args)
+        assert_synced(actors["colocated"], args)
+        # --resume: the run's flags and checkpoint, two more batches, rows of earlier steps kept
+        resumed = start(actors, grpo_ray.parse_args(["--resume", args.out, "--n-grpo-steps", "6"]))
+        assert resumed.steps_per_rollout == 2 and resumed.lr == args.lr and resumed.out == args.out
+        summary = grpo_ray.run(resumed, actors)
+        rows = [r for r in read(resumed, "metrics.jsonl") if "ray/lag" in r]
+        assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5] and summary["lags"] == [0, 1]
+        assert_synced(actors["colocated"], resumed)
     finally:
         grpo_ray.kill_actors(actors)
 
@@ -148,21 +163,28 @@ def test_disaggregated_sync(disaggregated, make_args):
     sync = spans(args, "weight_sync", "generator")
     assert all(gen[t + 1]["t0"] >= train[t]["t1"] for t in range(2)), "sync: no overlap"
     assert all(gen[t + 1]["t0"] >= sync[t]["t1"] for t in range(2)), "sync: generation t+1 uses train t's weights"
-    assert_synced(disaggregated["generator"], disaggregated["learner"], args)
+    assert_synced(disaggregated["generator"], args)
 
 
 @requires_vllm
 def test_disaggregated_async_staleness_and_overlap(disaggregated, make_args):
-    args = start(disaggregated, make_args("--placement", "disaggregated", "--async", "--loss", "grpo_clip"))
+    args = start(disaggregated, make_args("--placement", "disaggregated", "--async", "--loss", "grpo_clip",
+                                          "--rollout-is", "tis", "--kl-every", "1"))
     summary = grpo_ray.run(args, disaggregated)
     assert summary["lags"] == [0, 1, 1] and summary["max_lag"] <= args.max_staleness
+    rows = [r for r in read(args, "metrics.jsonl") if "ray/lag" in r]
+    for r in rows:  # TIS on every batch; the stale ones split their mismatch into kernel and staleness parts
+        assert {"train/is_weight_mean", "train/is_weight_max", "train/mismatch_kl"} <= set(r)
+    assert all(r["train/mismatch_kernel_kl"] < 1e-5 and r["train/mismatch_staleness_kl"] >= 0 for r in rows[1:])
+    if any(r["train/zero_var_frac"] < 1 for r in rows[:-1]):  # the policy moved: a stale batch's mismatch grew
+        assert max(r["train/mismatch_staleness_kl"] for r in rows[1:]) > 1e-6
     gen, train, sync = spans(args, "generate"), spans(args, "train"), spans(args, "weight_sync", "generator")
     # Batch 1 needs only version 0, so it runs on the generator while the learner trains batch 0.
     assert gen[1]["t0"] < train[0]["t1"], "async: generation 1 should start before train 0 ends"
     # Later steps: batch t+1 never waits for train t's weights (whether it also overlaps train t in wall
     # time depends on how long a weight load takes against a train step, so that is not asserted).
     assert all(gen[t + 1]["t0"] < sync[t]["t0"] for t in range(2)), "async: generation t+1 waited for train t"
-    assert_synced(disaggregated["generator"], disaggregated["learner"], args)
+    assert_synced(disaggregated["generator"], args)
 
 
 @requires_vllm
@@ -197,7 +219,7 @@ def test_async_over_ray_direct_transport_gloo(cluster, make_args):
     try:
         summary = grpo_ray.run(args, actors)
         assert summary["weight_sync"] == "gloo" and summary["lags"] == [0, 1, 1]
-        assert_synced(actors["generator"], actors["learner"], args)
+        assert_synced(actors["generator"], args)
         pushed = actors["learner"].get_weights.options(tensor_transport="gloo").remote(clone=True)
         n_bytes = ray.get(actors["generator"].receive.remote(pushed), timeout=60)
         policy = grpo.load_policy(args.model, resolved(args))[0]
@@ -217,5 +239,5 @@ def test_cli_smoke_joins_the_cluster(cluster, make_args, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["mode"] == "colocated-k1" and summary["steps"] == 2
-    for name in ("summary.json", "timeline.png", "metrics.jsonl", "checkpoint", "train_reward.png"):
+    for name in ("summary.json", "timeline.png", "metrics.jsonl", "checkpoint", "dashboard.png", "args.json"):
         assert os.path.exists(tmp_path / "cli" / name), name

@@ -2,10 +2,14 @@
 import http.server
 import itertools
 import json
+import math
 import os
 import random
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -14,6 +18,28 @@ import pytest
 
 from conftest import ROOT, requires_vllm
 import kissing
+
+requires_bwrap = pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is not installed (apt-get install bubblewrap)")
+SITE = [p for p in sys.path if p.endswith("site-packages")][0]
+D11 = [[s if k == i else t if k == j else 0 for k in range(11)]  # the D11 roots ±e_i ± e_j: 220 points, valid
+       for i, j in itertools.combinations(range(11), 2) for s in (1, -1) for t in (1, -1)]
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "kissing.py"), *map(str, args)], capture_output=True,
+                          text=True, timeout=120)
+
+
+def alive(marker):
+    """Processes on this machine whose command line contains `marker` (an escape that outlived its sandbox)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                found += [pid] if marker.encode() in f.read() else []
+        except OSError:
+            pass
+    return found
 
 
 def brute(P):
@@ -40,29 +66,36 @@ def rational_rotation(points, rng, reflections=2, radius=700):
 
 # ----------------------------------------------------------------------------- verifier
 def test_constructions_valid_and_cli(tmp_path):
-    m = kissing.verify([list(p) for p in kissing.construct_roots(11)])
+    m = kissing.verify(D11)
     assert m["valid"] and m["num_points"] == 220 and (m["max_sq_norm"], m["min_sq_dist"]) == (2, 2)
     code = kissing.construct_code(11)
     assert len(code) == 582 and all(sum(c * c for c in p) == 4 for p in code)
     out = tmp_path / "c.json"  # the README recipe, end to end through the CLI
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "kissing.py"), "construct", "--method", "code", "--out",
-                        str(out)], capture_output=True, text=True, timeout=60)
+    r = cli("construct", "--method", "code", "--out", out)
     assert r.returncode == 0, r.stderr
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "kissing.py"), "verify", str(out)],
-                       capture_output=True, text=True, timeout=60)
+    r = cli("verify", out)
     m = json.loads(r.stdout)
-    assert m["valid"] and m["num_points"] == 582 and m["margin"] == 0 and m["num_violations"] == 0
+    assert r.returncode == 0 and m["valid"] and m["num_points"] == 582 and m["margin"] == 0 and m["num_violations"] == 0
     for dim, size in [(8, 240), (9, 306), (10, 500)]:  # E8 kissing, P9a, P10b from the same construction
         assert kissing.verify([list(p) for p in kissing.construct_code(dim)], dim)["num_points"] == size
 
 
-def test_shell_search_and_optimize_are_verified():
+def test_shell_search_is_verified_and_bounded_by_its_cap():
     pts = kissing.construct_shell_search(8, 4, seconds=1.0)
     m = kissing.verify([list(p) for p in pts], 8)
     assert m["valid"] and m["num_points"] >= 200  # E8 has 240 on this shell
-    pts = kissing.construct_optimize(4, seconds=1.0)
-    m = kissing.verify([list(p) for p in pts], 4)
-    assert m["valid"] and 8 <= m["num_points"] <= 24  # τ4 = 24
+
+    def reference(dim, norm):  # the old recursive enumeration of the whole shell
+        r = math.isqrt(norm)
+        return [()] * (norm == 0) if dim == 0 else [(c,) + x for c in range(-r, r + 1) for x in reference(dim - 1, norm - c * c)]
+    for dim, norm in [(1, 4), (1, 3), (2, 25), (4, 5), (11, 4), (5, 12)]:
+        assert kissing.shell_vectors(dim, norm) == reference(dim, norm)
+    # huge shells (11-D norm 1000: ~10^13 vectors), sparse ones (no vector of norm 7·4^k in 3-D), norms past float64
+    for dim, norm in [(11, 1000), (40, 4), (3, 7 * 4 ** 12), (2, 10 ** 15 + 3), (1, 10 ** 30)]:
+        t0 = time.time()
+        with pytest.raises(ValueError, match="too large to list"):
+            kissing.shell_vectors(dim, norm)
+        assert time.time() - t0 < 10, (dim, norm)
 
 
 def test_invalid_sets_rejected_with_the_right_pair():
@@ -104,11 +137,12 @@ def test_large_coordinates_checked_exactly():
     pts = [[int(c) for c in row] for row in np.rint(F * 2.0 ** 42).astype(np.int64)]
     m = kissing.verify(pts)
     assert m["path"] == "limb" and m["num_points"] == 593
-    assert summary(m) == summary(kissing.verify(pts, path="python"))
+    assert summary(m) == tuple(brute(pts))
     twin = [[2 ** 45, 0, 7] + [0] * 8, [2 ** 45 + 1, 0, 7] + [0] * 8, [0, 2 ** 45] + [0] * 9]  # float error ≫ 1
-    assert summary(kissing.verify(twin)) == summary(kissing.verify(twin, path="python")) == (2 ** 90 + 2 ** 46 + 50, 1, [0, 1], 1, 0)
-    huge = [[c << 30 for c in p] for p in pts[:60]]  # ~72-bit coordinates: pure Python-int path
-    assert kissing.verify(huge)["path"] == "python"
+    assert summary(kissing.verify(twin)) == tuple(brute(twin)) == (2 ** 90 + 2 ** 46 + 50, 1, [0, 1], 1, 0)
+    huge = [[c << 30 for c in p] for p in pts[:60]]  # ~72-bit coordinates: refused, not checked inexactly
+    m = kissing.verify(huge)
+    assert not m["valid"] and "not exact" in m["message"] and "2^62" in m["message"]
 
 
 def test_fast_path_matches_exact_paths():
@@ -116,8 +150,8 @@ def test_fast_path_matches_exact_paths():
     for scale in (3, 1000, 2 ** 26):
         X = np.unique(rng.integers(-scale, scale + 1, (80, 11)), axis=0)
         X = [list(map(int, r)) for r in X if r.any()]
-        ms = [summary(kissing.verify(X, path=p)) for p in ("int64", "limb", "python")]
-        assert ms[0] == ms[1] == ms[2]
+        ms = [summary(kissing.verify(X, path=p)) for p in ("int64", "limb")]
+        assert ms[0] == ms[1] == tuple(brute(X))
 
 
 # ----------------------------------------------------------------------------- sandboxed evaluator
@@ -147,6 +181,149 @@ def test_evaluator_scores_a_valid_program_and_ignores_its_claims():
            "points = np.array([[2 * s * (k == i) for k in range(11)] for i in range(11) for s in (1, -1)])\n")
     res = kissing.evaluate_program(src, timeout=20)
     assert res["validity"] == 1.0 and res["score"] == 22 and "score: 10000" in res["stdout_tail"]
+
+
+# fork_exec as subprocess calls it (Python 3.11-3.13 signature): no audit event, so only the OS layer can stop it
+SPAWN = '''import os, _posixsubprocess
+def spawn(*argv):
+    r, w = os.pipe()
+    return _posixsubprocess.fork_exec([a.encode() for a in argv], [argv[0].encode()], True, (), None, None, -1, -1, -1, -1,
+                                      -1, -1, r, w, False, True, -1, None, None, None, -1, None, False)
+'''
+ESCAPES = {  # each prints "escaped" if it got out, "refused <errno>" if the kernel said no
+    "fork_exec": SPAWN + "try:\n    spawn('/bin/sleep', '{marker}')\n    print('escaped', flush=True)\nexcept OSError as e:\n"
+                         "    print('refused', e, flush=True)\nwhile True:\n    pass\n",
+    "fork loop": SPAWN + "n, err = 0, None\nfor _ in range(200):\n    try:\n        spawn('/bin/sleep', '{marker}')\n"
+                         "        n += 1\n    except OSError as e:\n        err = e\n"
+                         "print('escaped' if n else 'refused', err, flush=True)\npoints = [[1] + [0] * 10]\n",
+    "dir_fd write": "import os\nfd = os.open({site!r}, os.O_RDONLY)\nw = os.open('{pth}', os.O_WRONLY | os.O_CREAT, dir_fd=fd)\n"
+                    "os.write(w, b'# escaped\\n')\nprint('escaped', flush=True)\npoints = [[1] + [0] * 10]\n",
+}
+
+
+@requires_bwrap
+@pytest.mark.parametrize("name", list(ESCAPES))
+def test_sandbox_contains_the_escapes(name):
+    """The issue's escapes, a fork loop (a fork bomb bounded at 200 so that a failure cannot hurt the machine) and a
+    dir_fd write into site-packages (a .pth there would run at every interpreter start): none gets out."""
+    marker, pth = f"4242.{os.getpid()}{random.randrange(10 ** 6)}", f"kissing_escape_{os.getpid()}.pth"
+    try:
+        res = kissing.evaluate_program(ESCAPES[name].format(marker=marker, site=SITE, pth=pth), timeout=5)
+        time.sleep(0.2)  # the PID namespace is torn down with the sandbox
+        assert res["sandbox"] == "bwrap" and "escaped" not in res["stdout_tail"], res
+        assert not alive(marker) and not os.path.exists(os.path.join(SITE, pth))
+        assert "refused [Errno 1]" in res["stdout_tail"] or "is blocked" in res["reason"], res
+    finally:
+        for pid in alive(marker):
+            os.kill(int(pid), 9)
+        if os.path.exists(os.path.join(SITE, pth)):
+            os.remove(os.path.join(SITE, pth))
+
+
+LAYER = '''import os, socket, sys, threading
+def attempt(name, fn):
+    try:
+        fn()
+        print(name, "ok", flush=True)
+    except Exception as e:
+        print(name, "refused", type(e).__name__, flush=True)
+attempt("write site-packages", lambda: open(sys.argv[1], "w"))
+attempt("write repo", lambda: open(sys.argv[2], "w"))
+attempt("write tmp", lambda: open("/tmp/scratch", "w").write("x"))
+attempt("read /root", lambda: os.listdir("/root/.ssh"))
+attempt("connect", lambda: socket.create_connection(("127.0.0.1", int(sys.argv[3])), timeout=2))
+attempt("thread", lambda: threading.Thread(target=print).start())
+attempt("fork", os.fork)
+print("pids", sorted(int(p) for p in os.listdir("/proc") if p.isdigit()), flush=True)
+'''
+
+
+@requires_bwrap
+def test_os_layer_alone(tmp_path):
+    """bwrap_cmd without the audit hook: the host read-only, /tmp private, no network, one process, no fork; and,
+    without the seccomp filter, a daemon started with its own session still dies with the sandbox."""
+    (tmp_path / "layer.py").write_text(LAYER)
+    pth, repo_file = os.path.join(SITE, f"kissing_layer_{os.getpid()}.pth"), os.path.join(ROOT, f"kissing_layer_{os.getpid()}")
+    with socket.socket() as srv, tempfile.TemporaryFile() as bpf:
+        srv.bind(("127.0.0.1", 0)), srv.listen()
+        bpf.write(kissing.seccomp_filter()), bpf.seek(0)
+        argv = kissing.bwrap_cmd(str(tmp_path / "layer.py"), 1 << 20, bpf.fileno())
+        r = subprocess.run(argv + [sys.executable, "-I", "program.py", pth, repo_file, str(srv.getsockname()[1])],
+                           pass_fds=(bpf.fileno(),), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    for line in ("write site-packages refused OSError", "write repo refused OSError", "write tmp ok", "read /root refused",
+                 "connect refused", "thread ok", "fork refused PermissionError", "pids [1]"):
+        assert line in r.stdout, (line, r.stdout)
+    assert not os.path.exists(pth) and not os.path.exists(repo_file)
+    marker = f"4243.{os.getpid()}"
+    i = argv.index("--seccomp")
+    r = subprocess.run(argv[:i] + argv[i + 2:] + ["/bin/sh", "-c", f"setsid /bin/sleep {marker} & sleep 0.2; echo started"],
+                       capture_output=True, text=True, timeout=60)
+    time.sleep(0.2)
+    assert "started" in r.stdout and not alive(marker), r
+
+
+@pytest.mark.parametrize("source", [  # the second layer alone (no bwrap): writes through descriptors or to the far end
+    "import os\nfd = os.open({site!r}, os.O_RDONLY)\nos.close(os.open('{name}', os.O_WRONLY | os.O_CREAT, dir_fd=fd))\n",
+    "import os\nfd = os.open({site!r}, os.O_RDONLY)\nos.mkdir('{name}', dir_fd=fd)\n",
+    "open('x', 'w').close()\nimport os\nos.rename('x', {site!r} + '/{name}')\n",
+    "import shutil\nopen('x', 'w').close()\nshutil.copyfile('x', {site!r} + '/{name}')\n",
+    "import os\nos.chmod(os.open({site!r} + '/{name}.txt', os.O_RDONLY), 0o777)\n",  # a read-only fd of an outside file
+    "import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))\n",
+])
+def test_audit_hook_alone_blocks_descriptor_writes(source):
+    target = os.path.join(SITE, f"kissing_hook_{os.getpid()}")
+    with open(target + ".txt", "w") as f:  # an outside file the program may read (the installation) but not change
+        os.chmod(f.name, 0o644)
+    try:
+        res = kissing.evaluate_program(source.format(site=SITE, name=os.path.basename(target)) + "points = [[1] + [0] * 10]\n",
+                                       timeout=20, sandbox="none")
+        assert res["sandbox"] == "none" and "is blocked" in res["reason"], res
+        assert not os.path.exists(target) and os.stat(target + ".txt").st_mode & 0o777 == 0o644
+    finally:
+        os.remove(target + ".txt")
+        if os.path.isdir(target):
+            os.rmdir(target)
+        elif os.path.exists(target):
+            os.remove(target)
+
+
+def test_fallback_is_loud_and_refusable(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")  # no bwrap on PATH
+    with pytest.warns(RuntimeWarning, match="no bwrap here"):
+        res = kissing.evaluate_program("points = [[1] + [0] * 10]\n", timeout=20)
+    assert res["sandbox"] == "none" and res["validity"] == 1.0
+    res = kissing.evaluate_program("points = [[1] + [0] * 10]\n", timeout=20, sandbox="bwrap")
+    assert res["validity"] == 0.0 and res["reason"].startswith("could not start the sandbox: bwrap is not installed")
+
+
+def test_point_count_bounded_by_the_memory_limit():
+    """The parent's pair check needs ~80 B per pair: too many points are refused before any of that work."""
+    big = [[i] + [1] * 10 for i in range(1, 6001)]
+    m = kissing.verify(big)  # 2048 MiB: at most isqrt(2048 MiB / 80 B) = 5181 points
+    assert not m["valid"] and m["message"].startswith("invalid input: 6000 vectors; checking more than 5181")
+    assert "invalid input: 6000 vectors" in kissing.verify(np.ones((6000, 11), dtype=np.int64))["message"]
+    assert "more than 114" in kissing.verify(D11, mem_mb=1)["message"] and kissing.verify(D11, mem_mb=4)["valid"]
+    res = kissing.evaluate_program("points = [[i] + [1] * 10 for i in range(1, 6001)]\n", timeout=20)
+    assert res["validity"] == 0.0 and "checking more than 5181" in res["reason"]
+
+
+def test_cli_refuses_bad_input_in_one_line(tmp_path):
+    deep, bad, prog = tmp_path / "deep.json", tmp_path / "bad.json", tmp_path / "bad.py"
+    deep.write_text("[" * 10 ** 5 + "]" * 10 ** 5)
+    bad.write_text(json.dumps([[2] + [0] * 10, [1, 1] + [0] * 9]))
+    prog.write_text(f"points = {json.load(open(bad))}\n")
+    for args, says in [(["evaluate", "/nonexistent.py"], "no such file"), (["construct", "--dim", "0"], "--dim"),
+                       (["construct", "--dim", "1000"], "--dim 32"), (["verify", deep], "recursion"),
+                       (["construct", "--method", "shell-search", "--norm", "1000"], "too large to list"),
+                       (["search", "--llm", "x", "--iters", "0"], "--iters")]:
+        t0 = time.time()
+        r = cli(*args)
+        assert r.returncode == 2 and r.stderr.startswith("error:") and says in r.stderr, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and time.time() - t0 < 30, (args, r.stderr)
+    for args in (["verify", bad], ["evaluate", prog]):  # an invalid set fails the command (`construct && verify`)
+        r = cli(*args)
+        assert r.returncode == 1 and not json.loads(r.stdout)["valid"], (args, r.stdout, r.stderr)
 
 
 # ----------------------------------------------------------------------------- search loop

@@ -2,11 +2,13 @@
 log-prob path checked against the naive full-vocab computation on the tiny HF model."""
 import copy
 import math
+import os
 
 import pytest
 import torch
 
 import losses as L
+from conftest import ROOT
 
 T = torch.tensor
 
@@ -99,7 +101,7 @@ def test_compute_group_normalized_rewards():
     s = 1 / math.sqrt(2)  # unbiased std of (1, 0); the biased std would be 0.5
     close(raw, [1.0, 0.0, 0.5, 0.5])
     close(adv, [0.5 / (s + 1e-6), -0.5 / (s + 1e-6), 0.0, 0.0])
-    assert meta["frac_groups_zero_std"] == 0.5 and meta["format_reward_mean"] == 1.0
+    assert meta["frac_groups_zero_std"] == 0.5 and meta["mean"] == 0.5 and meta["max"] == 1.0
     adv, _, _ = L.compute_group_normalized_rewards(fn, resp, gts, 2, 1e-6, False)
     close(adv, [0.5, -0.5, 0.0, 0.0])
 
@@ -231,13 +233,13 @@ def test_gradcheck_losses_float64():
                lambda x: L.compute_policy_gradient_loss(x, "gspo", advantages=adv, old_log_probs=old, cliprange=0.2,
                                                         response_mask=mask)[0],
                lambda x: L.masked_mean(x, mask, dim=1), lambda x: L.masked_normalize(x, mask, 3.0, dim=0),
-               lambda x: L.compute_entropy(x)] + [lambda x, k=k: L.compute_kl(x, ref, k) for k in L.KL_ESTIMATORS]:
+               lambda x: L.compute_entropy(x)] + [lambda x, k=k: L.compute_kl(x, ref, k) for k in ("k1", "k2", "k3")]:
         assert torch.autograd.gradcheck(fn, (lp,))
     h, w = torch.randn(7, 4, **d, requires_grad=True), torch.randn(11, 4, **d, requires_grad=True)
     labels = torch.randint(0, 11, (7,))
     for want_ent in (False, True):
         assert torch.autograd.gradcheck(
-            lambda h, w: L._ChunkedHeadLogProbs.apply(h, w, labels, 0.7, 3, want_ent)[:1 + want_ent], (h, w))
+            lambda h, w: L._ChunkedLogProbs.apply(h, w, labels, 0.7, 3, want_ent, None, None)[:1 + want_ent], (h, w))
 
 
 # ----------------------------------------------------------------------------- chunked log-probs on a real model
@@ -256,7 +258,7 @@ def _grads(model, out_lp, out_ent, w):
 @pytest.mark.parametrize("temperature,fallback", [(1.0, False), (0.7, False), (0.7, True)])
 def test_get_response_log_probs_matches_naive(tiny, temperature, fallback):
     model = tiny[0]
-    model.config.final_logit_softcapping = 30.0 if fallback else None  # Qwen2 ignores it; forces the fallback
+    model._logprob_fast_path = False if fallback else None  # False forces the model's-own-logits path
     torch.manual_seed(0)
     ids, labels, w = torch.randint(0, 500, (3, 19)), torch.randint(0, 500, (3, 19)), torch.randn(3, 19)
     out = L.get_response_log_probs(model, ids, labels, return_token_entropy=True, temperature=temperature,
@@ -270,7 +272,7 @@ def test_get_response_log_probs_matches_naive(tiny, temperature, fallback):
         out = L.get_response_log_probs(model, ids, labels, temperature=temperature)
     assert set(out) == {"log_probs"} and not out["log_probs"].requires_grad
     close(out["log_probs"], lp, 1e-5)
-    model.config.final_logit_softcapping = None
+    model._logprob_fast_path = None
 
 
 def test_get_response_log_probs_bf16_and_errors(tiny):
@@ -287,3 +289,168 @@ def test_get_response_log_probs_bf16_and_errors(tiny):
         L.get_response_log_probs(model, ids, ids[:, 1:])
     with pytest.raises(ValueError, match="temperature"):
         L.get_response_log_probs(model, ids, ids, temperature=0.0)
+
+
+# ----------------------------------------------------------------------------- issue fixes, checked at the gradient level
+def test_token_norm_divides_by_the_whole_optimizer_step():
+    """DAPO: with normalize_constant = N_step, every response token's log-prob gets gradient -A_i / N_step,
+    whatever microbatch it sits in (two microbatches of 3 and 9 tokens, N_step = 12)."""
+    a1, a2 = T([[1.5]]), T([[-0.5], [2.0]])
+    lp1 = torch.zeros(1, 5, requires_grad=True)
+    m1 = T([[1, 1, 1, 0, 0]])  # 3 tokens
+    lp2 = torch.zeros(2, 5, requires_grad=True)
+    m2 = T([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])  # 9 tokens
+    for lp, m, a in ((lp1, m1, a1), (lp2, m2, a2)):
+        L.grpo_microbatch_train_step(lp, m, 2, "reinforce_with_baseline", advantages=a, length_norm="token",
+                                     normalize_constant=12)
+    close(lp1.grad, -a1 / 12 * m1)
+    close(lp2.grad, -a2 / 12 * m2)
+
+
+def test_loss_table_owns_every_fact():
+    assert L.RATIO_LOSSES == ("grpo_clip", "grpo_no_clip", "gspo")
+    assert set(L.LOSS_TYPES) == set(L.LOSSES)
+    lp, old, a = torch.log(T([[1.5, 0.5]])), torch.zeros(1, 2), T([1.0])
+    close(L.compute_policy_gradient_loss(lp, "grpo_no_clip", advantages=a, old_log_probs=old)[0],
+          L.compute_grpo_no_clip_loss(a, lp, old)[0])
+    mask = T([[1, 1]])
+    close(L.compute_policy_gradient_loss(lp, "gspo", advantages=a, old_log_probs=old, cliprange=0.2, response_mask=mask)[0],
+          L.compute_gspo_loss(a, lp, old, mask, 0.2)[0])
+    loss, _ = L.grpo_microbatch_loss(lp.clone().requires_grad_(), mask, 1, "grpo_clip", advantages=a, old_log_probs=old,
+                                     cliprange=0.2)
+    assert loss.requires_grad  # pure: no backward happened, the caller owns it
+
+
+def test_seed_spellings():
+    """The handouts' keyword spellings and seed 002's function names work."""
+    ratio, advs = torch.ones(2, 7), torch.full((2, 7), 2.0)
+    masks = T([[1, 1, 1, 1, 0, 0, 0], [1] * 7])
+    close(L.masked_normalize(ratio * advs, masks, dim=1, constant_normalizer=7), [8 / 7, 2.0])
+    table = {"a": 1.0, "b": 0.0}
+    fn = lambda r, gt: {"reward": table[r]}  # noqa: E731
+    adv, _, _ = L.compute_group_normalized_rewards(fn, ["a", "b"], ["x", "x"], 2, 1e-6, normalized_by_std=False)
+    close(adv, [0.5, -0.5])
+    adv, raw, meta = L.compute_group_normalized_advantages(["a", "b"], ["x", "x"], lambda r, g: table[r], 2, 1e-6, False)
+    close(adv, [0.5, -0.5])
+    assert {"mean", "std", "max", "min"} <= set(meta)
+    # seed 002: short (3 tokens) and long (6 tokens) responses, num_tokens = 6 -> every token's grad 1 / (6 * 2)
+    x = torch.ones(2, 6, requires_grad=True)
+    m = T([[1, 1, 1, 0, 0, 0], [1] * 6])
+    L.masked_mean_drgrpo(x, m, 6).backward()
+    close(x.grad, m / 12)
+
+
+def test_kl_divergence_seq_is_seed_004_eq8():
+    lp, ref = T([[-1.0, -2.0, 0.0], [-0.5, -0.5, -0.5]]), T([[-1.5, -1.0, 0.0], [-1.0, -1.0, 9.0]])
+    mask = T([[1, 1, 0], [1, 1, 1]])
+    # (1/N) sum_i sum_t (lp - ref): row 0: 0.5 - 1.0 = -0.5; row 1: 0.5 + 0.5 - 9.5 = -8.5
+    close(L.kl_divergence(lp, ref, mask, "seq"), (-0.5 - 8.5) / 2)
+    close(L.kl_divergence(lp, ref, mask, "k1"), (0.5 - 1.0 + 0.5 + 0.5 - 9.5) / 5)
+
+
+def test_rollout_is_tis_and_mis_on_a_hand_made_batch():
+    old = torch.log(T([[0.5, 0.9, 0.3], [0.2, 0.2, 0.6]]))
+    mu = torch.log(T([[0.1, 0.9, 0.9], [0.1, 0.3, 0.6]]))  # token ratios 5, 1, 1/3 | 2, 2/3, 1
+    mask = T([[1, 1, 1], [1, 1, 0]]).bool()
+    w, keep, m = L.compute_rollout_is(old, mu, mask, "tis", cap=2.0)
+    close(w[mask], [2.0, 1.0, 1 / 3, 2.0, 2 / 3])
+    assert torch.equal(keep, mask)
+    assert m["is_weight_max"] == pytest.approx(5.0) and m["is_weight_min"] == pytest.approx(1 / 3)
+    assert m["is_weight_outside_frac"] == pytest.approx(2 / 5)  # 5 and 1/3 are outside [0.5, 2]
+    lr = (old - mu)[mask]
+    assert m["mismatch_kl"] == pytest.approx(float((lr.exp() - 1 - lr).mean()))
+    _, keep, m = L.compute_rollout_is(old, mu, mask, "mis", cap=2.0)
+    assert keep.tolist() == [[False, True, False], [True, True, False]] and m["is_dropped_frac"] == pytest.approx(2 / 5)
+    w, keep, _ = L.compute_rollout_is(old, mu, mask, "tis", cap=2.0, level="sequence")  # row ratios 5/3 and 4/3
+    close(w[0], [5 / 3] * 3)
+    close(w[1, :2], [4 / 3] * 2)
+    _, keep, _ = L.compute_rollout_is(old, mu, mask, "mis", cap=1.5, level="sequence")
+    assert keep.tolist() == [[False] * 3, [True, True, False]]
+    # TIS weights scale each token's gradient and carry none themselves
+    lp = old.clone().requires_grad_()
+    L.grpo_microbatch_train_step(lp, mask, 1, "reinforce_with_baseline", advantages=T([1.0, 1.0]),
+                                 length_norm="token", normalize_constant=5, is_weights=w.requires_grad_())
+    close(lp.grad[mask], -w.detach()[mask] / 5)
+
+
+def _naive_banned(model, ids, labels, ban_ids, ban_mask, temperature):
+    logits = model(ids).logits.float() / temperature  # (B, T, V)
+    banned = torch.zeros_like(logits, dtype=torch.bool)
+    banned[..., ban_ids] = True
+    logits = logits.masked_fill(banned & ban_mask[..., None], float("-inf"))
+    logp = torch.log_softmax(logits, -1)
+    ent = -(logp.exp() * torch.where(logp.isfinite(), logp, 0.0)).sum(-1)
+    return logp.gather(-1, labels[..., None]).squeeze(-1), ent
+
+
+@pytest.mark.parametrize("fallback", [False, True])
+def test_min_tokens_ban_scores_the_sampled_distribution(tiny, fallback):
+    """vLLM bans stop tokens for the first min_tokens tokens; the trainer scores that same distribution."""
+    model = tiny[0]
+    model._logprob_fast_path = False if fallback else None
+    torch.manual_seed(1)
+    ids, labels, w = torch.randint(1, 500, (2, 11)), torch.randint(1, 500, (2, 11)), torch.randn(2, 11)
+    ban_ids, ban_mask = [0, 7], torch.zeros(2, 11, dtype=torch.bool)
+    ban_mask[:, 3:6] = True
+    out = L.get_response_log_probs(model, ids, labels, True, 0.7, chunk_size=4, ban_token_ids=ban_ids, ban_mask=ban_mask)
+    lp, ent = _naive_banned(model, ids, labels, ban_ids, ban_mask, 0.7)
+    close(out["log_probs"], lp, 1e-5)
+    close(out["token_entropy"], ent, 1e-5)
+    plain = L.get_response_log_probs(model, ids, labels, temperature=0.7)["log_probs"]
+    assert (plain - out["log_probs"])[ban_mask].abs().min() > 1e-6  # the ban moves every banned position
+    close(plain[~ban_mask], out["log_probs"][~ban_mask], 1e-6)  # and nothing else
+    for a, b in zip(_grads(model, out["log_probs"], out["token_entropy"], w), _grads(model, lp, ent, w)):
+        torch.testing.assert_close(a, b, atol=1e-5 * b.abs().max().item(), rtol=1e-4)
+    model._logprob_fast_path = None
+
+
+def test_fast_path_checks_itself_against_the_models_logits():
+    """Granite divides its logits by logits_scaling: a fast path that trusted the head would be 0.2+ nats off."""
+    from transformers import GraniteConfig, GraniteForCausalLM
+    torch.manual_seed(0)
+    cfg = GraniteConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                        num_key_value_heads=2, logits_scaling=4.0, tie_word_embeddings=False)
+    model = GraniteForCausalLM(cfg)
+    ids = torch.randint(0, 64, (2, 9))
+    out = L.get_response_log_probs(model, ids, ids, return_token_entropy=True)
+    lp, ent = _naive(model, ids, ids, 1.0)
+    close(out["log_probs"], lp, 1e-5)
+    close(out["token_entropy"], ent, 1e-5)
+    assert model._logprob_fast_path is False
+
+
+def test_bf16_autocast_over_fp32_weights(tiny):
+    """fp32 master weights, bf16 compute: the chunked head casts the weight and returns an fp32 gradient."""
+    model = copy.deepcopy(tiny[0])
+    ids = torch.randint(0, 500, (2, 9))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = L.get_response_log_probs(model, ids, ids, return_token_entropy=True)
+    out["log_probs"].sum().backward()
+    head = model.get_output_embeddings().weight
+    assert head.grad is not None and head.grad.dtype == torch.float32 and torch.isfinite(head.grad).all()
+    with torch.no_grad():
+        lp, _ = _naive(model, ids, ids, 1.0)
+    close(out["log_probs"], lp, 5e-2)
+
+
+def test_shared_prefix_is_exact(tiny):
+    """prefix_len runs the shared prompt once and reuses its KV cache: the same log-probs, entropies and
+    parameter gradients as the plain computation, to fp32 rounding (HF's RMSNorm and eager softmax compute in
+    float32 even for a float64 model, so 1e-7 relative is the floor there too). The embedded model's weights."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(ROOT, "models", "countdown-tiny"))
+    torch.manual_seed(3)
+    ids, labels, w = torch.randint(0, 500, (8, 60)), torch.randint(0, 500, (8, 60)), torch.randn(8, 60)
+    ids[:, :30] = ids[:1, :30]
+    outs = []
+    for P in (0, 29):
+        out = L.get_response_log_probs(model, ids, labels, return_token_entropy=True, temperature=0.7, chunk_size=64,
+                                       prefix_len=P)
+        g = _grads(model, out["log_probs"][:, 29:], out["token_entropy"][:, 29:], w[:, 29:])
+        outs.append((out["log_probs"][:, 29:].detach(), out["token_entropy"][:, 29:].detach(), g))
+    (lp0, e0, g0), (lp1, e1, g1) = outs
+    assert (lp1 - lp0).abs().max() <= 1e-5 and (e1 - e0).abs().max() <= 1e-5
+    assert max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(g1, g0)) <= 1e-5
+    assert L.shared_prefix_works(model, 500)
+    with pytest.raises(ValueError, match="do not share"):
+        L.get_response_log_probs(model, torch.randint(0, 500, (2, 9)), torch.randint(0, 500, (2, 9)), prefix_len=5)

