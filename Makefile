@@ -24,10 +24,10 @@ $(VENV)/.installed: requirements-cpu.txt requirements-dev.txt
 install: $(VENV)/.installed
 
 test: install
-	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(PY) -m pytest -q tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests $(PYTEST_ARGS)
 
 demo: install
-	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(PY) grpo.py
+	$(PY) grpo.py
 
 bench: install
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -18,6 +18,7 @@ Each script's parse_args uses these so that a bad value, path or size is one lin
 """
 import argparse
 import contextlib
+import glob
 import json
 import math
 import os
@@ -95,6 +96,11 @@ def existing_file(s):
     return s
 
 
+def data_path(s):
+    """argparse type for a task's data: "synthetic" (data.py's Countdown generator) or a non-empty file."""
+    return s if s == "synthetic" else existing_file(s)
+
+
 def looks_local(path):
     """True for a path the user means as a local directory (exists, absolute, ./ ~/ or an existing parent)."""
     return (os.path.exists(path) or os.path.isabs(path) or path.startswith((".", "~"))
@@ -124,6 +130,20 @@ def check_model_dir(path, flag="--model"):
 
 
 # ----------------------------------------------------------------------------- resume and dry runs
+def resume_from(parser, argv, args, needs=()):
+    """--resume RUN: the run's complete checkpoint (an interrupted save recovered), checked for the files a
+    model and `needs` (optimizer.pt, ...) need, its saved flags restored into args (given ones override)."""
+    ckpt = find_checkpoint(args.resume) or fail(f"--resume {args.resume}: no complete checkpoint there "
+                                                f"(expected <run>/checkpoint/state.json)")
+    check_model_dir(ckpt, "--resume")  # a broken checkpoint names its missing file
+    for f in needs:
+        check(os.path.isfile(os.path.join(ckpt, f)), f"--resume {ckpt}: {f} is missing (a broken checkpoint)")
+    with open(os.path.join(ckpt, "state.json")) as f:
+        resume_args(parser, argv, args, {**json.load(f).get("args", {}), "out": os.path.dirname(ckpt)})
+    args.resume = ckpt
+    return args
+
+
 def explicit_dests(parser, argv):
     """Destinations of the flags actually given in argv (their defaults suppressed)."""
     saved = [(a, a.default) for a in parser._actions]
@@ -151,7 +171,7 @@ def resume_args(parser, argv, args, saved, keep=("resume", "dry_run")):
                 overrides.append(f"{k} {saved[k]!r} -> {getattr(args, k)!r}")
         else:
             setattr(args, k, saved[k])
-    print(f"resume: restored the run's flags from its args.json"
+    print("resume: restored the run's flags from its checkpoint"
           + (f"; overriding {', '.join(overrides)}" if overrides else ""), flush=True)
     return args
 
@@ -211,14 +231,17 @@ def find_checkpoint(path, marker="state.json"):
     return final
 
 
-def save_checkpoint(out_dir, write, marker="state.json", name="checkpoint"):
+def save_checkpoint(out_dir, write, marker="state.json", name="checkpoint", keep=()):
     """Swap out_dir/<name> in whole: write(tmp_dir) fills a fresh tmp dir and must write `marker` last;
-    then checkpoint -> .old, tmp -> checkpoint, .old removed. A crash at any point leaves one complete copy."""
+    then checkpoint -> .old, tmp -> checkpoint, .old removed. A crash at any point leaves one complete copy.
+    `keep`: glob patterns of files in the old directory that move over (a hand-written model card)."""
     final = os.path.join(out_dir, name)
     tmp, old = final + ".tmp", final + ".old"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         os.makedirs(tmp)
+        for f in (f for pattern in keep for f in glob.glob(os.path.join(final, pattern))):
+            shutil.copy2(f, tmp)
         write(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays behind
@@ -233,13 +256,29 @@ def save_checkpoint(out_dir, write, marker="state.json", name="checkpoint"):
     return final
 
 
+def restore_checkpoint(ckpt, out_dir, through_step=False, **objects):
+    """Load each object's state from ckpt/<name>.pt (optimizer=..., scheduler=...) and cut out_dir/metrics.jsonl
+    back to the checkpoint: rows of steps after it (and a truncated last line) go; through_step keeps the
+    checkpoint's own step (sft.py logs a step under the count it ends). Returns state.json's dict."""
+    import torch
+    import data
+    for name, obj in objects.items():
+        obj.load_state_dict(torch.load(os.path.join(ckpt, f"{name}.pt"), map_location="cpu"))
+    with open(os.path.join(ckpt, "state.json")) as f:
+        state = json.load(f)
+    path, s = os.path.join(out_dir, "metrics.jsonl"), state["step"]
+    data.write_jsonl_atomic(path, [r for r in read_metrics(path) if r["step"] < s or through_step and r["step"] == s])
+    print(f"resumed from {ckpt} at step {s}", flush=True)
+    return state
+
+
 def jsonable(d):
     """A dict with every value JSON can hold (dtypes, paths -> str)."""
     return json.loads(json.dumps(d, default=str))
 
 
-def save_model_checkpoint(out_dir, model, tokenizer, args, state, extra=None):
-    """out_dir/checkpoint/: HF weights + tokenizer + `extra` torch objects ({"optimizer.pt": ...}) + state.json
+def save_model_checkpoint(out_dir, model, tokenizer, args, state, extra=None, name="checkpoint", keep=()):
+    """out_dir/<name>/: HF weights + tokenizer + `extra` torch objects ({"optimizer.pt": ...}) + state.json
     (the step counters and the run's flags, written last), swapped in whole by save_checkpoint."""
     import torch
 
@@ -250,7 +289,20 @@ def save_model_checkpoint(out_dir, model, tokenizer, args, state, extra=None):
             torch.save(obj, os.path.join(tmp, name))
         with open(os.path.join(tmp, "state.json"), "w") as f:
             json.dump({**state, "args": jsonable(vars(args))}, f, indent=1)
-    return save_checkpoint(out_dir, write)
+    return save_checkpoint(out_dir, write, name=name, keep=keep)
+
+
+def start_wandb(project, args, axes):
+    """A wandb run (None when project is None) logging the run's flags, each key pattern on its x-axis key
+    (seed 000 §4.3's two axes: train/* on train steps, eval/* on validations)."""
+    if not project:
+        return None
+    import wandb
+    run = wandb.init(project=project, config=jsonable(vars(args)))
+    for keys, axis in axes.items():
+        run.define_metric(axis)
+        run.define_metric(keys, step_metric=axis)
+    return run
 
 
 def log_row(out_dir, row, wandb_run=None):
@@ -278,6 +330,26 @@ def read_metrics(path):
     return rows
 
 
+# ----------------------------------------------------------------------------- validation
+def greedy_eval(engine, rows, reward, max_tokens, min_tokens=0, stop=(), workers=None):
+    """Greedy answers to rows' prompts on the engine's current weights, graded -> (eval/ metrics, sample rows).
+    The validation every trainer logs (grpo.py, grpo_ray.py, sft.py): eval/accuracy is the fraction with
+    answer reward 1, the one meaning of accuracy in every script."""
+    import grader
+    import rollout
+    outs = [o[0] for o in rollout.generate(engine, [r["prompt"] for r in rows], n=1, temperature=0.0,
+                                           max_tokens=max_tokens, min_tokens=min_tokens, stop=list(stop))]
+    gts = [r["ground_truth"] for r in rows]
+    dicts = grader.grade_batch(grader.REWARD_FNS[reward], [o["text"] for o in outs], gts, workers=workers)
+    n = max(len(outs), 1)
+    metrics = {f"eval/{k}": sum(d[k] for d in dicts) / n for k in ("reward", "format_reward", "answer_reward")} | {
+        "eval/accuracy": sum(d["answer_reward"] >= 1 for d in dicts) / n,
+        "eval/response_len": sum(len(o["token_ids"]) for o in outs) / n,
+        "eval/truncation_rate": sum(o["finish_reason"] == "length" for o in outs) / n}
+    return metrics, [{"split": "eval", "prompt": r["prompt"], "response": o["text"], "ground_truth": g, **d}
+                     for r, o, g, d in zip(rows, outs, gts, dicts)]
+
+
 # ----------------------------------------------------------------------------- precision
 DTYPES = ("auto", "float32", "bfloat16")
 
@@ -293,6 +365,25 @@ def resolve_precision(device, dtype="auto", pure_bf16=False):
     compute = torch.bfloat16 if dtype == "bfloat16" or (dtype == "auto" and str(device).startswith("cuda")) \
         else torch.float32
     return (compute if pure_bf16 else torch.float32), compute
+
+
+def engine_share(args, policy, extra_models=0):
+    """vLLM's GPU fraction: 0.85 on its own GPU (seed 001); on the policy's GPU what the trainer leaves: its
+    weights + AdamW's two moments (+ bf16 reference copies) stay resident, gradients only while training (the
+    engine's memory is free then with --sleep-engine), activations and the allocator get a 15% margin."""
+    import torch
+    pol, eng = torch.device(args.policy_device), torch.device(args.vllm_device)
+    if not (pol.type == eng.type == "cuda" and (pol.index or 0) == (eng.index or 0)):
+        return 0.85
+    dt = getattr(torch, args.param_dtype) if isinstance(args.param_dtype, str) else args.param_dtype
+    n, w = sum(p.numel() for p in policy.parameters()), torch.finfo(dt).bits // 8
+    resident, grads = n * 3 * w + 2 * n * int(extra_models), n * w
+    total = torch.cuda.get_device_properties(pol).total_memory
+    share = 1 - (resident + (0 if args.sleep_engine else grads)) / total - 0.15
+    check(share > 0.05, f"the policy needs {(resident + grads) / 2**30:.1f} GiB of this GPU's {total / 2**30:.1f}: "
+          f"use a second GPU (--vllm-device cuda:1), --pure-bf16 or --sleep-engine")
+    print(f"engine: gpu_memory_utilization {share:.2f} (the rest is the trainer's)", flush=True)
+    return share
 
 
 def autocast(device, compute_dtype):

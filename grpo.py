@@ -1,16 +1,12 @@
 """GRPO with verifiable rewards: the training loop of seed 000 §7 (Algorithm 2), one flat loop.
 
-Each step: collect (sample questions -> G samples each from the engine -> grade -> group-normalised
-advantages) -> train_step (pi_old by a no-grad pass when a ratio needs it -> epochs x train batches x
-microbatches, clip, AdamW) -> log -> save -> push the weights into the engine. grpo_ray.py runs the same
-collect and train_step in Ray actors. With no --model: the offline demo (embedded model, synthetic Countdown).
-Departures from the seeds (defaults per run in PROFILES below): trains on the engine's token ids, scored at
-its temperature and with its min_tokens ban (the distribution vLLM sampled); seed 000's starter sizes fail
-its own asserts, so the hub profile takes seed 001's 256 / 256 / 128; bf16 compute keeps fp32 master
-weights and AdamW state (--pure-bf16: the seeds' bf16-only policy, which rounds most lr-1e-5 updates away);
-several optimizer steps per rollout batch need a ratio loss (a plain -A log pi on stale data is refused).
-Extras, off by default: grpo_no_clip / gspo, DAPO (--cliprange-high, --length-norm token, --dynamic-sampling,
---mask-truncated, --overlong-buffer), --kl-beta, --rollout-is tis|mis, --old-log-probs engine, --kl-every.
+Each step: collect (questions -> G samples each from the engine -> grades -> group-normalised advantages) ->
+train_step (pi_old by a no-grad pass when a ratio needs it -> epochs x train batches x microbatches, clip,
+AdamW) -> log -> save -> weights into the engine. grpo_ray.py runs the same collect and train_step in Ray
+actors. No --model: the offline demo. Departures from the seeds (PROFILES): trains on the engine's tokens,
+scored at its temperature and min_tokens ban; hub sizes are seed 001's 256 / 256 / 128 (seed 000's starter
+sizes fail its own asserts); bf16 compute keeps fp32 master weights (--pure-bf16: the seeds' policy, which
+rounds most lr-1e-5 updates away); -A log pi on stale data is refused. Extras (off by default): see README.
 
 Examples:
   python grpo.py                                                       # offline CPU demo
@@ -19,11 +15,11 @@ Examples:
       --train-batch-size 128 --gradient-accumulation-steps 64           # off-policy
   python grpo.py --model Qwen/Qwen3-1.7B --dry-run                      # print the effective settings
 """
-import json
 import math
 import os
 import random
 import time
+from statistics import fmean
 
 import torch
 
@@ -33,10 +29,8 @@ import grader
 import losses
 import rollout as engines
 
-# One settings table. A flag left unset takes the value of the run's profile: "demo" (the embedded model,
-# offline on CPU) or "hub" (any other model: seed 000 §7.2's starter values with seed 001's consistent
-# batch sizes), then the task's row of TASK_PROFILES (seed 001's GSM8K/MATH sampling, seed 004's keyword
-# task). The README's settings table lists every entry with its seed.
+# One settings table: an unset flag takes its profile's value, "demo" (the embedded model, offline on CPU) or "hub"
+# (any other model), then its task's row; the README's settings table gives each entry's seed.
 PROFILES = {
     "hub": dict(lr=1e-5, n_grpo_steps=200, rollout_batch_size=256, group_size=8, train_batch_size=256,
                 gradient_accumulation_steps=128, temperature=0.7, min_tokens=4, max_tokens=1024, advantage_eps=1e-6,
@@ -54,11 +48,6 @@ SEED_SPACE = 2 ** 16  # --seed and step each index 16 bits of the sampling seed 
 
 
 # ----------------------------------------------------------------------------- config
-def data_path(s):
-    """argparse type: 'synthetic' (Countdown's generator) or an existing non-empty file."""
-    return s if s == "synthetic" else common.existing_file(s)
-
-
 def parse_args(argv=None):
     p = common.Parser(description="GRPO on a verifiable-reward task (seed 000 §7). Unset flags come from PROFILES.")
     pos, nonneg, pfloat = common.positive_int, common.nonneg_int, common.positive_float
@@ -67,8 +56,8 @@ def parse_args(argv=None):
     g.add_argument("--task", default="countdown", choices=sorted(data.TASKS), help="task (data.load_task)")
     g.add_argument("--prompt", default=None, help="prompts/<name>.prompt; default: data.task_defaults")
     g.add_argument("--reward", default=None, choices=sorted(grader.REWARD_FNS), help="reward fn; default: the task's")
-    g.add_argument("--train-path", type=data_path, default=None, help="train JSONL, 'synthetic' (Countdown), or the hub set")
-    g.add_argument("--val-path", type=data_path, default=None, help="validation file; default: the task's test split")
+    g.add_argument("--train-path", type=common.data_path, default=None, help="train JSONL, 'synthetic' (Countdown), or the hub set")
+    g.add_argument("--val-path", type=common.data_path, default=None, help="validation file; default: the task's test split")
     g.add_argument("--train-n", type=nonneg, default=None, help="train questions to load (0 = all)")
     g.add_argument("--data-seed", type=nonneg, default=0, help="seed of the synthetic data set (kept apart from --seed)")
     g = p.add_argument_group("optimisation")  # --- optimisation ---
@@ -129,18 +118,14 @@ def parse_args(argv=None):
     g.add_argument("--dry-run", action="store_true", help="print the effective settings as JSON and exit")
     args = p.parse_args(argv)
     if args.resume:
-        args.resume = common.find_checkpoint(args.resume) or common.fail(
-            f"--resume {args.resume}: no complete checkpoint there (expected <run>/checkpoint/state.json)")
-        with open(os.path.join(args.resume, "state.json")) as f:
-            common.resume_args(p, argv, args, json.load(f)["args"])
+        common.resume_from(p, argv, args, needs=("optimizer.pt",))
     return resolve(args)
 
 
 def resolve(args):
     """Profile defaults, derived sizes and every consistency check (one line naming the fix), nothing loaded."""
-    args.demo = data.is_embedded(args.model)
+    args.profile = "demo" if data.is_embedded(args.model) else "hub"
     args.model = common.check_model_dir(args.model or data.EMBEDDED_MODEL)
-    args.profile = "demo" if args.demo else "hub"
     for k, v in {**PROFILES[args.profile], **TASK_PROFILES.get(args.task, {})}.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -149,18 +134,15 @@ def resolve(args):
     args.train_path, args.val_path = args.train_path or task["path"], args.val_path or task["path"]
     args.stop = data.stop_strings(common.attempt(data.load_prompt, args.prompt, what=f"--prompt {args.prompt}"))
     args.normalize_constant = args.normalize_constant or float(args.max_tokens)
-    args.out = args.out or (os.path.dirname(args.resume) if args.resume else os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")))
+    args.out = args.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))  # --resume: its run
     # derived sizes (seed 000 §7.2's sanity asserts, each naming what to change)
     c = common.check
-    c(args.train_batch_size % args.gradient_accumulation_steps == 0, f"--train-batch-size {args.train_batch_size} must "
-      f"be divisible by --gradient-accumulation-steps {args.gradient_accumulation_steps}")
+    c(args.train_batch_size % args.gradient_accumulation_steps == 0, "--train-batch-size must be divisible by --gradient-accumulation-steps")
     args.micro_train_batch_size = args.train_batch_size // args.gradient_accumulation_steps
-    c(args.rollout_batch_size % args.group_size == 0,
-      f"--rollout-batch-size {args.rollout_batch_size} must be divisible by --group-size {args.group_size}")
+    c(args.rollout_batch_size % args.group_size == 0, "--rollout-batch-size must be divisible by --group-size")
     args.n_prompts_per_rollout_batch = args.rollout_batch_size // args.group_size
-    c(args.train_batch_size >= args.group_size, f"--train-batch-size {args.train_batch_size} must be >= --group-size {args.group_size}")
-    c(args.rollout_batch_size % args.train_batch_size == 0,
-      f"--rollout-batch-size {args.rollout_batch_size} must be a multiple of --train-batch-size {args.train_batch_size}")
+    c(args.train_batch_size >= args.group_size, "--train-batch-size must be >= --group-size")
+    c(args.rollout_batch_size % args.train_batch_size == 0, "--rollout-batch-size must be a multiple of --train-batch-size")
     args.optimizer_steps_per_rollout_batch = args.epochs_per_rollout_batch * args.rollout_batch_size // args.train_batch_size
     args.off_policy = args.optimizer_steps_per_rollout_batch > 1
     c(not args.off_policy or args.loss in losses.RATIO_LOSSES, f"--loss {args.loss} with {args.optimizer_steps_per_rollout_batch}"
@@ -170,8 +152,7 @@ def resolve(args):
     c(not args.std_norm or args.group_size >= 2, "--std-norm needs --group-size >= 2 (or pass --no-std-norm)")
     c(args.min_tokens <= args.max_tokens, f"--min-tokens {args.min_tokens} must be <= --max-tokens {args.max_tokens}")
     c(args.overlong_buffer < args.max_tokens, f"--overlong-buffer {args.overlong_buffer} must be < --max-tokens {args.max_tokens}")
-    c(args.rollout_is == "none" or args.old_log_probs == "trainer",
-      "--rollout-is compares the trainer's pi_old with the engine's log-probs: drop --old-log-probs engine")
+    c(args.rollout_is == "none" or args.old_log_probs == "trainer", "--rollout-is needs the trainer's pi_old: drop --old-log-probs engine")
     c(args.kl_beta == 0 or args.kl_estimator != "seq", "--kl-estimator seq is for monitoring; the penalty needs k1, k2 or k3")
     c(args.sleep_engine is False or args.engine == "vllm", "--sleep-engine frees vLLM's GPU memory: use --engine vllm")
     c(args.seed < SEED_SPACE and args.n_grpo_steps < SEED_SPACE, f"--seed and --n-grpo-steps must be < {SEED_SPACE}")
@@ -189,16 +170,16 @@ def setup_devices(args):
     args.param_dtype, args.compute_dtype = common.resolve_precision(args.policy_device, args.dtype, args.pure_bf16)
     if args.shared_prefix is None:  # on CUDA the saving is the prompt's share of a long response: see the README
         args.shared_prefix = args.policy_device == "cpu" and not args.gradient_checkpointing
-    pol, eng = torch.device(args.policy_device), torch.device(args.vllm_device)
-    args.shared_gpu = pol.type == eng.type == "cuda" and (pol.index or 0) == (eng.index or 0)
     print(f"devices: policy {args.policy_device} (weights {args.param_dtype}, compute {args.compute_dtype}), engine "
-          f"{args.engine} on {args.vllm_device} ({n_gpu} GPUs visible)" + (" | one GPU shared" if args.shared_gpu else ""))
+          f"{args.engine} on {args.vllm_device} ({n_gpu} GPUs visible)")
 
 
 def load_data(args):
     """(train rows, validation rows), each with its formatted "prompt"; one-line errors on missing/empty data."""
-    train = common.attempt(data.load_task, args.task, "train", args.train_path, args.train_n or None, args.data_seed, prompt=args.prompt)
-    val = common.attempt(data.load_task, args.task, "test", args.val_path, args.eval_n, args.data_seed, prompt=args.prompt)
+    train = common.attempt(data.load_task, args.task, "train", args.train_path, args.train_n or None, args.data_seed,
+                           prompt=args.prompt, what="--train-path")
+    val = common.attempt(data.load_task, args.task, "test", args.val_path, args.eval_n, args.data_seed, prompt=args.prompt,
+                         what="--val-path")
     common.check(len(train) >= args.n_prompts_per_rollout_batch, f"{len(train)} train questions < "
                  f"{args.n_prompts_per_rollout_batch} prompts per rollout batch: more data or a smaller --rollout-batch-size")
     common.check(len(val) > 0, "the validation set is empty: check --val-path")
@@ -207,18 +188,9 @@ def load_data(args):
     return train, val
 
 
-def disable_dropout(model):
-    """RL scores pi_old, pi_ref and pi with the same function: dropout off everywhere (training forwards too)."""
-    for m in model.modules():
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.0
-        if isinstance(getattr(m, "attention_dropout", None), float):  # HF attention modules keep a float
-            m.attention_dropout = 0.0
-    return model
-
-
 def load_policy(path, args, dtype=None):
-    """HF causal LM on args.policy_device in `dtype` (default: the master-weight dtype), dropout off."""
+    """HF causal LM on args.policy_device in `dtype` (default: the master-weight dtype), dropout off: RL scores
+    pi_old, pi_ref and pi (training forwards too) with one function."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or args.param_dtype).to(args.policy_device)
     if args.gradient_checkpointing:
@@ -226,11 +198,16 @@ def load_policy(path, args, dtype=None):
     policy.config.use_cache = False
     tok, rows = AutoTokenizer.from_pretrained(path), policy.get_input_embeddings().weight.shape[0]
     common.check(len(tok) <= rows, f"{path}: the tokenizer has {len(tok)} tokens but the model only {rows} embeddings")
-    if args.shared_prefix and (args.gradient_checkpointing or not losses.shared_prefix_works(policy, len(tok))):
+    if args.shared_prefix and (args.gradient_checkpointing or not losses.shared_prefix_works(policy)):
         args.shared_prefix = False
         print("notice: --shared-prefix off (gradient checkpointing drops the KV cache it reuses, or this model's "
               "cache did not reproduce its plain log-probs)")
-    return disable_dropout(policy).train(), tok
+    for m in policy.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+        if isinstance(getattr(m, "attention_dropout", None), float):  # HF attention modules keep a float
+            m.attention_dropout = 0.0
+    return policy.train(), tok
 
 
 def make_engine(path, args, policy=None):
@@ -239,44 +216,26 @@ def make_engine(path, args, policy=None):
     max_len = min(getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 4096), 4096)
     kw = dict(max_model_len=max_len) if args.engine == "vllm" else {}
     if args.engine == "vllm" and args.vllm_device.startswith("cuda"):
-        kw.update(gpu_memory_utilization=args.gpu_memory_utilization or engine_share(args, policy),
-                  enable_sleep_mode=args.sleep_engine)
-        print(f"engine: gpu_memory_utilization {kw['gpu_memory_utilization']:.2f}")
+        kw.update(gpu_memory_utilization=args.gpu_memory_utilization or common.engine_share(args, policy, extra_models=bool(
+            args.kl_beta or args.kl_every)), enable_sleep_mode=args.sleep_engine)
     return engines.init_engine(args.engine, path, device=args.vllm_device, seed=args.seed, **kw)
-
-
-def engine_share(args, policy):
-    """vLLM's GPU fraction: 0.85 on its own GPU (seed 001); on one shared GPU what the trainer leaves: its
-    weights + AdamW's two moments (+ a bf16 reference) stay resident, gradients only while training (the
-    engine's memory is free then with --sleep-engine), activations and the allocator get a 15% margin."""
-    if not args.shared_gpu or policy is None:
-        return 0.85
-    n, w = sum(p.numel() for p in policy.parameters()), torch.finfo(args.param_dtype).bits // 8
-    resident, grads = n * 3 * w + (2 * n if args.kl_beta or args.kl_every else 0), n * w
-    total = torch.cuda.get_device_properties(torch.device(args.policy_device)).total_memory
-    share = 1 - (resident + (0 if args.sleep_engine else grads)) / total - 0.15
-    common.check(share > 0.05, f"the policy needs {(resident + grads) / 2**30:.1f} GiB of this GPU's {total / 2**30:.1f}: "
-                 f"use a second GPU (--vllm-device cuda:1), --pure-bf16 or --sleep-engine")
-    return share
 
 
 # ----------------------------------------------------------------------------- rollout / reward
 def sample_seed(args, step, rnd=0):
-    """First sampling seed of step `step`, round `rnd` (dynamic sampling): disjoint 2^20-seed blocks, so no
-    two samples of a run ever share a stream (rollout.generate uses [seed, seed + prompts x G))."""
+    """First seed of step `step`, round `rnd`: disjoint 2^20-seed blocks (generate uses [seed, seed + prompts x G))."""
     return ((args.seed * SEED_SPACE + step) * 16 + rnd) * 2 ** 20
 
 
 def rollout(engine, rows, args, seed):
     """G samples of each row's prompt -> batch: dict of group-major lists (N = rows x G)."""
     outs = engines.generate(engine, [r["prompt"] for r in rows], n=args.group_size, temperature=args.temperature,
-                            top_p=args.top_p, max_tokens=args.max_tokens, min_tokens=args.min_tokens, stop=args.stop,
-                            seed=seed)
+                            top_p=args.top_p, max_tokens=args.max_tokens, min_tokens=args.min_tokens, stop=args.stop, seed=seed)
     flat = [(r, o) for r, os_ in zip(rows, outs) for o in os_]  # group-major: G per prompt
-    return {"prompts": [r["prompt"] for r, _ in flat], "ground_truths": [r["ground_truth"] for r, _ in flat],
-            "responses": [o["text"] for _, o in flat], "prompt_ids": [o["prompt_token_ids"] for _, o in flat],
-            "response_ids": [o["token_ids"] for _, o in flat], "engine_logprobs": [o["logprobs"] for _, o in flat],
-            "truncated": [o["finish_reason"] == "length" for _, o in flat]}
+    keys = {"prompts": "prompt", "ground_truths": "ground_truth", "responses": "text", "prompt_ids": "prompt_token_ids",
+            "response_ids": "token_ids", "engine_logprobs": "logprobs"}  # batch key -> the row's or the sample's
+    return {k: [o[v] if v in o else r[v] for r, o in flat] for k, v in keys.items()} | {
+        "truncated": [o["finish_reason"] == "length" for _, o in flat]}
 
 
 def score(batch, args):
@@ -291,18 +250,10 @@ def score(batch, args):
     return batch
 
 
-def _keep_groups(batch, keep, G):
-    """The rows of batch whose group index is in `keep` (lists and (N,) tensors alike)."""
-    rows = [i * G + j for i in keep for j in range(G)]
-    return {k: (v[rows] if torch.is_tensor(v) else [v[i] for i in rows]) for k, v in batch.items()}
-
-
 def collect(engine, train_rows, args, step, shard=(0, 1)):
-    """The rollout + reward phases of one step: a scored batch with advantages, and its metrics. With
-    --dynamic-sampling (DAPO), groups whose rewards are all equal are dropped and fresh prompts sampled, at most
-    --dynamic-sampling-max-rounds extra rounds; a batch still short after them trains as it is (smaller).
-    shard (i, n): generator i of n (grpo_ray.py) takes its contiguous share of the step's prompts, with seeds
-    disjoint from the others'; shards joined in order are one rollout batch."""
+    """Rollout + reward phases of a step -> (scored batch with advantages, metrics). --dynamic-sampling (DAPO) drops
+    flat groups and samples fresh prompts for up to --dynamic-sampling-max-rounds rounds, then trains what it has.
+    shard (i, n): generator i of n (grpo_ray.py) takes its part of the prompts and seeds; joined in order = one batch."""
     (i, n), G, total = shard, args.group_size, args.n_prompts_per_rollout_batch
     start, rng = i * total // n, random.Random(f"{sample_seed(args, step)}-{i}")  # extra rounds: this shard's own draws
     rows = random.Random(sample_seed(args, step)).sample(train_rows, total)[start:(i + 1) * total // n]
@@ -312,7 +263,8 @@ def collect(engine, train_rows, args, step, shard=(0, 1)):
         part, sampled, t_grade = score(part, args), sampled + len(rows), t_grade + time.perf_counter() - t1
         if args.dynamic_sampling:  # keep the groups with reward variance, up to the batch size
             raw, have = part["raw"].view(-1, G), 0 if batch is None else len(batch["raw"]) // G  # (n, G)
-            flat, part = part, _keep_groups(part, [g for g in range(len(rows)) if raw[g].max() > raw[g].min()][:want - have], G)
+            keep = [g * G + j for g in range(len(rows)) if raw[g].max() > raw[g].min() for j in range(G)][:(want - have) * G]
+            flat, part = part, {k: (v[keep] if torch.is_tensor(v) else [v[i] for i in keep]) for k, v in part.items()}
         batch = part if batch is None else {k: (torch.cat([batch[k], v]) if torch.is_tensor(v) else batch[k] + v)
                                             for k, v in part.items()}
         t_round0 = t_round0 or time.perf_counter() - t0
@@ -328,20 +280,15 @@ def collect(engine, train_rows, args, step, shard=(0, 1)):
         reward_dicts=batch["raw"].tolist())
     batch["raw_rewards"], batch["ban_token_ids"] = batch["raw"], engines.min_tokens_banned_ids(engine) if args.min_tokens else []
     lens, d = [len(r) for r in batch["response_ids"]], batch["rewards"]
-    m = {"train/reward": meta["mean"], "train/format_reward": _mean([x["format_reward"] for x in d]),
-         "train/answer_reward": _mean([x["answer_reward"] for x in d]), "train/zero_var_frac": meta["frac_groups_zero_std"],
-         "train/response_len_mean": _mean(lens), "train/response_len_max": max(lens),
-         "train/truncation_rate": _mean(batch["truncated"]), "time/generation": time.perf_counter() - t0 - t_grade,
+    m = {"train/reward": meta["mean"], "train/format_reward": fmean([x["format_reward"] for x in d]),
+         "train/answer_reward": fmean([x["answer_reward"] for x in d]), "train/zero_var_frac": meta["frac_groups_zero_std"],
+         "train/response_len_mean": fmean(lens), "train/response_len_max": max(lens),
+         "train/truncation_rate": fmean(batch["truncated"]), "time/generation": time.perf_counter() - t0 - t_grade,
          "time/grading": t_grade}
     if args.dynamic_sampling:
         m.update({"train/dynamic_filtered_frac": 1 - len(batch["raw"]) / G / sampled, "train/dynamic_prompts_sampled": sampled,
                   "time/dynamic_extra_generation": time.perf_counter() - t0 - t_round0})
     return batch, m
-
-
-def _mean(xs):
-    xs = [float(x) for x in xs]
-    return sum(xs) / max(len(xs), 1)
 
 
 def collate(batch, args, pad_id=0):
@@ -366,9 +313,8 @@ def collate(batch, args, pad_id=0):
 
 
 def _forwards(tensors, idx, args, device):
-    """The forward passes of microbatch rows idx: one per group with --shared-prefix (its prompt runs once:
-    prefix_len = prompt length - 1, the last prompt token predicts each response's first), else one. Each
-    is trimmed to its longest sequence. Yields (rows, tensors on device, length L, prefix_len P)."""
+    """Microbatch rows idx as forward passes (rows, tensors trimmed to their longest L, on device, L, prefix_len
+    P): one per group with --shared-prefix (its prompt once; its last token predicts each response's first)."""
     groups = [idx[tensors["group"][idx] == g] for g in tensors["group"][idx].unique()] if args.shared_prefix else [idx]
     for rows in groups:
         L, P = int(tensors["lengths"][rows].max()), int(tensors["prompt_len"][rows].min()) - 1 if len(rows) > 1 else 0
@@ -382,8 +328,7 @@ def _shard(rows, dp):
 
 
 def batch_log_probs(model, tensors, args, ban_ids, dp=None):
-    """(N, T) log-probs of the labels under `model` at the sampling temperature: no grad, eval mode. With dp,
-    each learner scores its shard and the sum over learners fills in the rest."""
+    """(N, T) label log-probs under `model` at the sampling temperature, no grad; dp: shard per learner, then summed."""
     N, T = tensors["labels"].shape
     out, dev, was_training, rows = torch.zeros(N, T), next(model.parameters()).device, model.training, _shard(torch.arange(N), dp)
     model.eval()
@@ -398,13 +343,11 @@ def batch_log_probs(model, tensors, args, ban_ids, dp=None):
 
 
 def train_step(policy, optimizer, batch, args, step, ref_model=None, prev_model=None, lag=0, dp=None):
-    """One scored rollout batch -> policy updates and metrics: pi_old (and reference / previous-policy
-    log-probs for KL) by no-grad passes, then epochs x train batches x microbatches. `lag` = how many updates
-    the policy is ahead of the batch's generator (grpo_ray.py's async mode); a stale batch takes pi_old from
-    the engine unless --rollout-is corrects it. prev_model (KL monitoring) holds pi_{t-1}, refreshed here.
-    dp (grpo_ray.py --num-learners M): {"rank", "world", "reduce": in-place all-reduce(tensor, op)}: each learner
-    runs its 1/M of every row set and gradients and metrics are summed, so all take the step one learner would.
-    Returns (history: one dict per optimizer step, metrics of the whole step)."""
+    """One scored rollout batch -> (history: one dict per optimizer step, the step's metrics): pi_old (reference,
+    previous policy for KL) by no-grad passes, then epochs x train batches x microbatches. lag: updates the policy
+    is ahead of the batch's generator (grpo_ray.py); a stale batch takes pi_old from the engine unless --rollout-is
+    corrects it. prev_model holds pi_{t-1}, refreshed here. dp (grpo_ray.py's M learners): {"rank", "world",
+    "reduce": in-place all-reduce(tensor, op)}: each runs 1/M of every row set, gradients and metrics are summed."""
     t0, ban_ids = time.perf_counter(), batch["ban_token_ids"]
     tensors, m = collate(batch, args), {}
     do_kl = bool(args.kl_every) and step % args.kl_every == 0
@@ -468,12 +411,13 @@ def _updates(policy, optimizer, batch, tensors, mask, old, ref, weights, args, s
                     normalize_constant=n_tok if args.length_norm == "token" else args.normalize_constant,
                     ref_log_probs=ref[idx, :L].to(dev) if (ref is not None and args.kl_beta) else None, kl_beta=args.kl_beta,
                     kl_estimator=args.kl_estimator, is_weights=None if weights is None else weights[idx, :L].to(dev))
+                tok = float(mbm.sum()) / n_tok  # token averages over the whole step, whatever the forwards' split
                 h["loss"] += loss.item()
-                h["entropy"] += losses.masked_mean(out["token_entropy"].detach(), mbm).nan_to_num().item() * share
-                h["clip_fraction"] += float(meta.get("clip_fraction", 0.0)) * share
+                h["entropy"] += losses.masked_mean(out["token_entropy"].detach(), mbm).nan_to_num().item() * tok
+                h["clip_fraction"] += float(meta.get("clip_fraction", 0.0)) * tok
                 if "ratio_mean" in meta:
                     h_ratio = True
-                    h["ratio_mean"] += meta["ratio_mean"].nan_to_num(1.0).item() * share
+                    h["ratio_mean"] += meta["ratio_mean"].nan_to_num(1.0).item() * tok
                     h["ratio_min"], h["ratio_max"] = min(h["ratio_min"], meta["ratio_min"].item()), max(h["ratio_max"], meta["ratio_max"].item())
             if dp is not None:  # the step's gradient and metrics are the sums of every learner's part
                 _reduce(params, h, dp)
@@ -490,77 +434,37 @@ def _updates(policy, optimizer, batch, tensors, mask, old, ref, weights, args, s
 
 def _reduce(params, h, dp):
     """All-reduce the accumulated gradients (one flat buffer) and the step's metric sums / extremes over learners."""
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    flat = dp["reduce"](torch.cat([p.grad.reshape(-1) for p in params]), "sum")
+    flat = dp["reduce"](torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]), "sum")
     for p, g in zip(params, flat.split([p.numel() for p in params])):
-        p.grad.copy_(g.view_as(p))
+        p.grad = g.view_as(p).clone()
     keys = ("loss", "entropy", "clip_fraction", "ratio_mean")
     h.update(zip(keys, dp["reduce"](torch.tensor([h[k] for k in keys], dtype=torch.float64), "sum").tolist()))
     h["ratio_min"], h["ratio_max"] = (dp["reduce"](torch.tensor(h[k]), op).item() for k, op in (("ratio_min", "min"), ("ratio_max", "max")))
 
 
 def step_rows(step, opt_step, batch, history, metrics, step_s, weight_sync_s, wall_s):
-    """The metric rows of one GRPO step, one per optimizer step: what grpo.py and grpo_ray.py both log.
-    metrics = collect's | train_step's (| the caller's own, e.g. ray/*)."""
+    """One GRPO step's metric rows (one per optimizer step) for grpo.py and grpo_ray.py: metrics = collect's | train_step's."""
     n_tok = sum(len(r) for r in batch["response_ids"])
-    row = metrics | {"time/weight_sync": weight_sync_s, "time/step": step_s, "time/wall": wall_s,
-                     "time/tokens_per_s": n_tok / max(step_s, 1e-9),
-                     "time/gen_tokens_per_s": n_tok / max(metrics["time/generation"], 1e-9)}
+    row = metrics | {"time/weight_sync": weight_sync_s, "time/step": step_s, "time/wall": wall_s, "time/tokens_per_s":
+                     n_tok / max(step_s, 1e-9), "time/gen_tokens_per_s": n_tok / max(metrics["time/generation"], 1e-9)}
     return [{"step": step, "opt_step": opt_step + i + 1} | row | h for i, h in enumerate(history)]
 
 
 # ----------------------------------------------------------------------------- eval / io
-def evaluate(engine, val_rows, args):
-    """Greedy answers to the validation prompts on the engine's current weights -> (metrics, sample rows).
-    accuracy = the fraction with answer reward 1 (the same meaning in every script)."""
-    outs = [o[0] for o in engines.generate(engine, [r["prompt"] for r in val_rows], n=1, temperature=0.0,
-                                           max_tokens=args.max_tokens, min_tokens=args.min_tokens, stop=args.stop)]
-    gts = [r["ground_truth"] for r in val_rows]
-    dicts = grader.grade_batch(grader.REWARD_FNS[args.reward], [o["text"] for o in outs], gts, workers=args.grader_workers)
-    metrics = {"eval/accuracy": _mean([d["answer_reward"] >= 1 for d in dicts]), "eval/reward": _mean([d["reward"] for d in dicts]),
-               "eval/format_reward": _mean([d["format_reward"] for d in dicts]),
-               "eval/answer_reward": _mean([d["answer_reward"] for d in dicts]),
-               "eval/response_len": _mean([len(o["token_ids"]) for o in outs]),
-               "eval/truncation_rate": _mean([o["finish_reason"] == "length" for o in outs])}
-    return metrics, [{"split": "eval", "prompt": r["prompt"], "response": o["text"], "ground_truth": g, **d}
-                     for r, o, g, d in zip(val_rows, outs, gts, dicts)]
+LINE = "loss +.4f reward .3f answer_reward .2f response_len_mean .1f truncation_rate .2f entropy .3f grad_norm .3f " \
+       "clip_fraction .3f kl_ref .2e kl_prev .2e generation .1f training .1f tokens_per_s .0f".split()  # (name, format)
 
 
-def sync_weights(policy, engine):
-    """Push the policy into the engine (rollout.load_policy_into_vllm); returns seconds."""
-    return engines.load_policy_into_vllm(policy, engine)
-
-
-def save_checkpoint(out_dir, policy, tokenizer, optimizer, args, state):
-    """out_dir/checkpoint/ (weights, tokenizer, optimizer.pt, state.json), swapped in whole."""
-    return common.save_model_checkpoint(out_dir, policy, tokenizer, args, state, {"optimizer.pt": optimizer.state_dict()})
-
-
-def load_checkpoint(path, optimizer):
-    """Optimizer state and the step counters of a checkpoint dir (its weights load with load_policy)."""
-    common.check(os.path.exists(os.path.join(path, "optimizer.pt")), f"--resume {path}: the checkpoint has no optimizer.pt")
-    optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), map_location="cpu"))
-    with open(os.path.join(path, "state.json")) as f:
-        return {k: v for k, v in json.load(f).items() if k in ("step", "opt_step", "wall")}
-
-
-LINE = [("loss", "train/loss", "+.4f"), ("reward", "train/reward", ".3f"), ("ans", "train/answer_reward", ".2f"),
-        ("len", "train/response_len_mean", ".1f"), ("trunc", "train/truncation_rate", ".2f"), ("ent", "train/entropy", ".3f"),
-        ("gnorm", "train/grad_norm", ".3f"), ("clip", "train/clip_fraction", ".3f"), ("kl_ref", "train/kl_ref", ".2e"),
-        ("kl_prev", "train/kl_prev", ".2e"), ("gen", "time/generation", ".1f"), ("train", "time/training", ".1f"),
-        ("tok/s", "time/tokens_per_s", ".0f")]
-
-
-def _line(step, args, row):
-    """The per-step stdout line: the LINE keys present in the row."""
-    return f"step {step + 1}/{args.n_grpo_steps} | " + " | ".join(f"{n} {row[k]:{f}}" for n, k, f in LINE if k in row)
+def step_line(step, args, row):
+    """The per-step stdout line: the LINE keys present in the row (train/ or time/)."""
+    return f"step {step + 1}/{args.n_grpo_steps} | " + " | ".join(
+        f"{n} {row[p + n]:{f}}" for n, f in zip(LINE[::2], LINE[1::2]) for p in ("train/", "time/") if p + n in row)
 
 
 def _eval_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_run):
     t0 = time.perf_counter()
-    metrics, samples = evaluate(engine, val_rows, args)
+    metrics, samples = common.greedy_eval(engine, val_rows, args.reward, args.max_tokens, args.min_tokens, args.stop,
+                                          args.grader_workers)
     common.log_row(args.out, {"step": step, "opt_step": state["opt_step"], "time/wall": time.perf_counter() - t_run,
                        "time/eval": time.perf_counter() - t0} | metrics, wandb_run)
     print(f"eval step {step} | accuracy {metrics['eval/accuracy']:.3f} | reward {metrics['eval/reward']:.3f} | "
@@ -583,22 +487,15 @@ def main(args):
     train_rows, val_rows = load_data(args)
     policy, tokenizer = load_policy(args.resume or args.model, args)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    state, metrics_path = {"step": 0, "opt_step": 0, "wall": 0.0}, os.path.join(args.out, "metrics.jsonl")
+    state = {"step": 0, "opt_step": 0, "wall": 0.0}
     if args.resume:
-        state = load_checkpoint(args.resume, optimizer)
-        data.write_jsonl_atomic(metrics_path, [r for r in common.read_metrics(metrics_path) if r["step"] < state["step"]])
-        print(f"resumed from {args.resume} at step {state['step']}")
+        state = {k: v for k, v in common.restore_checkpoint(args.resume, args.out, optimizer=optimizer).items() if k in state}
     kl_models = [load_policy(args.model, args, dtype=args.compute_dtype)[0].eval().requires_grad_(False)
                  for _ in range((args.kl_beta > 0 or args.kl_every > 0) + (args.kl_every > 0))]  # frozen pi_init, pi_{t-1}
     ref_model, prev_model = (kl_models + [None, None])[:2]
     engine = make_engine(args.resume or args.model, args, policy)
     data.write_json_atomic(os.path.join(args.out, "args.json"), common.jsonable(vars(args)))
-    wandb_run = None
-    if args.wandb:
-        import wandb
-        wandb_run = wandb.init(project=args.wandb, config=common.jsonable(vars(args)))
-        wandb_run.define_metric("train/*", step_metric="opt_step")
-        wandb_run.define_metric("eval/*", step_metric="step")  # validation on its own x-axis
+    wandb_run = common.start_wandb(args.wandb, args, {"train/*": "opt_step", "eval/*": "step"})  # eval: its own x
     print(f"{len(train_rows)} train / {len(val_rows)} val questions | {args.n_prompts_per_rollout_batch} prompts x "
           f"{args.group_size} samples | {args.optimizer_steps_per_rollout_batch} optimizer steps per rollout batch "
           f"({'off' if args.off_policy else 'on'}-policy) | {args.profile} profile | out {args.out}", flush=True)
@@ -623,14 +520,14 @@ def main(args):
                                  time.perf_counter() - t_step + sync_s, sync_s, time.perf_counter() - t_run)
                 for row in rows:
                     common.log_row(args.out, row, wandb_run)
-                    tqdm.write(_line(step, args, row))
+                    tqdm.write(step_line(step, args, row))
                 state.update(step=step + 1, opt_step=rows[-1]["opt_step"], wall=time.perf_counter() - t_run)
                 dirty = False
             # --- save ---
             if args.save_every and (step + 1) % args.save_every == 0:
-                save_checkpoint(args.out, policy, tokenizer, optimizer, args, state)
+                common.save_model_checkpoint(args.out, policy, tokenizer, args, state, {"optimizer.pt": optimizer.state_dict()})
             # --- sync weights into the engine for the next rollout ---
-            sync_s = engines.wake_engine(engine, policy) if args.sleep_engine else sync_weights(policy, engine)
+            sync_s = engines.wake_engine(engine, policy) if args.sleep_engine else engines.load_policy_into_vllm(policy, engine)
     except KeyboardInterrupt:
         interrupted = True
         if dirty:
@@ -640,11 +537,13 @@ def main(args):
     if not interrupted:
         _eval_and_dump(engine, val_rows, args, args.n_grpo_steps, state, t_run, None, wandb_run)
     state["wall"] = time.perf_counter() - t_run
-    path = save_checkpoint(args.out, policy, tokenizer, optimizer, args, state)
+    path = common.save_model_checkpoint(args.out, policy, tokenizer, args, state, {"optimizer.pt": optimizer.state_dict()})
     plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
     print(f"checkpoint {path} | dashboard + metrics in {args.out} | {state['wall']:.0f}s")
     if wandb_run is not None:
         wandb_run.finish()
+    if interrupted:
+        raise SystemExit(130)  # the shell's code for Ctrl-C, after everything is saved
 
 
 if __name__ == "__main__":

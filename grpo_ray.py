@@ -1,41 +1,29 @@
-"""GRPO as Ray actors (seed 004 §3): a Generator (rollout engine) and a Learner (policy, AdamW, frozen
-reference) either in one actor or in two, driven synchronously or one-step-off asynchronously, with
-every phase timed into a per-actor timeline.
+"""GRPO as Ray actors (seed 004 §3): rollout engines and learners in one actor (--placement colocated, weights
+synced by an in-process copy; --steps-per-rollout k: k batches from version v, k GRPO-Clip steps, one sync: Problem
+7 B) or apart (disaggregated; sync, or --async: batch j starts once version j - --max-staleness is pushed, so no
+batch lags more: Problem 8), every phase timed into a per-actor timeline. The actors run grpo.py's own phases
+(grpo.collect, grpo.train_step) and the driver logs grpo.step_rows: the same keys as grpo.py (plus ray/*).
+Scale-out: --num-generators N engines each sample a contiguous share of every step's groups, joined in shard order,
+all at one policy version (checked); a version goes out as ONE object-store put that all N read. --num-learners M:
+a data-parallel group (torch.distributed, gloo on CPU / NCCL on GPU) where each trains 1/M of every optimizer
+step's rows and the gradients are all-reduced, so all M take one learner's step. Colocated, that actor is generator
+0 and learner 0. Actors sit in one Ray placement group (--placement-strategy; --address auto joins a cluster); a
+dead actor ends the run in one line naming it; --resume continues. --weight-sync gloo / nccl: Ray Direct Transport
+(one learner, one generator; nccl: Ray's documented API, NOT exercised in CI).
+Departures: a version is one trained rollout batch; lag = learner version - generating version; a stale batch takes
+pi_old from the engine's log-probs (the only holder of that version) or, with --rollout-is, the current policy with
+pi_old / mu correcting staleness and kernel mismatch together; timestamps are each actor's clock.
 
-Schedules (seed 004 Problems 5-8):
-  --placement colocated        one actor holds engine + policy (+ reference); weight sync is an in-process
-                               copy. --steps-per-rollout k: generate k rollout batches with version v,
-                               store their old log-probs under v, take k GRPO-Clip steps, sync (Problem 7 B).
-  --placement disaggregated    a Generator actor and a Learner actor, one device each. Without --async
-                               every step waits for the previous one (sync). With --async the generation
-                               of batch t+1 overlaps the training on batch t: batch j starts only once
-                               policy version j - --max-staleness has been pushed to the generator, so no
-                               batch is more than --max-staleness versions behind (checked for every batch).
-Weight sync Learner -> Generator (Problem 9): --weight-sync object_store (default; the state dict goes
-through Ray's object store), gloo (Ray Direct Transport over a Gloo group; CPU, --engine hf only) or nccl
-(RDT over NCCL, CUDA + cupy: written against Ray's documented API, NOT exercised in CI).
-
-The actors run grpo.py's own phases: the Generator calls grpo.collect (rollout + reward, dynamic sampling
-included), the Learner grpo.train_step (pi_old, KL, epochs x microbatches, AdamW), and the driver logs
-grpo.step_rows, so both trainers log the same keys (plus ray/*); every grpo.py flag works here.
-Departures: a version is one trained rollout batch; a batch's lag = learner version - the version that
-generated it; a stale batch (lag > 0: --steps-per-rollout k > 1, or --async) takes pi_old from the engine's
-sampled log-probs (the engine is the only holder of that version), or, with --rollout-is, the learner's
-current policy with the importance weight pi_old / mu correcting staleness and kernel mismatch together;
-eval runs at start and end (plus every --eval-every versions); timestamps are each actor's time.time(), so
-a multi-node timeline is only as good as the nodes' clock sync. --resume continues from the run's checkpoint.
-Outputs in --out: args.json, metrics.jsonl, timeline.json, timeline.png, summary.json, dashboard.png, checkpoint/.
-
-Examples:
-  python grpo_ray.py --placement colocated --n-grpo-steps 20                    # Problem 5 on the demo model
-  python grpo_ray.py --placement colocated --steps-per-rollout 4 --loss grpo_clip      # Problem 7 B
   python grpo_ray.py --placement disaggregated --async --loss grpo_clip                # Problem 8
-  python grpo_ray.py --address auto --model Qwen/Qwen2.5-Math-1.5B --placement disaggregated --async \\
-      --weight-sync nccl                                                        # 2 GPUs, Problem 9
+  python grpo_ray.py --address auto --model Qwen/Qwen2.5-Math-1.5B --placement disaggregated --async --loss grpo_clip \\
+      --num-generators 6 --num-learners 2                       # 8 GPUs, on any nodes of the cluster
 """
 import copy
+import datetime
 import json
+import math
 import os
+import socket
 import time
 
 import ray
@@ -45,6 +33,7 @@ import common
 import data
 import grpo
 import losses
+import plot
 import rollout
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -52,22 +41,21 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 
 # ----------------------------------------------------------------------------- config
 def parse_args(argv=None):
-    p = common.Parser(description="GRPO on Ray: colocated / disaggregated, sync / async (seed 004 §3).",
+    p = common.Parser(description="GRPO on Ray: colocated / disaggregated, sync / async, N engines x M learners.",
                       epilog="Every grpo.py flag is accepted as well (python grpo.py --help).")
-    g = p.add_argument_group("placement")  # --- placement ---
-    g.add_argument("--placement", default="colocated", choices=["colocated", "disaggregated"],
-                   help="one actor with engine + learner, or a Generator and a Learner actor")
-    g.add_argument("--async", dest="async_mode", action="store_true",
-                   help="disaggregated only: generate batch t+1 while training on batch t")
-    g.add_argument("--max-staleness", type=common.positive_int, default=1, help="--async: most versions a batch may lag")
-    g.add_argument("--steps-per-rollout", type=int, default=1, choices=[1, 2, 4, 8],
-                   help="colocated: k rollout batches per weight sync, then k steps (Problem 7 B)")
-    g.add_argument("--weight-sync", default="object_store", choices=["object_store", "gloo", "nccl"],
-                   help="disaggregated Learner->Generator transport: Ray object store or Ray Direct Transport")
+    pos, g = common.positive_int, p.add_argument_group("placement")  # --- placement ---
+    g.add_argument("--placement", default="colocated", choices=["colocated", "disaggregated"], help="one actor or apart")
+    g.add_argument("--async", dest="async_mode", action="store_true", help="disaggregated: generate t+1 while training t")
+    g.add_argument("--max-staleness", type=pos, default=1, help="--async: most versions a batch may lag")
+    g.add_argument("--steps-per-rollout", type=int, default=1, choices=[1, 2, 4, 8], help="colocated: k batches per sync")
+    g.add_argument("--weight-sync", default="object_store", choices=["object_store", "gloo", "nccl"], help="weight transport")
+    g.add_argument("--num-generators", type=pos, default=1, help="rollout engines, each sampling its shard of a batch")
+    g.add_argument("--num-learners", type=pos, default=1, help="data-parallel learners (a gloo / NCCL group)")
     g = p.add_argument_group("ray")  # --- ray ---
     g.add_argument("--address", default=None, help="existing cluster (e.g. auto); default: start a local one")
-    g.add_argument("--num-cpus", type=common.positive_int, default=2, help="CPUs of the local cluster")
-    g.add_argument("--object-store-mb", type=common.positive_int, default=256, help="object store of the local cluster (MiB)")
+    g.add_argument("--placement-strategy", default="pack", choices=["pack", "spread"], help="placement group: few or many nodes")
+    g.add_argument("--num-cpus", type=pos, default=None, help="CPUs of the local cluster; default: what the actors ask")
+    g.add_argument("--object-store-mb", type=pos, default=256, help="object store of the local cluster (MiB)")
     g.add_argument("--ray-tmp", default="/tmp/ray_grpo", help="session/log dir of the local cluster (short path)")
     g.add_argument("--cpus-per-actor", type=common.positive_float, default=1, help="num_cpus of each actor")
     g.add_argument("--gpus-per-actor", type=common.nonneg_float, default=None, help="num_gpus of each actor; default 1 with GPUs")
@@ -79,43 +67,49 @@ def parse_args(argv=None):
             common.resume_args(p, argv, ray_args, json.load(f)["args"], keep=())
     vars(args).update(vars(ray_args))
     # derived sizes and mode checks, each saying what to change
-    k, c = args.steps_per_rollout, common.check
-    c(k == 1 or args.placement == "colocated", "--steps-per-rollout > 1 is the colocated schedule (Problem 7)")
+    k, c, N, M, colo = args.steps_per_rollout, common.check, args.num_generators, args.num_learners, args.placement == "colocated"
+    c((k == 1 or colo) and not (args.async_mode and colo), "--steps-per-rollout > 1 needs --placement colocated, --async disaggregated")
     c(k == 1 or args.loss in losses.RATIO_LOSSES, f"--steps-per-rollout {k} trains on stale batches: pass --loss grpo_clip")
     c(args.n_grpo_steps % k == 0, f"--n-grpo-steps {args.n_grpo_steps} must be a multiple of --steps-per-rollout {k}")
-    c(not args.async_mode or args.placement == "disaggregated", "--async needs --placement disaggregated")
-    c(not args.async_mode or args.loss in losses.RATIO_LOSSES, "--async trains on batches one version stale: "
-      "pass --loss grpo_clip (a plain -A log pi would apply the old policy's samples uncorrected)")
-    c(args.weight_sync == "object_store" or args.placement == "disaggregated",
-      "--weight-sync gloo/nccl moves weights between two actors: use --placement disaggregated")
+    c(not args.async_mode or args.loss in losses.RATIO_LOSSES, "--async trains on stale batches: pass --loss grpo_clip")
+    c(args.weight_sync == "object_store" or (not colo and N == M == 1), "--weight-sync gloo/nccl moves weights from one "
+      "Learner actor to one Generator: --placement disaggregated, or --weight-sync object_store with N or M > 1")
     c(args.weight_sync != "gloo" or args.engine == "hf", "--weight-sync gloo needs --engine hf: the in-process vLLM "
       "engine owns torch.distributed's default group, so Ray cannot build its torch_gloo group beside it")
     c(not args.sleep_engine, "--sleep-engine is grpo.py's single-GPU mode; Ray places engine and learner itself")
-    args.staleness = args.max_staleness if args.async_mode else 0  # 0 = sync
-    args.devices = 1 if args.placement == "colocated" else 2
-    args.mode = (f"colocated-k{k}" if args.placement == "colocated" else
-                 f"disaggregated-async-s{args.max_staleness}" if args.async_mode else "disaggregated-sync")
+    c(N <= args.n_prompts_per_rollout_batch, f"--num-generators {N} > {args.n_prompts_per_rollout_batch} prompts per rollout "
+      "batch (--rollout-batch-size / --group-size): each engine needs a whole group")
+    c(M == 1 or not colo or args.engine == "hf", "--num-learners > 1 with --placement colocated needs --engine hf (the "
+      "in-process vLLM engine owns torch.distributed's default group): or use --placement disaggregated")
+    args.devices = N + M - colo  # actors, a device (placement-group bundle) each
+    c(args.address or not args.num_cpus or args.devices * args.cpus_per_actor <= args.num_cpus, f"{args.devices} actors x "
+      f"{args.cpus_per_actor:g} CPU > --num-cpus {args.num_cpus}: raise --num-cpus (logical) or lower --cpus-per-actor")
+    args.staleness = args.max_staleness if args.async_mode else k - 1  # 0 = sync; colocated: batch t + j is j stale
+    args.mode = (f"colocated-k{k}" if colo else f"disaggregated-async-s{args.max_staleness}" if args.async_mode else
+                 "disaggregated-sync") + (f"-N{N}M{M}" if N * M > 1 else "")
     return args
 
 
-# ----------------------------------------------------------------------------- actors
-def _span(phase, t0, step, t1=None):
-    return {"phase": phase, "t0": t0, "t1": time.time() if t1 is None else t1, "step": step}
+# ----------------------------------------------------------------------------- actor
+def _span(actor, phase, t0, step, t1=None):
+    return {"actor": actor, "phase": phase, "t0": t0, "t1": time.time() if t1 is None else t1, "step": step}
 
 
 def _start(args):
-    """(start weights, start version): the checkpoint of a resumed run, else the model at version 0."""
+    """(start weights, {"step" (= version), "opt_step", "wall"}): a resumed run's checkpoint, else the model at 0."""
     if not args.resume:
-        return args.model, 0
+        return args.model, {"step": 0, "opt_step": 0, "wall": 0.0}
     with open(os.path.join(args.resume, "state.json")) as f:
-        return args.resume, json.load(f)["step"]
+        return args.resume, json.load(f)
 
 
-class Generator:
-    """Holds the rollout engine; one call = grpo.collect: a scored rollout batch of the engine's version."""
+class Worker:
+    """One actor: a rollout engine (generator), a learner (policy, AdamW, for KL the initial and previous policy), or
+    both on one device (colocated: seed 004 §3.1's ColocatedWorker). name ("generator 1") labels its spans."""
+    dp = None  # grpo.train_step's {"rank", "world", "reduce"} once init_dp has joined a learner group
 
-    def __init__(self, args):
-        self.engine = None
+    def __init__(self, args, name, generator, learner):
+        self.name, self.generator, self.learner, self.engine = name, generator, learner, None
         self.reset(args)
 
     def reset(self, args):
@@ -123,91 +117,86 @@ class Generator:
         self.args = args = copy.copy(args)
         torch.manual_seed(args.seed)
         grpo.setup_devices(args)  # inside the actor: Ray has set CUDA_VISIBLE_DEVICES to its own GPU(s)
-        self.train_rows, self.val_rows = grpo.load_data(args)
-        path, self.engine_version = _start(args)  # the policy version whose weights the engine holds
-        if self.engine is None:
-            self.engine = grpo.make_engine(path, args)
-        else:
-            grpo.sync_weights(grpo.load_policy(path, args)[0].state_dict(), self.engine)
+        path, saved = _start(args)
+        self.version = self.engine_version = saved["step"]  # batches the learner trained on; the engine's weights
+        if self.generator:
+            self.train_rows, self.val_rows = grpo.load_data(args)
+            if self.engine is None:
+                self.engine = grpo.make_engine(path, args)
+            else:
+                rollout.load_policy_into_vllm(grpo.load_policy(path, args)[0].state_dict(), self.engine)
+        if self.learner:
+            self.policy, self.tokenizer = grpo.load_policy(path, args)
+            self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
+            if args.resume:  # every learner loads the one checkpoint: the group stays in lockstep
+                self.optimizer.load_state_dict(torch.load(os.path.join(args.resume, "optimizer.pt"), map_location="cpu"))
+            kl = [grpo.load_policy(args.model, args, dtype=args.compute_dtype)[0].eval().requires_grad_(False)
+                  for _ in range((args.kl_beta > 0 or args.kl_every > 0) + (args.kl_every > 0))]
+            self.ref, self.prev = (kl + [None, None])[:2]
         return os.getpid()
 
-    def generate(self, step):
+    def generate(self, step, shard=(0, 1)):
         t0 = time.time()
-        batch, metrics = grpo.collect(self.engine, self.train_rows, self.args, step)
+        batch, metrics = grpo.collect(self.engine, self.train_rows, self.args, step, shard)
         t_gen = t0 + metrics["time/generation"]  # collect times generation and grading apart
         return {"step": step, "version": self.engine_version, "batch": batch, "metrics": metrics,
-                "spans": [_span("generate", t0, step, t_gen), _span("score", t_gen, step)]}
+                "spans": [_span(self.name, "generate", t0, step, t_gen), _span(self.name, "score", t_gen, step)]}
 
     def set_weights(self, pushed, version):
         """Load a pushed state dict (Ray resolved it from the object store or by an RDT transfer) into the engine."""
         t0 = time.time()
-        grpo.sync_weights(pushed["weights"], self.engine)  # rollout.load_policy_into_vllm takes a state dict
+        rollout.load_policy_into_vllm(pushed["weights"], self.engine)  # rollout.load_policy_into_vllm takes a state dict
         self.engine_version = version
-        return {"version": version, "spans": pushed["spans"] + [_span("weight_sync", t0, version - 1)]}
-
-    def receive(self, pushed):
-        """Transfer-only probe for the weight-sync benchmark: bytes received, nothing loaded."""
-        return sum(v.numel() * v.element_size() for v in pushed["weights"].values())
+        return {"version": version, "spans": pushed["spans"] + [_span(self.name, "weight_sync", t0, version - 1)]}
 
     def evaluate(self, version):
         t0 = time.time()
         common.check(version == self.engine_version, f"eval expected version {version}, engine holds {self.engine_version}")
-        metrics, samples = grpo.evaluate(self.engine, self.val_rows, self.args)
-        return {"version": version, "metrics": metrics, "samples": samples[:16], "spans": [_span("eval", t0, version)]}
+        a = self.args
+        metrics, samples = common.greedy_eval(self.engine, self.val_rows, a.reward, a.max_tokens, a.min_tokens, a.stop, a.grader_workers)
+        return {"version": version, "metrics": metrics, "samples": samples[:16], "spans": [_span(self.name, "eval", t0, version)]}
 
+    def dp_address(self):
+        """(this node's IP, a free port): rank 0 hosts the learner group's TCP rendezvous."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), s.getsockname()[1]
 
-class Learner:
-    """Holds the policy, AdamW and, for KL, the frozen initial policy and the previous one (grpo.train_step's)."""
+    def init_dp(self, address, rank, world):
+        """Join the data-parallel learner group: this process's default torch.distributed group."""
+        dev, dist = self.args.policy_device, torch.distributed
+        dist.init_process_group("nccl" if dev.startswith("cuda") else "gloo", init_method="tcp://%s:%d" % tuple(address),
+                                rank=rank, world_size=world, timeout=datetime.timedelta(seconds=self.args.timeout_s))
 
-    def __init__(self, args):
-        self.reset(args)
-
-    def reset(self, args):
-        self.args = args = copy.copy(args)
-        torch.manual_seed(args.seed)
-        grpo.setup_devices(args)
-        path, self.version = _start(args)  # rollout batches trained on so far
-        self.policy, self.tokenizer = grpo.load_policy(path, args)
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
-        if args.resume:
-            grpo.load_checkpoint(args.resume, self.optimizer)
-        kl = [grpo.load_policy(args.model, args, dtype=args.compute_dtype)[0].eval().requires_grad_(False)
-              for _ in range((args.kl_beta > 0 or args.kl_every > 0) + (args.kl_every > 0))]
-        self.ref, self.prev = (kl + [None, None])[:2]
-        return os.getpid()
-
-    def save(self, out_dir, state):
-        return grpo.save_checkpoint(out_dir, self.policy, self.tokenizer, self.optimizer, self.args, state)
+        def reduce(t, op):  # in place; NCCL reduces device tensors only, so CPU metric sums go over and back
+            x = t.to(dev)
+            dist.all_reduce(x, op=getattr(dist.ReduceOp, op.upper()))
+            return t.copy_(x)
+        self.dp = {"rank": rank, "world": world, "reduce": reduce}
 
     def train(self, gen):
         """One rollout batch through grpo.train_step (lag = versions the batch is behind); version + 1."""
         t0, step, lag = time.time(), gen["step"], self.version - gen["version"]
-        history, metrics = grpo.train_step(self.policy, self.optimizer, gen["batch"], self.args, step, self.ref, self.prev, lag)
+        history, metrics = grpo.train_step(self.policy, self.optimizer, gen["batch"], self.args, step, self.ref,
+                                           self.prev, lag, self.dp)
         self.version += 1
         t_old = t0 + metrics["time/old_log_probs"]
         return {"step": step, "lag": lag, "version": self.version, "history": history, "metrics": metrics,
-                "spans": [_span("old_log_probs", t0, step, t_old), _span("train", t_old, step)]}
+                "spans": [_span(self.name, "old_log_probs", t0, step, t_old), _span(self.name, "train", t_old, step)]}
+
+    def save(self, out_dir, state):
+        return common.save_model_checkpoint(out_dir, self.policy, self.tokenizer, self.args, state,
+                                            {"optimizer.pt": self.optimizer.state_dict()})
 
     def get_weights(self, clone=False):
-        """{"weights": state dict, "spans"} to push. clone=True for RDT: Ray keeps a *reference* to RDT
-        tensors and the next optimizer step would mutate them mid-transfer. Object store: a CPU copy."""
+        """{"weights", "spans"} to push: a CPU copy, or clone=True for RDT (Ray keeps a reference, not a copy)."""
         t0 = time.time()
         sd = {k: (v.detach().clone() if clone else v.detach().cpu()) for k, v in self.policy.state_dict().items()}
-        return {"weights": sd, "spans": [{"actor": "learner", **_span("get_weights", t0, self.version - 1)}]}
-
-
-class Colocated(Generator, Learner):
-    """Generator, Learner and reference in one actor on one device (seed 004 §3.1: ColocatedWorker)."""
-
-    def reset(self, args):
-        Generator.reset(self, args)
-        return Learner.reset(self, args)
+        return {"weights": sd, "spans": [_span(self.name, "get_weights", t0, self.version - 1)]}
 
     def sync(self):
-        t0 = time.time()
-        grpo.sync_weights(self.policy, self.engine)  # in-process copy, no transport
-        self.engine_version = self.version
-        return {"version": self.version, "spans": [_span("weight_sync", t0, self.version - 1)]}
+        """Colocated: the policy into this actor's own engine, an in-process copy (no transport)."""
+        return self.set_weights({"weights": self.policy.state_dict(), "spans": []}, self.version)
 
 
 # ----------------------------------------------------------------------------- driver
@@ -218,134 +207,167 @@ def init_ray(args):
     env = {"env_vars": {**rollout.ENGINE_ENV, "TOKENIZERS_PARALLELISM": "false"}}
     if args.address:  # remote nodes need the code and the embedded model: ship the repo, not the venv
         env.update(working_dir=ROOT, excludes=[".venv/", ".git/", "runs/", "out/"])
-        ray.init(address=args.address, runtime_env=env, namespace="grpo_ray")
-    else:
-        ray.init(num_cpus=args.num_cpus, object_store_memory=args.object_store_mb * 2**20, include_dashboard=False,
-                 _temp_dir=args.ray_tmp, runtime_env=env, namespace="grpo_ray")
+    local = {} if args.address else dict(num_cpus=args.num_cpus or math.ceil(args.devices * args.cpus_per_actor),
+                                         include_dashboard=False, object_store_memory=args.object_store_mb * 2**20, _temp_dir=args.ray_tmp)
+    ray.init(address=args.address, runtime_env=env, namespace="grpo_ray", **local)
 
 
-def get(refs, what, args):
-    """ray.get bounded by --timeout-s: a dead actor or a hang becomes one clear error instead of a hang."""
+def get(refs, what, args, actors=None):
+    """ray.get bounded by --timeout-s, failing at the first failed ref: a hang or a dead actor becomes one line, the
+    latter naming the actor (role and index, from actors["names"]) and why (Ray's error type and cause)."""
+    todo, deadline = list(refs) if isinstance(refs, list) else [refs], time.time() + args.timeout_s
     try:
-        return ray.get(refs, timeout=args.timeout_s)
-    except ray.exceptions.GetTimeoutError:
-        raise RuntimeError(f"grpo_ray: {what} did not finish within --timeout-s {args.timeout_s:g}s "
-                           f"(actor hung, or not schedulable: free CPUs/GPUs?)") from None
-    except ray.exceptions.RayActorError as e:
-        raise RuntimeError(f"grpo_ray: the actor running {what} died ({type(e).__name__}); its log is under "
-                           f"{args.ray_tmp}/session_latest/logs; --resume {args.out} continues from the last checkpoint") from e
+        while todo:
+            done, todo = ray.wait(todo, timeout=max(deadline - time.time(), 0))
+            if not done:
+                raise RuntimeError(f"grpo_ray: {what} did not finish within --timeout-s {args.timeout_s:g}s (hung or unschedulable)")
+            ray.get(done)
+        return ray.get(refs)
+    except ray.exceptions.RayError as e:
+        ray.wait(todo, num_returns=len(todo), timeout=10)  # a dead learner fails its group's collectives: find the death
+        dead = [x for x in [e] + [_error(r) for r in todo] if isinstance(x, ray.exceptions.RayActorError)]
+        if not dead:
+            raise
+        who, why = (actors or {}).get("names", {}).get(dead[0].actor_id, "an actor"), str(dead[0]).strip().splitlines()[-1]
+        raise RuntimeError(f"grpo_ray: {who} died during {what} ({type(dead[0]).__name__}: {why.strip()[:160]}); logs "
+                           f"under {args.ray_tmp}/session_latest/logs; --resume {args.out} continues from the last checkpoint") from e
+
+
+def _error(ref):
+    try:
+        ray.get(ref, timeout=0)
+    except ray.exceptions.RayError as e:  # GetTimeoutError too: still running
+        return e
 
 
 def build_actors(args):
-    """{"colocated"} or {"generator", "learner"}, created and ready (engines loaded) within --timeout-s."""
+    """{"generator": N handles, "learner": M handles, "all", "names", "pg"}: one placement-group bundle per actor,
+    engines and policies loaded, the learner group joined. Colocated: generator 0 is learner 0."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy as InGroup
+    N, M, colo = args.num_generators, args.num_learners, int(args.placement == "colocated")
     gpus = args.gpus_per_actor if args.gpus_per_actor is not None else float(ray.cluster_resources().get("GPU", 0) > 0)
-    opts = dict(num_cpus=args.cpus_per_actor, num_gpus=gpus, enable_tensor_transport=args.weight_sync != "object_store")
-    roles = {"colocated": Colocated} if args.placement == "colocated" else {"generator": Generator, "learner": Learner}
-    actors = {role: ray.remote(**opts)(cls).remote(args) for role, cls in roles.items()}
-    get([a.__ray_ready__.remote() for a in actors.values()], "actor start-up (engine / policy load)", args)
+    specs = ([("colocated", True, True)] * colo + [(f"generator {i}", True, False) for i in range(colo, N)]
+             + [(f"learner {r}", False, True) for r in range(colo, M)])  # (name, generator, learner)
+    bundle = {"CPU": args.cpus_per_actor} | ({"GPU": gpus} if gpus else {})
+    pg = ray.util.placement_group([bundle] * len(specs), strategy=args.placement_strategy.upper())
+    get(pg.ready(), f"placement group of {len(specs)} x {bundle} ({args.placement_strategy})", args)
+    cls = ray.remote(enable_tensor_transport=args.weight_sync != "object_store")(Worker)  # RDT: set on the class
+    handles = [cls.options(num_cpus=args.cpus_per_actor, num_gpus=gpus, scheduling_strategy=InGroup(pg, i)).remote(args, *spec)
+               for i, spec in enumerate(specs)]
+    actors = {"generator": handles[:N], "learner": handles[:colo] + handles[N:], "all": handles, "pg": pg,
+              "names": {h._actor_id.hex(): spec[0] for h, spec in zip(handles, specs)}}
+    get([a.__ray_ready__.remote() for a in handles], "actor start-up (engine / policy load)", args, actors)
+    if M > 1:  # the data-parallel group: rank 0 picks the rendezvous, all M join it at once
+        address = actors["learner"][0].dp_address.remote()
+        get([a.init_dp.remote(address, r, M) for r, a in enumerate(actors["learner"])], "learner group start-up", args, actors)
     if args.weight_sync != "object_store":  # RDT: collective transports need a group first (ranks: learner 0)
         from ray.experimental.collective import create_collective_group
-        create_collective_group([actors["learner"], actors["generator"]], backend=args.weight_sync)
+        create_collective_group(actors["learner"] + actors["generator"], backend=args.weight_sync)
     return actors
 
 
 def kill_actors(actors):
     from ray.experimental.collective import destroy_collective_group, get_collective_groups
-    for group in get_collective_groups(list(actors.values())):  # RDT: no half-done transfer to report
+    for group in get_collective_groups(actors["all"]):  # RDT: no half-done transfer to report
         destroy_collective_group(group)
-    for a in actors.values():
+    for a in actors["all"]:
         ray.kill(a)
+    ray.util.remove_placement_group(actors["pg"])
+
+
+def join_shards(shards):
+    """One step's rollout batch from its generators' shards, in shard order: lists and tensors concatenated,
+    collect's metrics combined (means weighted by rows, the filtered fraction by prompts sampled; *_max and the
+    times, which ran in parallel, the max; prompts sampled summed). All shards must share one policy version."""
+    versions, rows = sorted({s["version"] for s in shards}), [len(s["batch"]["raw"]) for s in shards]
+    common.check(len(versions) == 1, f"step {shards[0]['step']}: its shards come from policy versions {versions}, not one")
+    batch = {k: v if k == "ban_token_ids" else torch.cat([s["batch"][k] for s in shards]) if torch.is_tensor(v)
+             else [x for s in shards for x in s["batch"][k]] for k, v in shards[0]["batch"].items()}
+    metrics = {}
+    for k in shards[0]["metrics"]:
+        vals = [s["metrics"][k] for s in shards]
+        w = [s["metrics"]["train/dynamic_prompts_sampled"] for s in shards] if k == "train/dynamic_filtered_frac" else rows
+        metrics[k] = (max(vals) if k.endswith("_max") or k.startswith("time/") else sum(vals) if k.endswith("_sampled")
+                      else sum(v * n for v, n in zip(vals, w)) / sum(w))
+    return {"step": shards[0]["step"], "version": versions[0], "batch": batch, "metrics": metrics,
+            "spans": [sp for s in shards for sp in s["spans"]]}
+
+
+def _push(actors, version, transport):
+    """Version `version` into every engine (refs): the colocated one in-process, the others from ONE put of learner 0's."""
+    lead, gens = actors["learner"][0], actors["generator"]
+    syncs, others = [lead.sync.remote()] if gens[0] is lead else [], [g for g in gens if g is not lead]
+    if others:
+        weights = lead.get_weights.options(**transport).remote(clone=bool(transport))
+        syncs += [g.set_weights.remote(weights, version) for g in others]
+    return syncs
 
 
 def run(args, actors):
     """The driver loop (single controller). Returns the summary; writes metrics, timeline and summary to --out."""
     common.claim_run_dir(args.out, args.resume)
-    start, metrics_path = _start(args)[1], os.path.join(args.out, "metrics.jsonl")
-    state = {"step": start, "opt_step": 0, "wall": 0.0, "spans": [], "rows": [], "last": time.time(), "sync_s": 0.0}
-    if args.resume:
-        with open(os.path.join(args.resume, "state.json")) as f:
-            state.update({k: v for k, v in json.load(f).items() if k in ("opt_step", "wall")})
+    saved, metrics_path = _start(args)[1], os.path.join(args.out, "metrics.jsonl")
+    start, state = saved["step"], {"opt_step": saved["opt_step"], "wall": saved["wall"], "spans": [], "rows": [], "last": time.time()}
     data.write_jsonl_atomic(metrics_path, [r for r in common.read_metrics(metrics_path) if r["step"] < start])
     data.write_json_atomic(os.path.join(args.out, "args.json"), common.jsonable(vars(args)))
-    os.makedirs(os.path.join(args.out, "rollouts"), exist_ok=True)
     _evaluate(args, actors, state, start)
     t_run = state["t_run"] = time.time() - state["wall"]
-    if args.placement == "colocated":
-        w, k = actors["colocated"], args.steps_per_rollout
-        for t in range(start, args.n_grpo_steps, k):
-            # --- rollout + reward: k batches from the engine at version t (grpo.collect) ---
-            gens = [w.generate.remote(s) for s in range(t, t + k)]
-            # --- train: one rollout batch per update; batch t + j is j versions stale (grpo.train_step) ---
-            trains = [w.train.remote(g) for g in gens]
-            # --- sync weights into the engine (in-process) ---
-            sync = w.sync.remote()
-            for g, tr in zip(get(gens, f"rollout steps {t}..{t + k - 1}", args), get(trains, f"train step {t}", args)):
-                _log_step(args, state, g, tr, t_run, "colocated", "colocated")
-            _add_spans(state, "colocated", get(sync, f"weight sync after step {t + k - 1}", args))
-            _checkpoint_and_eval(args, actors, state, t + k, t_run)
-    else:
-        gen, lrn = actors["generator"], actors["learner"]
-        transport = {} if args.weight_sync == "object_store" else {"tensor_transport": args.weight_sync}
-        pending, pushed, nxt, sync = {}, start, start, None
-        for t in range(start, args.n_grpo_steps):
-            # --- rollout + reward: launch every batch the staleness bound allows (j needs version j - s pushed) ---
-            while nxt < args.n_grpo_steps and nxt - args.staleness <= pushed:
-                pending[nxt], nxt = gen.generate.remote(nxt), nxt + 1
-            ref = pending.pop(t)
-            g = get(ref, f"rollout step {t}", args)
-            common.check(t - g["version"] <= args.staleness, f"batch {t} is {t - g['version']} versions stale")
-            # --- old log-probs + train on the learner (the batch goes actor to actor, not through here) ---
-            tr = get(lrn.train.remote(ref), f"train step {t}", args)
-            # --- sync weights: learner -> generator, queued behind the generations already launched ---
-            if sync is not None:
-                _add_spans(state, "generator", get(sync, f"weight sync of version {pushed}", args))
-            _log_step(args, state, g, tr, t_run, "generator", "learner")
-            weights = lrn.get_weights.options(**transport).remote(clone=bool(transport))
-            sync, pushed = gen.set_weights.remote(weights, tr["version"]), tr["version"]
-            if _due(args, pushed):  # eval and checkpoint need the engine / learner at version `pushed`
-                _add_spans(state, "generator", get(sync, f"weight sync of version {pushed}", args))
-                sync = None
-                _checkpoint_and_eval(args, actors, state, pushed, t_run)
-        if sync is not None:
-            _add_spans(state, "generator", get(sync, f"weight sync of version {pushed}", args))
+    gens, n, s = actors["generator"], args.n_grpo_steps, args.staleness
+    transport = {} if args.weight_sync == "object_store" else {"tensor_transport": args.weight_sync}
+    pending, pushed, nxt, syncs = {}, start, start, []
+    for t in range(start, n):
+        # --- rollout + reward: launch every batch the staleness bound allows (j needs version j - s pushed; the
+        # colocated k-schedule is s = k - 1), each generator sampling its shard; shards joined in order ---
+        while nxt < n and nxt - s <= pushed:
+            pending[nxt], nxt = [g.generate.remote(nxt, (i, len(gens))) for i, g in enumerate(gens)], nxt + 1
+        g = join_shards(get(pending.pop(t), f"rollout step {t}", args, actors))
+        common.check(t - g["version"] <= s, f"batch {t} is {t - g['version']} versions stale")
+        # --- old log-probs + train: every learner reads the batch from one put and trains its share of it ---
+        batch = ray.put(g)
+        trs = get([a.train.remote(batch) for a in actors["learner"]], f"train step {t}", args, actors)
+        syncs = _synced(args, actors, state, syncs, pushed)  # the previous push: done by now
+        _log_step(args, state, g, trs, t_run)
+        # --- sync weights after every k-th batch, queued behind the generations already launched ---
+        if (t + 1) % args.steps_per_rollout == 0:
+            syncs, pushed = _push(actors, trs[0]["version"], transport), trs[0]["version"]
+            syncs = _checkpoint_and_eval(args, actors, state, syncs, pushed, t_run)
+    _synced(args, actors, state, syncs, pushed)
     wall = time.time() - t_run
-    _evaluate(args, actors, state, args.n_grpo_steps)
-    _save(args, actors, state, args.n_grpo_steps, wall)
-    summary = summarize(args, state["rows"], state["spans"], wall - state["wall"], args.n_grpo_steps - start)
-    data.write_json_atomic(os.path.join(args.out, "timeline.json"), state["spans"])
-    data.write_json_atomic(os.path.join(args.out, "summary.json"), summary)
-    plot_timeline([(args.mode, state["spans"])], os.path.join(args.out, "timeline.png"))
+    _evaluate(args, actors, state, n)
+    _save(args, actors, state, n, wall)
+    summary = summarize(args, state["rows"], state["spans"], wall - state["wall"], n - start)
+    for name, obj in (("timeline.json", state["spans"]), ("summary.json", summary)):
+        data.write_json_atomic(os.path.join(args.out, name), obj)
+    plot.plot_timeline([(args.mode, state["spans"])], os.path.join(args.out, "timeline.png"))
     return summary
 
 
-def _due(args, version):
-    return version < args.n_grpo_steps and ((args.eval_every and version % args.eval_every == 0)
-                                            or (args.save_every and version % args.save_every == 0))
+def _synced(args, actors, state, syncs, version):
+    """Wait for a push; keep its spans (the learner's get_weights span comes back from all N readers: once)."""
+    outs = get(syncs, f"weight sync of version {version}", args, actors)
+    state["spans"] += list({(s["actor"], s["phase"], s["t0"]): s for out in outs for s in out["spans"]}.values())
+    return []
 
 
-def _checkpoint_and_eval(args, actors, state, version, t_run):
-    """At a version where --eval-every / --save-every fall (not the last: run() does those)."""
-    if version >= args.n_grpo_steps:
-        return
-    if args.eval_every and version % args.eval_every == 0:
+def _checkpoint_and_eval(args, actors, state, syncs, version, t_run):
+    """Where --eval-every / --save-every fall (not the last version: run() does those), once the engines hold it."""
+    ev, sv = (every and version % every == 0 and version < args.n_grpo_steps for every in (args.eval_every, args.save_every))
+    syncs = _synced(args, actors, state, syncs, version) if ev or sv else syncs
+    if ev:
         _evaluate(args, actors, state, version)
-    if args.save_every and version % args.save_every == 0:
+    if sv:
         _save(args, actors, state, version, time.time() - t_run)
+    return syncs
 
 
 def _save(args, actors, state, version, wall):
-    learner = actors.get("learner", actors.get("colocated"))
-    meta = {"step": version, "opt_step": state["opt_step"], "wall": wall}
-    get(learner.save.remote(args.out, meta), f"checkpoint of version {version}", args)
-
-
-def _add_spans(state, role, out):
-    state["spans"].extend({"actor": role, **s} for s in out["spans"])
+    meta = {"step": version, "opt_step": state["opt_step"], "wall": wall}  # the learners are in lockstep: rank 0 saves
+    get(actors["learner"][0].save.remote(args.out, meta), f"checkpoint of version {version}", args, actors)
 
 
 def _evaluate(args, actors, state, version):
-    out = get(actors.get("generator", actors.get("colocated")).evaluate.remote(version), f"eval at version {version}", args)
-    _add_spans(state, "generator" if "generator" in actors else "colocated", out)
+    out = get(actors["generator"][0].evaluate.remote(version), f"eval at version {version}", args, actors)
+    state["spans"] += out["spans"]
     row = {"step": version, "opt_step": state["opt_step"], "time/wall": time.time() - state.get("t_run", time.time()),
            "time/eval": out["spans"][0]["t1"] - out["spans"][0]["t0"]}
     common.log_row(args.out, row | out["metrics"])
@@ -353,11 +375,11 @@ def _evaluate(args, actors, state, version):
     print(f"eval version {version} | " + " | ".join(f"{k} {v:.3f}" for k, v in out["metrics"].items()), flush=True)
 
 
-def _log_step(args, state, g, tr, t_run, gen_role, train_role):
+def _log_step(args, state, g, trs, t_run):
     """grpo.step_rows (grpo.py's keys, one row per optimizer step) plus the Ray bookkeeping: version and lag."""
-    _add_spans(state, gen_role, g)
-    _add_spans(state, train_role, tr)
-    now, syncs = time.time(), [s for s in state["spans"] if s["phase"] == "weight_sync"]
+    state["spans"] += [sp for out in [g] + trs for sp in out["spans"]]
+    tr, now = trs[0], time.time()  # every learner took the same step: learner 0's numbers
+    syncs = [s for s in state["spans"] if s["phase"] == "weight_sync"]
     ray_m = {"ray/lag": tr["lag"], "ray/version": tr["version"], "ray/gen_version": g["version"]}
     rows = grpo.step_rows(g["step"], state["opt_step"], g["batch"], tr["history"], g["metrics"] | tr["metrics"] | ray_m,
                           now - state["last"], syncs[-1]["t1"] - syncs[-1]["t0"] if syncs else 0.0, now - t_run)
@@ -365,75 +387,36 @@ def _log_step(args, state, g, tr, t_run, gen_role, train_role):
         common.log_row(args.out, row)
     state["rows"] += rows
     state.update(last=now, opt_step=rows[-1]["opt_step"])
-    d, h = {s["phase"]: s["t1"] - s["t0"] for s in g["spans"] + tr["spans"]}, rows[-1]
-    print(f"[{args.mode}] step {g['step'] + 1}/{args.n_grpo_steps} | reward {h['train/reward']:.3f} | "
-          f"loss {h['train/loss']:+.4f} | lag {tr['lag']} | gen {d['generate']:.2f}s score {d['score']:.2f}s "
-          f"train {d['train']:.2f}s", flush=True)
+    print(f"[{args.mode}] {grpo.step_line(g['step'], args, rows[-1])} | lag {tr['lag']}", flush=True)
 
 
 # ----------------------------------------------------------------------------- profiling
 def summarize(args, rows, spans, wall, steps):
-    """Throughput, per-phase mean seconds per step, lags, device-hours (wall x devices) of this session's steps."""
-    samples = steps * args.rollout_batch_size
-    phases = {}
-    for s in spans:
-        if s["phase"] != "eval":
-            phases.setdefault(s["phase"], []).append(s["t1"] - s["t0"])
+    """Throughput, per-phase mean seconds per step, lags, device-seconds (wall x actors) of this session's steps."""
+    phases, samples = {}, steps * args.rollout_batch_size
+    for s in (s for s in spans if s["phase"] != "eval"):
+        phases.setdefault(s["phase"], []).append(s["t1"] - s["t0"])
     lags = list({r["step"]: r["ray/lag"] for r in rows if "ray/lag" in r}.values())  # one per rollout batch
-    return {"mode": args.mode, "placement": args.placement, "async": args.async_mode, "max_staleness": args.staleness,
-            "steps_per_rollout": args.steps_per_rollout, "weight_sync": args.weight_sync, "engine": args.engine,
-            "steps": steps, "samples": samples, "wall_s": wall, "samples_per_s": samples / wall,
-            "step_time_s": wall / max(steps, 1), "devices": args.devices,
-            "device_hours": wall * args.devices / 3600, "lags": lags, "max_lag": max(lags, default=0),
-            "phase_mean_s": {k: sum(v) / len(v) for k, v in phases.items()},
-            "phase_total_s": {k: sum(v) for k, v in phases.items()}}
-
-
-COLORS = {"generate": "tab:blue", "score": "tab:cyan", "old_log_probs": "tab:olive", "train": "tab:red",
-          "get_weights": "tab:purple", "weight_sync": "tab:green", "eval": "lightgray"}
-
-
-def plot_timeline(runs, path):
-    """Gantt chart, one panel per run and one row per actor; bars are phases, labelled with their step."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(len(runs), 1, figsize=(12, 1.2 + 1.1 * sum(len({s["actor"] for s in sp}) for _, sp in runs)),
-                             squeeze=False)
-    for ax, (title, spans) in zip(axes[:, 0], runs):
-        spans = [s for s in spans if s["phase"] != "eval"]
-        t_min = min(s["t0"] for s in spans)
-        actors = sorted({s["actor"] for s in spans})
-        for y, actor in enumerate(actors):
-            for s in (s for s in spans if s["actor"] == actor):
-                ax.broken_barh([(s["t0"] - t_min, s["t1"] - s["t0"])], (y - 0.4, 0.8), color=COLORS[s["phase"]])
-                if s["phase"] in ("generate", "train"):
-                    ax.text(s["t0"] - t_min, y, str(s["step"]), va="center", fontsize=7)
-        ax.set_yticks(range(len(actors)), actors)
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("seconds")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    fig.legend(handles, list(COLORS), loc="upper right", ncol=len(COLORS), fontsize=7)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
-    fig.savefig(path + ".tmp.png", dpi=110)
-    plt.close(fig)
-    os.replace(path + ".tmp.png", path)
+    return {k: getattr(args, k) for k in ("mode", "weight_sync", "engine", "num_generators", "num_learners", "devices")} | {
+        "steps": steps, "samples": samples, "wall_s": wall, "samples_per_s": samples / wall, "step_time_s": wall / max(steps, 1),
+        "device_s": wall * args.devices, "lags": lags, "max_lag": max(lags, default=0),
+        "phase_mean_s": {k: sum(v) / len(v) for k, v in phases.items()}, "phase_total_s": {k: sum(v) for k, v in phases.items()}}
 
 
 # ----------------------------------------------------------------------------- main
 def main(args):
-    import plot
     if args.dry_run:
         common.dry_run(args)  # the effective settings as one JSON line; no Ray, no model
     common.claim_run_dir(args.out, args.resume)  # before any actor starts
     init_ray(args)
-    print(f"ray: {ray.cluster_resources()} | mode {args.mode} | {args.n_grpo_steps} steps x "
-          f"{args.rollout_batch_size} samples | weight sync {args.weight_sync} | out {args.out}", flush=True)
+    print(f"ray: {ray.cluster_resources()} | mode {args.mode} | {args.n_grpo_steps} steps x {args.rollout_batch_size} "
+          f"samples | weight sync {args.weight_sync} | out {args.out}", flush=True)
     actors = build_actors(args)
     try:
         summary = run(args, actors)
     finally:
         kill_actors(actors)
+        ray.shutdown()  # flushes the actors' forwarded log lines: the JSON below is the last line of stdout
     plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
     print(json.dumps({k: v for k, v in summary.items() if k != "lags"}))
 

@@ -5,8 +5,8 @@ Subcommands: `verify FILE` (exact check of a JSON / .npy list of vectors); `eval
 program in a sandbox, verify its `points` here); `construct` (non-LLM baselines: the binary-code construction
 reaching 582, norm-shell local search); `search` (the seed's agentic loop, refine / best-of-n / evolve, with an
 OpenAI-compatible server or a local model through rollout.py; every prompt, response, program and metric goes to
-conversation_log.json). Departures from the seed: exact integer metrics; zero / duplicate / non-integer vectors,
-and sets too large for --mem-mb, are rejected outright; an invalid set makes `verify` / `evaluate` exit 1.
+conversation_log.json). Departures: exact integer metrics; zero / duplicate / non-integer vectors and sets over
+--mem-mb are rejected outright; an invalid set makes `verify` / `evaluate` exit 1.
 
   python kissing.py construct --method code --out c582.json && python kissing.py verify c582.json
   OPENAI_API_KEY=... python kissing.py search --llm openai:https://host/v1 --model Qwen/Qwen3-32B --mode refine
@@ -399,6 +399,7 @@ def make_backend(args):
         return lambda msgs, seed: openai_chat(url, model, msgs, args.temperature, args.max_tokens, seed)
     check(kind == "local" and target, f"--llm must be openai:URL or local:MODEL_PATH, got {args.llm!r}")
     import rollout  # lazily: pulls in torch / vLLM
+    check(args.engine in rollout.ENGINES, f"--engine {args.engine}: use one of {', '.join(rollout.ENGINES)}")
     from transformers import AutoConfig, AutoTokenizer
     tok = AutoTokenizer.from_pretrained(target)
     ctx = min(args.max_model_len, getattr(AutoConfig.from_pretrained(target), "max_position_embeddings", 10 ** 9))
@@ -486,14 +487,13 @@ def main(argv=None):
     c.add_argument("--norm", type=positive_int, default=4, help="shell-search: squared norm of the shell")
     c.add_argument("--seconds", type=positive_float, default=10.0, help="shell-search: CPU time budget (s)")
     s = sub.add_parser("search", parents=[dim], help="LLM-driven search (seed §7.4): refine, best-of-n or evolve")
-    # --- model
+    # --- model and sampling
     s.add_argument("--llm", required=True, help="openai:BASE_URL (key in $OPENAI_API_KEY) or local:MODEL_PATH")
     s.add_argument("--model", default=None, help="model name for openai: (default $OPENAI_MODEL)")
-    s.add_argument("--engine", default="vllm", choices=["vllm", "hf"], help="local: rollout.py engine")
+    s.add_argument("--engine", default="vllm", help="local: a rollout.ENGINES kind (vllm, hf)")
     s.add_argument("--device", default="cpu", help="local: engine device (cpu, cuda, cuda:N)")
     s.add_argument("--max-model-len", type=positive_int, default=8192, help="local: context length (capped by the model)")
     s.add_argument("--eager", action="store_true", help="local vllm: skip torch.compile (fast start, slower decode)")
-    # --- sampling
     s.add_argument("--temperature", type=nonneg_float, default=0.8, help="sampling temperature")
     s.add_argument("--max-tokens", type=positive_int, default=4096, help="max new tokens per response")
     # --- loop

@@ -1,13 +1,10 @@
 """Tensor primitives for SFT and GRPO: tokenisation, log-probs, entropy, masked reductions, PG losses.
 
-Names and signatures follow the handouts (seed 000 §4.2/§7.2, 001 §5.2, 002 §1.4), their keyword spellings
-included, so their test suites can call them. Pure functions of tensors (plus `model` / `tokenizer` where a seed
-signature has one); shapes: B = batch, T = sequence, V = vocab, H = hidden. Every fact about a loss lives
-here: LOSSES (one line per loss type) and RATIO_LOSSES (those needing pi_old). Beyond the seeds, opt-in by
-keyword: grpo_no_clip, gspo, DAPO's clip-higher and token-level normalisation, KL penalties and monitors, and
-rollout importance sampling (TIS / MIS). get_response_log_probs never builds a float32 (B, T, V) tensor (lm_head
-+ log-softmax in chunks, recomputed in backward), scores at the sampling temperature with vLLM's min_tokens ban
-(the distribution vLLM sampled), and runs a shared prompt once for all its rows (prefix_len, KV cache reuse).
+Names, signatures and keyword spellings follow the handouts (seed 000 §4.2/§7.2, 001 §5.2, 002 §1.4). Pure
+functions of tensors (plus `model` / `tokenizer` where a seed signature has one); B = batch, T = sequence, V =
+vocab, H = hidden. LOSSES and RATIO_LOSSES hold every fact about a loss. get_response_log_probs never builds a
+float32 (B, T, V) tensor, scores at the sampling temperature with vLLM's min_tokens ban (the distribution vLLM
+sampled), and runs a prompt shared by its rows once (prefix_len).
 """
 import contextlib
 
@@ -21,15 +18,13 @@ BANNED = -1e30  # logit of a banned token: exp() is 0 and 0 * BANNED is 0 (with 
 
 # ----------------------------------------------------------------------------- tokenisation
 def tokenize_prompt_and_output(prompt_strs, output_strs, tokenizer):
-    """Tokenise prompts and outputs separately, concatenate, right-pad; returns (B, L-1) tensors
-    input_ids (all but the last token), labels (all but the first) and a bool response_mask over labels."""
+    """Tokenise prompts (with the tokenizer's special tokens, as vLLM does) and outputs (without) apart, concatenate,
+    right-pad -> (B, L-1) input_ids (all but the last token), labels (all but the first), bool response_mask."""
     _need(len(prompt_strs) == len(output_strs), f"got {len(prompt_strs)} prompts but {len(output_strs)} outputs; pass one output per prompt")
-    # The prompt gets the tokenizer's usual special tokens (as vLLM does for prompts); the output gets none.
     prompt_ids = tokenizer(list(prompt_strs))["input_ids"]
     output_ids = tokenizer(list(output_strs), add_special_tokens=False)["input_ids"]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    seqs = [p + o for p, o in zip(prompt_ids, output_ids)]
-    ids = torch.full((len(seqs), max(map(len, seqs))), pad_id, dtype=torch.long)  # (B, L)
+    ids = torch.full((len(prompt_ids), max(len(p) + len(o) for p, o in zip(prompt_ids, output_ids))), pad_id)  # (B, L)
     mask = torch.zeros(ids.shape, dtype=torch.bool)  # (B, L), True on output tokens
     for i, (p, o) in enumerate(zip(prompt_ids, output_ids)):
         ids[i, :len(p) + len(o)] = torch.tensor(p + o, dtype=torch.long)
@@ -46,8 +41,7 @@ def compute_entropy(logits):
 
 
 def _chunk_logits(h, w, temperature, ban, ban_ids, acc):
-    """(c, V) float logits / temperature of one chunk (h @ W^T, or h itself when W is None: the model's own
-    logits), banned ids set to BANNED on the rows where ban is True. Always a fresh tensor."""
+    """A fresh (c, V) float tensor of logits / temperature (h @ W^T; h itself if W is None), banned ids BANNED."""
     z = h.to(acc, copy=True) if w is None else (h @ w.t()).to(acc)  # (c, V), the only big tensor
     if temperature != 1.0:
         z.div_(temperature)
@@ -105,56 +99,47 @@ class _ChunkedLogProbs(torch.autograd.Function):
         return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None, None, None
 
 
-def _fast_path(model, input_ids):
-    """(body, lm_head weight) if logits == body(x).last_hidden_state @ W^T for this model, else None. Checked once
-    per model against its own logits on a few tokens: config flags scale or cap logits in ways no list of
-    attribute names keeps up with (Granite's logits_scaling, Gemma's softcapping)."""
-    if getattr(model, "_logprob_fast_path", None) is None:
-        head, body, ok = getattr(model, "get_output_embeddings", lambda: None)(), getattr(model, "base_model", None), False
-        if body is not None and body is not model and isinstance(head, torch.nn.Linear) and head.bias is None:
-            with _eval(model):
-                fast = (body(input_ids=input_ids[:1, :16], use_cache=False).last_hidden_state @ head.weight.t()).float()
-                ref = model(input_ids=input_ids[:1, :16], use_cache=False).logits.float()
-            ok = bool(torch.allclose(fast, ref, rtol=1e-2, atol=1e-3 * float(ref.abs().max()) + 1e-5))
-        model._logprob_fast_path = ok
-    return (model.base_model, model.get_output_embeddings().weight) if model._logprob_fast_path else None
-
-
-@contextlib.contextmanager
-def _eval(model):
-    """Eval mode (no dropout) and no grad for a probe; the model's mode is restored after."""
-    was = model.training
+def _check_model(model):
+    """Once per model, on 3 rows sharing 5 tokens: does body(x) @ W^T give its logits (flags scale or cap them in
+    ways no attribute list keeps up with: Granite, Gemma)? does prefix_len's KV-cache reuse give its plain
+    log-probs? A model failing one gets the plain computation (its own logits; no prefix sharing)."""
+    w, was, verdicts = next(model.parameters()), model.training, ("_logprob_fast_path", "_logprob_shared_prefix")
+    if all(getattr(model, v, None) is not None for v in verdicts):
+        return
+    ids = torch.randint(1, model.config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(0)).to(w.device)
+    ids[:, :5] = ids[:1, :5]
     try:
-        with torch.no_grad():
-            yield model.eval()
+        with torch.no_grad(), torch.autocast(w.device.type, enabled=False):
+            model.eval()  # no dropout in the checks
+            if getattr(model, verdicts[0], None) is None:
+                head, body, ok = getattr(model, "get_output_embeddings", lambda: None)(), getattr(model, "base_model", None), False
+                if body is not None and body is not model and isinstance(head, torch.nn.Linear) and head.bias is None:
+                    fast = (body(input_ids=ids, use_cache=False).last_hidden_state @ head.weight.t()).float()
+                    ref = model(input_ids=ids, use_cache=False).logits.float()
+                    ok = bool(torch.allclose(fast, ref, rtol=1e-2, atol=1e-3 * float(ref.abs().max()) + 1e-5))
+                model._logprob_fast_path = ok
+            if getattr(model, verdicts[1], None) is None:
+                model._logprob_shared_prefix = False  # while the check below runs get_response_log_probs
+                with contextlib.suppress(TypeError, ValueError, RuntimeError, AttributeError):  # no usable KV cache
+                    a, b = (get_response_log_probs(model, ids[:, :-1], ids[:, 1:], prefix_len=p)["log_probs"][:, 4:] for p in (4, 0))
+                    model._logprob_shared_prefix = bool(torch.allclose(a, b, atol=1e-4 if w.dtype == torch.float32 else 5e-2))
     finally:
         model.train(was)
 
 
-def shared_prefix_works(model, vocab=64):
-    """Does prefix_len reproduce this model's plain log-probs (1e-4)? Probed once per model on 3 rows sharing
-    5 tokens: an architecture or attention backend without a usable KV cache falls back to the plain path."""
-    if getattr(model, "_logprob_shared_prefix", None) is None:
-        ids = torch.randint(1, vocab, (3, 9), generator=torch.Generator().manual_seed(0)).to(next(model.parameters()).device)
-        ids[:, :5], ok = ids[:1, :5], False
-        try:
-            with _eval(model):
-                a, b = (get_response_log_probs(model, ids[:, :-1], ids[:, 1:], prefix_len=p)["log_probs"][:, 4:] for p in (4, 0))
-            ok = bool(torch.allclose(a, b, atol=1e-4, rtol=1e-4))
-        except (TypeError, ValueError, RuntimeError, AttributeError):  # no cache support: fall back
-            pass
-        model._logprob_shared_prefix = ok
+def shared_prefix_works(model):
+    """Does prefix_len (a shared prompt run once, its KV cache reused) reproduce this model's plain log-probs?"""
+    _check_model(model)
     return model._logprob_shared_prefix
 
 
 def get_response_log_probs(model, input_ids, labels, return_token_entropy=False, temperature=1.0, chunk_size=256,
                            ban_token_ids=None, ban_mask=None, prefix_len=0):
-    """Per-token log p(labels | prefix) (B, T) and optionally the per-token entropy (B, T), float32.
-    chunk_size: tokens whose (chunk, V) float32 logits exist at once. temperature divides the logits, as vLLM
-    samples. ban_token_ids (k,) with ban_mask (B, T) bool: ids excluded from the softmax at those positions
-    (vLLM's min_tokens bans stop tokens). prefix_len P: the rows share input_ids[:, :P] (a GRPO group's prompt),
-    which then runs once and its KV cache serves every row, gradients flowing back through it; positions < P
-    read 0. Models failing the fast-path check use their own logits, chunked the same way."""
+    """Per-token log p(labels | prefix) (B, T) and optionally the per-token entropy (B, T), float32. chunk_size:
+    tokens whose (chunk, V) logits exist at once; temperature divides the logits, as vLLM samples; ban_token_ids
+    (k,) leave the softmax where ban_mask (B, T) is set (vLLM's min_tokens ban); prefix_len P: the rows share
+    input_ids[:, :P] (a GRPO group's prompt), which runs once, its KV cache serving every row and gradients flowing
+    back through it (positions < P read 0)."""
     _need(input_ids.shape == labels.shape and input_ids.dim() == 2, f"input_ids {tuple(input_ids.shape)} and labels "
           f"{tuple(labels.shape)} must both be (B, T)")
     _need(temperature > 0, f"temperature must be > 0 (got {temperature}); greedy decoding has no log-probs to match")
@@ -166,7 +151,8 @@ def get_response_log_probs(model, input_ids, labels, return_token_entropy=False,
     if ban_token_ids is not None and len(ban_token_ids) and ban_mask is not None:
         ban = ban_mask[:, P:].reshape(-1).to(input_ids.device, torch.bool)  # (N,)
         ban_ids = torch.as_tensor(ban_token_ids, dtype=torch.long, device=input_ids.device)  # (k,)
-    parts = _fast_path(model, input_ids)
+    _check_model(model)
+    parts = (model.base_model, model.get_output_embeddings().weight) if model._logprob_fast_path else None
     fwd, kw = parts[0] if parts else model, {"use_cache": False}
     if P:
         from transformers import DynamicCache
@@ -186,16 +172,14 @@ def get_response_log_probs(model, input_ids, labels, return_token_entropy=False,
 
 # ----------------------------------------------------------------------------- masked reductions
 def masked_mean(tensor, mask, dim=None):
-    """Mean of `tensor` over positions where mask is true, along `dim` (all dims if None).
-    An all-masked slice gives NaN, like torch.mean of an empty tensor."""
+    """Mean of `tensor` where mask is true, along `dim` (all if None); an all-masked slice is NaN, as torch.mean."""
     mask = mask.bool()
     total = torch.where(mask, tensor, 0.0)
     return total.sum() / mask.sum() if dim is None else total.sum(dim) / mask.sum(dim)
 
 
 def masked_normalize(tensor, mask, normalize_constant=None, dim=None, *, constant_normalizer=None):
-    """Sum of `tensor` over positions where mask is true, along `dim` (all if None), / normalize_constant
-    (seed 000's spelling; its text also writes `constant_normalizer=`, accepted too)."""
+    """Sum of `tensor` where mask is true, along `dim` (all if None), / normalize_constant (or constant_normalizer=)."""
     c = normalize_constant if normalize_constant is not None else constant_normalizer
     _need(c is not None, "masked_normalize needs normalize_constant")
     total = torch.where(mask.bool(), tensor, 0.0)
@@ -216,22 +200,19 @@ def _check_2d(name, t, shape):
     _need(t.shape == shape, f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)} (batch_size, sequence_length)")
 
 
-def _per_example(x, batch, name):
-    """(B,) or (B, 1) -> (B, 1) so it broadcasts over the sequence."""
+def _per_example(x, batch, name):  # (B,) or (B, 1) -> (B, 1), broadcast over the sequence
     _need(tuple(x.shape) in ((batch,), (batch, 1)), f"{name} has shape {tuple(x.shape)}, expected ({batch},) or ({batch}, 1)")
     return x.reshape(batch, 1)
 
 
 # ----------------------------------------------------------------------------- SFT
 def sft_microbatch_loss(policy_log_probs, response_mask, gradient_accumulation_steps, normalize_constant=1.0):
-    """-masked_normalize(log_probs, mask, c, dim=-1) per example -> mean over batch -> / grad-acc.
-    Pure: returns (scaled loss, metadata); sft_microbatch_train_step adds the backward."""
+    """Pure: -masked_normalize(log_probs, mask, c, dim=-1) per example, batch mean, / grad-acc -> (loss, meta)."""
     _check_2d("response_mask", response_mask, policy_log_probs.shape)
     per_example = -masked_normalize(policy_log_probs, response_mask, normalize_constant, dim=-1)  # (B,)
     loss = per_example.mean() / gradient_accumulation_steps
-    meta = {"nll_per_token": (-masked_mean(policy_log_probs, response_mask)).detach(),
-            "num_response_tokens": response_mask.sum().detach()}
-    return loss, meta
+    return loss, {"nll_per_token": (-masked_mean(policy_log_probs, response_mask)).detach(),
+                  "num_response_tokens": response_mask.sum().detach()}
 
 
 def sft_microbatch_train_step(policy_log_probs, response_mask, gradient_accumulation_steps, normalize_constant=1.0):
@@ -244,9 +225,8 @@ def sft_microbatch_train_step(policy_log_probs, response_mask, gradient_accumula
 # ----------------------------------------------------------------------------- advantages
 def compute_group_normalized_rewards(reward_fn, rollout_responses, repeated_ground_truths, group_size,
                                      advantage_eps, normalize_by_std=None, *, normalized_by_std=None, reward_dicts=None):
-    """Score N = n_prompts * group_size responses; A = (r - group mean) / (group std + eps) (unbiased std),
-    or r - group mean when normalize_by_std is False (Dr. GRPO; seed 001 spells it normalized_by_std).
-    reward_fn(response, gt) returns a dict with "reward" (or a float). Returns (advantages (N,), raw (N,), meta)."""
+    """A = (r - group mean) / (group std + eps) (unbiased std), or r - mean without std (Dr. GRPO; seed 001 spells
+    it normalized_by_std) for N = prompts x G responses; reward_fn -> dict or float. -> (adv (N,), raw (N,), meta)."""
     std_norm, n = normalize_by_std if normalize_by_std is not None else normalized_by_std, len(rollout_responses)
     _need(std_norm is not None, "compute_group_normalized_rewards needs normalize_by_std")
     _need(len(repeated_ground_truths) == n, f"{n} responses but {len(repeated_ground_truths)} ground truths; repeat each G times")
@@ -257,8 +237,8 @@ def compute_group_normalized_rewards(reward_fn, rollout_responses, repeated_grou
     _need(len(reward_dicts) == n, f"{len(reward_dicts)} reward_dicts for {n} responses; pass one per response")
     raw = torch.tensor([float(d["reward"] if isinstance(d, dict) else d) for d in reward_dicts])  # (N,) float32
     grouped = raw.view(-1, group_size)  # (n_prompts, G)
-    # A group of equal rewards carries no signal, but float32 rounding leaves r - mean ~ 1e-8, which / eps
-    # becomes a ~1e-2 advantage that Adam (scale-free) turns into a full-size random step: zero it exactly.
+    # equal rewards carry no signal, but float32 leaves r - mean ~ 1e-8, / eps a ~1e-2 advantage: Adam (scale-free)
+    # would take a full-size random step on it, so it is zeroed exactly
     flat = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)  # (n_prompts, 1)
     centered = torch.where(flat, 0.0, grouped - grouped.mean(dim=1, keepdim=True))
     std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(centered[:, :1])  # (n_prompts, 1)
@@ -330,8 +310,7 @@ def compute_policy_gradient_loss(policy_log_probs, loss_type, raw_rewards=None, 
     """Per-token loss of `loss_type` (seed 000 §7.2): returns (loss (B, T), metadata of (B, T) tensors)."""
     _need(loss_type in LOSSES, f"unknown loss_type {loss_type!r}; choose one of {LOSS_TYPES}")
     fn, names = LOSSES[loss_type]
-    given = {"raw_rewards": raw_rewards, "advantages": advantages, "old_log_probs": old_log_probs,
-             "cliprange": cliprange, "response_mask": response_mask, "policy_log_probs": policy_log_probs}
+    given = dict(locals())  # the arguments by name
     for name in names:
         _need(given[name] is not None, f"loss_type {loss_type!r} requires {name}")
     out = fn(*[given[n] for n in names], **({"cliprange_high": cliprange_high} if "cliprange" in names else {}))
@@ -349,19 +328,18 @@ def compute_kl(policy_log_probs, ref_log_probs, estimator="k3"):
 
 
 def kl_divergence(policy_log_probs, ref_log_probs, response_mask, estimator="k3"):
-    """Scalar KL(pi || ref) on samples of pi: k1/k2/k3 averaged over response tokens, or "seq" = seed 004
-    Eq. 8, (1/N) sum_i sum_t (log pi - log ref): summed over each response, averaged over responses."""
-    if estimator == "seq":  # (B,) sums -> mean
+    """Scalar KL(pi || ref) on pi's samples: k1/k2/k3 averaged over response tokens, or "seq" = seed 004 Eq. 8,
+    (1/N) sum_i sum_t (log pi - log ref), each response's sum averaged over responses."""
+    if estimator == "seq":
         return masked_normalize(compute_kl(policy_log_probs, ref_log_probs, "k1"), response_mask, 1.0, dim=-1).mean()
     return masked_mean(compute_kl(policy_log_probs, ref_log_probs, estimator), response_mask)
 
 
 def compute_rollout_is(old_log_probs, engine_log_probs, response_mask, mode="tis", cap=2.0, level="token"):
-    """Rollout correction (Yao et al. 2025): the engine samples from mu, the trainer scores pi_old; they differ
-    (kernels, precision, staleness). ratio = pi_old / mu per token, or per sequence (exp of its summed log-ratio).
-    tis: weight min(ratio, cap); mis: tokens (sequences) with ratio outside [1/cap, cap] leave the mask.
-    Returns (weights (B, T), mask (B, T) bool, metrics: KL(mu || pi_old) by k3 on mu's samples, the raw ratio's
-    mean/min/max, the fraction of tokens with a ratio outside [0.5, 2], the fraction dropped)."""
+    """Rollout correction (Yao et al. 2025): the engine samples mu, the trainer scores pi_old (kernels, precision,
+    staleness). ratio = pi_old / mu per token or per sequence; tis: weights min(ratio, cap); mis: tokens (sequences)
+    outside [1/cap, cap] leave the mask. -> (weights (B, T), mask (B, T), metrics: k3 KL(mu || pi_old), the ratio's
+    mean/min/max, the fraction of tokens outside [0.5, 2], the fraction dropped)."""
     _need(mode in ROLLOUT_IS and level in ("token", "sequence"), f"rollout IS {mode!r} / {level!r}: {ROLLOUT_IS} / token, sequence")
     mask = response_mask.bool()
     log_ratio = torch.where(mask, old_log_probs - engine_log_probs, 0.0)  # (B, T)
@@ -381,30 +359,23 @@ def grpo_microbatch_loss(policy_log_probs, response_mask, gradient_accumulation_
                          raw_rewards=None, advantages=None, old_log_probs=None, cliprange=None, *,
                          cliprange_high=None, length_norm="masked_mean", normalize_constant=None,
                          ref_log_probs=None, kl_beta=0.0, kl_estimator="k3", is_weights=None):
-    """Per-token PG loss (x detached is_weights) (+ kl_beta * KL) -> length_norm -> this microbatch's share of
-    the optimizer step's loss. Pure: returns (loss, metadata of detached 0-d tensors). length_norm:
-    "masked_mean" (seed: each row's mean over its response tokens, mean over rows, / grad-acc), "masked_normalize"
-    (each row's sum / normalize_constant, mean over rows, / grad-acc), "token" (DAPO: sum / normalize_constant =
-    the response tokens of the whole optimizer step, not / grad-acc, so every token's log-prob gets gradient
-    -A_i / N_step; without normalize_constant: this microbatch's tokens x grad-acc)."""
+    """Pure: per-token PG loss (x detached is_weights) (+ kl_beta * KL) -> length_norm -> this microbatch's share of
+    the step's loss -> (loss, detached 0-d metadata). length_norm: masked_mean (seed: rows' means, batch mean, /
+    grad-acc), masked_normalize (rows' sums / normalize_constant, batch mean, / grad-acc), token (DAPO: sum /
+    normalize_constant = the optimizer step's response tokens, not / grad-acc: every token's grad is -A_i / N_step)."""
     _need(policy_log_probs.dim() == 2, f"policy_log_probs has shape {tuple(policy_log_probs.shape)}, expected (B, T)")
     _check_2d("response_mask", response_mask, policy_log_probs.shape)
     _need(length_norm in LENGTH_NORMS, f"unknown length_norm {length_norm!r}; choose one of {LENGTH_NORMS}")
-    _need(length_norm != "masked_normalize" or normalize_constant is not None,
-          "length_norm 'masked_normalize' requires normalize_constant (e.g. the max response length)")
+    _need(length_norm != "masked_normalize" or normalize_constant is not None, "masked_normalize requires normalize_constant")
     _need(not kl_beta or ref_log_probs is not None, f"kl_beta={kl_beta} requires ref_log_probs")
-    per_token, loss_meta = compute_policy_gradient_loss(
-        policy_log_probs, loss_type, raw_rewards, advantages, old_log_probs, cliprange,
-        cliprange_high=cliprange_high, response_mask=response_mask)  # (B, T)
+    per_token, loss_meta = compute_policy_gradient_loss(policy_log_probs, loss_type, raw_rewards, advantages, old_log_probs,
+                                                        cliprange, cliprange_high=cliprange_high, response_mask=response_mask)
     if is_weights is not None:
         _check_2d("is_weights", is_weights, policy_log_probs.shape)
         per_token = per_token * is_weights.detach()
-    meta = {}
-    if ref_log_probs is not None:
-        kl = compute_kl(policy_log_probs, ref_log_probs, "k3" if kl_estimator == "seq" else kl_estimator)  # (B, T)
-        meta["kl"] = masked_mean(kl.detach(), response_mask)
-        if kl_beta:
-            per_token = per_token + kl_beta * kl
+    meta, kl = {}, None if ref_log_probs is None else compute_kl(policy_log_probs, ref_log_probs, kl_estimator.replace("seq", "k3"))
+    if kl is not None:  # (B, T)
+        meta["kl"], per_token = masked_mean(kl.detach(), response_mask), per_token + kl_beta * kl
     mask = response_mask.bool()
     if length_norm == "token":  # DAPO: every token of the optimizer step weighs the same
         loss = masked_normalize(per_token, mask, normalize_constant or mask.sum().clamp(min=1) * gradient_accumulation_steps)
@@ -422,7 +393,7 @@ def grpo_microbatch_loss(policy_log_probs, response_mask, gradient_accumulation_
 
 def grpo_microbatch_train_step(policy_log_probs, response_mask, gradient_accumulation_steps, loss_type,
                                raw_rewards=None, advantages=None, old_log_probs=None, cliprange=None, **kwargs):
-    """Seed 000 §7.2: grpo_microbatch_loss (keyword options there), then backward(). Returns (detached loss, metadata)."""
+    """Seed 000 §7.2: grpo_microbatch_loss (its keyword options), then backward() -> (detached loss, metadata)."""
     loss, meta = grpo_microbatch_loss(policy_log_probs, response_mask, gradient_accumulation_steps, loss_type,
                                       raw_rewards, advantages, old_log_probs, cliprange, **kwargs)
     loss.backward()

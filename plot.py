@@ -181,5 +181,33 @@ def main(argv=None):
     print(plot_runs(a.runs, a.out, a.x))
 
 
+COLORS = {"generate": "tab:blue", "score": "tab:cyan", "old_log_probs": "tab:olive", "train": "tab:red",  # timeline
+          "get_weights": "tab:purple", "weight_sync": "tab:green"}
+
+
+def plot_timeline(runs, path):
+    """grpo_ray.py's timeline: a Gantt chart, one panel per run (title, spans), one row per actor; bars are phases
+    (eval left out), labelled with their step."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    runs = [(title, [s for s in spans if s["phase"] != "eval"]) for title, spans in runs]
+    names = [sorted({s["actor"] for s in spans}) for _, spans in runs]
+    fig, axes = plt.subplots(len(runs), 1, figsize=(12, 1.2 + 1.1 * sum(map(len, names))), squeeze=False)
+    for ax, (title, spans), actors in zip(axes[:, 0], runs, names):
+        t_min = min(s["t0"] for s in spans)
+        for s in spans:
+            y = actors.index(s["actor"])
+            ax.broken_barh([(s["t0"] - t_min, s["t1"] - s["t0"])], (y - 0.4, 0.8), color=COLORS[s["phase"]])
+            if s["phase"] in ("generate", "train"):
+                ax.text(s["t0"] - t_min, y, str(s["step"]), va="center", fontsize=7)
+        ax.set(yticks=range(len(actors)), yticklabels=actors, xlabel="seconds", title=title)
+    fig.legend([plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()], list(COLORS), ncol=len(COLORS), fontsize=7)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(path + ".tmp.png", dpi=110)
+    plt.close(fig)
+    os.replace(path + ".tmp.png", path)
+
+
 if __name__ == "__main__":
     main()

@@ -26,7 +26,7 @@ sys.path.insert(0, ROOT)
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 # --- model ---
 parser.add_argument("--vocab", type=int, default=151936, help="vocabulary size (Qwen2.5: 151936)")
-parser.add_argument("--hidden", type=int, default=64, help="hidden size of the 1-layer bf16 Qwen2")
+parser.add_argument("--hidden", type=int, default=64, help="hidden size of the bf16 Qwen2 (a multiple of 64)")
 parser.add_argument("--layers", type=int, default=1, help="number of transformer layers")
 # --- workload ---
 parser.add_argument("--batch", type=int, default=4, help="sequences per call")
@@ -48,16 +48,11 @@ def child(variant, mode):
     import gc
 
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     import losses
+    from sft import tiny_model  # the repo's one tiny-model builder
 
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
-                      num_hidden_layers=args.layers, num_attention_heads=max(1, args.hidden // 64),
-                      num_key_value_heads=max(1, args.hidden // 64), head_dim=64,
-                      max_position_embeddings=args.seq + 1, tie_word_embeddings=True)
-    model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+    model = tiny_model("qwen2", args.vocab, args.hidden, args.layers, max_position_embeddings=args.seq + 1).to(torch.bfloat16)
     ids = torch.randint(0, args.vocab, (args.batch, args.seq + 1))
     input_ids, labels = ids[:, :-1], ids[:, 1:]  # (B, T)
     mask = (torch.rand(args.batch, args.seq) > 0.3).float()  # (B, T)

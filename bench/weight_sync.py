@@ -6,7 +6,7 @@ Modes (median of --repeats pushes each):
                     equals "bucketed"; on a cross-GPU push it is one small copy per tensor)
   per_tensor_calls  the naive loop: one engine reload call per tensor. Timing only: it post-processes
                     fused layers (qkv, gate_up) half-loaded, so the bench restores the weights after it.
-Models are random tiny Qwen2s built here (~10M and ~100M parameters, fp32).
+Models are random tiny Llamas built here (sft.build_tiny_model; ~14M and ~136M parameters, fp32).
 
     .venv/bin/python bench/weight_sync.py
     .venv/bin/python bench/weight_sync.py --sizes 10m --repeats 5

@@ -85,9 +85,11 @@ def test_loader_errors_name_the_problem(tmp_path):
         data.read_jsonl(str(tmp_path / "x.jsonl"))
     try:
         import datasets  # noqa: F401
-    except ImportError:
-        with pytest.raises(ValueError, match="needs path"):
+    except ImportError:  # the hub set without `datasets`: one line naming what to pass instead
+        with pytest.raises(ValueError, match="no local file given .* pass a local .jsonl"):
             data.load_task("gsm8k")
+        with pytest.raises(ValueError, match="or 'synthetic'"):
+            data.load_task("countdown")
 
 
 def test_keyword_split_and_sft_roundtrip(tmp_path):
@@ -119,7 +121,7 @@ def test_generator_solvable_reference_scores_one_deterministic_disjoint():
         assert data.solve_countdown(gt["numbers"], gt["target"]) is not None
         assert countdown_reward_fn(f"think </think> <answer> {r['solution']} </answer>", gt)["reward"] == 1.0
         assert r["question"] == data.countdown_question(gt["numbers"], gt["target"])
-    assert data.load_task("countdown", split="test", limit=20, seed=3) == test[:20]
+    assert data.load_task("countdown", split="test", path="synthetic", limit=20, seed=3) == test[:20]
 
 
 def test_solver_exact():
@@ -144,3 +146,15 @@ def test_cli_writes_jsonl(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "data.py"), "gsm8k", "--path", str(tmp_path / "no.jsonl"),
                         "--out", str(tmp_path / "o.jsonl")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and r.stderr.strip().startswith("error: file not found")
+
+
+def test_task_defaults_and_prompts_formatted_once():
+    """One rule for every script: hub models get the seeds' countdown prompt and hub set, the embedded model the
+    r1_zero prompt it was trained on and synthetic problems; MATH is graded by question_only (seed 000 §3.2)."""
+    assert data.task_defaults("countdown", None) == {"prompt": "r1_zero", "reward": "countdown", "path": "synthetic"}
+    assert data.task_defaults("countdown", "Qwen/Qwen3-1.7B") == {"prompt": "countdown", "reward": "countdown", "path": None}
+    assert data.task_defaults("math500", "Qwen/Qwen2.5-Math-1.5B")["reward"] == "question_only"
+    assert data.is_embedded(data.EMBEDDED_MODEL) and not data.is_embedded("Qwen/Qwen3-0.6B")
+    rows = data.load_task("countdown", "test", path="synthetic", limit=3, prompt="countdown")
+    template = data.load_prompt("countdown")
+    assert all(r["prompt"] == data.format_prompt(template, r["question"]) for r in rows)

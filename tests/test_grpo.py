@@ -15,7 +15,7 @@ import threading
 
 import pytest
 import torch
-from conftest import ROOT, requires_vllm
+from conftest import HAS_VLLM, ROOT
 
 import common
 import grpo
@@ -64,12 +64,14 @@ def metrics(out):
 def on_policy(tiny_model_dir, task_file, tmp_path_factory):
     """2 steps with KL monitoring, then a resume that names only --resume and two overrides; and 3 steps
     straight through with the same seed."""
+    if not HAS_VLLM:
+        pytest.skip("vllm is not installed (the --engine hf runs below still run)")
     d = tmp_path_factory.mktemp("runs")
     flags = tiny_flags(tiny_model_dir, task_file, "--loss", "reinforce_with_baseline", "--kl-every", "1")
     proc = run_grpo(flags + ["--n-grpo-steps", "2"], d / "a")
     first = metrics(d / "a")
     resumed = run_grpo(["--resume", str(d / "a"), "--n-grpo-steps", "3", "--eval-every", "0"])
-    straight = run_grpo(flags + ["--n-grpo-steps", "3", "--eval-every", "0"], d / "b")
+    run_grpo(flags + ["--n-grpo-steps", "3", "--eval-every", "0"], d / "b")  # straight through
     return {"dir": d / "a", "first": first, "resumed": metrics(d / "a"), "straight": metrics(d / "b"),
             "stdout": proc.stdout, "resume_stdout": resumed.stdout}
 
@@ -131,6 +133,8 @@ def test_off_policy_run_ratio_starts_at_one_and_hf_engine_smoke(tiny_model_dir, 
 @pytest.fixture(scope="module")
 def live(tiny_model_dir, task_file):
     """One in-process vLLM engine and a real scored rollout batch on the tiny model."""
+    if not HAS_VLLM:
+        pytest.skip("vllm is not installed (the --engine hf runs still run)")
     args = grpo.parse_args(tiny_flags(tiny_model_dir, task_file, "--out", "/tmp/unused", "--min-tokens", "4"))
     grpo.setup_devices(args)
     train_rows, _ = grpo.load_data(args)
@@ -142,6 +146,7 @@ def live(tiny_model_dir, task_file):
 def count_forwards(policy):
     """Records torch.is_grad_enabled() for every body forward of more than one row (the one-row fast-path
     self-check of losses.get_response_log_probs is not a scoring pass)."""
+    losses.shared_prefix_works(policy)  # its one-time self-check (3-row probes) runs before the counting
     calls = []
     policy.base_model.register_forward_hook(
         lambda m, a, kw, out: calls.append(torch.is_grad_enabled()) if kw["input_ids"].shape[0] > 1 else None,
@@ -287,7 +292,7 @@ def test_sample_seeds_never_overlap():
 
 def test_shared_prefix_gives_the_same_step(live):
     """--shared-prefix (each group's prompt once, its G responses on the prompt's KV cache) changes no number:
-    no-grad log-probs within 1e-5, step 0's loss and grad norm within 1e-5 relative, and the updated weights."""
+    no-grad log-probs within 1e-5, step 0's loss, grad norm and entropy within 1e-5 relative."""
     results = []
     for flag in ("--shared-prefix", "--no-shared-prefix"):
         args = make(live, "--loss", "grpo_clip", flag)
@@ -296,19 +301,18 @@ def test_shared_prefix_gives_the_same_step(live):
         tensors = grpo.collate(live["batch"], args)
         lp = grpo.batch_log_probs(policy, tensors, args, live["batch"]["ban_token_ids"])
         hist, _ = grpo.train_step(policy, torch.optim.AdamW(policy.parameters(), lr=1e-3), live["batch"], args, 0)
-        results.append((lp, hist[0], [p.detach().clone() for p in policy.parameters()], tensors["response_mask"]))
-    (lp_on, h_on, w_on, mask), (lp_off, h_off, w_off, _) = results
+        results.append((lp, hist[0], tensors["response_mask"]))
+    (lp_on, h_on, mask), (lp_off, h_off, _) = results
     assert (lp_on - lp_off)[mask].abs().max() <= 1e-5
-    for k in ("train/loss", "train/grad_norm", "train/entropy"):
+    for k in ("train/loss", "train/grad_norm", "train/entropy"):  # (Adam's first step is sign(g): not compared)
         assert h_on[k] == pytest.approx(h_off[k], rel=1e-5, abs=1e-7), k
-    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(w_on, w_off))
 
 
 def test_sync_makes_engine_match_policy(live):
     args = live["args"]
     policy, tok = grpo.load_policy(live["model_dir"], args)
     grpo.train_step(policy, torch.optim.AdamW(policy.parameters(), lr=3e-2), live["batch"], args, 0)
-    grpo.sync_weights(policy, live["engine"])
+    grpo.engines.load_policy_into_vllm(policy, live["engine"])
     prompts = [r["prompt"] for r in live["rows"][:4]]
     outs = grpo.engines.generate(live["engine"], prompts, n=1, temperature=0.0, max_tokens=10)
     policy.eval()
@@ -317,6 +321,25 @@ def test_sync_makes_engine_match_policy(live):
         with torch.no_grad():
             hf = policy.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=tok.pad_token_id)[0, ids.shape[1]:]
         assert hf.tolist()[:len(o[0]["token_ids"])] == o[0]["token_ids"], "engine greedy tokens differ from the policy's"
+
+
+def test_sleep_engine_call_order(live, monkeypatch, tmp_path):
+    """--sleep-engine (one shared GPU): the engine sleeps once the step's generations (and eval) are done and
+    wakes, the new weights pushed in, before the next generation. On CPU sleep is a no-op (vLLM's sleep mode
+    needs CUDA): this checks the order a GPU run takes; the memory it frees there is not measured here."""
+    calls = []
+    monkeypatch.setattr(grpo, "make_engine", lambda path, args, policy=None: live["engine"])
+    for name in ("sleep_engine", "wake_engine", "generate"):
+        real = getattr(grpo.engines, name)
+        monkeypatch.setattr(grpo.engines, name, lambda *a, _r=real, _n=name, **kw: (calls.append(_n), _r(*a, **kw))[1])
+    real_step = grpo.train_step
+    monkeypatch.setattr(grpo, "train_step", lambda *a, **kw: (calls.append("train"), real_step(*a, **kw))[1])
+    grpo.main(grpo.parse_args(tiny_flags(live["model_dir"], live["task"], "--sleep-engine", "--n-grpo-steps", "2",
+                                         "--out", str(tmp_path / "run"))))
+    step = ["generate", "generate", "sleep_engine", "train", "wake_engine"]  # rollout, eval, sleep, train, wake + push
+    assert calls == step + step + ["generate"], calls  # then the final eval on the woken engine
+    monkeypatch.undo()
+    grpo.engines.load_policy_into_vllm(grpo.load_policy(live["model_dir"], live["args"])[0], live["engine"])  # the fixture's weights back
 
 
 def test_collate_uses_engine_token_ids(live):
@@ -348,7 +371,9 @@ def test_ctrl_c_mid_update_saves_a_consistent_step(tiny_model_dir, task_file, tm
     monkeypatch.setattr(grpo, "train_step", train_step)
     monkeypatch.setattr(losses, "grpo_microbatch_train_step", microbatch)
     assert threading.current_thread() is threading.main_thread()
-    grpo.main(grpo.parse_args(flags + ["--out", str(tmp_path / "cut")]))
+    with pytest.raises(SystemExit) as exit_:
+        grpo.main(grpo.parse_args(flags + ["--out", str(tmp_path / "cut")]))
+    assert exit_.value.code == 130
     monkeypatch.undo()
     state = json.load(open(tmp_path / "cut" / "checkpoint" / "state.json"))
     assert state["step"] == 2 and sorted(calls) == [0, 1] and calls[1] == calls[0]  # step 1 finished after the signal
@@ -384,6 +409,12 @@ def test_existing_run_is_refused_and_data_checked_before_loading(tiny_model_dir,
     (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
     proc = run_grpo(tiny_flags(tiny_model_dir, task_file, "--out", str(tmp_path / "run")), check=False)
     assert proc.returncode != 0 and "already holds a run" in proc.stderr and "--resume" in proc.stderr
+    run = tmp_path / "broken"  # a checkpoint whose weights are gone: named before anything loads
+    (run / "checkpoint").mkdir(parents=True)
+    for name in ("state.json", "config.json", "tokenizer.json", "optimizer.pt"):
+        (run / "checkpoint" / name).write_text("{}")
+    proc = run_grpo(["--resume", str(run)], check=False)
+    assert proc.returncode != 0 and "no weights" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
     proc = run_grpo(tiny_flags(tiny_model_dir, str(empty), "--out", str(tmp_path / "o2")), check=False)

@@ -1,14 +1,18 @@
 """grpo_ray.py on a real local Ray cluster (CPU, tiny model, keyword task built here).
 
 Covers: colocated k=1 (with KL monitoring) and k=2 (stale batches take pi_old from the engine of version v),
-then --resume; disaggregated sync and async (vLLM generator, object store; async with TIS, the mismatch
-split into kernel and staleness parts); async over Ray Direct Transport (gloo, HF engine); engine and
-learner weights equal after the final sync; both trainers log grpo.py's keys; the staleness bound and the
-overlap read from recorded lags and timestamps; a killed generator ends the run with a clear error.
-Ray starts once per module; each actor set is built once and reused across runs through reset().
+then --resume, with a second (vLLM) generator fed by the same pushes; disaggregated sync and async (vLLM
+generator, object store; async with TIS, the mismatch split into kernel and staleness parts); async over Ray
+Direct Transport (gloo, HF engine); engine and learner weights equal after the final sync; both trainers log
+grpo.py's keys; the staleness bound and the overlap read from recorded lags and timestamps; a killed generator
+ends the run with a clear error naming it. Scale-out (HF engines): 2 generators x 2 data-parallel learners,
+async: shards joined in order at one version per step, one weight put per version, the M = 2 gradient equal to
+one learner's on the same batch, --resume, a dead learner named. Ray starts once per module; each actor set is
+built once and reused across runs through reset().
 """
 import json
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -16,6 +20,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 from conftest import requires_vllm
 
 ray = pytest.importorskip("ray")
@@ -58,7 +63,7 @@ def cluster(make_args):
 
 
 def start(actors, args):
-    ray.get([a.reset.remote(args) for a in actors.values()], timeout=300)
+    ray.get([a.reset.remote(args) for a in actors["all"]], timeout=300)
     return args
 
 
@@ -88,16 +93,62 @@ def assert_synced(gen_actor, args):
         assert (init - engine).abs()[mask].max() > 1e-2
 
 
+# Probes that run inside an actor (Ray's __ray_call__ hands them the actor's instance): shipped by value, since
+# the workers cannot import this test module.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def received_bytes(worker, pushed):
+    """Transfer-only probe: the bytes of a pushed state dict once Ray resolved it in the generator, nothing loaded."""
+    return sum(v.numel() * v.element_size() for v in pushed["weights"].values())
+
+
+def gradient(worker, gen, mode="group"):
+    """The clipped gradient of every optimizer step train_step takes on gen (flattened, concatenated) and its
+    history; nothing moves (SGD at lr 0). mode: "group" = this learner in its group (all-reduced), "alone" = one
+    learner on the whole batch, "local" = this learner's share only (the group's reduce made the identity)."""
+    params, grads = list(worker.policy.parameters()), []
+    probe = torch.optim.SGD(params, lr=0.0)
+    probe.register_step_pre_hook(lambda *_: grads.append(torch.cat([p.grad.flatten() for p in params])))
+    dp = {"group": worker.dp, "alone": None, "local": worker.dp and dict(worker.dp, reduce=lambda t, op: t)}[mode]
+    history, _ = grpo.train_step(worker.policy, probe, gen["batch"], worker.args, gen["step"], dp=dp)
+    return torch.cat(grads), history
+
+
 def test_parse_args_rejects_bad_modes(make_args, capsys):
     for flags, msg in [(["--async"], "disaggregated"), (["--steps-per-rollout", "2"], "multiple"),
                        (["--steps-per-rollout", "2", "--n-grpo-steps", "4", "--loss", "reinforce_with_baseline"], "grpo_clip"),
                        (["--placement", "disaggregated", "--async", "--loss", "no_baseline"], "grpo_clip"),
                        (["--placement", "disaggregated", "--weight-sync", "gloo"], "engine hf"),
-                       (["--placement", "disaggregated", "--async", "--max-staleness", "0"], "integer > 0")]:
+                       (["--placement", "disaggregated", "--async", "--max-staleness", "0"], "integer > 0"),
+                       (["--num-learners", "2"], "--placement disaggregated"),  # vLLM owns torch.distributed
+                       (["--placement", "disaggregated", "--engine", "hf", "--weight-sync", "gloo", "--num-generators", "2"],
+                        "object_store"),
+                       (["--num-generators", "3"], "whole group"),  # 8 samples / group 4 = 2 prompts
+                       (["--placement", "disaggregated", "--num-learners", "2", "--num-cpus", "2"], "--num-cpus")]:
         with pytest.raises(SystemExit):
             make_args(*flags)
         err = capsys.readouterr().err
         assert err.startswith("error:") and msg in err, (flags, err)
+
+
+def test_join_shards_concatenates_in_order_and_weights_metrics():
+    """Two shards of one step: rows in shard order, the engine's banned ids once, metrics as over the joined batch
+    (means by rows, the filtered fraction by prompts sampled, max of *_max and of the parallel times)."""
+    def shard(i, n, version=3):  # n rows of shard i; rewards i, lengths 10 * (i + 1)
+        batch = {"prompts": [f"p{i}"] * n, "raw": torch.full((n,), float(i)), "ban_token_ids": [7, 9]}
+        metrics = {"train/reward": float(i), "train/response_len_max": 10 * (i + 1), "time/generation": 5.0 - i,
+                   "train/dynamic_prompts_sampled": 2 + 4 * i, "train/dynamic_filtered_frac": 1 - n / 4 / (2 + 4 * i)}
+        return {"step": 5, "version": version, "batch": batch, "metrics": metrics, "spans": [{"actor": f"generator {i}"}]}
+    g = grpo_ray.join_shards([shard(0, 4), shard(1, 12)])  # groups of 4: 1 kept of 2 sampled, 3 kept of 6
+    assert g["batch"]["prompts"] == ["p0"] * 4 + ["p1"] * 12 and g["batch"]["raw"].tolist() == [0.0] * 4 + [1.0] * 12
+    assert g["batch"]["ban_token_ids"] == [7, 9] and (g["step"], g["version"]) == (5, 3) and len(g["spans"]) == 2
+    m = g["metrics"]
+    assert m["train/reward"] == pytest.approx(g["batch"]["raw"].mean().item()) and m["train/response_len_max"] == 20
+    assert m["time/generation"] == 5.0 and m["train/dynamic_prompts_sampled"] == 8
+    assert m["train/dynamic_filtered_frac"] == pytest.approx(1 - 4 / 8)  # 4 groups kept of 8 sampled
+    with pytest.raises(SystemExit):  # shards of one step from two policy versions
+        grpo_ray.join_shards([shard(0, 4), shard(1, 4, version=2)])
 
 
 def test_bounded_get_names_the_phase(cluster):
@@ -111,7 +162,7 @@ def test_bounded_get_names_the_phase(cluster):
 
 @requires_vllm
 def test_colocated_on_policy_then_k_steps(cluster, make_args):
-    args = make_args("--kl-every", "1")
+    args = make_args("--kl-every", "1", "--num-generators", "2", "--seed", "1")  # seed 1: batch 0 has a signal
     actors = grpo_ray.build_actors(args)
     try:
         summary = grpo_ray.run(args, actors)
@@ -120,25 +171,29 @@ def test_colocated_on_policy_then_k_steps(cluster, make_args):
         assert all(set(STEP_KEYS) <= set(r) for r in rows), set(STEP_KEYS) - set(rows[0])
         assert all(r["train/kl_ref"] >= 0 for r in rows) and all(r["train/kl_prev"] >= 0 for r in rows[1:])
         assert any(r["train/zero_var_frac"] < 1 for r in rows), "no reward variance: the policy cannot move"
-        assert summary["devices"] == 1 and summary["samples"] == 24 and summary["samples_per_s"] > 0
+        assert summary["devices"] == 2 and summary["samples"] == 24 and summary["samples_per_s"] > 0
         assert {"generate", "score", "train", "weight_sync"} <= set(summary["phase_mean_s"])
+        assert {(s["actor"], s["step"]) for s in read(args, "timeline.json") if s["phase"] == "generate"} == {
+            (a, t) for a in ("colocated", "generator 1") for t in range(3)}
         assert os.path.getsize(os.path.join(args.out, "timeline.png")) > 0
         assert os.path.exists(os.path.join(args.out, "checkpoint", "model.safetensors"))
-        assert_synced(actors["colocated"], args)
+        for gen in actors["generator"]:  # the colocated engine by an in-process copy, generator 1 from the put
+            assert_synced(gen, args)
         # Problem 7 B: k=2 batches from version v, the second one stale (pi_old = the engine's, version v)
-        args = start(actors, make_args("--steps-per-rollout", "2", "--loss", "grpo_clip", "--n-grpo-steps", "4"))
+        args = start(actors, make_args("--steps-per-rollout", "2", "--loss", "grpo_clip", "--n-grpo-steps", "4",
+                                       "--num-generators", "2"))
         summary = grpo_ray.run(args, actors)
         assert summary["lags"] == [0, 1, 0, 1]
         rows = [r for r in read(args, "metrics.jsonl") if "ray/lag" in r]
         assert [r["ray/gen_version"] for r in rows] == [0, 0, 2, 2]
-        assert_synced(actors["colocated"], args)
+        assert_synced(actors["generator"][1], args)
         # --resume: the run's flags and checkpoint, two more batches, rows of earlier steps kept
         resumed = start(actors, grpo_ray.parse_args(["--resume", args.out, "--n-grpo-steps", "6"]))
         assert resumed.steps_per_rollout == 2 and resumed.lr == args.lr and resumed.out == args.out
         summary = grpo_ray.run(resumed, actors)
         rows = [r for r in read(resumed, "metrics.jsonl") if "ray/lag" in r]
         assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5] and summary["lags"] == [0, 1]
-        assert_synced(actors["colocated"], resumed)
+        assert_synced(actors["generator"][0], resumed)
     finally:
         grpo_ray.kill_actors(actors)
 
@@ -160,10 +215,10 @@ def test_disaggregated_sync(disaggregated, make_args):
     summary = grpo_ray.run(args, disaggregated)
     assert summary["lags"] == [0, 0, 0] and summary["devices"] == 2
     gen, train = spans(args, "generate"), spans(args, "train")
-    sync = spans(args, "weight_sync", "generator")
+    sync = spans(args, "weight_sync", "generator 0")
     assert all(gen[t + 1]["t0"] >= train[t]["t1"] for t in range(2)), "sync: no overlap"
     assert all(gen[t + 1]["t0"] >= sync[t]["t1"] for t in range(2)), "sync: generation t+1 uses train t's weights"
-    assert_synced(disaggregated["generator"], args)
+    assert_synced(disaggregated["generator"][0], args)
 
 
 @requires_vllm
@@ -178,13 +233,13 @@ def test_disaggregated_async_staleness_and_overlap(disaggregated, make_args):
     assert all(r["train/mismatch_kernel_kl"] < 1e-5 and r["train/mismatch_staleness_kl"] >= 0 for r in rows[1:])
     if any(r["train/zero_var_frac"] < 1 for r in rows[:-1]):  # the policy moved: a stale batch's mismatch grew
         assert max(r["train/mismatch_staleness_kl"] for r in rows[1:]) > 1e-6
-    gen, train, sync = spans(args, "generate"), spans(args, "train"), spans(args, "weight_sync", "generator")
+    gen, train, sync = spans(args, "generate"), spans(args, "train"), spans(args, "weight_sync", "generator 0")
     # Batch 1 needs only version 0, so it runs on the generator while the learner trains batch 0.
     assert gen[1]["t0"] < train[0]["t1"], "async: generation 1 should start before train 0 ends"
     # Later steps: batch t+1 never waits for train t's weights (whether it also overlaps train t in wall
     # time depends on how long a weight load takes against a train step, so that is not asserted).
     assert all(gen[t + 1]["t0"] < sync[t]["t0"] for t in range(2)), "async: generation t+1 waited for train t"
-    assert_synced(disaggregated["generator"], args)
+    assert_synced(disaggregated["generator"][0], args)
 
 
 @requires_vllm
@@ -205,10 +260,12 @@ def test_killed_generator_raises_not_hangs(disaggregated, make_args):
         time.sleep(0.2)
     assert thread.is_alive() and "ray/lag" in open(metrics).read(), "the run should be mid-way (200 steps)"
     t0 = time.time()
-    ray.kill(disaggregated["generator"])
+    ray.kill(disaggregated["generator"][0])
     thread.join(60)
     assert not thread.is_alive(), "driver hung after the generator died"
-    assert isinstance(failure.get("error"), RuntimeError) and "died" in str(failure["error"])
+    assert isinstance(failure.get("error"), RuntimeError), failure
+    msg = str(failure["error"])  # one line: which actor, Ray's error type, how to go on
+    assert "generator 0 died during" in msg and "ActorDiedError" in msg and f"--resume {args.out}" in msg and "\n" not in msg
     assert time.time() - t0 < 60
 
 
@@ -219,9 +276,9 @@ def test_async_over_ray_direct_transport_gloo(cluster, make_args):
     try:
         summary = grpo_ray.run(args, actors)
         assert summary["weight_sync"] == "gloo" and summary["lags"] == [0, 1, 1]
-        assert_synced(actors["generator"], args)
-        pushed = actors["learner"].get_weights.options(tensor_transport="gloo").remote(clone=True)
-        n_bytes = ray.get(actors["generator"].receive.remote(pushed), timeout=60)
+        assert_synced(actors["generator"][0], args)
+        pushed = actors["learner"][0].get_weights.options(tensor_transport="gloo").remote(clone=True)
+        n_bytes = ray.get(actors["generator"][0].__ray_call__.remote(received_bytes, pushed), timeout=60)
         policy = grpo.load_policy(args.model, resolved(args))[0]
         assert n_bytes == sum(p.numel() * p.element_size() for p in policy.state_dict().values())
     finally:
@@ -229,15 +286,75 @@ def test_async_over_ray_direct_transport_gloo(cluster, make_args):
 
 
 def test_cli_smoke_joins_the_cluster(cluster, make_args, tmp_path):
-    """The script end to end as a subprocess, joining this module's cluster through --address."""
+    """The script end to end as a subprocess, joining this module's cluster through --address: colocated with a
+    second generator and a second learner (the colocated actor is generator 0 and learner rank 0; HF engine)."""
     args = make_args()
     cmd = [sys.executable, os.path.join(ROOT, "grpo_ray.py"), "--address", ray.get_runtime_context().gcs_address,
-           "--engine", "hf", "--n-grpo-steps", "2", "--out", str(tmp_path / "cli")]
+           "--engine", "hf", "--n-grpo-steps", "2", "--out", str(tmp_path / "cli"), "--num-generators", "2",
+           "--num-learners", "2", "--placement-strategy", "spread"]
     cmd += [x for pair in [("--model", args.model), ("--train-path", args.train_path), ("--val-path", args.val_path)]
             for x in pair] + SMALL[SMALL.index("--rollout-batch-size"):SMALL.index("--num-cpus")]
     proc = subprocess.run(cmd + ["--task", "keyword"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert summary["mode"] == "colocated-k1" and summary["steps"] == 2
+    assert summary["mode"] == "colocated-k1-N2M2" and summary["steps"] == 2 and summary["devices"] == 3
     for name in ("summary.json", "timeline.png", "metrics.jsonl", "checkpoint", "dashboard.png", "args.json"):
         assert os.path.exists(tmp_path / "cli" / name), name
+
+
+def test_generators_and_learners_scale_out(cluster, make_args):
+    """2 generators x 2 data-parallel learners, async (HF engines): shards joined in order at one version per step,
+    one weight put per version read by both engines, learners in lockstep, the M = 2 gradient equal to one
+    learner's on the same batch, --resume with N = M = 2, and a dead learner named in one line."""
+    args = make_args("--placement", "disaggregated", "--engine", "hf", "--async", "--loss", "grpo_clip",
+                     "--num-generators", "2", "--num-learners", "2", "--seed", "2")  # seed 2: batch 0 has a signal
+    actors = grpo_ray.build_actors(args)
+    try:
+        summary = grpo_ray.run(args, actors)
+        assert summary["lags"] == [0, 1, 1] and summary["devices"] == 4 and summary["mode"].endswith("-N2M2")
+        rows = [r for r in read(args, "metrics.jsonl") if "ray/lag" in r]
+        assert [r["ray/gen_version"] for r in rows] == [0, 0, 1]
+        assert any(r["train/zero_var_frac"] < 1 for r in rows), "no reward variance: the lockstep check would be vacuous"
+        timeline = read(args, "timeline.json")
+        by = {p: sorted((s["actor"], s["step"]) for s in timeline if s["phase"] == p) for p in ("generate", "weight_sync", "get_weights")}
+        assert by["generate"] == [(f"generator {i}", t) for i in range(2) for t in range(3)]
+        assert by["weight_sync"] == [(f"generator {i}", t) for i in range(2) for t in range(3)]
+        assert by["get_weights"] == [("learner 0", t) for t in range(3)], "one put per version, read by both engines"
+        w0, w1 = ray.get([a.get_weights.remote() for a in actors["learner"]])
+        assert all(torch.equal(w0["weights"][k], w1["weights"][k]) for k in w0["weights"]), "learners out of lockstep"
+        for gen in actors["generator"]:
+            assert_synced(gen, args)
+        # shards of a step joined in order: the step's prompts in collect's sampling order, each G times
+        a, G = resolved(args), args.group_size
+        shards = ray.get([g.generate.remote(7, (i, 2)) for i, g in enumerate(actors["generator"])], timeout=120)
+        joined = grpo_ray.join_shards(shards)
+        drawn = random.Random(grpo.sample_seed(a, 7)).sample(grpo.load_data(a)[0], args.n_prompts_per_rollout_batch)
+        assert joined["batch"]["prompts"] == [r["prompt"] for r in drawn for _ in range(G)]
+        # gradient: the group's all-reduced gradient equals one learner's on the same batch (advantages forced
+        # non-zero so the gradient is not trivially 0; grpo_clip: the sharded no-grad pi_old pass is in it too)
+        joined["batch"]["advantages"] = torch.linspace(-1.0, 1.0, len(joined["batch"]["raw"]))
+        ref = ray.put(joined)
+        (g_a, h_a), (g_b, h_b) = ray.get([x.__ray_call__.remote(gradient, ref) for x in actors["learner"]], timeout=120)
+        g_1, h_1 = ray.get(actors["learner"][0].__ray_call__.remote(gradient, ref, "alone"), timeout=120)
+        assert torch.equal(g_a, g_b) and g_1.norm() > 0
+        assert ((g_a - g_1).norm() / g_1.norm()).item() <= 1e-6, "M = 2 gradient differs from one learner's"
+        assert [h["train/loss"] for h in h_a] == pytest.approx([h["train/loss"] for h in h_1], rel=1e-6)
+        # ... and each learner really ran only its half: the two local losses are parts of the whole
+        parts = [ray.get(x.__ray_call__.remote(gradient, ref, "local"), timeout=120)[1][0]["train/loss"] for x in actors["learner"]]
+        assert sum(parts) == pytest.approx(h_1[0]["train/loss"], rel=1e-5, abs=1e-7) and min(map(abs, parts)) > 0
+        # --resume: the run's flags (N, M included) and checkpoint, on the same actors
+        resumed = start(actors, grpo_ray.parse_args(["--resume", args.out, "--n-grpo-steps", "5"]))
+        assert (resumed.num_generators, resumed.num_learners) == (2, 2)
+        summary = grpo_ray.run(resumed, actors)
+        rows = [r for r in read(resumed, "metrics.jsonl") if "ray/lag" in r]
+        assert [r["step"] for r in rows] == [0, 1, 2, 3, 4] and summary["lags"] == [0, 1]
+        assert_synced(actors["generator"][1], resumed)
+        # a dead learner: its peer's collective fails too, the death is what gets reported
+        ray.kill(actors["learner"][1])
+        with pytest.raises(ray.exceptions.RayActorError):  # wait until Ray has it dead
+            ray.get(actors["learner"][1].__ray_ready__.remote(), timeout=60)
+        with pytest.raises(RuntimeError, match=r"learner 1 died during probe \(ActorDiedError") as e:
+            grpo_ray.get([x.train.remote(ref) for x in actors["learner"]], "probe", resumed, actors)
+        assert "\n" not in str(e.value)
+    finally:
+        grpo_ray.kill_actors(actors)

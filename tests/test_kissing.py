@@ -316,7 +316,8 @@ def test_cli_refuses_bad_input_in_one_line(tmp_path):
     for args, says in [(["evaluate", "/nonexistent.py"], "no such file"), (["construct", "--dim", "0"], "--dim"),
                        (["construct", "--dim", "1000"], "--dim 32"), (["verify", deep], "recursion"),
                        (["construct", "--method", "shell-search", "--norm", "1000"], "too large to list"),
-                       (["search", "--llm", "x", "--iters", "0"], "--iters")]:
+                       (["search", "--llm", "x", "--iters", "0"], "--iters"),
+                       (["search", "--llm", f"local:{tmp_path}", "--engine", "sglang", "--out-dir", tmp_path / "s"], "vllm, hf")]:
         t0 = time.time()
         r = cli(*args)
         assert r.returncode == 2 and r.stderr.startswith("error:") and says in r.stderr, (args, r.stderr)
@@ -396,9 +397,9 @@ def test_extract_program_blocks_and_diff_edits():
     assert res["score"] == 2
 
 
-@requires_vllm
-def test_search_local_backend(tmp_path, tiny_model_dir):
-    kissing.main(["search", "--llm", f"local:{tiny_model_dir}", "--mode", "best-of-n", "--iters", "2",
+@pytest.mark.parametrize("engine", [pytest.param("vllm", marks=requires_vllm), "hf"])
+def test_search_local_backend(tmp_path, tiny_model_dir, engine):
+    kissing.main(["search", "--llm", f"local:{tiny_model_dir}", "--engine", engine, "--mode", "best-of-n", "--iters", "2",
                   "--max-tokens", "24", "--timeout", "10", "--eager", "--out-dir", str(tmp_path)])
     log = json.load(open(tmp_path / "conversation_log.json"))
     assert len(log["entries"]) == 2 and all(e["completion_tokens"] > 0 for e in log["entries"])

@@ -451,6 +451,6 @@ def test_shared_prefix_is_exact(tiny):
     (lp0, e0, g0), (lp1, e1, g1) = outs
     assert (lp1 - lp0).abs().max() <= 1e-5 and (e1 - e0).abs().max() <= 1e-5
     assert max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(g1, g0)) <= 1e-5
-    assert L.shared_prefix_works(model, 500)
+    assert L.shared_prefix_works(model)
     with pytest.raises(ValueError, match="do not share"):
         L.get_response_log_probs(model, torch.randint(0, 500, (2, 9)), torch.randint(0, 500, (2, 9)), prefix_len=5)
