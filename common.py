@@ -133,7 +133,7 @@ def check_model_dir(path, flag="--model"):
 def resume_from(parser, argv, args, needs=()):
     """--resume RUN: the run's complete checkpoint (an interrupted save recovered), checked for the files a
     model and `needs` (optimizer.pt, ...) need, its saved flags restored into args (given ones override)."""
-    ckpt = find_checkpoint(args.resume) or fail(f"--resume {args.resume}: no complete checkpoint there "
+    ckpt = find_checkpoint(args.resume, repair=not getattr(args, "dry_run", False)) or fail(f"--resume {args.resume}: no complete checkpoint there "
                                                 f"(expected <run>/checkpoint/state.json)")
     check_model_dir(ckpt, "--resume")  # a broken checkpoint names its missing file
     for f in needs:
@@ -212,21 +212,24 @@ def checkpoint_dir(path):
     return path if os.path.basename(path).startswith("checkpoint") else os.path.join(path, "checkpoint")
 
 
-def find_checkpoint(path, marker="state.json"):
+def find_checkpoint(path, marker="state.json", repair=True):
     """The complete checkpoint of a run (or checkpoint dir), recovering an interrupted swap: a checkpoint is
-    complete when its `marker` (written last) exists. Returns its directory, or None if there is none."""
+    complete when its `marker` (written last) exists. Returns its directory, or None if there is none.
+    repair=False (a dry run) only looks: a recoverable copy is returned where it lies, nothing moves."""
     final = checkpoint_dir(path)
     tmp, old = final + ".tmp", final + ".old"
     if not os.path.exists(os.path.join(final, marker)):
         for cand in (tmp, old):  # tmp is newer than old: prefer it when it was finished
             if os.path.exists(os.path.join(cand, marker)):
+                if not repair:
+                    return cand
                 shutil.rmtree(final, ignore_errors=True)
                 os.replace(cand, final)
                 print(f"resume: recovered {final} from an interrupted save ({os.path.basename(cand)})", flush=True)
                 break
         else:
             return None
-    for leftover in (tmp, old):
+    for leftover in (tmp, old) if repair else ():
         shutil.rmtree(leftover, ignore_errors=True)
     return final
 
@@ -367,17 +370,18 @@ def resolve_precision(device, dtype="auto", pure_bf16=False):
     return (compute if pure_bf16 else torch.float32), compute
 
 
-def engine_share(args, policy, extra_models=0):
-    """vLLM's GPU fraction: 0.85 on its own GPU (seed 001); on the policy's GPU what the trainer leaves: its
-    weights + AdamW's two moments (+ bf16 reference copies) stay resident, gradients only while training (the
-    engine's memory is free then with --sleep-engine), activations and the allocator get a 15% margin."""
+def engine_share(args, policy=None, extra_models=0):
+    """vLLM's GPU fraction: 0.85 on its own GPU (seed 001) or with no policy beside it; on the policy's GPU what
+    the trainer leaves: its weights + AdamW's two moments (+ extra_models frozen copies in the compute dtype) stay
+    resident, gradients only while training (the engine's memory is free then with --sleep-engine), activations
+    and the allocator get a 15% margin."""
     import torch
     pol, eng = torch.device(args.policy_device), torch.device(args.vllm_device)
-    if not (pol.type == eng.type == "cuda" and (pol.index or 0) == (eng.index or 0)):
+    if policy is None or not (pol.type == eng.type == "cuda" and (pol.index or 0) == (eng.index or 0)):
         return 0.85
-    dt = getattr(torch, args.param_dtype) if isinstance(args.param_dtype, str) else args.param_dtype
-    n, w = sum(p.numel() for p in policy.parameters()), torch.finfo(dt).bits // 8
-    resident, grads = n * 3 * w + 2 * n * int(extra_models), n * w
+    w, c = (torch.finfo(getattr(torch, d) if isinstance(d, str) else d).bits // 8 for d in (args.param_dtype, args.compute_dtype))
+    n = sum(p.numel() for p in policy.parameters())
+    resident, grads = n * 3 * w + c * n * int(extra_models), n * w
     total = torch.cuda.get_device_properties(pol).total_memory
     share = 1 - (resident + (0 if args.sleep_engine else grads)) / total - 0.15
     check(share > 0.05, f"the policy needs {(resident + grads) / 2**30:.1f} GiB of this GPU's {total / 2**30:.1f}: "

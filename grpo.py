@@ -216,8 +216,8 @@ def make_engine(path, args, policy=None):
     max_len = min(getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 4096), 4096)
     kw = dict(max_model_len=max_len) if args.engine == "vllm" else {}
     if args.engine == "vllm" and args.vllm_device.startswith("cuda"):
-        kw.update(gpu_memory_utilization=args.gpu_memory_utilization or common.engine_share(args, policy, extra_models=bool(
-            args.kl_beta or args.kl_every)), enable_sleep_mode=args.sleep_engine)
+        kw.update(gpu_memory_utilization=args.gpu_memory_utilization or common.engine_share(args, policy, extra_models=(
+            args.kl_beta > 0 or args.kl_every > 0) + (args.kl_every > 0)), enable_sleep_mode=args.sleep_engine)
     return engines.init_engine(args.engine, path, device=args.vllm_device, seed=args.seed, **kw)
 
 
@@ -272,9 +272,9 @@ def collect(engine, train_rows, args, step, shard=(0, 1)):
         if not args.dynamic_sampling or missing <= 0:
             break
         rows = rng.sample(train_rows, min(len(train_rows), 2 * missing))  # oversample: some groups come out flat
-    if not len(batch["raw"]):  # nothing to learn from this step: train on the flat groups (zero advantage)
+    if not (kept := len(batch["raw"]) // G):  # nothing to learn from this step: a batch of flat groups (zero advantage)
         print(f"notice: step {step}: no group with reward variance in {sampled} prompts (--dynamic-sampling)")
-        batch = flat
+        batch = {k: v[:want * G] for k, v in flat.items()}
     batch["advantages"], _, meta = losses.compute_group_normalized_rewards(
         None, batch["responses"], batch["ground_truths"], G, args.advantage_eps, args.std_norm,
         reward_dicts=batch["raw"].tolist())
@@ -286,7 +286,7 @@ def collect(engine, train_rows, args, step, shard=(0, 1)):
          "train/truncation_rate": fmean(batch["truncated"]), "time/generation": time.perf_counter() - t0 - t_grade,
          "time/grading": t_grade}
     if args.dynamic_sampling:
-        m.update({"train/dynamic_filtered_frac": 1 - len(batch["raw"]) / G / sampled, "train/dynamic_prompts_sampled": sampled,
+        m.update({"train/dynamic_filtered_frac": 1 - kept / sampled, "train/dynamic_prompts_sampled": sampled,
                   "time/dynamic_extra_generation": time.perf_counter() - t0 - t_round0})
     return batch, m
 

@@ -73,7 +73,7 @@ def parse_args(argv=None):
     c(args.n_grpo_steps % k == 0, f"--n-grpo-steps {args.n_grpo_steps} must be a multiple of --steps-per-rollout {k}")
     c(not args.async_mode or args.loss in losses.RATIO_LOSSES, "--async trains on stale batches: pass --loss grpo_clip")
     c(args.weight_sync == "object_store" or (not colo and N == M == 1), "--weight-sync gloo/nccl moves weights from one "
-      "Learner actor to one Generator: --placement disaggregated, or --weight-sync object_store with N or M > 1")
+      "learner actor to one generator actor: --placement disaggregated, or --weight-sync object_store with N or M > 1")
     c(args.weight_sync != "gloo" or args.engine == "hf", "--weight-sync gloo needs --engine hf: the in-process vLLM "
       "engine owns torch.distributed's default group, so Ray cannot build its torch_gloo group beside it")
     c(not args.sleep_engine, "--sleep-engine is grpo.py's single-GPU mode; Ray places engine and learner itself")
@@ -119,13 +119,7 @@ class Worker:
         grpo.setup_devices(args)  # inside the actor: Ray has set CUDA_VISIBLE_DEVICES to its own GPU(s)
         path, saved = _start(args)
         self.version = self.engine_version = saved["step"]  # batches the learner trained on; the engine's weights
-        if self.generator:
-            self.train_rows, self.val_rows = grpo.load_data(args)
-            if self.engine is None:
-                self.engine = grpo.make_engine(path, args)
-            else:
-                rollout.load_policy_into_vllm(grpo.load_policy(path, args)[0].state_dict(), self.engine)
-        if self.learner:
+        if self.learner:  # first: a colocated engine's memory share is sized from the policy beside it
             self.policy, self.tokenizer = grpo.load_policy(path, args)
             self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
             if args.resume:  # every learner loads the one checkpoint: the group stays in lockstep
@@ -133,6 +127,12 @@ class Worker:
             kl = [grpo.load_policy(args.model, args, dtype=args.compute_dtype)[0].eval().requires_grad_(False)
                   for _ in range((args.kl_beta > 0 or args.kl_every > 0) + (args.kl_every > 0))]
             self.ref, self.prev = (kl + [None, None])[:2]
+        if self.generator:
+            self.train_rows, self.val_rows = grpo.load_data(args)
+            if self.engine is None:
+                self.engine = grpo.make_engine(path, args, self.policy if self.learner else None)
+            else:
+                rollout.load_policy_into_vllm(grpo.load_policy(path, args)[0].state_dict(), self.engine)
         return os.getpid()
 
     def generate(self, step, shard=(0, 1)):
@@ -311,7 +311,8 @@ def run(args, actors):
     data.write_jsonl_atomic(metrics_path, [r for r in common.read_metrics(metrics_path) if r["step"] < start])
     data.write_json_atomic(os.path.join(args.out, "args.json"), common.jsonable(vars(args)))
     _evaluate(args, actors, state, start)
-    t_run = state["t_run"] = time.time() - state["wall"]
+    t_run, state["last"] = time.time() - state["wall"], time.time()  # the first row's time/step: not this eval
+    state["t_run"] = t_run
     gens, n, s = actors["generator"], args.n_grpo_steps, args.staleness
     transport = {} if args.weight_sync == "object_store" else {"tensor_transport": args.weight_sync}
     pending, pushed, nxt, syncs = {}, start, start, []
@@ -349,9 +350,16 @@ def _synced(args, actors, state, syncs, version):
     return []
 
 
+def due(every, version, k):
+    """Does a multiple of `every` (0: never) fall in (version - k, version], the steps since the previous push?"""
+    return bool(every) and version // every > (version - k) // every
+
+
 def _checkpoint_and_eval(args, actors, state, syncs, version, t_run):
-    """Where --eval-every / --save-every fall (not the last version: run() does those), once the engines hold it."""
-    ev, sv = (every and version % every == 0 and version < args.n_grpo_steps for every in (args.eval_every, args.save_every))
+    """At the first push at or past each multiple of --eval-every / --save-every (pushes come every k steps; not the
+    last version: run() does those), once the engines hold it."""
+    ev, sv = (due(every, version, args.steps_per_rollout) and version < args.n_grpo_steps
+              for every in (args.eval_every, args.save_every))
     syncs = _synced(args, actors, state, syncs, version) if ev or sv else syncs
     if ev:
         _evaluate(args, actors, state, version)

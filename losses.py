@@ -375,7 +375,7 @@ def grpo_microbatch_loss(policy_log_probs, response_mask, gradient_accumulation_
         per_token = per_token * is_weights.detach()
     meta, kl = {}, None if ref_log_probs is None else compute_kl(policy_log_probs, ref_log_probs, kl_estimator.replace("seq", "k3"))
     if kl is not None:  # (B, T)
-        meta["kl"], per_token = masked_mean(kl.detach(), response_mask), per_token + kl_beta * kl
+        meta["kl"], per_token = masked_mean(kl.detach(), response_mask), per_token + kl_beta * kl if kl_beta else per_token
     mask = response_mask.bool()
     if length_norm == "token":  # DAPO: every token of the optimizer step weighs the same
         loss = masked_normalize(per_token, mask, normalize_constant or mask.sum().clamp(min=1) * gradient_accumulation_steps)

@@ -29,7 +29,7 @@ import common
 import data
 import plot
 from common import check, fraction, nonneg_float, nonneg_int, positive_float, positive_int
-from losses import get_response_log_probs, masked_mean, sft_microbatch_train_step, tokenize_prompt_and_output
+from losses import get_response_log_probs, masked_mean, sft_microbatch_train_step, shared_prefix_works, tokenize_prompt_and_output
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 # GPT-2's split: a number with its leading space is one pre-token, so frequent numbers become single tokens
@@ -110,8 +110,8 @@ def resolve(args):
     check(not (args.shared_prefix and args.gradient_checkpointing), "--shared-prefix needs the KV cache: drop it or "
           "--gradient-checkpointing")
     check(not tiny or args.hidden_size % 64 == 0, f"--hidden-size {args.hidden_size}: use a multiple of 64 (head_dim 64)")
-    for flag, path in (("--data", args.data), ("--eval-path", args.eval_path)):
-        check(path in (None, "countdown", "synthetic") or os.path.isfile(path) and os.path.getsize(path),
+    for flag, path, keyword in (("--data", args.data, "countdown"), ("--eval-path", args.eval_path, "synthetic")):
+        check(path in (None, keyword) or os.path.isfile(path) and os.path.getsize(path),
               f"{flag} {path}: no such file, or an empty one")
     if not tiny and not args.resume:
         common.check_model_dir(args.model)
@@ -316,6 +316,9 @@ def main(argv=None):
     model = AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, args.param_dtype)).to(args.policy_device)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
+    if args.shared_prefix and not shared_prefix_works(model):
+        args.shared_prefix = False
+        print("notice: --shared-prefix off: this model's KV cache did not reproduce its plain log-probs")
     print(f"model {src}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params on {args.policy_device} | "
           f"weights {args.param_dtype}, compute {args.compute_dtype} | engine {args.engine} on {args.vllm_device}")
     steps = args.steps or math.ceil(args.epochs * len(pairs) / args.batch_size)
@@ -377,7 +380,7 @@ def main(argv=None):
                 save_checkpoint(args, model, tokenizer, optimizer, scheduler, done)
     except KeyboardInterrupt:
         if in_step:  # a second Ctrl-C mid-step: the weights may be half-updated, so nothing is saved
-            raise
+            raise SystemExit(f"\naborted inside step {done + 1}: nothing saved; --resume {args.out} restarts from the last checkpoint")
         print(f"\ninterrupted after step {done}: saving the checkpoint; continue with --resume {args.out}", flush=True)
         save_checkpoint(args, model, tokenizer, optimizer, scheduler, done)
         plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))

@@ -18,6 +18,7 @@ import torch
 from conftest import HAS_VLLM, ROOT
 
 import common
+import grader
 import grpo
 import losses
 
@@ -269,6 +270,15 @@ def test_dynamic_sampling_never_trains_on_a_zero_variance_group(live):
         plain["raw"][:args.group_size].max() == plain["raw"][:args.group_size].min()  # round 0 is the plain batch
 
 
+def test_dynamic_sampling_with_no_variance_anywhere_trains_one_flat_batch(live, monkeypatch, capsys):
+    flat = {"reward": 0.0, "format_reward": 0.0, "answer_reward": 0.0}
+    monkeypatch.setitem(grader.REWARD_FNS, "keyword", lambda response, ground_truth: flat)  # a reward that never varies
+    args = make(live, "--dynamic-sampling", "--dynamic-sampling-max-rounds", "2")
+    batch, m = grpo.collect(live["engine"], live["rows"], args, 1)
+    assert len(batch["raw"]) == args.rollout_batch_size and not batch["advantages"].any()  # a batch's worth, no more
+    assert m["train/dynamic_filtered_frac"] == 1.0 and "no group with reward variance" in capsys.readouterr().out
+
+
 def test_mask_truncated_and_overlong_buffer(live):
     args = make(live, "--mask-truncated", "--overlong-buffer", "8")
     batch = {k: (list(v) if isinstance(v, list) else v.clone() if torch.is_tensor(v) else v) for k, v in live["batch"].items()}
@@ -321,6 +331,22 @@ def test_sync_makes_engine_match_policy(live):
         with torch.no_grad():
             hf = policy.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=tok.pad_token_id)[0, ids.shape[1]:]
         assert hf.tolist()[:len(o[0]["token_ids"])] == o[0]["token_ids"], "engine greedy tokens differ from the policy's"
+
+
+def test_engine_share_on_a_shared_gpu_counts_the_trainers_memory(monkeypatch):
+    """The one-GPU split: the policy's fp32 weights + AdamW moments (12 B/param), 2 frozen bf16 copies for --kl-every
+    (4 B/param), fp32 grads unless --sleep-engine (4 B/param), a 15% margin. No policy beside it (a Ray generator
+    actor): 0.85. The GPU's size is the one stand-in (no CUDA here)."""
+    from types import SimpleNamespace
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: SimpleNamespace(total_memory=10 ** 9))
+    policy = torch.nn.Linear(1000, 10_000, bias=False)  # 10M params
+    args = SimpleNamespace(policy_device="cuda:0", vllm_device="cuda", param_dtype=torch.float32,
+                           compute_dtype=torch.bfloat16, sleep_engine=False)
+    assert common.engine_share(args, policy, extra_models=2) == pytest.approx(1 - 0.2 - 0.15)
+    assert common.engine_share(args, policy=None) == 0.85
+    assert common.engine_share(SimpleNamespace(**vars(args) | {"vllm_device": "cuda:1"}), policy) == 0.85
+    args.sleep_engine = True
+    assert common.engine_share(args, policy, extra_models=2) == pytest.approx(1 - 0.16 - 0.15)
 
 
 def test_sleep_engine_call_order(live, monkeypatch, tmp_path):
@@ -437,6 +463,8 @@ def test_common_checkpoint_swap_recovery(tmp_path):
     for name, step in (("checkpoint.old", 1), ("checkpoint.tmp", 2)):
         (run / name).mkdir(parents=True)
         (run / name / "state.json").write_text(json.dumps({"step": step}))
+    path = common.find_checkpoint(str(run), repair=False)  # a --dry-run --resume only looks
+    assert path == str(run / "checkpoint.tmp") and sorted(os.listdir(run)) == ["checkpoint.old", "checkpoint.tmp"]
     path = common.find_checkpoint(str(run))
     assert json.load(open(os.path.join(path, "state.json")))["step"] == 2 and sorted(os.listdir(run)) == ["checkpoint"]
     (run / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n{"ste')

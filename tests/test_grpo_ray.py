@@ -115,6 +115,11 @@ def gradient(worker, gen, mode="group"):
     return torch.cat(grads), history
 
 
+def test_eval_and_save_fall_on_the_first_push_past_each_multiple():
+    assert [v for v in range(4, 41, 4) if grpo_ray.due(10, v, 4)] == [12, 20, 32, 40]  # k = 4, --eval-every 10
+    assert [v for v in range(1, 11) if grpo_ray.due(5, v, 1)] == [5, 10] and not grpo_ray.due(0, 4, 4)
+
+
 def test_parse_args_rejects_bad_modes(make_args, capsys):
     for flags, msg in [(["--async"], "disaggregated"), (["--steps-per-rollout", "2"], "multiple"),
                        (["--steps-per-rollout", "2", "--n-grpo-steps", "4", "--loss", "reinforce_with_baseline"], "grpo_clip"),

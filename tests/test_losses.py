@@ -218,6 +218,11 @@ def test_grpo_microbatch_train_step_clip_kl_and_empty_rows():
     close(loss, ((-1.2 - 0.5 - 1.0) + 0.5 * (math.log(1.5) + math.log(0.5))) / 3 / 2)
     # grad row 0: clipped token only gets the KL term; others ratio * A * (-1) + beta, / (3 * 2)
     close(lp.grad[0], [(0.5) / 6, (-0.5 + 0.5) / 6, (-1.0 + 0.5) / 6])
+    far = torch.full((2, 3), 100.0)  # a reference 100 nats away: k3 overflows; monitored only (kl_beta 0), it stays out
+    lp.grad = None
+    loss, meta = L.grpo_microbatch_train_step(lp, mask, 1, "grpo_clip", advantages=T([1.0, 1.0]), old_log_probs=old,
+                                              cliprange=0.2, ref_log_probs=far, kl_beta=0.0)
+    assert torch.isfinite(loss) and torch.isfinite(lp.grad).all() and not torch.isfinite(meta["kl"])
 
 
 def test_gradcheck_losses_float64():

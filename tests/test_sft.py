@@ -151,6 +151,31 @@ def test_ctrl_c_saves_a_consistent_checkpoint_and_resume_restores_the_flags(tiny
     assert "overriding steps 4 -> 5" in capsys.readouterr().out and more[-1]["step"] == 5
 
 
+def test_second_ctrl_c_mid_step_aborts_in_one_line_without_saving(tiny_model_dir, sft_jsonl, tmp_path, monkeypatch):
+    real = sft.sft_microbatch_train_step
+
+    def two_ctrl_c(*a, **kw):  # the first is deferred to the step's end, the second aborts
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(sft, "sft_microbatch_train_step", two_ctrl_c)
+    stop = None
+    try:
+        sft.main(flags(tiny_model_dir, sft_jsonl, tmp_path / "cut", "--steps", "2", "--save-every", "0"))
+    except BaseException as e:  # an escaping KeyboardInterrupt would end the pytest session
+        stop = e
+    assert isinstance(stop, SystemExit) and str(stop.code).strip().startswith("aborted inside step 1: nothing saved")
+    assert not (tmp_path / "cut" / "checkpoint").exists()
+
+
+def test_shared_prefix_falls_back_where_the_models_cache_fails_its_check(tiny_model_dir, sft_jsonl, tmp_path,
+                                                                         monkeypatch, capsys):
+    monkeypatch.setattr(sft, "shared_prefix_works", lambda model: False)  # the verdict losses' self-check would give
+    assert train_rows(sft.main(flags(tiny_model_dir, sft_jsonl, tmp_path, "--steps", "1", "--shared-prefix")))
+    assert "notice: --shared-prefix off" in capsys.readouterr().out
+
+
 def test_reusing_out_without_resume_is_refused(tiny_model_dir, sft_jsonl, tmp_path, capsys):
     sft.main(flags(tiny_model_dir, sft_jsonl, tmp_path, "--steps", "1"))
     before = open(tmp_path / "metrics.jsonl").read()
@@ -164,7 +189,7 @@ def test_reusing_out_without_resume_is_refused(tiny_model_dir, sft_jsonl, tmp_pa
     (["--max-seq-len", "0"], "--max-seq-len: '0' is not an integer > 0"),
     (["--gradient-accumulation-steps", "3"], "multiple of --gradient-accumulation-steps 3"),
     (["--max-grad-norm", "-1"], "--clip: '-1' is not a finite number > 0"),
-    (["--data", "MISSING"], "MISSING: no such file"),
+    (["--data", "MISSING"], "MISSING: no such file"), (["--data", "synthetic"], "--data synthetic: no such file"),
     (["--data", "EMPTY"], "an empty one"),
     (["--data", "BLANK"], "no pairs"),
     (["--model", "NOTMODEL"], "no config.json there"),
