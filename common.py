@@ -133,8 +133,9 @@ def check_model_dir(path, flag="--model"):
 def resume_from(parser, argv, args, needs=()):
     """--resume RUN: the run's complete checkpoint (an interrupted save recovered), checked for the files a
     model and `needs` (optimizer.pt, ...) need, its saved flags restored into args (given ones override)."""
-    ckpt = find_checkpoint(args.resume, repair=not getattr(args, "dry_run", False)) or fail(f"--resume {args.resume}: no complete checkpoint there "
-                                                f"(expected <run>/checkpoint/state.json)")
+    repair = not getattr(args, "dry_run", False)  # a dry run only looks
+    ckpt = find_checkpoint(args.resume, repair=repair) or fail(f"--resume {args.resume}: no complete checkpoint there "
+                                                               f"(expected <run>/checkpoint/state.json)")
     check_model_dir(ckpt, "--resume")  # a broken checkpoint names its missing file
     for f in needs:
         check(os.path.isfile(os.path.join(ckpt, f)), f"--resume {ckpt}: {f} is missing (a broken checkpoint)")

@@ -313,12 +313,13 @@ def collate(batch, args, pad_id=0):
 
 
 def _forwards(tensors, idx, args, device):
-    """Microbatch rows idx as forward passes (rows, tensors trimmed to their longest L, on device, L, prefix_len
-    P): one per group with --shared-prefix (its prompt once; its last token predicts each response's first)."""
+    """Microbatch rows idx as forward passes (rows, tensors trimmed to their longest L on device + the rows' lengths,
+    L, prefix_len P): one per group with --shared-prefix (its prompt once; its last token predicts each response's first)."""
     groups = [idx[tensors["group"][idx] == g] for g in tensors["group"][idx].unique()] if args.shared_prefix else [idx]
     for rows in groups:
         L, P = int(tensors["lengths"][rows].max()), int(tensors["prompt_len"][rows].min()) - 1 if len(rows) > 1 else 0
-        yield rows, {k: tensors[k][rows, :L].to(device) for k in ("input_ids", "labels", "ban_mask")}, L, P * (args.shared_prefix and P < L)
+        mb = {k: tensors[k][rows, :L].to(device) for k in ("input_ids", "labels", "ban_mask")} | {"lengths": tensors["lengths"][rows]}
+        yield rows, mb, L, P * (args.shared_prefix and P < L)
 
 
 # ----------------------------------------------------------------------------- log-probs / train
@@ -335,8 +336,8 @@ def batch_log_probs(model, tensors, args, ban_ids, dp=None):
     with torch.inference_mode(), common.autocast(dev, args.compute_dtype):
         for s in range(0, len(rows), args.micro_train_batch_size):
             for idx, mb, L, P in _forwards(tensors, rows[s:s + args.micro_train_batch_size], args, dev):
-                out[idx, :L] = losses.get_response_log_probs(model, mb["input_ids"], mb["labels"], temperature=args.temperature,
-                                                             ban_token_ids=ban_ids, ban_mask=mb["ban_mask"], prefix_len=P)["log_probs"].float().cpu()
+                out[idx, :L] = losses.get_response_log_probs(model, **mb, temperature=args.temperature, ban_token_ids=ban_ids,
+                                                             prefix_len=P)["log_probs"].float().cpu()
     model.train(was_training)
     out = out.clone()  # a normal tensor: inference tensors cannot enter autograd later
     return out if dp is None else dp["reduce"](out, "sum")
@@ -400,9 +401,8 @@ def _updates(policy, optimizer, batch, tensors, mask, old, ref, weights, args, s
                                   for f in _forwards(tensors, mine[s:s + args.micro_train_batch_size], args, dev)):
                 share = len(idx) / len(rows)  # this forward's part of the optimizer step's loss
                 with common.autocast(dev, args.compute_dtype):
-                    out = losses.get_response_log_probs(policy, mb["input_ids"], mb["labels"], return_token_entropy=True,
-                                                        temperature=args.temperature, ban_token_ids=ban_ids,
-                                                        ban_mask=mb["ban_mask"], prefix_len=P)
+                    out = losses.get_response_log_probs(policy, **mb, return_token_entropy=True, temperature=args.temperature,
+                                                        ban_token_ids=ban_ids, prefix_len=P)
                 mbm = mask[idx, :L].to(dev)
                 loss, meta = losses.grpo_microbatch_train_step(
                     out["log_probs"], mbm, 1 / share, args.loss, raw_rewards=batch["raw_rewards"][idx].to(dev),

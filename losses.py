@@ -1,10 +1,9 @@
 """Tensor primitives for SFT and GRPO: tokenisation, log-probs, entropy, masked reductions, PG losses.
 
-Names, signatures and keyword spellings follow the handouts (seed 000 §4.2/§7.2, 001 §5.2, 002 §1.4). Pure
-functions of tensors (plus `model` / `tokenizer` where a seed signature has one); B = batch, T = sequence, V =
-vocab, H = hidden. LOSSES and RATIO_LOSSES hold every fact about a loss. get_response_log_probs never builds a
-float32 (B, T, V) tensor, scores at the sampling temperature with vLLM's min_tokens ban (the distribution vLLM
-sampled), and runs a prompt shared by its rows once (prefix_len).
+Names, signatures and keyword spellings follow the handouts (seed 000 §4.2/§7.2, 001 §5.2, 002 §1.4); pure functions
+of tensors (+ `model` / `tokenizer` where a seed signature has one). B batch, T sequence, V vocab, H hidden. LOSSES and
+RATIO_LOSSES hold every fact about a loss. get_response_log_probs never builds a float32 (B, T, V) tensor, scores what
+vLLM sampled (temperature, min_tokens ban) and runs a prompt shared by its rows once, the rows packed (prefix_len).
 """
 import contextlib
 
@@ -61,7 +60,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
         ctx.set_materialize_grads(False)  # unused outputs give None grads, so backward skips their work
         n, acc = h.shape[0], torch.promote_types(h.dtype, torch.float32)
         w = None if weight is None else weight.to(h.dtype)
-        logp, ent, lse = (h.new_empty(n, dtype=acc) for _ in range(3))  # (N,) each
+        logp, lse, ent = h.new_empty(n, dtype=acc), h.new_empty(n, dtype=acc), h.new_zeros(n, dtype=acc)  # (N,) each
         for s in range(0, n, chunk):
             z = _chunk_logits(h[s:s + chunk], w, temperature, None if ban is None else ban[s:s + chunk], ban_ids, acc)
             lse[s:s + chunk] = lse_c = torch.logsumexp(z, dim=-1)  # (c,)
@@ -69,8 +68,6 @@ class _ChunkedLogProbs(torch.autograd.Function):
             if want_ent:
                 z.sub_(lse_c[:, None])  # log p, in place
                 ent[s:s + chunk] = -(z.exp() * z).sum(-1)
-        if not want_ent:
-            ent.zero_()
         ctx.save_for_backward(h, weight, labels, lse, ent, ban, ban_ids)
         ctx.temperature, ctx.chunk = temperature, chunk
         return logp, ent
@@ -86,10 +83,8 @@ class _ChunkedLogProbs(torch.autograd.Function):
             z = _chunk_logits(h[s:s + c], w, ctx.temperature, None if ban is None else ban[s:s + c], ban_ids, lse.dtype)
             p = z.sub_(lse[s:s + c, None]).exp()  # z is now log p; p (c, V)
             gl = g_logp[s:s + c, None] if g_logp is not None else p.new_zeros(p.shape[0], 1)  # (c, 1)
-            if g_ent is not None:  # gz = p * (-(log p + H) * g_ent - g_logp), built in place in z
-                gz = z.add_(ent[s:s + c, None]).mul_(-g_ent[s:s + c, None]).sub_(gl).mul_(p)
-            else:
-                gz = p.mul_(-gl)
+            # gz = p * (-(log p + H) * g_ent - g_logp), built in place in z (without entropy: -p g_logp)
+            gz = z.add_(ent[s:s + c, None]).mul_(-g_ent[s:s + c, None]).sub_(gl).mul_(p) if g_ent is not None else p.mul_(-gl)
             gz.scatter_add_(-1, labels[s:s + c, None], gl)  # + g_logp at the label: (onehot - p) g
             gz = gz.div_(ctx.temperature).to(h.dtype)  # the naive graph casts here too (backward of .float())
             if need_h:
@@ -118,11 +113,13 @@ def _check_model(model):
                     ref = model(input_ids=ids, use_cache=False).logits.float()
                     ok = bool(torch.allclose(fast, ref, rtol=1e-2, atol=1e-3 * float(ref.abs().max()) + 1e-5))
                 model._logprob_fast_path = ok
-            if getattr(model, verdicts[1], None) is None:
-                model._logprob_shared_prefix = False  # while the check below runs get_response_log_probs
+            if getattr(model, verdicts[1], None) is None:  # a sliding window: the one 4D mask would skip it, so no
+                cfg, model._logprob_shared_prefix = model.config, False  # (False while the check runs)
+                windowed = "sliding_attention" in (getattr(cfg, "layer_types", None) or ()) or bool(
+                    getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True))
                 with contextlib.suppress(TypeError, ValueError, RuntimeError, AttributeError):  # no usable KV cache
                     a, b = (get_response_log_probs(model, ids[:, :-1], ids[:, 1:], prefix_len=p)["log_probs"][:, 4:] for p in (4, 0))
-                    model._logprob_shared_prefix = bool(torch.allclose(a, b, atol=1e-4 if w.dtype == torch.float32 else 5e-2))
+                    model._logprob_shared_prefix = not windowed and bool(torch.allclose(a, b, atol=1e-4 if w.dtype == torch.float32 else 5e-2))
     finally:
         model.train(was)
 
@@ -134,40 +131,43 @@ def shared_prefix_works(model):
 
 
 def get_response_log_probs(model, input_ids, labels, return_token_entropy=False, temperature=1.0, chunk_size=256,
-                           ban_token_ids=None, ban_mask=None, prefix_len=0):
-    """Per-token log p(labels | prefix) (B, T) and optionally the per-token entropy (B, T), float32. chunk_size:
-    tokens whose (chunk, V) logits exist at once; temperature divides the logits, as vLLM samples; ban_token_ids
-    (k,) leave the softmax where ban_mask (B, T) is set (vLLM's min_tokens ban); prefix_len P: the rows share
-    input_ids[:, :P] (a GRPO group's prompt), which runs once, its KV cache serving every row and gradients flowing
-    back through it (positions < P read 0)."""
-    _need(input_ids.shape == labels.shape and input_ids.dim() == 2, f"input_ids {tuple(input_ids.shape)} and labels "
-          f"{tuple(labels.shape)} must both be (B, T)")
+                           ban_token_ids=None, ban_mask=None, prefix_len=0, lengths=None):
+    """Per-token log p(labels | prefix) and optionally entropy, (B, T) float32, of logits / temperature (as vLLM
+    samples), ban_token_ids (k,) out of the softmax where ban_mask (B, T) is set (min_tokens); chunk_size tokens'
+    logits at a time. prefix_len P: input_ids[:, :P], shared by the rows (a group's prompt), runs once; the rows'
+    later tokens run packed in one sequence on its KV cache under a block mask (each sees the prefix and itself;
+    lengths (B,): the rows' real tokens, so padding is not run). Gradients flow through the cache; unrun reads 0."""
+    _need(input_ids.shape == labels.shape and input_ids.dim() == 2, f"input_ids {tuple(input_ids.shape)}, labels {tuple(labels.shape)}: both (B, T)")
     _need(temperature > 0, f"temperature must be > 0 (got {temperature}); greedy decoding has no log-probs to match")
-    (B, T), P = labels.shape, int(prefix_len) if input_ids.shape[0] > 1 else 0
+    (B, T), P, dev = labels.shape, int(prefix_len) if input_ids.shape[0] > 1 else 0, input_ids.device
     _need(not P or (P < T and torch.equal(input_ids[:, :P], input_ids[:1, :P].expand(B, P))),
           f"prefix_len {P}: the rows do not share their first {P} tokens (or nothing follows them)")
-    labels = labels[:, P:].clamp(min=0).reshape(-1)  # HF-style -100 "ignore" labels score token 0; the mask drops them
-    ban = ban_ids = None
-    if ban_token_ids is not None and len(ban_token_ids) and ban_mask is not None:
-        ban = ban_mask[:, P:].reshape(-1).to(input_ids.device, torch.bool)  # (N,)
-        ban_ids = torch.as_tensor(ban_token_ids, dtype=torch.long, device=input_ids.device)  # (k,)
+    lens = torch.as_tensor(lengths).tolist() if P and lengths is not None else [T] * B  # each row's tokens, prefix included
+    _need(len(lens) == B and all(P <= n <= T for n in lens), f"lengths {lens}: one per row, each in [prefix_len {P}, {T}]")
+    row = torch.arange(B, device=dev).repeat_interleave(torch.tensor(lens, device=dev) - P)  # (N,) of each token run
+    col = torch.cat([torch.arange(P, n, device=dev) for n in lens])  # (N,) its column = its position id
+    labels = labels[row, col].clamp(min=0)  # HF-style -100 "ignore" labels score token 0; the mask drops them
+    banned = ban_token_ids is not None and len(ban_token_ids) and ban_mask is not None  # ban (N,), ban_ids (k,)
+    ban, ban_ids = (ban_mask.to(dev, torch.bool)[row, col], torch.as_tensor(ban_token_ids, dtype=torch.long, device=dev)) if banned else (None, None)
     _check_model(model)
     parts = (model.base_model, model.get_output_embeddings().weight) if model._logprob_fast_path else None
-    fwd, kw = parts[0] if parts else model, {"use_cache": False}
+    fwd, kw, ids = parts[0] if parts else model, {"use_cache": False}, input_ids
     if P:
         from transformers import DynamicCache
-        _need(not (getattr(model, "is_gradient_checkpointing", False) and model.training),
-              "prefix_len needs the KV cache, which gradient checkpointing turns off")
+        _need(not (getattr(model, "is_gradient_checkpointing", False) and model.training), "prefix_len needs the KV cache: no gradient checkpointing")
         cache = DynamicCache(config=model.config)
         fwd(input_ids=input_ids[:1, :P], past_key_values=cache, use_cache=True)  # the shared prefix, once
-        cache.batch_repeat_interleave(B)  # (1, ...) -> (B, ...); backward sums the rows' gradients into it
-        kw = {"past_key_values": cache, "use_cache": True}
-    out = fwd(input_ids=input_ids[:, P:], **kw)
-    h = (out.last_hidden_state if parts else out.logits).reshape(B * (T - P), -1)  # (N, H) or (N, V)
+        keep = torch.cat([torch.ones(len(col), P, dtype=torch.bool, device=dev), (row[:, None] == row) & (col[:, None] >= col)], 1)
+        keep = keep if "sdpa" in str(model.config._attn_implementation) else torch.zeros(keep.shape, device=dev).masked_fill(
+            ~keep, torch.finfo(torch.float32).min)  # eager and others add the mask to the scores
+        ids, kw = input_ids[row, col][None], {"past_key_values": cache, "use_cache": True, "position_ids": col[None],
+                                              "attention_mask": keep[None, None]}  # (1, 1, N, P + N)
+    out = fwd(input_ids=ids, **kw)
+    h = (out.last_hidden_state if parts else out.logits).reshape(len(col), -1)  # (N, H) or (N, V)
     logp, ent = _ChunkedLogProbs.apply(h, parts[1] if parts else None, labels, float(temperature), int(chunk_size),
                                        return_token_entropy, ban, ban_ids)
-    pad = (lambda x: torch.cat([x.new_zeros(B, P), x.view(B, T - P)], 1)) if P else (lambda x: x.view(B, T))
-    return {"log_probs": pad(logp)} | ({"token_entropy": pad(ent)} if return_token_entropy else {})
+    put = lambda x: x.new_zeros(B, T).index_put((row, col), x)  # noqa: E731  (N,) -> (B, T)
+    return {"log_probs": put(logp)} | ({"token_entropy": put(ent)} if return_token_entropy else {})
 
 
 # ----------------------------------------------------------------------------- masked reductions

@@ -1,11 +1,10 @@
 """Supervised finetuning (seed 000 §4, Algorithm 1) with periodic greedy validation through the rollout engine.
 
-Each step: --batch-size pairs in --gradient-accumulation-steps length-sorted microbatches, losses.sft_microbatch_train_step
-(per-example summed response NLL / --normalize-constant); AdamW, warmup + cosine, clip; fp32 master weights, bf16
-autocast on CUDA. Every --eval-every steps the weights go into the engine and greedy answers to held-out problems are
-graded (2048 tokens, seed 000 §3.2). metrics.jsonl: x key "step" (optimizer steps), eval rows also "eval_step" (the
-seed's two wandb axes). Departures: `--data countdown` (synthetic Countdown answered by a search trace) and
-`--init-config tiny` (fresh BPE + random small model: how models/countdown-tiny was made, see its MODEL_CARD.md).
+Each step: --batch-size pairs in --gradient-accumulation-steps length-sorted microbatches (losses.sft_microbatch_train_step:
+summed response NLL / --normalize-constant), AdamW, warmup + cosine, clip; fp32 master weights, bf16 autocast on CUDA.
+Every --eval-every steps the engine gets the weights and greedy answers to held-out problems are graded (2048 tokens,
+seed 000 §3.2); eval rows carry "eval_step" too (the seed's two wandb axes). Departures: `--data countdown` (synthetic
+Countdown, search-trace answers) and `--init-config tiny` (fresh BPE + random small model: see models/countdown-tiny).
 
 Examples:
   python sft.py --model Qwen/Qwen2.5-Math-1.5B --data MATH/sft.jsonl --n-examples 512 --eval-task math500 \\
@@ -275,7 +274,8 @@ def train_step(model, tokenizer, optimizer, scheduler, pairs, args):
         P = min(int((input_ids == input_ids[:1]).all(0).long().cumprod(0).sum()),
                 int(mask.long().argmax(-1).min())) if args.shared_prefix and len(mb) > 1 else 0
         with common.autocast(args.policy_device, getattr(torch, args.compute_dtype)):  # fp32 weights, bf16 matmuls
-            out = get_response_log_probs(model, input_ids, labels, return_token_entropy=True, prefix_len=P * (P > 1))
+            out = get_response_log_probs(model, input_ids, labels, return_token_entropy=True, prefix_len=P * (P > 1),
+                                         lengths=mask.shape[1] - mask.flip(-1).long().argmax(-1))  # padding not run
         loss, meta = sft_microbatch_train_step(out["log_probs"], mask, args.gradient_accumulation_steps,
                                                args.normalize_constant)  # backward, outside autocast
         k = int(meta["num_response_tokens"])

@@ -80,7 +80,7 @@ def matmul_flops(n=1024, k=1024, m=1024, seconds=0.5):
 
 def count_training_flops(policy):
     """A forward pre-hook on the transformer that adds each grad-enabled forward's model FLOPs (fwd + bwd) to
-    the returned dict's "flops" and its tokens (B x T, padding included) to "tokens"."""
+    the returned dict's "flops" and its tokens (B x T, padding included where it runs) to "tokens"."""
     cfg, counter = policy.config, {"flops": 0.0, "tokens": 0}
     weights = sum(m.weight.numel() for m in policy.base_model.modules() if isinstance(m, torch.nn.Linear))
     weights += policy.get_output_embeddings().weight.numel()  # the lm_head (tied: the embedding matrix)
@@ -93,6 +93,9 @@ def count_training_flops(policy):
         cache = kwargs.get("past_key_values")
         past = cache.get_seq_length() if cache is not None else 0
         context = T * past + T * (T + 1) // 2  # sum over this call's queries of the keys they attend to (causal)
+        mask = kwargs.get("attention_mask")
+        if mask is not None and mask.dim() == 4:  # the shared prefix's block mask: the (query, key) pairs it allows
+            context = int((mask if mask.dtype == torch.bool else mask == 0).sum())
         counter["flops"] += 3 * (2 * weights * B * T + 4 * cfg.num_hidden_layers * d_attn * B * context)
         counter["tokens"] += B * T
     policy.base_model.register_forward_pre_hook(hook, with_kwargs=True)

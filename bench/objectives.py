@@ -132,8 +132,8 @@ def flat_grads(policy, tensors, args, ban_ids, g_toks):
     N = tensors["labels"].shape[0]
     for s in range(0, N, args.micro_train_batch_size):
         for rows, mb, L, P in grpo._forwards(tensors, torch.arange(s, min(s + args.micro_train_batch_size, N)), args, "cpu"):
-            lp = losses.get_response_log_probs(policy, mb["input_ids"], mb["labels"], temperature=args.temperature,
-                                               ban_token_ids=ban_ids, ban_mask=mb["ban_mask"], prefix_len=P)["log_probs"]
+            lp = losses.get_response_log_probs(policy, **mb, temperature=args.temperature, ban_token_ids=ban_ids,
+                                               prefix_len=P)["log_probs"]
             for k, g in enumerate(g_toks):
                 gs = torch.autograd.grad(lp, params, g[rows, :L], retain_graph=k < len(g_toks) - 1, allow_unused=True)
                 out[k] += torch.cat([(x if x is not None else torch.zeros_like(p)).reshape(-1) for x, p in zip(gs, params)])

@@ -91,6 +91,6 @@ def test_flop_counter_counts_the_forwards_that_ran_with_grad(tiny_model_dir):
     with torch.no_grad():
         losses.get_response_log_probs(model, ids[:, :-1], ids[:, 1:], prefix_len=5)
     assert counter["tokens"] == 0
-    losses.get_response_log_probs(model, ids[:, :-1], ids[:, 1:], prefix_len=5)  # prompt (1, 5), then (4, 6) on its cache
+    losses.get_response_log_probs(model, ids[:, :-1], ids[:, 1:], prefix_len=5)  # prompt (1, 5), then (1, 4 x 6) packed on its cache
     assert counter["tokens"] == 5 + 4 * 6
     assert counter["flops"] == 3 * (2 * W * (5 + 24) + attn * (15 + 4 * (6 * 5 + 21)))

@@ -145,13 +145,16 @@ def live(tiny_model_dir, task_file):
 
 
 def count_forwards(policy):
-    """Records torch.is_grad_enabled() for every body forward of more than one row (the one-row fast-path
-    self-check of losses.get_response_log_probs is not a scoring pass)."""
-    losses.shared_prefix_works(policy)  # its one-time self-check (3-row probes) runs before the counting
+    """Records torch.is_grad_enabled() for every scoring forward: one of several rows, or the packed responses
+    on a shared prompt's KV cache (not the prompt's own forward; the self-check runs before the counting)."""
+    losses.shared_prefix_works(policy)
     calls = []
-    policy.base_model.register_forward_hook(
-        lambda m, a, kw, out: calls.append(torch.is_grad_enabled()) if kw["input_ids"].shape[0] > 1 else None,
-        with_kwargs=True)
+
+    def scoring(m, a, kw):
+        cache = kw.get("past_key_values")
+        if kw["input_ids"].shape[0] > 1 or (cache is not None and cache.get_seq_length() > 0):
+            calls.append(torch.is_grad_enabled())
+    policy.base_model.register_forward_pre_hook(scoring, with_kwargs=True)
     return calls
 
 
@@ -252,7 +255,7 @@ def test_rollout_is_and_engine_old_log_probs(live):
     policy = grpo.load_policy(live["model_dir"], args)[0]
     calls = count_forwards(policy)
     hist, m = grpo.train_step(policy, torch.optim.AdamW(policy.parameters(), lr=1e-3), live["batch"], args, 0)
-    assert all(calls) and "train/mismatch_kl" not in m  # no no-grad pass: pi_old is the engine's
+    assert calls and all(calls) and "train/mismatch_kl" not in m  # no no-grad pass: pi_old is the engine's
     assert hist[0]["train/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
     with pytest.raises(SystemExit):
         make(live, "--rollout-is", "tis", "--old-log-probs", "engine")
@@ -301,8 +304,10 @@ def test_sample_seeds_never_overlap():
 
 
 def test_shared_prefix_gives_the_same_step(live):
-    """--shared-prefix (each group's prompt once, its G responses on the prompt's KV cache) changes no number:
-    no-grad log-probs within 1e-5, step 0's loss, grad norm and entropy within 1e-5 relative."""
+    """--shared-prefix (each group's prompt once, its G responses packed on the prompt's KV cache) changes no
+    number: no-grad log-probs within 2e-5 (fp32 rounding: the packed path's masked attention sums in another order,
+    and this model's N(0, 0.2) weights amplify it; on the embedded model's weights the bound is 1e-5, test_losses),
+    step 0's loss, grad norm and entropy within 1e-5 relative."""
     results = []
     for flag in ("--shared-prefix", "--no-shared-prefix"):
         args = make(live, "--loss", "grpo_clip", flag)
@@ -313,7 +318,7 @@ def test_shared_prefix_gives_the_same_step(live):
         hist, _ = grpo.train_step(policy, torch.optim.AdamW(policy.parameters(), lr=1e-3), live["batch"], args, 0)
         results.append((lp, hist[0], tensors["response_mask"]))
     (lp_on, h_on, mask), (lp_off, h_off, _) = results
-    assert (lp_on - lp_off)[mask].abs().max() <= 1e-5
+    assert (lp_on - lp_off)[mask].abs().max() <= 2e-5
     for k in ("train/loss", "train/grad_norm", "train/entropy"):  # (Adam's first step is sign(g): not compared)
         assert h_on[k] == pytest.approx(h_off[k], rel=1e-5, abs=1e-7), k
 

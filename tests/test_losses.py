@@ -290,7 +290,7 @@ def test_get_response_log_probs_bf16_and_errors(tiny):
     close(out, ref.gather(-1, ids[:, 1:, None]).squeeze(-1), 5e-2)  # bf16 logits, different matmul blocking
     with torch.no_grad():  # HF-style -100 labels are scored (as token 0) instead of crashing gather
         assert torch.isfinite(L.get_response_log_probs(model, ids, torch.full_like(ids, -100))["log_probs"]).all()
-    with pytest.raises(ValueError, match="must both be"):
+    with pytest.raises(ValueError, match=r"both \(B, T\)"):
         L.get_response_log_probs(model, ids, ids[:, 1:])
     with pytest.raises(ValueError, match="temperature"):
         L.get_response_log_probs(model, ids, ids, temperature=0.0)
@@ -447,15 +447,32 @@ def test_shared_prefix_is_exact(tiny):
     torch.manual_seed(3)
     ids, labels, w = torch.randint(0, 500, (8, 60)), torch.randint(0, 500, (8, 60)), torch.randn(8, 60)
     ids[:, :30] = ids[:1, :30]
+    n = torch.tensor([60, 41, 35, 52, 60, 38, 47, 31])  # real tokens per row (prompt included): the rest is padding
+    w = w * (torch.arange(60) < n[:, None])  # only real tokens count
     outs = []
-    for P in (0, 29):
+    for P, lengths in ((0, None), (29, None), (29, n)):  # plain; prompt once + padded rows packed; padding not run
         out = L.get_response_log_probs(model, ids, labels, return_token_entropy=True, temperature=0.7, chunk_size=64,
-                                       prefix_len=P)
-        g = _grads(model, out["log_probs"][:, 29:], out["token_entropy"][:, 29:], w[:, 29:])
-        outs.append((out["log_probs"][:, 29:].detach(), out["token_entropy"][:, 29:].detach(), g))
-    (lp0, e0, g0), (lp1, e1, g1) = outs
-    assert (lp1 - lp0).abs().max() <= 1e-5 and (e1 - e0).abs().max() <= 1e-5
-    assert max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(g1, g0)) <= 1e-5
+                                       prefix_len=P, lengths=lengths)
+        real = (torch.arange(60) < n[:, None])[:, 29:]
+        g = _grads(model, out["log_probs"][:, 29:], out["token_entropy"][:, 29:] * real, w[:, 29:])
+        outs.append((out["log_probs"][:, 29:].detach() * real, out["token_entropy"][:, 29:].detach() * real, g))
+    for lp1, e1, g1 in outs[1:]:
+        lp0, e0, g0 = outs[0]
+        assert (lp1 - lp0).abs().max() <= 1e-5 and (e1 - e0).abs().max() <= 1e-5
+        assert max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(g1, g0)) <= 1e-5
+    assert outs[2][0][~real].eq(0).all()  # padding is not run: it reads 0
     assert L.shared_prefix_works(model)
     with pytest.raises(ValueError, match="do not share"):
         L.get_response_log_probs(model, torch.randint(0, 500, (2, 9)), torch.randint(0, 500, (2, 9)), prefix_len=5)
+    with pytest.raises(ValueError, match="one per row"):
+        L.get_response_log_probs(model, ids, labels, prefix_len=29, lengths=n + 1)  # a row longer than T
+
+
+def test_shared_prefix_is_off_for_sliding_window_attention():
+    """One 4D block mask would serve a windowed layer as a full one: a sliding-window model scores the plain way,
+    also where the 9-token self-check cannot see the window (64)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    for window, works in ((True, False), (False, True)):
+        cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                          num_key_value_heads=2, use_sliding_window=window, sliding_window=64, max_window_layers=0)
+        assert L.shared_prefix_works(Qwen2ForCausalLM(cfg)) == works

@@ -224,7 +224,9 @@ def test_broken_checkpoint_names_the_missing_file_and_a_half_done_swap_recovers(
     os.replace(ckpt, tmp_path / "checkpoint.old")  # killed between the two renames of a checkpoint swap
     with pytest.raises(SystemExit) as e:
         sft.parse_args(["--resume", str(tmp_path), "--dry-run"])
-    assert e.value.code == 0 and json.loads(capsys.readouterr().out.strip().splitlines()[-1])["resume"] == str(ckpt)
+    dry = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # a dry run only looks: nothing moves
+    assert e.value.code == 0 and dry["resume"] == str(tmp_path / "checkpoint.old") and not ckpt.exists()
+    assert sft.parse_args(["--resume", str(tmp_path)]).resume == str(ckpt)  # a real resume recovers the swap
     for name, needle in (("optimizer.pt", "optimizer.pt is missing"), ("model.safetensors", "no weights")):
         os.replace(ckpt / name, tmp_path / name)
         with pytest.raises(SystemExit) as e:
