@@ -1,20 +1,8 @@
-"""Conventions every root script shares: checked flags, --dry-run, the run directory, resume, Ctrl-C.
-
-Each script's parse_args uses these so that a bad value, path or size is one line on stderr
-("error: ...", exit 2) before anything expensive loads, and so that runs never lose or mix data:
-  Parser / check(cond, msg)   one-line errors (argparse's own included); `check` replaces assert,
-                              which `python -O` strips
-  positive_int, probability.. argparse `type=` checks (sizes > 0, probabilities in range, finite floats)
-  existing_file / model_dir   paths of the right kind, checked before loading; a local model directory
-                              must hold config.json, weights and a tokenizer (a hub id is left to the hub)
-  explicit_dests / resume_args  --resume restores the saved flags; flags given again override, printed
-  dry_run(args)               print the effective configuration as one JSON line and exit 0
-  claim_run_dir(out, resume)  an existing run is refused without --resume; the directory is checked writable
-  save_checkpoint / find_checkpoint   swap a checkpoint in whole (tmp -> rename), recover a half-done swap;
-                              save_model_checkpoint: an HF model's checkpoint with state.json and the flags
-  log_row / read_metrics      metrics.jsonl rows, read back without a truncated last line (a crash mid-write)
-  finish_then_interrupt()     a first Ctrl-C lets the current optimizer step finish, so what is saved is
-                              consistent; a second one aborts at once
+"""Conventions every root script shares, so that a bad value, path or size is one line on stderr ("error: ...",
+exit 2) before anything loads, and runs never lose or mix data: checked flags (Parser, check, typed argparse
+types, model directories), --dry-run, --resume with the saved flags, run directories claimed once, checkpoints
+swapped in whole and recovered, metrics.jsonl rows, the validation every trainer logs, precision (fp32 master
+weights + bf16 autocast, the one-GPU engine share) and a Ctrl-C that lets the optimizer step finish.
 """
 import argparse
 import contextlib
@@ -63,13 +51,10 @@ def check(cond, message):
 
 def _typed(name, convert, ok, what):
     def parse(s):
-        try:
-            v = convert(s)
-        except (TypeError, ValueError):
-            raise argparse.ArgumentTypeError(f"{s!r} is not {what}") from None
-        if not ok(v):
-            raise argparse.ArgumentTypeError(f"{s!r} is not {what}")
-        return v
+        with contextlib.suppress(TypeError, ValueError):
+            if ok(v := convert(s)):
+                return v
+        raise argparse.ArgumentTypeError(f"{s!r} is not {what}")
     parse.__name__ = name  # argparse names the type in its message
     return parse
 
@@ -78,7 +63,6 @@ positive_int = _typed("positive_int", int, lambda v: v > 0, "an integer > 0")
 nonneg_int = _typed("nonneg_int", int, lambda v: v >= 0, "an integer >= 0")
 positive_float = _typed("positive_float", float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
 nonneg_float = _typed("nonneg_float", float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
-finite_float = _typed("finite_float", float, math.isfinite, "a finite number")
 probability = _typed("probability", float, lambda v: 0 < v <= 1, "a probability in (0, 1]")
 fraction = _typed("fraction", float, lambda v: 0 <= v <= 1, "a fraction in [0, 1]")
 int_list = _typed("int_list", lambda s: [int(x) for x in str(s).split(",")], lambda v: v and all(x > 0 for x in v),
@@ -101,15 +85,10 @@ def data_path(s):
     return s if s == "synthetic" else existing_file(s)
 
 
-def looks_local(path):
-    """True for a path the user means as a local directory (exists, absolute, ./ ~/ or an existing parent)."""
-    return (os.path.exists(path) or os.path.isabs(path) or path.startswith((".", "~"))
-            or os.path.isdir(os.path.dirname(path) or "."))
-
-
 def check_model_dir(path, flag="--model"):
-    """A local model directory must be loadable: config.json, weights and a tokenizer. Hub ids pass."""
-    if not looks_local(path):
+    """A local model directory must be loadable: config.json, weights and a tokenizer. Hub ids pass (a path is
+    meant as local when it exists, is absolute, starts with ./ or ~/, or its parent exists)."""
+    if not (os.path.exists(path) or os.path.isabs(path) or path.startswith((".", "~")) or os.path.isdir(os.path.dirname(path) or ".")):
         return path
     p = os.path.expanduser(path)
     if not os.path.isdir(p):
@@ -359,12 +338,9 @@ DTYPES = ("auto", "float32", "bfloat16")
 
 
 def resolve_precision(device, dtype="auto", pure_bf16=False):
-    """(dtype the weights and AdamW state live in, dtype forward/backward run in).
-
-    auto computes in bf16 on CUDA and fp32 on CPU. bf16 compute keeps fp32 master weights and optimizer
-    state by default (torch.autocast for forward/backward): a pure-bf16 AdamW update smaller than half a
-    bf16 step of its weight is rounded away (at lr 1e-5 that is every weight with |w| >~ 0.004, most of a
-    model). pure_bf16 stores weights in bf16 anyway: half the weight + AdamW memory, at that cost."""
+    """(dtype the weights and AdamW state live in, dtype forward/backward run in); auto: bf16 compute on CUDA,
+    fp32 on CPU. bf16 compute keeps fp32 master weights and AdamW state (autocast): a pure-bf16 update under half
+    a bf16 step is rounded away (at lr 1e-5 every weight with |w| >~ 0.004). pure_bf16: half the memory, that cost."""
     import torch
     compute = torch.bfloat16 if dtype == "bfloat16" or (dtype == "auto" and str(device).startswith("cuda")) \
         else torch.float32
@@ -394,9 +370,7 @@ def engine_share(args, policy=None, extra_models=0):
 def autocast(device, compute_dtype):
     """Context for forward/backward in compute_dtype over fp32 weights (a no-op when they match)."""
     import torch
-    if compute_dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=str(device).split(":")[0], dtype=compute_dtype)
+    return contextlib.nullcontext() if compute_dtype == torch.float32 else torch.autocast(str(device).split(":")[0], compute_dtype)
 
 
 # ----------------------------------------------------------------------------- Ctrl-C
