@@ -57,3 +57,10 @@ def tiny_qwen3_dir(tmp_path_factory):
 def tiny_model_dir(tiny_qwen2_dir):
     """The default test model: the tiny Qwen2 (every test file's model)."""
     return tiny_qwen2_dir
+
+
+def one_line_error(r, needle):
+    """A finished subprocess failed with one `error: ...` line on stderr containing needle, no traceback."""
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr

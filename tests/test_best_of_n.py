@@ -10,7 +10,7 @@ from fractions import Fraction
 from itertools import combinations
 
 import pytest
-from conftest import ROOT, requires_vllm
+from conftest import ROOT, one_line_error, requires_vllm
 
 from best_of_n import answer, best_at_k, maj_at_k, metrics, pass_at_k
 
@@ -80,12 +80,6 @@ def test_correct_is_answer_reward():
 
 def run(*args, timeout=300, script=SCRIPT):
     return subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-
-
-def one_line_error(r, needle):
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
-    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
 
 
 def write_generations(path, **drop):

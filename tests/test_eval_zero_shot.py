@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, requires_vllm
+from conftest import ROOT, one_line_error, requires_vllm
 
 from eval_zero_shot import CATEGORIES, category, summarize
 
@@ -17,12 +17,6 @@ SCRIPT = os.path.join(ROOT, "eval_zero_shot.py")
 
 def run(*args, timeout=300):
     return subprocess.run([sys.executable, SCRIPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-
-
-def one_line_error(r, needle):
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
-    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
 
 
 def dry_config(r):
