@@ -306,9 +306,8 @@ def _push(actors, version, transport):
 def run(args, actors):
     """The driver loop (single controller). Returns the summary; writes metrics, timeline and summary to --out."""
     common.claim_run_dir(args.out, args.resume)
-    saved, metrics_path = _start(args)[1], os.path.join(args.out, "metrics.jsonl")
+    saved = common.restore_checkpoint(args.resume, args.out) if args.resume else _start(args)[1]  # metrics cut back to it
     start, state = saved["step"], {"opt_step": saved["opt_step"], "wall": saved["wall"], "spans": [], "rows": [], "last": time.time()}
-    data.write_jsonl_atomic(metrics_path, [r for r in common.read_metrics(metrics_path) if r["step"] < start])
     data.write_json_atomic(os.path.join(args.out, "args.json"), common.jsonable(vars(args)))
     _evaluate(args, actors, state, start)
     t_run, state["last"] = time.time() - state["wall"], time.time()  # the first row's time/step: not this eval
