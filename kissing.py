@@ -204,7 +204,8 @@ def seccomp_filter():
 def bwrap_cmd(program, fsize, bpf_fd):
     """The OS layer's command prefix: /tmp/program.py is `program`, the seccomp filter is read from bpf_fd."""
     hidden = sorted({d for d in ("/root", "/home", "/run", "/var/tmp", os.path.expanduser("~")) if d != "/" and os.path.isdir(d)})
-    python = {os.path.realpath(p) for p in [sys.prefix, sys.base_prefix, sys.exec_prefix] + sys.path if os.path.isabs(p)}
+    python = {os.path.realpath(p) for p in [sys.prefix, sys.base_prefix, sys.exec_prefix] if os.path.isabs(p)}  # `python -I`'s
+    # whole sys.path lies below these; the caller's sys.path (a repo under /tmp, say) is not the program's to read
     rebind = sorted(p for p in python if os.path.exists(p) and any(p == h or p.startswith(h + "/") for h in hidden + ["/tmp"]))
     return [shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
             "--new-session", "--as-pid-1", "--cap-drop", "ALL", "--seccomp", str(bpf_fd), "--ro-bind", "/", "/", "--dev",
