@@ -8,8 +8,8 @@ all at one policy version (checked); a version goes out as ONE object-store put 
 a data-parallel group (torch.distributed, gloo on CPU / NCCL on GPU) where each trains 1/M of every optimizer
 step's rows and the gradients are all-reduced, so all M take one learner's step. Colocated, that actor is generator
 0 and learner 0. Actors sit in one Ray placement group (--placement-strategy; --address auto joins a cluster); a
-dead actor ends the run in one line naming it; --resume continues. --weight-sync gloo / nccl: Ray Direct Transport
-(one learner, one generator; nccl: Ray's documented API, NOT exercised in CI).
+dead actor ends the run in one line naming it; Ctrl-C saves the steps logged; --resume continues. --weight-sync
+gloo / nccl: Ray Direct Transport (one learner, one generator; nccl: Ray's documented API, NOT exercised in CI).
 Departures: a version is one trained rollout batch; lag = learner version - generating version; a stale batch takes
 pi_old from the engine's log-probs (the only holder of that version) or, with --rollout-is, the current policy with
 pi_old / mu correcting staleness and kernel mismatch together; timestamps are each actor's clock.
@@ -307,30 +307,41 @@ def run(args, actors):
     """The driver loop (single controller). Returns the summary; writes metrics, timeline and summary to --out."""
     common.claim_run_dir(args.out, args.resume)
     saved = common.restore_checkpoint(args.resume, args.out) if args.resume else _start(args)[1]  # metrics cut back to it
-    start, state = saved["step"], {"opt_step": saved["opt_step"], "wall": saved["wall"], "spans": [], "rows": [], "last": time.time()}
     data.write_json_atomic(os.path.join(args.out, "args.json"), common.jsonable(vars(args)))
+    start, state = saved["step"], {"opt_step": saved["opt_step"], "wall": saved["wall"], "spans": [], "rows": [], "last": time.time()}
     _evaluate(args, actors, state, start)
-    t_run, state["last"] = time.time() - state["wall"], time.time()  # the first row's time/step: not this eval
-    state["t_run"] = t_run
+    state["t_run"] = t_run = time.time() - state["wall"]  # time/wall: the eval before the first step not counted
     gens, n, s = actors["generator"], args.n_grpo_steps, args.staleness
     transport = {} if args.weight_sync == "object_store" else {"tensor_transport": args.weight_sync}
     pending, pushed, nxt, syncs = {}, start, start, []
-    for t in range(start, n):
-        # --- rollout + reward: launch every batch the staleness bound allows (j needs version j - s pushed; the
-        # colocated k-schedule is s = k - 1), each generator sampling its shard; shards joined in order ---
-        while nxt < n and nxt - s <= pushed:
-            pending[nxt], nxt = [g.generate.remote(nxt, (i, len(gens))) for i, g in enumerate(gens)], nxt + 1
-        g = join_shards(get(pending.pop(t), f"rollout step {t}", args, actors))
-        common.check(t - g["version"] <= s, f"batch {t} is {t - g['version']} versions stale")
-        # --- old log-probs + train: every learner reads the batch from one put and trains its share of it ---
-        batch = ray.put(g)
-        trs = get([a.train.remote(batch) for a in actors["learner"]], f"train step {t}", args, actors)
-        syncs = _synced(args, actors, state, syncs, pushed)  # the previous push: done by now
-        _log_step(args, state, g, trs, t_run)
-        # --- sync weights after every k-th batch, queued behind the generations already launched ---
-        if (t + 1) % args.steps_per_rollout == 0:
-            syncs, pushed = _push(actors, trs[0]["version"], transport), trs[0]["version"]
-            syncs = _checkpoint_and_eval(args, actors, state, syncs, pushed, t_run)
+    state.update(done=start, dirty=False)
+    try:
+        for t in range(start, n):
+            # --- rollout + reward: launch every batch the staleness bound allows (j needs version j - s pushed; the
+            # colocated k-schedule is s = k - 1), each generator sampling its shard; shards joined in order ---
+            while nxt < n and nxt - s <= pushed:
+                pending[nxt], nxt = [g.generate.remote(nxt, (i, len(gens))) for i, g in enumerate(gens)], nxt + 1
+            g = join_shards(get(pending.pop(t), f"rollout step {t}", args, actors))
+            common.check(t - g["version"] <= s, f"batch {t} is {t - g['version']} versions stale")
+            # --- old log-probs + train: every learner reads the batch from one put and trains its share of it ---
+            batch = ray.put(g)
+            with common.finish_then_interrupt(f"train step {t}"):  # a first Ctrl-C: this step is trained and logged
+                state["dirty"] = True
+                trs = get([a.train.remote(batch) for a in actors["learner"]], f"train step {t}", args, actors)
+                syncs = _synced(args, actors, state, syncs, pushed)  # the previous push: done by now
+                _log_step(args, state, g, trs, t_run)
+                state.update(done=t + 1, dirty=False)
+            # --- sync weights after every k-th batch, queued behind the generations already launched ---
+            if (t + 1) % args.steps_per_rollout == 0:
+                syncs, pushed = _push(actors, trs[0]["version"], transport), trs[0]["version"]
+                syncs = _checkpoint_and_eval(args, actors, state, syncs, pushed, t_run)
+    except KeyboardInterrupt:  # save the steps logged so far (a second Ctrl-C inside a step: nothing saved)
+        if state["dirty"]:
+            raise SystemExit(f"\naborted inside train step {state['done']}: nothing saved; --resume {args.out} restarts "
+                             f"from the last checkpoint")
+        _save(args, actors, state, state["done"], time.time() - t_run)
+        print(f"\ninterrupted: checkpoint saved after step {state['done']}; continue with --resume {args.out}", flush=True)
+        raise SystemExit(130)  # the shell's code for Ctrl-C, after the save
     _synced(args, actors, state, syncs, pushed)
     wall = time.time() - t_run
     _evaluate(args, actors, state, n)
@@ -373,6 +384,7 @@ def _save(args, actors, state, version, wall):
 
 
 def _evaluate(args, actors, state, version):
+    t0 = time.time()
     out = get(actors["generator"][0].evaluate.remote(version), f"eval at version {version}", args, actors)
     state["spans"] += out["spans"]
     row = {"step": version, "opt_step": state["opt_step"], "time/wall": time.time() - state.get("t_run", time.time()),
@@ -380,6 +392,7 @@ def _evaluate(args, actors, state, version):
     common.log_row(args.out, row | out["metrics"])
     data.write_jsonl_atomic(os.path.join(args.out, "rollouts", f"eval_v{version:04d}.jsonl"), out["samples"])
     print(f"eval version {version} | " + " | ".join(f"{k} {v:.3f}" for k, v in out["metrics"].items()), flush=True)
+    state["last"] += time.time() - t0  # the next row's time/step: not this eval (as in grpo.py)
 
 
 def _log_step(args, state, g, trs, t_run):

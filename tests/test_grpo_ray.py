@@ -13,6 +13,7 @@ built once and reused across runs through reset().
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -103,6 +104,21 @@ def received_bytes(worker, pushed):
     return sum(v.numel() * v.element_size() for v in pushed["weights"].values())
 
 
+def wait_dead(actor, timeout=60):
+    """Block until Ray reports the killed actor dead. ray.kill is asynchronous: a call sent right after it may
+    still run on the live actor (CI saw exactly that), so poll rather than expect the first call to fail."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=max(deadline - time.time(), 1))
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:
+            break
+        time.sleep(0.2)
+    raise AssertionError(f"actor still alive {timeout} s after ray.kill")
+
+
 def gradient(worker, gen, mode="group"):
     """The clipped gradient of every optimizer step train_step takes on gen (flattened, concatenated) and its
     history; nothing moves (SGD at lr 0). mode: "group" = this learner in its group (all-reduced), "alone" = one
@@ -174,6 +190,7 @@ def test_colocated_on_policy_then_k_steps(cluster, make_args):
         rows = [r for r in read(args, "metrics.jsonl") if "ray/lag" in r]
         assert [r["step"] for r in rows] == [0, 1, 2] and summary["lags"] == [0, 0, 0]
         assert all(set(STEP_KEYS) <= set(r) for r in rows), set(STEP_KEYS) - set(rows[0])
+        assert rows[0]["time/step"] <= rows[0]["time/wall"] + 1e-3, "step 0's time/step counted the first eval"
         assert all(r["train/kl_ref"] >= 0 for r in rows) and all(r["train/kl_prev"] >= 0 for r in rows[1:])
         assert any(r["train/zero_var_frac"] < 1 for r in rows), "no reward variance: the policy cannot move"
         assert summary["devices"] == 2 and summary["samples"] == 24 and summary["samples_per_s"] > 0
@@ -216,9 +233,14 @@ def spans(args, phase, actor=None):
 
 @requires_vllm
 def test_disaggregated_sync(disaggregated, make_args):
-    args = start(disaggregated, make_args("--placement", "disaggregated"))
+    args = start(disaggregated, make_args("--placement", "disaggregated", "--eval-every", "1"))
     summary = grpo_ray.run(args, disaggregated)
     assert summary["lags"] == [0, 0, 0] and summary["devices"] == 2
+    # time/step excludes validation, as in grpo.py: the steps' times add up to the wall clock less the evals
+    rows = read(args, "metrics.jsonl")
+    steps, evals = [r for r in rows if "ray/lag" in r], [r for r in rows if "time/eval" in r]  # evals at 0, 1, 2, 3
+    mid_run_evals = sum(r["time/eval"] for r in evals[1:3])
+    assert len(evals) == 4 and sum(r["time/step"] for r in steps) <= steps[-1]["time/wall"] - mid_run_evals + 1e-3
     gen, train = spans(args, "generate"), spans(args, "train")
     sync = spans(args, "weight_sync", "generator 0")
     assert all(gen[t + 1]["t0"] >= train[t]["t1"] for t in range(2)), "sync: no overlap"
@@ -248,7 +270,34 @@ def test_disaggregated_async_staleness_and_overlap(disaggregated, make_args):
 
 
 @requires_vllm
-def test_killed_generator_raises_not_hangs(disaggregated, make_args):
+def test_ctrl_c_saves_the_logged_steps_and_resume_continues(disaggregated, make_args):
+    """A real SIGINT to the driver mid-run (after step 1 is logged, wherever the driver then is: waiting for a
+    rollout, or inside a train step, which finishes first): exit 130, a checkpoint at exactly the steps logged,
+    and --resume continues with no step lost or repeated."""
+    args = start(disaggregated, make_args("--placement", "disaggregated", "--n-grpo-steps", "200"))
+    metrics = os.path.join(args.out, "metrics.jsonl")
+
+    def ctrl_c():
+        deadline = time.time() + 120
+        while not (os.path.exists(metrics) and '"step": 1,' in open(metrics).read()) and time.time() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    with pytest.raises(SystemExit) as e:
+        grpo_ray.run(args, disaggregated)
+    assert e.value.code == 130
+    saved = json.load(open(os.path.join(args.out, "checkpoint", "state.json")))
+    rows = [r for r in read(args, "metrics.jsonl") if "ray/lag" in r]
+    assert [r["step"] for r in rows] == list(range(saved["step"])) and 2 <= saved["step"] < 200
+    assert saved["opt_step"] == rows[-1]["opt_step"]
+    resumed = start(disaggregated, grpo_ray.parse_args(["--resume", args.out, "--n-grpo-steps", str(saved["step"] + 2)]))
+    grpo_ray.run(resumed, disaggregated)
+    assert [r["step"] for r in read(resumed, "metrics.jsonl") if "ray/lag" in r] == list(range(saved["step"] + 2))
+    assert_synced(disaggregated["generator"][0], resumed)
+
+
+@requires_vllm
+def test_killed_generator_raises_not_hangs(disaggregated, make_args):  # the last user of `disaggregated`: kills it
     args = start(disaggregated, make_args("--placement", "disaggregated", "--async", "--n-grpo-steps", "200"))
     failure = {}
 
@@ -356,8 +405,7 @@ def test_generators_and_learners_scale_out(cluster, make_args):
         assert_synced(actors["generator"][1], resumed)
         # a dead learner: its peer's collective fails too, the death is what gets reported
         ray.kill(actors["learner"][1])
-        with pytest.raises(ray.exceptions.RayActorError):  # wait until Ray has it dead
-            ray.get(actors["learner"][1].__ray_ready__.remote(), timeout=60)
+        wait_dead(actors["learner"][1])
         with pytest.raises(RuntimeError, match=r"learner 1 died during probe \(ActorDiedError") as e:
             grpo_ray.get([x.train.remote(ref) for x in actors["learner"]], "probe", resumed, actors)
         assert "\n" not in str(e.value)
