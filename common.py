@@ -376,9 +376,9 @@ def autocast(device, compute_dtype):
 # ----------------------------------------------------------------------------- Ctrl-C
 @contextlib.contextmanager
 def finish_then_interrupt(what="this step"):
-    """Defer a first Ctrl-C until the block ends (then raise KeyboardInterrupt); a second one aborts now.
-    Only the main thread receives signals; elsewhere this is a no-op."""
-    if threading.current_thread() is not threading.main_thread():
+    """Defer a first Ctrl-C until the block ends (then raise KeyboardInterrupt); a second one aborts now. A no-op
+    outside the main thread (only it receives signals) and where SIGINT is ignored (a nohup / background job)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         yield
         return
     hits = []

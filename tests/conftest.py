@@ -9,6 +9,7 @@ greedy outputs are diverse rather than one repeated token.
 import importlib.util
 import os
 import random
+import signal
 import sys
 
 import pytest
@@ -39,6 +40,15 @@ def _corpus(n=400, seed=0):
 def _build(tmp_path_factory, family):
     import sft
     return sft.build_tiny_model(str(tmp_path_factory.mktemp(f"tiny_{family}")), _corpus(), family, **TINY)
+
+
+@pytest.fixture
+def ctrl_c():
+    """SIGINT raises KeyboardInterrupt, as in a terminal, even when pytest was started with SIGINT ignored (a
+    background job): the Ctrl-C tests send real signals."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
 
 
 @pytest.fixture(scope="session")

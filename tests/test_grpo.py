@@ -382,7 +382,7 @@ def test_collate_uses_engine_token_ids(live):
 
 
 # ----------------------------------------------------------------------------- Ctrl-C, bad input
-def test_ctrl_c_mid_update_saves_a_consistent_step(tiny_model_dir, task_file, tmp_path, monkeypatch):
+def test_ctrl_c_mid_update_saves_a_consistent_step(tiny_model_dir, task_file, tmp_path, monkeypatch, ctrl_c):
     """SIGINT during step 1's first microbatch: the step finishes, is counted and saved; resuming trains step 2
     only, and the weights equal a straight run's."""
     flags = tiny_flags(tiny_model_dir, task_file, "--engine", "hf", "--eval-every", "0", "--n-grpo-steps", "3")

@@ -121,7 +121,7 @@ def test_fp32_master_weights_keep_small_updates_in_bf16(tiny_model_dir, sft_json
 
 
 def test_ctrl_c_saves_a_consistent_checkpoint_and_resume_restores_the_flags(tiny_model_dir, sft_jsonl, tmp_path,
-                                                                            monkeypatch, capsys):
+                                                                            monkeypatch, capsys, ctrl_c):
     full = train_rows(sft.main(flags(tiny_model_dir, sft_jsonl, tmp_path / "full", "--steps", "4", "--save-every", "0")))
     real, calls = sft.sft_microbatch_train_step, []
 
@@ -151,7 +151,8 @@ def test_ctrl_c_saves_a_consistent_checkpoint_and_resume_restores_the_flags(tiny
     assert "overriding steps 4 -> 5" in capsys.readouterr().out and more[-1]["step"] == 5
 
 
-def test_second_ctrl_c_mid_step_aborts_in_one_line_without_saving(tiny_model_dir, sft_jsonl, tmp_path, monkeypatch):
+def test_second_ctrl_c_mid_step_aborts_in_one_line_without_saving(tiny_model_dir, sft_jsonl, tmp_path, monkeypatch,
+                                                                  ctrl_c):
     real = sft.sft_microbatch_train_step
 
     def two_ctrl_c(*a, **kw):  # the first is deferred to the step's end, the second aborts
