@@ -275,16 +275,19 @@ def test_ctrl_c_saves_the_logged_steps_and_resume_continues(disaggregated, make_
     rollout, or inside a train step, which finishes first): exit 130, a checkpoint at exactly the steps logged,
     and --resume continues with no step lost or repeated."""
     args = start(disaggregated, make_args("--placement", "disaggregated", "--n-grpo-steps", "5000"))  # ~15 ms each
-    metrics = os.path.join(args.out, "metrics.jsonl")
+    metrics, done = os.path.join(args.out, "metrics.jsonl"), threading.Event()
 
-    def ctrl_c():
-        deadline = time.time() + 120
-        while not (os.path.exists(metrics) and '"step": 1,' in open(metrics).read()) and time.time() < deadline:
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGINT)
-    threading.Thread(target=ctrl_c, daemon=True).start()
-    with pytest.raises(SystemExit) as e:
-        grpo_ray.run(args, disaggregated)
+    def interrupt():  # a stray signal after run() would hit another test: only while it runs
+        while not (os.path.exists(metrics) and '"step": 1,' in open(metrics).read()) and not done.wait(0.05):
+            pass
+        if not done.is_set():
+            os.kill(os.getpid(), signal.SIGINT)
+    threading.Thread(target=interrupt, daemon=True).start()
+    try:
+        with pytest.raises(SystemExit) as e:
+            grpo_ray.run(args, disaggregated)
+    finally:
+        done.set()
     assert e.value.code == 130
     saved = json.load(open(os.path.join(args.out, "checkpoint", "state.json")))
     rows = [r for r in read(args, "metrics.jsonl") if "ray/lag" in r]
