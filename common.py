@@ -1,8 +1,8 @@
-"""Conventions every root script shares, so that a bad value, path or size is one line on stderr ("error: ...",
-exit 2) before anything loads, and runs never lose or mix data: checked flags (Parser, check, typed argparse
-types, model directories), --dry-run, --resume with the saved flags, run directories claimed once, checkpoints
-swapped in whole and recovered, metrics.jsonl rows, the validation every trainer logs, precision (fp32 master
-weights + bf16 autocast, the one-GPU engine share) and a Ctrl-C that lets the optimizer step finish.
+"""Conventions every root script shares, so that a bad value, path or size is one line on stderr ("error: ...", exit 2)
+before anything loads, and runs never lose or mix data: checked flags (Parser, check, typed argparse types, model
+directories, hub ids), --dry-run, --resume with the saved flags, run directories claimed once, checkpoints swapped
+in whole and recovered, metrics.jsonl rows, the validation every trainer logs, precision (fp32 master weights + bf16
+autocast, the one-GPU engine share) and a Ctrl-C that lets the optimizer step finish.
 """
 import argparse
 import contextlib
@@ -65,6 +65,8 @@ positive_float = _typed("positive_float", float, lambda v: math.isfinite(v) and 
 nonneg_float = _typed("nonneg_float", float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
 probability = _typed("probability", float, lambda v: 0 < v <= 1, "a probability in (0, 1]")
 fraction = _typed("fraction", float, lambda v: 0 <= v <= 1, "a fraction in [0, 1]")
+output_file = _typed("output_file", str, lambda s: not os.path.isdir(s) and os.access(  # checked before any work
+    os.path.dirname(os.path.abspath(s)), os.W_OK), "a file path in an existing, writable directory")
 int_list = _typed("int_list", lambda s: [int(x) for x in str(s).split(",")], lambda v: v and all(x > 0 for x in v),
                   "a comma list of integers > 0 (e.g. 256,512,1024)")
 
@@ -85,27 +87,42 @@ def data_path(s):
     return s if s == "synthetic" else existing_file(s)
 
 
+_HUB_IDS = {}  # flag -> hub id, checked when a run starts (claim_run_dir): a dry run or a bad flag needs no network
+
+
 def check_model_dir(path, flag="--model"):
-    """A local model directory must be loadable: config.json, weights and a tokenizer. Hub ids pass (a path is
-    meant as local when it exists, is absolute, starts with ./ or ~/, or its parent exists)."""
+    """A local model directory must be loadable: config.json naming a model_type, weights and a tokenizer. A hub id
+    (not local: a path that exists, is absolute, starts with ./ or ~/, or whose parent exists) waits: check_hub_ids."""
     if not (os.path.exists(path) or os.path.isabs(path) or path.startswith((".", "~")) or os.path.isdir(os.path.dirname(path) or ".")):
+        _HUB_IDS[flag] = path
         return path
+    _HUB_IDS.pop(flag, None)
     p = os.path.expanduser(path)
     if not os.path.isdir(p):
         fail(f"{flag} {path}: no such directory (pass a model directory or a hub id like Qwen/Qwen2.5-Math-1.5B)")
-    files = set(os.listdir(p))
+    files, config = set(os.listdir(p)), os.path.join(p, "config.json")
     if "config.json" not in files:
         fail(f"{flag} {path}: no config.json there; this is not a model directory")
     if not any(f.endswith((".safetensors", ".bin")) or f.endswith(".safetensors.index.json") for f in files):
         fail(f"{flag} {path}: no weights (model.safetensors or pytorch_model.bin) — a broken or half-written checkpoint")
     if not files & {"tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model"}:
         fail(f"{flag} {path}: no tokenizer files (tokenizer.json / tokenizer_config.json) next to the weights")
-    try:
-        with open(os.path.join(p, "config.json")) as f:
-            json.load(f)
-    except (OSError, ValueError) as e:
-        fail(f"{flag} {path}: config.json is unreadable ({e})")
+    check(read_json(config, "model_type"), f"{flag} {path}: {config} is not JSON naming a model_type")
     return path
+
+
+def check_hub_ids():
+    """Each hub id check_model_dir saw is in the local hub cache (offline use works) or served by the hub: one request,
+    no retries (online, an uncached model still downloads at load). Else one line now, not a traceback 30 s later."""
+    for flag, repo in list(_HUB_IDS.items()):
+        from huggingface_hub import HfApi, try_to_load_from_cache
+        del _HUB_IDS[flag]
+        try:
+            if not isinstance(try_to_load_from_cache(repo, "config.json"), str):
+                HfApi().model_info(repo, timeout=10)  # private / gated: needs `hf auth login`, as its load would
+        except Exception as e:  # network, HTTP, offline-mode and id errors alike: one line, not swallowed
+            fail(f"{flag} {repo}: not in the local hub cache and the hub does not serve it ({type(e).__name__}: "
+                 f"{(str(e).strip().splitlines() or [''])[0][:150]}); pass a model directory or check the id/network")
 
 
 # ----------------------------------------------------------------------------- resume and dry runs
@@ -118,10 +135,19 @@ def resume_from(parser, argv, args, needs=()):
     check_model_dir(ckpt, "--resume")  # a broken checkpoint names its missing file
     for f in needs:
         check(os.path.isfile(os.path.join(ckpt, f)), f"--resume {ckpt}: {f} is missing (a broken checkpoint)")
-    with open(os.path.join(ckpt, "state.json")) as f:
-        resume_args(parser, argv, args, {**json.load(f).get("args", {}), "out": os.path.dirname(ckpt)})
+    state = read_json(os.path.join(ckpt, "state.json"), "step") or fail(f"--resume {ckpt}: its state.json is corrupt")
+    read_metrics(os.path.join(os.path.dirname(ckpt), "metrics.jsonl"), quiet=True)  # a corrupt row: refused now
+    resume_args(parser, argv, args, {**state.get("args", {}), "out": os.path.dirname(ckpt)})
     args.resume = ckpt
     return args
+
+
+def read_json(path, key):
+    """The JSON object in a file if it parses and holds `key`, else None (missing, unreadable, corrupt or foreign)."""
+    with contextlib.suppress(OSError, ValueError), open(path) as f:
+        if isinstance(obj := json.load(f), dict) and key in obj:
+            return obj
+    return None
 
 
 def explicit_dests(parser, argv):
@@ -168,6 +194,7 @@ RUN_MARKERS = ("metrics.jsonl", "checkpoint", "checkpoint.tmp", "checkpoint.old"
 
 def claim_run_dir(out, resume=None, flag="--out"):
     """Refuse an existing run without --resume; create `out` and check it is writable, before any work."""
+    check_hub_ids()  # the run starts (a dry run never gets here): the hub ids too
     if os.path.exists(out) and not os.path.isdir(out):
         fail(f"{flag} {out}: is a file; pass a directory")
     if not resume and os.path.isdir(out):
@@ -192,15 +219,15 @@ def checkpoint_dir(path):
     return path if os.path.basename(path).startswith("checkpoint") else os.path.join(path, "checkpoint")
 
 
-def find_checkpoint(path, marker="state.json", repair=True):
-    """The complete checkpoint of a run (or checkpoint dir), recovering an interrupted swap: a checkpoint is
-    complete when its `marker` (written last) exists. Returns its directory, or None if there is none.
+def find_checkpoint(path, repair=True):
+    """The complete checkpoint of a run (or checkpoint dir), recovering an interrupted swap: a copy is complete when
+    its state.json (written last) parses. Returns its directory, or None if there is none.
     repair=False (a dry run) only looks: a recoverable copy is returned where it lies, nothing moves."""
     final = checkpoint_dir(path)
     tmp, old = final + ".tmp", final + ".old"
-    if not os.path.exists(os.path.join(final, marker)):
+    if not os.path.exists(os.path.join(final, "state.json")):  # a corrupt one there: resume_from names it
         for cand in (tmp, old):  # tmp is newer than old: prefer it when it was finished
-            if os.path.exists(os.path.join(cand, marker)):
+            if read_json(os.path.join(cand, "state.json"), "step"):
                 if not repair:
                     return cand
                 shutil.rmtree(final, ignore_errors=True)
@@ -247,8 +274,7 @@ def restore_checkpoint(ckpt, out_dir, through_step=False, **objects):
     import data
     for name, obj in objects.items():
         obj.load_state_dict(torch.load(os.path.join(ckpt, f"{name}.pt"), map_location="cpu"))
-    with open(os.path.join(ckpt, "state.json")) as f:
-        state = json.load(f)
+    state = read_json(os.path.join(ckpt, "state.json"), "step")  # resume_from checked it
     path, s = os.path.join(out_dir, "metrics.jsonl"), state["step"]
     data.write_jsonl_atomic(path, [r for r in read_metrics(path) if r["step"] < s or through_step and r["step"] == s])
     print(f"resumed from {ckpt} at step {s}", flush=True)
@@ -264,14 +290,14 @@ def save_model_checkpoint(out_dir, model, tokenizer, args, state, extra=None, na
     """out_dir/<name>/: HF weights + tokenizer + `extra` torch objects ({"optimizer.pt": ...}) + state.json
     (the step counters and the run's flags, written last), swapped in whole by save_checkpoint."""
     import torch
+    import data
 
-    def write(tmp):
+    def write(tmp):  # state.json last and atomically: a crash mid-write leaves no half file that looks complete
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         for name, obj in (extra or {}).items():
             torch.save(obj, os.path.join(tmp, name))
-        with open(os.path.join(tmp, "state.json"), "w") as f:
-            json.dump({**state, "args": jsonable(vars(args))}, f, indent=1)
+        data.write_json_atomic(os.path.join(tmp, "state.json"), {**state, "args": jsonable(vars(args))})
     return save_checkpoint(out_dir, write, name=name, keep=keep)
 
 
@@ -296,8 +322,8 @@ def log_row(out_dir, row, wandb_run=None):
         wandb_run.log(row)
 
 
-def read_metrics(path):
-    """Rows of a metrics.jsonl; a truncated last line (a crash mid-append) is dropped, with a notice."""
+def read_metrics(path, quiet=False):
+    """Rows of a metrics.jsonl; a truncated last line (a crash mid-append) is dropped, said unless quiet."""
     if not os.path.exists(path):
         return []
     with open(path, encoding="utf-8") as f:
@@ -309,7 +335,8 @@ def read_metrics(path):
         except json.JSONDecodeError:
             if k < len(lines) - 1:
                 fail(f"{path}:{i}: corrupt line in the middle of the file; fix or remove it")
-            print(f"{path}: dropped a truncated last line (a crash mid-write)", flush=True)
+            if not quiet:
+                print(f"{path}: dropped a truncated last line (a crash mid-write)", flush=True)
     return rows
 
 

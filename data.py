@@ -1,8 +1,8 @@
 """Task data and prompts: the one shared helper module (loaders, prompt files, Countdown generator).
 
-Every task loader returns a list of dicts {"question": str, "ground_truth": ..., ...}; the caller
-fills a prompt template (prompts/<name>.prompt) with `format_prompt` and grades with the
-`grader.REWARD_FNS[TASKS[task]["reward"]]` function.
+Every task loader returns a list of dicts {"question": str, "ground_truth": ..., ...}; given a prompt name,
+`load_task` also fills its template (prompts/<name>.prompt) once, into each row's "prompt". Rows are graded
+by `grader.REWARD_FNS[TASKS[task]["reward"]]`.
 
 Hub datasets (openai/gsm8k, hiyouga/math12k, HuggingFaceH4/MATH-500, justinphan3110/Countdown-Tasks-3to4)
 load through `datasets` only when it is importable (it is optional and not in requirements);

@@ -1,21 +1,18 @@
 """Reward functions: fn(response: str, ground_truth) -> {"reward", "format_reward", "answer_reward"}.
 
-Pure (no printing, no randomness); no verdict takes more than ~1 s whatever the input (after a
-one-time ~1 s sympy warm-up). Math equivalence = light normalisation with an exact fast path (string
-/ rational equality: GSM8K-style answers never reach sympy) + math-verify (sympy). The time bound:
-  1. a guard keeps long answers, unbalanced braces, huge literals, big/nested exponents and big
-     factorials away from sympy (they are compared as strings/numbers only), and logic statements
-     too, which math-verify misreads ("\\neg 5" as 5, "5 \\lor 6" as 6);
-  2. in a main thread, math-verify runs under a sub-second setitimer alarm (its own timeouts are
-     whole-second signal.alarm that refuse threads, so they are off); no signal can stop C code;
-  3. in other threads the sympy step runs in a worker process of a pebble ProcessPool; one that runs
-     HARD_LIMIT_S is killed (verdict "not equal") and replaced. `grade_batch` grades on such a pool.
-     Works in Ray actors and daemonic processes (tested). The workers' forkserver imports the main
-     script: a script that grades in parallel needs the usual `if __name__ == "__main__":` guard.
+Pure (no printing, no randomness); no verdict takes more than ~1 s whatever the input (after a one-time ~1 s sympy
+warm-up). Math equivalence = light normalisation, an exact fast path (string / rational equality: GSM8K-style answers
+never reach sympy), then math-verify (sympy). It never sees long answers, unbalanced braces, huge literals, big/nested
+exponents or big factorials, nor logic statements, which it reads as one operand ("\\neg 5" is 5, "5 \\lor 6" is 6);
+set operations and relations ("5 \\cup 6", "5 | 6") only where the reference has the same. Time bound: in a main
+thread a sub-second setitimer alarm (its own whole-second signal.alarm timeouts refuse threads: off); elsewhere a
+pebble ProcessPool worker, killed at HARD_LIMIT_S (verdict "not equal") and replaced: `grade_batch` grades on that
+pool, in Ray actors and daemonic processes too. Its forkserver imports the main script: a script that grades in
+parallel needs the usual `if __name__ == "__main__":` guard.
 
-Countdown decision: seed 002 says "each number n_i must be used in E exactly once", but its `_validate_numbers`
-accepts a subset. "countdown" requires ALL numbers, each exactly once (the problem statement; the Countdown-
-Tasks-3to4 convention); "countdown_subset" is the seed's rule, and `_validate_numbers` keeps its default.
+Countdown: seed 002 says "each number n_i must be used in E exactly once", but its `_validate_numbers` accepts a subset.
+"countdown" requires ALL numbers, once each (the problem statement, Countdown-Tasks-3to4); "countdown_subset" and
+`reward_fn` (the seed's float) follow the seed's rule, as does `_validate_numbers`'s default.
 """
 import ast, atexit, logging, multiprocessing, operator, os, pickle, re, signal, threading  # noqa: E401
 from collections import Counter
@@ -60,8 +57,7 @@ def gsm8k_answer(solution):
 
 def math_answer(text):
     """Final answer of a MATH solution: last \\boxed{}, else the text after 'The answer is:', else text."""
-    b = last_boxed(text)
-    if b is not None:
+    if (b := last_boxed(text)) is not None:
         return b.strip()
     m = re.search(r"The answer is:?\s*(.+?)\s*$", text, re.S)
     return (m.group(1) if m else text).strip()
@@ -93,8 +89,7 @@ def _number(k):
 
 
 def _safe_for_sympy(s):
-    """False for inputs that could keep sympy busy for long (in C code, where no signal helps) and
-    for logic statements (math-verify keeps one operand: "\\neg 5" is 5, "5 \\implies 6" is 6)."""
+    """False for inputs that could keep sympy busy for long (in C code: no signal helps) and logic statements."""
     if len(s) > MAX_SYMPY_CHARS or re.search(r"\d{40,}", s):
         return False
     t = s
@@ -105,6 +100,12 @@ def _safe_for_sympy(s):
                 or re.search(r"\\(neg|lnot|lor|land|vee|wedge|oplus|implies|iff|to|([Ll]eft|[Rr]ight)+arrow)(?![a-z])", s)
                 or re.search(r"(?:\^|\*\*)\s*\{[^{}]*(?:\^|\*\*)|(?:\^|\*\*)\s*[\w.\\]+\s*(?:\^|\*\*)|\\uparrow", s)
                 or re.search(r"\d{3,}\s*!|!\s*\)?\s*!|\)\s*!", s))  # nested exponents, big factorials
+
+
+def _ops(s):  # what math-verify reads as one operand ("5 \cup 6", "5 | 6", "5 ∨ 6": 6); not \in ("x \in [2, 5)")
+    ops = re.findall(r"\\(?:cup|cap|setminus|backslash|mid|parallel|perp|su[bp]set(?:eq)?|otimes)(?![a-z])|[¬∨∧]"
+                     r"|\\operatorname\{(?i:not|or|and|xor)\}", s)  # set operations, relations, logic
+    return set(ops) | ({"|"} if len(re.findall(r"\\[lr]?[vV]ert(?![a-z])|\|", s)) % 2 else set())  # |x| pairs up
 
 
 class _Timeout(BaseException):  # not Exception: math-verify's `except Exception` must not swallow it
@@ -151,7 +152,7 @@ def math_equal(pred, gold):
     np_, ng = _number(kp), _number(kg)
     if (np_ is not None and ng is not None) or kp.count(",") != kg.count(","):  # 5 vs (1,2): no sympy
         return np_ is not None and np_ == ng
-    return _safe_for_sympy(cp) and _safe_for_sympy(cg) and _sympy_equal_any_thread(cp, cg)
+    return _safe_for_sympy(cp) and _safe_for_sympy(cg) and _ops(cp) == _ops(cg) and _sympy_equal_any_thread(cp, cg)
 
 
 def _any_equal(pred, ground_truth):
@@ -166,15 +167,13 @@ def _check(response):
         raise ValueError(f"response must be a str, got {type(response).__name__}")
 
 
-def _extract_answer(text):
-    """Seed 002 helper: content of the last <answer>...</answer>, or None."""
+def _extract_answer(text):  # seed 002 helper: content of the last <answer>...</answer>, or None
     i = text.rfind("<answer>")
     j = text.find("</answer>", i) if i >= 0 else -1
     return text[i + 8:j].strip() if 0 <= i < j else None
 
 
-def _answer_is(response):
-    """Text after the last 'answer is' (', answer is:') marker, or None."""
+def _answer_is(response):  # text after the last 'answer is' (', answer is:') marker, or None
     m = list(re.finditer(r"answer is:?\s*([^\n]{1,200})", response[-5000:], re.I))
     return m[-1].group(1).strip().rstrip(".") if m else None
 
@@ -244,8 +243,7 @@ def _eval_exact(expr):
         return None
 
 
-def _evaluate_equation(equation_str):
-    """Seed 002 helper: float value of the equation, or None if invalid (incl. division by zero)."""
+def _evaluate_equation(equation_str):  # seed 002 helper: its float value, None if invalid (incl. division by zero)
     return None if (v := _eval_exact(equation_str)) is None else float(v)
 
 
@@ -264,13 +262,13 @@ def _stated(text):
 
 
 def _countdown_steps(answer, numbers, target, require_all):
-    """'Step k: a op b = c' lines: each left side uses available numbers (originals or earlier
-    results) once and equals its right side; the last result is the target. An earlier non-integer
-    result is used again as written on its right side ('3/2' or '1.5'), and counts as one number."""
+    """'Step k: a op b = c' lines: each left side uses available numbers (originals or earlier results) once and equals
+    its right side; the last result is the target. An earlier non-integer result is used again as written on its
+    right side ('3/2' or '1.5': '6 / 1.5' divides by it), and counts as one number."""
     orig, inter, last = Counter(Fraction(n) for n in numbers), Counter(), None
     for step in re.split(r"Step\s*\d+\s*:", answer)[1:]:
         lhs, eq, rhs = step.strip().partition("=")
-        parts, lits = re.split(r"(\d+\s*/\s*\d+|\d+\.\d+)", lhs), []  # odd parts: maybe an earlier result
+        parts, lits = re.split(r"(\d+\.\d+|\d+\s*/\s*\d+(?!\.?\d))", lhs), []  # odd parts: maybe an earlier result
         for k, part in enumerate(parts):
             v = _stated(part) if k % 2 else None
             if v is not None and v.denominator > 1 and inter[v]:
@@ -290,10 +288,9 @@ def _countdown_steps(answer, numbers, target, require_all):
 
 
 def countdown_reward_fn(response, ground_truth, require_all=True):
-    """Seed 002 §1.3: 1.0 correct; 0.1 an <answer> tag with a wrong value, wrong/reused numbers or an
-    invalid expression; 0.0 no <answer>...</answer>. The answer is one expression (optionally '= target';
-    line breaks inside are spaces; a leading zero is read as decimal, 03 = 3: a typo, not an octal or a
-    new number) or 'Step k:' lines. require_all: every number used exactly once (module docstring)."""
+    """Seed 002 §1.3: 1.0 correct; 0.1 an <answer> tag with a wrong value, wrong/reused numbers or an invalid
+    expression; 0.0 no <answer>...</answer>. The answer is one expression (optionally '= target'; line breaks are
+    spaces; 03 = 3: a typo, not an octal or a new number) or 'Step k:' lines. require_all: module docstring."""
     _check(response)
     numbers, target = list(ground_truth["numbers"]), Fraction(ground_truth["target"])
     if (ans := _extract_answer(response)) is None:
@@ -314,6 +311,10 @@ def keyword_inclusion_reward_fn(response, keywords):
     kws = [keywords] if isinstance(keywords, str) else list(keywords)
     ok = bool(kws) and all(re.search(r"(?<!\w)" + re.escape(str(k).strip()) + r"(?!\w)", response, re.I) for k in kws)
     return _verdict(bool(response.strip()), ok)
+
+
+def reward_fn(generated_text, ground_truth):  # seed 002 §1.3's name and signature (a float): countdown_subset
+    return countdown_reward_fn(generated_text, ground_truth, require_all=False)["reward"]
 
 
 REWARD_FNS = {"r1_zero": r1_zero_reward_fn, "question_only": question_only_reward_fn, "intellect": intellect_reward_fn,

@@ -1,12 +1,11 @@
 """GRPO with verifiable rewards: the training loop of seed 000 §7 (Algorithm 2), one flat loop.
 
-Each step: collect (questions -> G samples each from the engine -> grades -> group-normalised advantages) ->
-train_step (pi_old by a no-grad pass when a ratio needs it -> epochs x train batches x microbatches, clip,
-AdamW) -> log -> save -> weights into the engine. grpo_ray.py runs the same collect and train_step in Ray
-actors. No --model: the offline demo. Departures from the seeds (PROFILES): trains on the engine's tokens,
-scored at its temperature and min_tokens ban; hub sizes are seed 001's 256 / 256 / 128 (seed 000's starter
-sizes fail its own asserts); bf16 compute keeps fp32 master weights (--pure-bf16: the seeds' policy, which
-rounds most lr-1e-5 updates away); -A log pi on stale data is refused. Extras (off by default): see README.
+Each step: collect (G engine samples per question -> grades -> group-normalised advantages) -> train_step (pi_old by
+a no-grad pass when a ratio needs it -> epochs x train batches x microbatches, clip, AdamW) -> log -> save -> weights
+into the engine; grpo_ray.py runs both in Ray actors. No --model: the offline demo. Departures from the seeds
+(PROFILES): trains on the engine's tokens, scored at its temperature and min_tokens ban; hub sizes: seed 001's
+256/256/128 (seed 000's starter sizes fail its own asserts); bf16 compute keeps fp32 master weights (--pure-bf16: the
+seeds' choice, which rounds most lr-1e-5 updates away); -A log pi on stale data is refused. Extras: README.
 
 Examples:
   python grpo.py                                                       # offline CPU demo
@@ -147,8 +146,8 @@ def resolve(args):
     args.off_policy = args.optimizer_steps_per_rollout_batch > 1
     c(not args.off_policy or args.loss in losses.RATIO_LOSSES, f"--loss {args.loss} with {args.optimizer_steps_per_rollout_batch}"
       f" optimizer steps per rollout batch trains -A log pi on data from an older policy, uncorrected: use --loss grpo_clip")
-    # pi_old is needed by ratio losses (on-policy their ratio is 1, seed 000 asks for it anyway) and rollout IS
-    args.needs_old = args.loss in losses.RATIO_LOSSES or args.rollout_is != "none"
+    args.needs_old = args.loss in losses.RATIO_LOSSES or args.rollout_is != "none"  # (seed 000 asks on-policy too)
+    args.frozen_models = (args.kl_beta > 0 or args.kl_every > 0) + (args.kl_every > 0)  # pi_init, pi_{t-1} (KL)
     c(not args.std_norm or args.group_size >= 2, "--std-norm needs --group-size >= 2 (or pass --no-std-norm)")
     c(args.min_tokens <= args.max_tokens, f"--min-tokens {args.min_tokens} must be <= --max-tokens {args.max_tokens}")
     c(args.overlong_buffer < args.max_tokens, f"--overlong-buffer {args.overlong_buffer} must be < --max-tokens {args.max_tokens}")
@@ -210,14 +209,25 @@ def load_policy(path, args, dtype=None):
     return policy.train(), tok
 
 
+def build_learner(args):
+    """grpo.py's and each grpo_ray.py learner's (policy, tokenizer, AdamW, frozen pi_init, pi_{t-1} or None)."""
+    policy, tokenizer = load_policy(args.resume or args.model, args)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    if args.resume:  # every grpo_ray.py learner loads the one checkpoint: the group stays in lockstep
+        optimizer.load_state_dict(torch.load(os.path.join(args.resume, "optimizer.pt"), map_location="cpu"))
+    frozen = [load_policy(args.model, args, dtype=args.compute_dtype)[0].eval().requires_grad_(False)
+              for _ in range(args.frozen_models)]
+    return policy, tokenizer, optimizer, *(frozen + [None, None])[:2]
+
+
 def make_engine(path, args, policy=None):
     """rollout.init_engine for this run. One shared GPU: the engine's share leaves room for the policy."""
     from transformers import AutoConfig
     max_len = min(getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 4096), 4096)
     kw = dict(max_model_len=max_len) if args.engine == "vllm" else {}
     if args.engine == "vllm" and args.vllm_device.startswith("cuda"):
-        kw.update(gpu_memory_utilization=args.gpu_memory_utilization or common.engine_share(args, policy, extra_models=(
-            args.kl_beta > 0 or args.kl_every > 0) + (args.kl_every > 0)), enable_sleep_mode=args.sleep_engine)
+        kw.update(gpu_memory_utilization=args.gpu_memory_utilization or common.engine_share(
+            args, policy, extra_models=args.frozen_models), enable_sleep_mode=args.sleep_engine)
     return engines.init_engine(args.engine, path, device=args.vllm_device, seed=args.seed, **kw)
 
 
@@ -349,8 +359,7 @@ def train_step(policy, optimizer, batch, args, step, ref_model=None, prev_model=
     is ahead of the batch's generator (grpo_ray.py); a stale batch takes pi_old from the engine unless --rollout-is
     corrects it. prev_model holds pi_{t-1}, refreshed here. dp (grpo_ray.py's M learners): {"rank", "world",
     "reduce": in-place all-reduce(tensor, op)}: each runs 1/M of every row set, gradients and metrics are summed."""
-    t0, ban_ids = time.perf_counter(), batch["ban_token_ids"]
-    tensors, m = collate(batch, args), {}
+    t0, ban_ids, tensors, m = time.perf_counter(), batch["ban_token_ids"], collate(batch, args), {}
     do_kl = bool(args.kl_every) and step % args.kl_every == 0
     engine_old = args.old_log_probs == "engine" or (lag > 0 and args.rollout_is == "none")
     need_cur = do_kl or (not engine_old and (args.needs_old or lag > 0))
@@ -362,8 +371,7 @@ def train_step(policy, optimizer, batch, args, step, ref_model=None, prev_model=
                                                         args.rollout_is_cap, args.rollout_is_level)
         m.update({f"train/{k}": v for k, v in is_m.items()})
         m["train/logprob_mismatch"] = losses.masked_mean((cur - tensors["engine_log_probs"]).abs(), mask).item()
-        mask = keep if args.rollout_is == "mis" else mask
-        weights = weights if args.rollout_is == "tis" else None
+        mask, weights = (keep if args.rollout_is == "mis" else mask), (weights if args.rollout_is == "tis" else None)
     ref = batch_log_probs(ref_model, tensors, args, ban_ids, dp) if (args.kl_beta or do_kl) and ref_model is not None else None
     if do_kl:
         m["train/kl_ref"] = losses.kl_divergence(cur, ref, tensors["response_mask"], args.kl_estimator).item()
@@ -376,8 +384,7 @@ def train_step(policy, optimizer, batch, args, step, ref_model=None, prev_model=
     if prev_model is not None and args.kl_every and (step + 1) % args.kl_every == 0:
         prev_model.load_state_dict(policy.state_dict())  # pi_t, the previous policy of the next step
         prev_model.holds_step = step
-    m["time/old_log_probs"] = time.perf_counter() - t0
-    t1 = time.perf_counter()
+    m["time/old_log_probs"], t1 = time.perf_counter() - t0, time.perf_counter()
     history = _updates(policy, optimizer, batch, tensors, mask, old, ref, weights, args, step, dp)
     return history, m | {"time/training": time.perf_counter() - t1}
 
@@ -394,7 +401,6 @@ def _updates(policy, optimizer, batch, tensors, mask, old, ref, weights, args, s
         for b in range(0, N, args.train_batch_size):
             rows = order[b:b + args.train_batch_size]
             h = {"loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "ratio_min": math.inf, "ratio_max": -math.inf}
-            h_ratio = False
             n_tok = max(int(mask[rows].sum()), 1)  # DAPO token norm: the tokens of the whole optimizer step
             mine = _shard(rows, dp)
             for idx, mb, L, P in (f for s in range(0, len(mine), args.micro_train_batch_size)
@@ -416,16 +422,14 @@ def _updates(policy, optimizer, batch, tensors, mask, old, ref, weights, args, s
                 h["entropy"] += losses.masked_mean(out["token_entropy"].detach(), mbm).nan_to_num().item() * tok
                 h["clip_fraction"] += float(meta.get("clip_fraction", 0.0)) * tok
                 if "ratio_mean" in meta:
-                    h_ratio = True
                     h["ratio_mean"] += meta["ratio_mean"].nan_to_num(1.0).item() * tok
                     h["ratio_min"], h["ratio_max"] = min(h["ratio_min"], meta["ratio_min"].item()), max(h["ratio_max"], meta["ratio_max"].item())
             if dp is not None:  # the step's gradient and metrics are the sums of every learner's part
                 _reduce(params, h, dp)
-                h_ratio = bool(dp["reduce"](torch.tensor(float(h_ratio)), "max"))
             grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            if not h_ratio:  # a loss without a ratio (on-policy by construction): pi_old is pi
+            if h["ratio_min"] == math.inf:  # no ratio in the loss (on-policy by construction), or no token: pi_old is pi
                 h.update(ratio_mean=1.0, ratio_min=1.0, ratio_max=1.0)
             history.append({f"train/{k}": v for k, v in h.items()} | {"train/grad_norm": grad_norm.item(),
                                                                       "train/epoch": epoch, "train/lr": args.lr})
@@ -485,14 +489,10 @@ def main(args):
     torch.manual_seed(args.seed)
     common.claim_run_dir(args.out, args.resume)  # an existing run needs --resume; checked writable first
     train_rows, val_rows = load_data(args)
-    policy, tokenizer = load_policy(args.resume or args.model, args)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    policy, tokenizer, optimizer, ref_model, prev_model = build_learner(args)
     state = {"step": 0, "opt_step": 0, "wall": 0.0}
     if args.resume:
-        state = {k: v for k, v in common.restore_checkpoint(args.resume, args.out, optimizer=optimizer).items() if k in state}
-    kl_models = [load_policy(args.model, args, dtype=args.compute_dtype)[0].eval().requires_grad_(False)
-                 for _ in range((args.kl_beta > 0 or args.kl_every > 0) + (args.kl_every > 0))]  # frozen pi_init, pi_{t-1}
-    ref_model, prev_model = (kl_models + [None, None])[:2]
+        state = {k: v for k, v in common.restore_checkpoint(args.resume, args.out).items() if k in state}
     engine = make_engine(args.resume or args.model, args, policy)
     data.write_json_atomic(os.path.join(args.out, "args.json"), common.jsonable(vars(args)))
     wandb_run = common.start_wandb(args.wandb, args, {"train/*": "opt_step", "eval/*": "step"})  # eval: its own x

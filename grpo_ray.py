@@ -120,13 +120,7 @@ class Worker:
         path, saved = _start(args)
         self.version = self.engine_version = saved["step"]  # batches the learner trained on; the engine's weights
         if self.learner:  # first: a colocated engine's memory share is sized from the policy beside it
-            self.policy, self.tokenizer = grpo.load_policy(path, args)
-            self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
-            if args.resume:  # every learner loads the one checkpoint: the group stays in lockstep
-                self.optimizer.load_state_dict(torch.load(os.path.join(args.resume, "optimizer.pt"), map_location="cpu"))
-            kl = [grpo.load_policy(args.model, args, dtype=args.compute_dtype)[0].eval().requires_grad_(False)
-                  for _ in range((args.kl_beta > 0 or args.kl_every > 0) + (args.kl_every > 0))]
-            self.ref, self.prev = (kl + [None, None])[:2]
+            self.policy, self.tokenizer, self.optimizer, self.ref, self.prev = grpo.build_learner(args)
         if self.generator:
             self.train_rows, self.val_rows = grpo.load_data(args)
             if self.engine is None:
@@ -427,6 +421,7 @@ def summarize(args, rows, spans, wall, steps):
 def main(args):
     if args.dry_run:
         common.dry_run(args)  # the effective settings as one JSON line; no Ray, no model
+    grpo.load_data(args)  # bad data: one line now, not a traceback from an actor once Ray and the policy are up
     common.claim_run_dir(args.out, args.resume)  # before any actor starts
     init_ray(args)
     print(f"ray: {ray.cluster_resources()} | mode {args.mode} | {args.n_grpo_steps} steps x {args.rollout_batch_size} "

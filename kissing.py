@@ -18,7 +18,9 @@ import tempfile, time, urllib.request, warnings
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # tiny matrices: threads only add contention (shared CPUs)
 import numpy as np  # noqa: E402
 
-from common import Parser, check, existing_file, fail, nonneg_float, positive_float, positive_int  # noqa: E402
+from common import (Parser, attempt, check, check_hub_ids, check_model_dir, claim_run_dir, existing_file,  # noqa: E402
+                    fail, nonneg_float, output_file, positive_float, positive_int)
+from data import load_prompt, write_json_atomic  # noqa: E402
 
 # ----------------------------------------------------------------------------- exact verifier
 # Exactness bounds. With L = max|coordinate|, every squared distance is ≤ 4·d·L², so the int64 Gram path is exact
@@ -125,12 +127,6 @@ def verify(points, dim=11, path="auto", mem_mb=2048):
                       f"Minimum squared distance {best} < maximum squared norm {M} (pair {pair[0]}, {pair[1]}: "
                       f"{list(P[pair[0]])} and {list(P[pair[1]])}; {viol} violating pairs)")
     return out
-
-
-def write_json(path, obj):  # atomic: readers never see a half-written file
-    with open(f"{path}.tmp", "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(f"{path}.tmp", path)
 
 
 # ----------------------------------------------------------------------------- sandboxed evaluator
@@ -344,10 +340,8 @@ def construct_shell_search(dim, norm=4, seconds=10.0, seed=0, p_force=0.05, tabu
 
 # ----------------------------------------------------------------------------- LLM search
 def prompt(name, **fields):
-    """prompts/kissing_<name>.prompt (seed 001 §7.4's texts; ours for crash/evolve) with {field}s filled.
-    str.replace, not str.format: the texts hold LaTeX braces."""
-    import data
-    text = data.load_prompt(f"kissing_{name}")
+    """prompts/kissing_<name>.prompt (seed 001 §7.4's texts; ours for crash/evolve), {field}s filled by str.replace."""
+    text = load_prompt(f"kissing_{name}")
     for k, v in fields.items():
         text = text.replace("{" + k + "}", str(v))
     return text
@@ -375,10 +369,11 @@ def extract_program(text, parent=None):
 
 
 def openai_chat(base_url, model, messages, temperature, max_tokens, seed, timeout=600, retries=3):
-    """Stdlib client for POST {base_url}/chat/completions. Returns (text, prompt_tokens, completion_tokens)."""
+    """Stdlib client for POST {base_url}/chat/completions -> (text, prompt_tokens, completion_tokens). A failed call (no
+    server, an HTTP error, garbage) is retried; `retries` in a row stop the search (no error text becomes a program)."""
     body = json.dumps(dict(model=model, messages=messages, temperature=temperature, max_tokens=max_tokens, seed=seed)).encode()
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', 'none')}"}
-    for attempt in range(retries):  # a garbage reply is retried, then logged as the response
+    for attempt in range(retries):
         try:
             req = urllib.request.Request(base_url.rstrip("/") + "/chat/completions", body, headers)
             with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -386,9 +381,9 @@ def openai_chat(base_url, model, messages, temperature, max_tokens, seed, timeou
             usage = data.get("usage") or {}
             return str(data["choices"][0]["message"]["content"] or ""), usage.get("prompt_tokens"), usage.get("completion_tokens")
         except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as e:  # URLError is an OSError
-            error = f"[client error: {type(e).__name__}: {str(e)[:200]}]"
+            error = f"{type(e).__name__}: {str(e)[:200]}"
             time.sleep(2 ** attempt if attempt < retries - 1 else 0)
-    return error, None, None
+    fail(f"--llm openai:{base_url}: {retries} calls failed in a row, the last: {error} (--resume continues the log)")
 
 
 def make_backend(args):
@@ -401,6 +396,8 @@ def make_backend(args):
     check(kind == "local" and target, f"--llm must be openai:URL or local:MODEL_PATH, got {args.llm!r}")
     import rollout  # lazily: pulls in torch / vLLM
     check(args.engine in rollout.ENGINES, f"--engine {args.engine}: use one of {', '.join(rollout.ENGINES)}")
+    check_model_dir(target, "--llm local:")  # before the model loads; a hub id: cached or served
+    check_hub_ids()
     from transformers import AutoConfig, AutoTokenizer
     tok = AutoTokenizer.from_pretrained(target)
     ctx = min(args.max_model_len, getattr(AutoConfig.from_pretrained(target), "max_position_embeddings", 10 ** 9))
@@ -422,10 +419,13 @@ def search(args):
     log = {"task": f"kissing number, d={args.dim}", "args": vars(args), "entries": [], "best": {"iter": None, "score": 0}}
     if os.path.exists(log_path):
         check(args.resume, f"{log_path} exists: pass --resume to continue it or choose another --out-dir")
-        with open(log_path) as f:
-            log = json.load(f)
-        check(log["args"]["mode"] == args.mode, f"the log in {args.out_dir} was made with --mode {log['args']['mode']}")
-    os.makedirs(args.out_dir, exist_ok=True)
+        try:
+            with open(log_path) as f:
+                log = json.load(f)
+            check(log["args"]["mode"] == args.mode, f"{log_path} was made with --mode {log['args']['mode']}")
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+            fail(f"--resume: {log_path} is not a search log ({type(e).__name__}: {str(e)[:200]}); fix or move it")
+    claim_run_dir(args.out_dir, flag="--out-dir")  # a file or not writable: refused before any model loads
     chat, base = make_backend(args), prompt("base", dim=args.dim)
     islands = [[(0, STARTER.format(dim=args.dim))] for _ in range(args.islands)]  # evolve: (score, program)
 
@@ -462,11 +462,11 @@ def search(args):
             add(island, metrics["score"], program)
         if metrics["score"] > log["best"]["score"]:
             log["best"] = {"iter": it, "score": metrics["score"]}
-            write_json(os.path.join(args.out_dir, "best_points.json"), points)
+            write_json_atomic(os.path.join(args.out_dir, "best_points.json"), points)
             with open(os.path.join(args.out_dir, "program.py"), "w") as f:
                 f.write(program)
         # --- log
-        write_json(log_path, log)
+        write_json_atomic(log_path, log)
         print(f"iter {it} | score {metrics['score']} | best {log['best']['score']} | tokens {ptok}/{ctok} | "
               f"{metrics['reason'][:80] or 'valid'}")
     return {"best": log["best"], "entries": len(log["entries"]), "out_dir": args.out_dir}
@@ -484,7 +484,7 @@ def main(argv=None):
     e.add_argument("program", type=existing_file, help="Python file defining `points` (or get_points())")
     c = sub.add_parser("construct", parents=[dim], help="non-LLM baselines that write a verified configuration")
     c.add_argument("--method", default="code", choices=["code", "shell-search"], help="code: 582 in 11-D; shell-search")
-    c.add_argument("--out", default=None, help="write the points here (JSON)")
+    c.add_argument("--out", type=output_file, default=None, help="write the points here (JSON)")
     c.add_argument("--norm", type=positive_int, default=4, help="shell-search: squared norm of the shell")
     c.add_argument("--seconds", type=positive_float, default=10.0, help="shell-search: CPU time budget (s)")
     s = sub.add_parser("search", parents=[dim], help="LLM-driven search (seed §7.4): refine, best-of-n or evolve")
@@ -531,14 +531,11 @@ def main(argv=None):
     elif args.cmd == "construct":
         t0 = time.time()
         check(args.dim <= 32, "construct works up to --dim 32 (the code search keeps all dim^4 / 24 blocks)")
-        try:
-            pts = [list(x) for x in (construct_code(args.dim, args.seed) if args.method == "code" else
-                                     construct_shell_search(args.dim, args.norm, args.seconds, args.seed))]
-        except ValueError as err:
-            fail(str(err))
+        pts = [list(x) for x in (attempt(construct_code, args.dim, args.seed) if args.method == "code" else
+                                 attempt(construct_shell_search, args.dim, args.norm, args.seconds, args.seed))]
         m = dict(verify(pts, args.dim), method=args.method, construct_s=round(time.time() - t0, 3))
         if args.out:
-            write_json(args.out, pts)
+            write_json_atomic(args.out, pts)
     else:
         m = search(args)
     print(json.dumps(m))

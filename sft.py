@@ -249,8 +249,8 @@ def fit_pairs(rows, tokenizer, args):
             for r in rows]
     keep = [dict(r, n_tokens=n) for r, n in zip(rows, lens) if n <= args.max_seq_len]
     print(f"{len(keep)}/{len(rows)} pairs within --max-seq-len {args.max_seq_len}, mean {sum(lens) / len(lens):.0f} tokens")
-    check(len(keep) >= args.batch_size, f"only {len(keep)} pairs fit --max-seq-len {args.max_seq_len} (shortest "
-          f"{min(lens)} tokens): raise --max-seq-len or lower --batch-size to at most {len(keep)}")
+    fix = f"raise it or lower --batch-size to at most {len(keep)}" if keep else f"raise it to at least {min(lens)}"
+    check(len(keep) >= args.batch_size, f"only {len(keep)} pairs fit --max-seq-len {args.max_seq_len}: {fix}")
     return keep
 
 

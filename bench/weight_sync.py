@@ -22,8 +22,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # vLLM logs to stdout otherwise; keep stdout pure JSON
 import rollout  # noqa: E402  (sets rollout.ENGINE_ENV before anything imports vllm)
+os.environ.update(rollout.QUIET_ENV)  # keep stdout pure JSON (vllm is imported later, by init_vllm)
 import torch  # noqa: E402
 from sft import build_tiny_model  # noqa: E402
 

@@ -195,6 +195,18 @@ FIXED = [  # (reward name, response, ground truth, reward)
     ("countdown", "<answer>Step 1: 1 + 2 = 3\nStep 2: 3 / 3 = 1.</answer>", CD, 1.0),     # a closing period
     ("countdown_subset", "<answer>3 - 2</answer>", CD, 1.0),                              # 15.7: seed 002's rule
     ("countdown_subset", "<answer>3 - 3 + 1</answer>", CD, 0.1),
+    ("countdown", "<answer>Step 1: 3 / 2 = 1.5\nStep 2: 6 / 1.5 = 4</answer>", {"numbers": [3, 2, 6], "target": 4}, 1.0),  # not 6/1 .5
+    ("countdown", "<answer>Step 1: 3 / 2 = 1.5\nStep 2: 6 / 1.5 = 6</answer>", {"numbers": [3, 2, 6], "target": 6}, 0.1),
+    # 16: operators math-verify reads as their last operand (set operations, relations, a lone bar, logic symbols/words)
+    ("r1_zero", R1("5 ∨ 6"), "6", 0.0), ("question_only", "\\boxed{5 ∧ 6}", "6", 0.0),
+    ("r1_zero", R1("5 \\mid 6"), "6", 0.0), ("r1_zero", R1("5 | 6"), "6", 0.0), ("r1_zero", R1("5 \\vert 6"), "6", 0.0),
+    ("question_only", "\\boxed{5 \\cup 6}", "6", 0.0), ("r1_zero", R1("5 \\setminus 6"), "6", 0.0),
+    ("question_only", "\\boxed{\\operatorname{not} 5}", "5", 0.0), ("r1_zero", R1("6"), "5 \\cup 6", 0.0),
+    # ... while absolute values, unions of intervals and "x \in" an interval still match
+    ("r1_zero", R1("|-3|"), "3", 1.0), ("r1_zero", R1("\\lvert x \\rvert"), "|x|", 1.0),
+    ("question_only", "\\boxed{(-\\infty, 2] \\cup (3, 5)}", "(-\\infty,2]\\cup(3,5)", 1.0),
+    ("question_only", "\\boxed{[1, 2] \\cup [3, 4]}", "[3,4] \\cup [1,2]", 1.0),
+    ("question_only", "\\boxed{x \\in [2, 5)}", "[2,5)", 1.0),
 ]
 
 
@@ -221,6 +233,26 @@ def test_seed_002_rule_as_countdown_subset():
     assert reward_fn("<answer>79 - 43</answer>", ground_truth) == 0.1  # 43 is not available
     assert REWARD_FNS["countdown"]("<answer>(64 + 14) - 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62})["reward"] == 0.1
     assert reward_fn("<answer>(64 + 14) - 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62}) == 1.0
+
+
+def test_seed_002_reward_fn_verbatim():
+    """Seed 002 §1.3's reward_fn, under its name and signature (a float, the subset rule), with the seed's asserts."""
+    from grader import reward_fn
+    numbers = [79, 17, 60]
+    target = 36
+    ground_truth = {"numbers": numbers, "target": target}
+    # Example 1: Correct Answer
+    rollout = "...thinking... <answer>(79 - (60 - 17))</answer>"
+    assert reward_fn(rollout, ground_truth) == 1.0
+    # Example 2: Correct usage, Wrong Answer (Partial, R = 0.1)
+    rollout = "...thinking...<answer>(79 + 60) + 17</answer>"
+    assert reward_fn(rollout, ground_truth) == 0.1  # valid format of <answer>
+    # Example 3: No Answer Tag (Failed Format, R = 0.0)
+    rollout = "...thinking...The final answer is 62."
+    assert reward_fn(rollout, ground_truth) == 0.0
+    assert reward_fn(generated_text="<answer>79 - 43</answer>", ground_truth=ground_truth) == 0.1  # the seed's keywords
+    assert type(reward_fn(rollout, ground_truth)) is float
+    assert reward_fn("<answer>(64 + 14) - 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62}) == 1.0  # a subset
 
 
 def test_bad_inputs_raise_clearly():

@@ -7,6 +7,7 @@ contains the keyword), because a random model never earns a Countdown reward and
 no gradient.
 """
 import json
+import math
 import os
 import signal
 import subprocess
@@ -162,6 +163,55 @@ def make(live, *flags):
     args = grpo.parse_args(tiny_flags(live["model_dir"], live["task"], "--out", "/tmp/unused", "--min-tokens", "4", *flags))
     grpo.setup_devices(args)
     return args
+
+
+def step_gradient(live, *flags, batch=None):
+    """(gradient BEFORE clipping (flat), history row, metrics) of the first optimizer step on the live batch from
+    the initial weights: --max-grad-norm inf; an SGD at lr 0 reads the gradient when it steps and moves nothing."""
+    args = make(live, *flags)
+    args.max_grad_norm = math.inf
+    policy = grpo.load_policy(live["model_dir"], args)[0]
+    params, grads = list(policy.parameters()), []
+    probe = torch.optim.SGD(params, lr=0.0)
+    probe.register_step_pre_hook(lambda *_: grads.append(torch.cat([p.grad.flatten() for p in params])))
+    hist, m = grpo.train_step(policy, probe, live["batch"] if batch is None else batch, args, 0)
+    return grads[0], hist[0], m
+
+
+def test_dapo_token_norm_divides_by_the_whole_steps_tokens(live):
+    """--length-norm token (DAPO): every response token's gradient is -A_i / N_step, N_step = the optimizer step's
+    response tokens, so 1 or 4 microbatches (of unequal token counts: rows sorted by length) give one gradient."""
+    batch = dict(live["batch"], advantages=torch.linspace(-1.0, 1.0, len(live["batch"]["advantages"])))
+    tokens = sorted(len(r) for r in batch["response_ids"])
+    assert len({sum(tokens[i:i + 4]) for i in range(0, 16, 4)}) > 1, "equal microbatches would not tell"
+    (g1, h1, _), (g4, h4, _) = (step_gradient(live, "--length-norm", "token", "--no-shared-prefix",
+                                              "--gradient-accumulation-steps", n, batch=batch) for n in ("1", "4"))
+    assert g1.norm() > 0 and ((g4 - g1).norm() / g1.norm()).item() <= 1e-6
+    assert h4["train/grad_norm"] == pytest.approx(h1["train/grad_norm"], rel=1e-6)
+    assert h4["train/loss"] == pytest.approx(h1["train/loss"], rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("mode,level", [("tis", "token"), ("tis", "sequence"), ("mis", "token"), ("mis", "sequence")])
+def test_rollout_is_weights_and_masks_the_step(live, mode, level):
+    """mu lowered on rows 0-3 so pi_old / mu = 3 per token (TIS: the cap 2; MIS: dropped) and on rows 4-7 to 1.5 (TIS
+    1.5 per token, the cap 2 per sequence of >= 2 tokens; MIS: kept per token, dropped per sequence). With the seed's
+    masked_mean a row's weight scales its advantage and a dropped row counts 0, so each step's gradient is that of a
+    --rollout-is none step on hand-rescaled advantages."""
+    b, n = live["batch"], len(live["batch"]["advantages"])
+    ratio = torch.tensor([3.0] * 4 + [1.5] * 4 + [1.0] * (n - 8))
+    seq_ratio = ratio ** torch.tensor([len(r) for r in b["response_ids"]])
+    assert seq_ratio[:8].min() > 2  # every shifted response has >= 2 tokens
+    r = seq_ratio if level == "sequence" else ratio
+    scale = r.clamp(max=2.0) if mode == "tis" else ((r >= 0.5) & (r <= 2.0)).float()  # (n,)
+    adv = torch.linspace(-1.0, 1.0, n)
+    mu = [[x - math.log(q) for x in lp] for lp, q in zip(b["engine_logprobs"], ratio.tolist())]  # the engine's, shifted
+    g, h, m = step_gradient(live, "--rollout-is", mode, "--rollout-is-level", level,
+                            batch=dict(b, advantages=adv, engine_logprobs=mu))
+    want, h_want, _ = step_gradient(live, batch=dict(b, advantages=adv * scale))
+    assert want.norm() > 0 and ((g - want).norm() / want.norm()).item() <= 1e-4, (mode, level)
+    assert h["train/loss"] == pytest.approx(h_want["train/loss"], rel=1e-4)
+    tokens = torch.tensor([len(x) for x in b["response_ids"]], dtype=torch.float)
+    assert m["train/is_dropped_frac"] == pytest.approx(((scale == 0) * tokens).sum().item() / tokens.sum().item())
 
 
 @pytest.mark.parametrize("loss,norm", [("no_baseline", "masked_mean"), ("reinforce_with_baseline", "token"),

@@ -10,7 +10,10 @@ async: shards joined in order at one version per step, one weight put per versio
 one learner's on the same batch, --resume, a dead learner named. Ray starts once per module; each actor set is
 built once and reused across runs through reset().
 """
+import copy
+import importlib.util
 import json
+import math
 import os
 import random
 import signal
@@ -22,7 +25,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import requires_vllm
+from conftest import one_line_error, requires_vllm
 
 ray = pytest.importorskip("ray")
 import grpo  # noqa: E402
@@ -119,15 +122,17 @@ def wait_dead(actor, timeout=60):
     raise AssertionError(f"actor still alive {timeout} s after ray.kill")
 
 
-def gradient(worker, gen, mode="group"):
-    """The clipped gradient of every optimizer step train_step takes on gen (flattened, concatenated) and its
-    history; nothing moves (SGD at lr 0). mode: "group" = this learner in its group (all-reduced), "alone" = one
-    learner on the whole batch, "local" = this learner's share only (the group's reduce made the identity)."""
-    params, grads = list(worker.policy.parameters()), []
+def gradient(worker, gen, mode="group", **flags):
+    """The gradient BEFORE clipping (--max-grad-norm inf; flags override other settings) of every optimizer step
+    train_step takes on gen (flattened, concatenated) and its history; nothing moves (SGD at lr 0). mode: "group" =
+    this learner in its group (all-reduced), "alone" = one learner on the whole batch, "local" = this learner's share
+    only (the group's reduce made the identity)."""
+    params, grads, args = list(worker.policy.parameters()), [], copy.copy(worker.args)
+    vars(args).update(max_grad_norm=math.inf, **flags)
     probe = torch.optim.SGD(params, lr=0.0)
     probe.register_step_pre_hook(lambda *_: grads.append(torch.cat([p.grad.flatten() for p in params])))
     dp = {"group": worker.dp, "alone": None, "local": worker.dp and dict(worker.dp, reduce=lambda t, op: t)}[mode]
-    history, _ = grpo.train_step(worker.policy, probe, gen["batch"], worker.args, gen["step"], dp=dp)
+    history, _ = grpo.train_step(worker.policy, probe, gen["batch"], args, gen["step"], dp=dp)
     return torch.cat(grads), history
 
 
@@ -170,6 +175,22 @@ def test_join_shards_concatenates_in_order_and_weights_metrics():
     assert m["train/dynamic_filtered_frac"] == pytest.approx(1 - 4 / 8)  # 4 groups kept of 8 sampled
     with pytest.raises(SystemExit):  # shards of one step from two policy versions
         grpo_ray.join_shards([shard(0, 4), shard(1, 4, version=2)])
+
+
+@pytest.mark.parametrize("case", ["blank val", "hub Countdown"])
+def test_bad_data_fails_in_one_line_before_ray_starts(make_args, tmp_path, case):
+    """grpo.load_data runs on the driver before Ray, an actor or a model starts: one line naming the flag, no Ray
+    session, no run directory (it was an actor's traceback some 30 s in, with a misleading --resume hint)."""
+    if case == "hub Countdown" and importlib.util.find_spec("datasets"):
+        pytest.skip("datasets is installed: the hub set would load")
+    kw, blank = make_args(), tmp_path / "blank.txt"
+    blank.write_text("\n\n")
+    data, needle = {"blank val": (["--train-path", kw.train_path, "--val-path", str(blank)], "check --val-path"),
+                    "hub Countdown": (["--task", "countdown"], "`datasets` package is not installed")}[case]
+    cmd = [sys.executable, os.path.join(ROOT, "grpo_ray.py"), *SMALL, "--model", kw.model, "--engine", "hf", *data]
+    proc = subprocess.run(cmd + ["--out", str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    one_line_error(proc, needle)
+    assert "ray:" not in proc.stdout and not os.path.exists(tmp_path / "o")
 
 
 def test_bounded_get_names_the_phase(cluster):
@@ -251,15 +272,18 @@ def test_disaggregated_sync(disaggregated, make_args):
 @requires_vllm
 def test_disaggregated_async_staleness_and_overlap(disaggregated, make_args):
     args = start(disaggregated, make_args("--placement", "disaggregated", "--async", "--loss", "grpo_clip",
-                                          "--rollout-is", "tis", "--kl-every", "1"))
+                                          "--rollout-is", "tis", "--kl-every", "1", "--seed", "4"))  # 4: batch 0 has a signal
     summary = grpo_ray.run(args, disaggregated)
     assert summary["lags"] == [0, 1, 1] and summary["max_lag"] <= args.max_staleness
     rows = [r for r in read(args, "metrics.jsonl") if "ray/lag" in r]
     for r in rows:  # TIS on every batch; the stale ones split their mismatch into kernel and staleness parts
         assert {"train/is_weight_mean", "train/is_weight_max", "train/mismatch_kl"} <= set(r)
     assert all(r["train/mismatch_kernel_kl"] < 1e-5 and r["train/mismatch_staleness_kl"] >= 0 for r in rows[1:])
-    if any(r["train/zero_var_frac"] < 1 for r in rows[:-1]):  # the policy moved: a stale batch's mismatch grew
-        assert max(r["train/mismatch_staleness_kl"] for r in rows[1:]) > 1e-6
+    assert rows[0]["train/zero_var_frac"] < 1, "step 0 did not move the policy: the lag-1 checks below would be vacuous"
+    assert max(r["train/mismatch_staleness_kl"] for r in rows[1:]) > 1e-6  # the policy moved: a stale batch's grew
+    for r in rows[1:]:  # with --rollout-is a stale batch's pi_old is the current policy (mu's staleness goes into the
+        assert r["ray/lag"] == 1 and r["train/ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # IS weights), so ratio 1
+        assert r["train/ratio_min"] == pytest.approx(1.0, abs=1e-4) and r["train/ratio_max"] == pytest.approx(1.0, abs=1e-4)
     gen, train, sync = spans(args, "generate"), spans(args, "train"), spans(args, "weight_sync", "generator 0")
     # Batch 1 needs only version 0, so it runs on the generator while the learner trains batch 0.
     assert gen[1]["t0"] < train[0]["t1"], "async: generation 1 should start before train 0 ends"
@@ -364,9 +388,11 @@ def test_generators_and_learners_scale_out(cluster, make_args):
     one weight put per version read by both engines, learners in lockstep, the M = 2 gradient equal to one
     learner's on the same batch, --resume with N = M = 2, and a dead learner named in one line."""
     args = make_args("--placement", "disaggregated", "--engine", "hf", "--async", "--loss", "grpo_clip",
-                     "--num-generators", "2", "--num-learners", "2", "--seed", "2")  # seed 2: batch 0 has a signal
+                     "--num-generators", "2", "--num-learners", "2", "--seed", "2",  # seed 2: batch 0 has a signal
+                     "--placement-strategy", "spread")
     actors = grpo_ray.build_actors(args)
     try:
+        assert ray.util.placement_group_table(actors["pg"])["strategy"] == "SPREAD"
         summary = grpo_ray.run(args, actors)
         assert summary["lags"] == [0, 1, 1] and summary["devices"] == 4 and summary["mode"].endswith("-N2M2")
         rows = [r for r in read(args, "metrics.jsonl") if "ray/lag" in r]
@@ -387,18 +413,22 @@ def test_generators_and_learners_scale_out(cluster, make_args):
         joined = grpo_ray.join_shards(shards)
         drawn = random.Random(grpo.sample_seed(a, 7)).sample(grpo.load_data(a)[0], args.n_prompts_per_rollout_batch)
         assert joined["batch"]["prompts"] == [r["prompt"] for r in drawn for _ in range(G)]
-        # gradient: the group's all-reduced gradient equals one learner's on the same batch (advantages forced
-        # non-zero so the gradient is not trivially 0; grpo_clip: the sharded no-grad pi_old pass is in it too)
+        # gradient: the group's all-reduced gradient equals one learner's on the same batch, unclipped (a factor M
+        # would hide behind the clip), with the seed's norm and with DAPO's (the whole step's token count across
+        # shards); advantages forced non-zero; grpo_clip: the sharded no-grad pi_old pass is in it too
         joined["batch"]["advantages"] = torch.linspace(-1.0, 1.0, len(joined["batch"]["raw"]))
         ref = ray.put(joined)
-        (g_a, h_a), (g_b, h_b) = ray.get([x.__ray_call__.remote(gradient, ref) for x in actors["learner"]], timeout=120)
-        g_1, h_1 = ray.get(actors["learner"][0].__ray_call__.remote(gradient, ref, "alone"), timeout=120)
-        assert torch.equal(g_a, g_b) and g_1.norm() > 0
-        assert ((g_a - g_1).norm() / g_1.norm()).item() <= 1e-6, "M = 2 gradient differs from one learner's"
-        assert [h["train/loss"] for h in h_a] == pytest.approx([h["train/loss"] for h in h_1], rel=1e-6)
-        # ... and each learner really ran only its half: the two local losses are parts of the whole
-        parts = [ray.get(x.__ray_call__.remote(gradient, ref, "local"), timeout=120)[1][0]["train/loss"] for x in actors["learner"]]
-        assert sum(parts) == pytest.approx(h_1[0]["train/loss"], rel=1e-5, abs=1e-7) and min(map(abs, parts)) > 0
+        for flags in ({}, {"length_norm": "token"}):
+            (g_a, h_a), (g_b, h_b) = ray.get([x.__ray_call__.remote(gradient, ref, **flags) for x in actors["learner"]], timeout=120)
+            g_1, h_1 = ray.get(actors["learner"][0].__ray_call__.remote(gradient, ref, "alone", **flags), timeout=120)
+            assert torch.equal(g_a, g_b) and g_1.norm() > 0
+            assert ((g_a - g_1).norm() / g_1.norm()).item() <= 1e-6, f"M = 2 gradient differs from one learner's {flags}"
+            for k in ("train/loss", "train/grad_norm"):
+                assert [h[k] for h in h_a] == pytest.approx([h[k] for h in h_1], rel=1e-6), (k, flags)
+            # ... and each learner really ran only its half: the two local losses are parts of the whole
+            parts = [ray.get(x.__ray_call__.remote(gradient, ref, "local", **flags), timeout=120)[1][0]["train/loss"]
+                     for x in actors["learner"]]
+            assert sum(parts) == pytest.approx(h_1[0]["train/loss"], rel=1e-5, abs=1e-7) and min(map(abs, parts)) > 0
         # --resume: the run's flags (N, M included) and checkpoint, on the same actors
         resumed = start(actors, grpo_ray.parse_args(["--resume", args.out, "--n-grpo-steps", "5"]))
         assert (resumed.num_generators, resumed.num_learners) == (2, 2)

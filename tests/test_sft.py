@@ -194,7 +194,7 @@ def test_reusing_out_without_resume_is_refused(tiny_model_dir, sft_jsonl, tmp_pa
     (["--data", "EMPTY"], "an empty one"),
     (["--data", "BLANK"], "no pairs"),
     (["--model", "NOTMODEL"], "no config.json there"),
-    (["--max-seq-len", "5"], "only 0 pairs fit --max-seq-len 5"),
+    (["--max-seq-len", "5"], "only 0 pairs fit --max-seq-len 5: raise it to at least"),  # no --batch-size 0 advice
     (["--n-examples", "lots"], "--n-examples lots"),
     (["--n-examples", "99"], "the data has 8 pairs"),
     (["--eval-task", "gsm8k", "--eval-n", "4"], "datasets"),
