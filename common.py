@@ -341,14 +341,15 @@ def read_metrics(path, quiet=False):
 
 
 # ----------------------------------------------------------------------------- validation
-def greedy_eval(engine, rows, reward, max_tokens, min_tokens=0, stop=(), workers=None):
-    """Greedy answers to rows' prompts on the engine's current weights, graded -> (eval/ metrics, sample rows).
+def greedy_eval(engine, rows, reward, max_tokens, min_tokens=0, workers=None):
+    """Greedy answers to rows' prompts (their "stop" strings, data.load_task) on the engine's current weights, graded
+    -> (eval/ metrics, sample rows).
     The validation every trainer logs (grpo.py, grpo_ray.py, sft.py): eval/accuracy is the fraction with
     answer reward 1, the one meaning of accuracy in every script."""
     import grader
     import rollout
     outs = [o[0] for o in rollout.generate(engine, [r["prompt"] for r in rows], n=1, temperature=0.0,
-                                           max_tokens=max_tokens, min_tokens=min_tokens, stop=list(stop))]
+                                           max_tokens=max_tokens, min_tokens=min_tokens, stop=rows[0]["stop"] if rows else [])]
     gts = [r["ground_truth"] for r in rows]
     dicts = grader.grade_batch(grader.REWARD_FNS[reward], [o["text"] for o in outs], gts, workers=workers)
     n = max(len(outs), 1)

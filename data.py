@@ -187,15 +187,15 @@ def load_task(task, split="test", path=None, limit=None, seed=0, question_key=No
     string "synthetic" = this module's generator. Local files keep their order (seed is only used by
     the synthetic countdown and the keyword split); `limit` keeps the first rows. For "jsonl",
     question_key/answer_key name the fields (defaults: "question"/"problem" and "ground_truth"/"answer").
-    prompt: a prompts/<name>.prompt name; each row then also carries "prompt", the filled template
-    (prompts are formatted once, here, not in every caller).
+    prompt: a prompts/<name>.prompt name; each row then also carries "prompt", the filled template, and "stop",
+    its stop strings (shaped once, here, not threaded through every caller).
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose from {sorted(TASKS)}")
     rows = _load_rows(task, split, path, limit, seed, question_key, answer_key)
     if prompt is not None:
         template = load_prompt(prompt)
-        rows = [{**r, "prompt": format_prompt(template, r["question"])} for r in rows]
+        rows = [{**r, "prompt": format_prompt(template, r["question"]), "stop": stop_strings(template)} for r in rows]
     return rows
 
 

@@ -131,7 +131,7 @@ def resolve(args):
     task = data.task_defaults(args.task, args.model)
     args.prompt, args.reward = args.prompt or task["prompt"], args.reward or task["reward"]
     args.train_path, args.val_path = args.train_path or task["path"], args.val_path or task["path"]
-    args.stop = data.stop_strings(common.attempt(data.load_prompt, args.prompt, what=f"--prompt {args.prompt}"))
+    common.attempt(data.load_prompt, args.prompt, what=f"--prompt {args.prompt}")  # a missing prompt: one line now
     args.normalize_constant = args.normalize_constant or float(args.max_tokens)
     args.out = args.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))  # --resume: its run
     # derived sizes (seed 000 §7.2's sanity asserts, each naming what to change)
@@ -239,8 +239,8 @@ def sample_seed(args, step, rnd=0):
 
 def rollout(engine, rows, args, seed):
     """G samples of each row's prompt -> batch: dict of group-major lists (N = rows x G)."""
-    outs = engines.generate(engine, [r["prompt"] for r in rows], n=args.group_size, temperature=args.temperature,
-                            top_p=args.top_p, max_tokens=args.max_tokens, min_tokens=args.min_tokens, stop=args.stop, seed=seed)
+    outs = engines.generate(engine, [r["prompt"] for r in rows], n=args.group_size, temperature=args.temperature, seed=seed,
+                            top_p=args.top_p, max_tokens=args.max_tokens, min_tokens=args.min_tokens, stop=rows[0]["stop"])
     flat = [(r, o) for r, os_ in zip(rows, outs) for o in os_]  # group-major: G per prompt
     keys = {"prompts": "prompt", "ground_truths": "ground_truth", "responses": "text", "prompt_ids": "prompt_token_ids",
             "response_ids": "token_ids", "engine_logprobs": "logprobs"}  # batch key -> the row's or the sample's
@@ -467,7 +467,7 @@ def step_line(step, args, row):
 
 def _eval_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_run):
     t0 = time.perf_counter()
-    metrics, samples = common.greedy_eval(engine, val_rows, args.reward, args.max_tokens, args.min_tokens, args.stop,
+    metrics, samples = common.greedy_eval(engine, val_rows, args.reward, args.max_tokens, args.min_tokens,
                                           args.grader_workers)
     common.log_row(args.out, {"step": step, "opt_step": state["opt_step"], "time/wall": time.perf_counter() - t_run,
                        "time/eval": time.perf_counter() - t0} | metrics, wandb_run)

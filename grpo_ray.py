@@ -147,7 +147,7 @@ class Worker:
         t0 = time.time()
         common.check(version == self.engine_version, f"eval expected version {version}, engine holds {self.engine_version}")
         a = self.args
-        metrics, samples = common.greedy_eval(self.engine, self.val_rows, a.reward, a.max_tokens, a.min_tokens, a.stop, a.grader_workers)
+        metrics, samples = common.greedy_eval(self.engine, self.val_rows, a.reward, a.max_tokens, a.min_tokens, a.grader_workers)
         return {"version": version, "metrics": metrics, "samples": samples[:16], "spans": [_span(self.name, "eval", t0, version)]}
 
     def dp_address(self):

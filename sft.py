@@ -226,7 +226,7 @@ def subset(rows, n, seed):
 
 
 def load_data(args):
-    """(SFT pairs [{"prompt", "response"}], validation rows with "prompt", their stop strings); one-line errors."""
+    """(SFT pairs [{"prompt", "response"}], validation rows with "prompt" and "stop"); one-line errors."""
     if args.data == "countdown":  # synthetic problems answered by a search trace
         rng = random.Random(f"trace-{args.seed}")
         pairs = [{"prompt": r["prompt"], "response": countdown_trace(**r["ground_truth"], give_up=args.give_up, rng=rng)}
@@ -236,11 +236,11 @@ def load_data(args):
         pairs = common.attempt(data.load_sft_jsonl, args.data, what="--data")
     check(pairs, f"--data {args.data}: no pairs in it")
     if not args.eval_reward:
-        return subset(pairs, args.n_examples, args.seed), [], None
+        return subset(pairs, args.n_examples, args.seed), []
     val = common.attempt(data.load_task, args.eval_task, "test", path=args.eval_path, limit=args.eval_n,
                          prompt=args.eval_prompt, what=f"--eval-task {args.eval_task}")
     check(val, f"--eval-task {args.eval_task}: an empty validation set; fix --eval-path")
-    return subset(pairs, args.n_examples, args.seed), val, data.stop_strings(data.load_prompt(args.eval_prompt))
+    return subset(pairs, args.n_examples, args.seed), val
 
 
 def fit_pairs(rows, tokenizer, args):
@@ -304,7 +304,7 @@ def main(argv=None):
     common.claim_run_dir(args.out, args.resume)
     torch.manual_seed(args.seed)
     # --- data (before any model loads: a bad file fails in a second) ---
-    pairs, val_rows, stop = load_data(args)
+    pairs, val_rows = load_data(args)
     # --- model, optimizer, resume ---
     from transformers import AutoModelForCausalLM, AutoTokenizer
     src = args.resume or args.model
@@ -367,7 +367,7 @@ def main(argv=None):
             if llm is not None and (done == steps or (args.eval_every and done % args.eval_every == 0)):
                 t0, n_evals = time.perf_counter(), n_evals + 1
                 push_s = rollout.wake_engine(llm, model) if args.sleep_engine else rollout.load_policy_into_vllm(model, llm)
-                metrics, samples = common.greedy_eval(llm, val_rows, args.eval_reward, args.eval_max_tokens, stop=stop)
+                metrics, samples = common.greedy_eval(llm, val_rows, args.eval_reward, args.eval_max_tokens)
                 if args.sleep_engine:
                     rollout.sleep_engine(llm)  # its memory goes back to training until the next validation
                 common.log_row(args.out, {"step": done, "eval_step": n_evals, **metrics, "time/weight_sync": push_s,
