@@ -27,10 +27,10 @@ import os
 import sys
 import time
 
-from common import (Parser, check, check_model_dir, dry_run, existing_file, fail, int_list, nonneg_float,
+from common import (Parser, check, check_hub_ids, check_model_dir, dry_run, existing_file, fail, int_list, nonneg_float,
                     nonneg_int, positive_int, probability)
-from data import (EMBEDDED_MODEL, TASKS, is_embedded, load_prompt, load_task, stop_strings, task_defaults,
-                  write_json_atomic, write_jsonl_atomic)
+from data import (EMBEDDED_MODEL, TASKS, is_embedded, load_prompt, load_task, task_defaults, write_json_atomic,
+                  write_jsonl_atomic)
 from grader import REWARD_FNS, grade_batch
 
 CATEGORIES = ["format1_answer1", "format1_answer0", "format0_answer0", "format0_answer1"]
@@ -117,7 +117,7 @@ def describe(args):
 
 # ----------------------------------------------------------------------------- load (shared with best_of_n.py)
 def load_examples(args):
-    """The task's rows, each with its "prompt" formatted once, and the prompt's stop strings."""
+    """The task's rows, each with its "prompt" formatted once, and their stop strings."""
     if args.data is None and importlib.util.find_spec("datasets") is None:
         fail(f"the {args.task} hub set needs the `datasets` package (pip install datasets); pass --data FILE"
              + (" or --data synthetic" if args.task == "countdown" else ""))
@@ -127,13 +127,14 @@ def load_examples(args):
     except ValueError as e:
         fail(str(e))
     check(examples, f"--data {args.data}: no examples loaded; check the file, --split and --limit")
-    return examples, stop_strings(load_prompt(args.prompt))
+    return examples, examples[0]["stop"]  # shaped with the prompts, by load_task
 
 
 def start_engine(args, prompts, max_tokens):
     """The rollout engine; vLLM's context = longest prompt + max_tokens (init_vllm caps it at the model's)."""
     import rollout
     import torch
+    check_hub_ids()  # a hub id nothing serves: one line now, not a traceback once loading has retried
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"device {device} ({'CUDA available' if device == 'cuda' else 'no CUDA'}) | engine {args.engine}")
     extra = {}

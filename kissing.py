@@ -373,7 +373,7 @@ def openai_chat(base_url, model, messages, temperature, max_tokens, seed, timeou
     server, an HTTP error, garbage) is retried; `retries` in a row stop the search (no error text becomes a program)."""
     body = json.dumps(dict(model=model, messages=messages, temperature=temperature, max_tokens=max_tokens, seed=seed)).encode()
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', 'none')}"}
-    for attempt in range(retries):
+    for i in range(retries):
         try:
             req = urllib.request.Request(base_url.rstrip("/") + "/chat/completions", body, headers)
             with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -382,7 +382,7 @@ def openai_chat(base_url, model, messages, temperature, max_tokens, seed, timeou
             return str(data["choices"][0]["message"]["content"] or ""), usage.get("prompt_tokens"), usage.get("completion_tokens")
         except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as e:  # URLError is an OSError
             error = f"{type(e).__name__}: {str(e)[:200]}"
-            time.sleep(2 ** attempt if attempt < retries - 1 else 0)
+            time.sleep(2 ** i if i < retries - 1 else 0)
     fail(f"--llm openai:{base_url}: {retries} calls failed in a row, the last: {error} (--resume continues the log)")
 
 

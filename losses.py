@@ -35,8 +35,7 @@ def tokenize_prompt_and_output(prompt_strs, output_strs, tokenizer):
 def compute_entropy(logits):
     """Entropy of softmax(logits) over the last dim: (..., V) -> (...). Stable: H = lse - sum(p * z)."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    lse = torch.logsumexp(logits, dim=-1)  # (...)
-    return lse - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)  # (...)
 
 
 def _chunk_logits(h, w, temperature, ban, ban_ids, acc):
@@ -172,18 +171,20 @@ def get_response_log_probs(model, input_ids, labels, return_token_entropy=False,
 
 # ----------------------------------------------------------------------------- masked reductions
 def masked_mean(tensor, mask, dim=None):
-    """Mean of `tensor` where mask is true, along `dim` (all if None); an all-masked slice is NaN, as torch.mean."""
-    mask = mask.bool()
-    total = torch.where(mask, tensor, 0.0)
-    return total.sum() / mask.sum() if dim is None else total.sum(dim) / mask.sum(dim)
+    """Seed 000's: mean where mask is true, along `dim` (all if None; NaN if none). 002's: masked_mean_per_sequence."""
+    return masked_normalize(tensor, mask, mask.bool().sum(dim), dim)
 
 
 def masked_normalize(tensor, mask, normalize_constant=None, dim=None, *, constant_normalizer=None):
     """Sum of `tensor` where mask is true, along `dim` (all if None), / normalize_constant (or constant_normalizer=)."""
     c = normalize_constant if normalize_constant is not None else constant_normalizer
     _need(c is not None, "masked_normalize needs normalize_constant")
-    total = torch.where(mask.bool(), tensor, 0.0)
-    return (total.sum() if dim is None else total.sum(dim)) / c
+    return torch.where(mask.bool(), tensor, 0.0).sum(dim) / c  # dim None: all elements
+
+
+def masked_mean_per_sequence(tensor, mask):
+    """Seed 002's masked_mean(tensor, mask), not 000's (above): each row's mean (0 if no tokens), then their mean."""
+    return masked_normalize(tensor, mask, mask.bool().sum(-1).clamp(min=1), dim=-1).mean()
 
 
 def masked_mean_drgrpo(tensor, mask, num_tokens):
@@ -209,9 +210,8 @@ def _per_example(x, batch, name):  # (B,) or (B, 1) -> (B, 1), broadcast over th
 def sft_microbatch_loss(policy_log_probs, response_mask, gradient_accumulation_steps, normalize_constant=1.0):
     """Pure: -masked_normalize(log_probs, mask, c, dim=-1) per example, batch mean, / grad-acc -> (loss, meta)."""
     _check_2d("response_mask", response_mask, policy_log_probs.shape)
-    per_example = -masked_normalize(policy_log_probs, response_mask, normalize_constant, dim=-1)  # (B,)
-    loss = per_example.mean() / gradient_accumulation_steps
-    return loss, {"nll_per_token": (-masked_mean(policy_log_probs, response_mask)).detach(),
+    loss = -masked_normalize(policy_log_probs, response_mask, normalize_constant, dim=-1).mean()  # row sums, batch mean
+    return loss / gradient_accumulation_steps, {"nll_per_token": -masked_mean(policy_log_probs, response_mask).detach(),
                   "num_response_tokens": response_mask.sum().detach()}
 
 
@@ -241,8 +241,7 @@ def compute_group_normalized_rewards(reward_fn, rollout_responses, repeated_grou
     # would take a full-size random step on it, so it is zeroed exactly
     flat = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)  # (n_prompts, 1)
     centered = torch.where(flat, 0.0, grouped - grouped.mean(dim=1, keepdim=True))
-    std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(centered[:, :1])  # (n_prompts, 1)
-    adv = centered / (std + advantage_eps) if std_norm else centered
+    adv = centered / (grouped.std(dim=1, keepdim=True) + advantage_eps) if std_norm else centered  # std (n_prompts, 1)
     meta = {"mean": raw.mean().item(), "std": raw.std().item() if n > 1 else 0.0, "max": raw.max().item(),
             "min": raw.min().item(), "frac_groups_zero_std": flat.float().mean().item()}  # seed 002's keys
     return adv.reshape(-1), raw, meta
@@ -250,9 +249,10 @@ def compute_group_normalized_rewards(reward_fn, rollout_responses, repeated_grou
 
 def compute_group_normalized_advantages(rollout_responses, repeated_ground_truths, reward_fn, group_size,
                                         advantage_eps, normalize_by_std):
-    """Seed 002 §1.4.1's spelling: same computation, its argument order, reward_fn returning a float."""
-    return compute_group_normalized_rewards(reward_fn, rollout_responses, repeated_ground_truths, group_size,
-                                            advantage_eps, normalize_by_std)
+    """Seed 002 §1.4.1's spelling: its argument order, reward_fn returning a float, metadata values 0-d tensors."""
+    adv, raw, meta = compute_group_normalized_rewards(reward_fn, rollout_responses, repeated_ground_truths, group_size,
+                                                      advantage_eps, normalize_by_std)
+    return adv, raw, {k: torch.tensor(v) for k, v in meta.items()}
 
 
 # ----------------------------------------------------------------------------- per-token losses
@@ -273,12 +273,15 @@ def compute_grpo_clip_loss(advantages, policy_log_probs, old_log_probs, cliprang
     return -torch.minimum(unclipped, clipped), {"clipped": (clipped < unclipped).detach(), "ratio": ratio.detach()}
 
 
+def compute_loss(advantages, policy_log_probs, old_log_probs, clip_range):
+    """Seed 002 §1.4.2's name and spelling of compute_grpo_clip_loss: A (B,), (B, T) -> (loss (B, T), metadata)."""
+    return compute_grpo_clip_loss(advantages, policy_log_probs, old_log_probs, clip_range)
+
+
 def compute_grpo_no_clip_loss(advantages, policy_log_probs, old_log_probs):
-    """Seed 001's GRPO-No-Clip: per-token -r A, r = exp(logp - old_logp). A (B, 1), (B, T) -> (loss, {"ratio"})."""
-    _check_2d("old_log_probs", old_log_probs, policy_log_probs.shape)
-    a = _per_example(advantages, policy_log_probs.shape[0], "advantages").to(policy_log_probs.dtype)  # (B, 1)
-    ratio = torch.exp(policy_log_probs - old_log_probs)  # (B, T)
-    return -ratio * a, {"ratio": ratio.detach()}
+    """Seed 001's GRPO-No-Clip: per-token -r A = GRPO-Clip with an infinite clip range -> (loss (B, T), {"ratio"})."""
+    loss, meta = compute_grpo_clip_loss(advantages, policy_log_probs, old_log_probs, float("inf"))
+    return loss, {"ratio": meta["ratio"]}
 
 
 def compute_gspo_loss(advantages, policy_log_probs, old_log_probs, response_mask, cliprange, *, cliprange_high=None):
@@ -290,8 +293,7 @@ def compute_gspo_loss(advantages, policy_log_probs, old_log_probs, response_mask
     mean_log_ratio = masked_normalize(policy_log_probs - old_log_probs, response_mask, 1.0, dim=-1)[:, None] / n
     loss_seq, meta = compute_grpo_clip_loss(advantages, mean_log_ratio, torch.zeros_like(mean_log_ratio),
                                             cliprange, cliprange_high=cliprange_high)  # (B, 1)
-    shape = policy_log_probs.shape
-    return loss_seq.expand(shape), {k: v.expand(shape) for k, v in meta.items()}
+    return loss_seq.expand(policy_log_probs.shape), {k: v.expand(policy_log_probs.shape) for k, v in meta.items()}
 
 
 LOSSES = {  # loss_type -> (function, its arguments in order). A new loss is one function above and one line here.
@@ -328,8 +330,7 @@ def compute_kl(policy_log_probs, ref_log_probs, estimator="k3"):
 
 
 def kl_divergence(policy_log_probs, ref_log_probs, response_mask, estimator="k3"):
-    """Scalar KL(pi || ref) on pi's samples: k1/k2/k3 averaged over response tokens, or "seq" = seed 004 Eq. 8,
-    (1/N) sum_i sum_t (log pi - log ref), each response's sum averaged over responses."""
+    """KL(pi || ref), a scalar: k1/k2/k3 over response tokens, or "seq" (004 Eq. 8: rows' k1 sums, averaged)."""
     if estimator == "seq":
         return masked_normalize(compute_kl(policy_log_probs, ref_log_probs, "k1"), response_mask, 1.0, dim=-1).mean()
     return masked_mean(compute_kl(policy_log_probs, ref_log_probs, estimator), response_mask)
@@ -360,9 +361,8 @@ def grpo_microbatch_loss(policy_log_probs, response_mask, gradient_accumulation_
                          cliprange_high=None, length_norm="masked_mean", normalize_constant=None,
                          ref_log_probs=None, kl_beta=0.0, kl_estimator="k3", is_weights=None):
     """Pure: per-token PG loss (x detached is_weights) (+ kl_beta * KL) -> length_norm -> this microbatch's share of
-    the step's loss -> (loss, detached 0-d metadata). length_norm: masked_mean (seed: rows' means, batch mean, /
-    grad-acc), masked_normalize (rows' sums / normalize_constant, batch mean, / grad-acc), token (DAPO: sum /
-    normalize_constant = the optimizer step's response tokens, not / grad-acc: every token's grad is -A_i / N_step)."""
+    the step's loss -> (loss, detached 0-d metadata). length_norm: masked_mean / masked_normalize (seed 002's two
+    reductions, / grad-acc) or token (DAPO: sum / normalize_constant = the step's response tokens: grads -A_i / N)."""
     _need(policy_log_probs.dim() == 2, f"policy_log_probs has shape {tuple(policy_log_probs.shape)}, expected (B, T)")
     _check_2d("response_mask", response_mask, policy_log_probs.shape)
     _need(length_norm in LENGTH_NORMS, f"unknown length_norm {length_norm!r}; choose one of {LENGTH_NORMS}")
@@ -379,9 +379,9 @@ def grpo_microbatch_loss(policy_log_probs, response_mask, gradient_accumulation_
     mask = response_mask.bool()
     if length_norm == "token":  # DAPO: every token of the optimizer step weighs the same
         loss = masked_normalize(per_token, mask, normalize_constant or mask.sum().clamp(min=1) * gradient_accumulation_steps)
-    else:  # per row: its mean over its tokens (seed; rows with none count 0) or its sum / a constant (Dr. GRPO)
-        div = normalize_constant if length_norm == "masked_normalize" else mask.sum(-1).clamp(min=1)
-        loss = masked_normalize(per_token, mask, div, dim=-1).mean() / gradient_accumulation_steps
+    else:  # per row: its mean (seed 002's masked_mean) or its sum / a constant (Dr. GRPO); batch mean, / grad-acc
+        loss = (masked_mean_per_sequence(per_token, mask) if length_norm == "masked_mean" else
+                masked_normalize(per_token, mask, normalize_constant, dim=-1).mean()) / gradient_accumulation_steps
     if "clipped" in loss_meta:
         meta["clip_fraction"] = masked_mean(loss_meta["clipped"].float(), mask)
     if "ratio" in loss_meta:

@@ -345,6 +345,38 @@ def test_seed_spellings():
     close(x.grad, m / 12)
 
 
+def test_seed_002_api():
+    """Seed 002's compute_loss(advantages, policy_log_probs, old_log_probs, clip_range), its masked_mean (rows' means,
+    then the batch mean: masked_mean_per_sequence, since seed 000's masked_mean averages all kept tokens) and its
+    Dict[str, torch.Tensor] metadata, on the seed's own short/long example."""
+    a, old = T([1.0, -1.0]), torch.zeros(2, 2)  # advantages (B,), as seed 002 passes them
+    lp = torch.log(T([[1.5, 0.5], [1.5, 0.9]]))  # ratios
+    loss, meta = L.compute_loss(a, lp, old, clip_range=0.2)
+    close(loss, [[-1.2, -0.5], [1.5, 0.9]])  # -min(r A, clip(r, 0.8, 1.2) A)
+    assert meta["clipped"].tolist() == [[True, False], [False, False]] and all(map(torch.is_tensor, meta.values()))
+    close(L.compute_loss(a, lp, old, 0.2)[0], L.compute_grpo_clip_loss(a, lp, old, 0.2)[0])
+    table = {"a": 1.0, "b": 0.0, "c": 0.0}
+    _, _, meta = L.compute_group_normalized_advantages(["a", "b", "c", "c"], ["x"] * 4, lambda r, g: table[r], 2, 1e-6, True)
+    assert all(torch.is_tensor(v) and v.dim() == 0 for v in meta.values())
+    torch.testing.assert_close(meta["mean"], torch.tensor(0.25))
+    torch.testing.assert_close(meta["max"], torch.tensor(1.0))
+    # seed 002 §1.4.2: a short response (3 tokens, 3 masked) and a long one (6 tokens); masked_mean weighs each token
+    # 1 / (B |o_i|), masked_mean_drgrpo with num_tokens 6 weighs every token 1 / (B * 6)
+    x, m = torch.ones(2, 6, requires_grad=True), T([[1, 1, 1, 0, 0, 0], [1] * 6])
+    close(L.masked_mean_per_sequence(x * T([[2.0] * 6, [4.0] * 6]), m), (2.0 + 4.0) / 2)
+    L.masked_mean_per_sequence(x, m).backward()
+    close(x.grad, T([[1 / 6] * 3 + [0] * 3, [1 / 12] * 6]))
+    close(L.masked_mean(x * T([[2.0] * 6, [4.0] * 6]), m), (3 * 2.0 + 6 * 4.0) / 9)  # seed 000's: over all 9 tokens
+    close(L.masked_mean_per_sequence(x, torch.zeros(2, 6)), 0.0)  # rows with no tokens count 0, not NaN
+    # the trainer's two per-row reductions are seed 002's two functions
+    lp, adv = torch.randn(2, 6), T([0.5, -1.0])
+    for norm, reduce in (("masked_mean", lambda t: L.masked_mean_per_sequence(t, m)),
+                         ("masked_normalize", lambda t: L.masked_mean_drgrpo(t, m, 6))):
+        got, _ = L.grpo_microbatch_loss(lp, m, 4, "reinforce_with_baseline", advantages=adv, length_norm=norm,
+                                        normalize_constant=6)
+        close(got, reduce(-adv[:, None] * lp) / 4)
+
+
 def test_kl_divergence_seq_is_seed_004_eq8():
     lp, ref = T([[-1.0, -2.0, 0.0], [-0.5, -0.5, -0.5]]), T([[-1.5, -1.0, 0.0], [-1.0, -1.0, 9.0]])
     mask = T([[1, 1, 0], [1, 1, 1]])

@@ -1,8 +1,9 @@
 """The README's recipes, checked: every command of its recipe table runs with --dry-run and its effective
-settings match the README's settings tables (where the command does not set the flag itself); then each
-script runs a recipe end to end with the hub id replaced by a local tiny model of the same family (Qwen2
-for Qwen2.5-Math, Qwen3 for Qwen3), on data the test writes, for one or two tiny steps: the hub profile,
-the seeds' prompts and graders and the device logic a GPU user's run takes, before anyone pays for a GPU.
+settings match the README's settings tables (where the command does not set the flag itself); then every
+recipe row runs end to end (STAND_INS) with the hub id replaced by a local tiny model of the same family
+(Qwen2 for Qwen2.5-Math, Qwen3 for Qwen3), on data the test writes, for one to four tiny steps: the hub
+profile, the seeds' prompts and graders and the device logic a GPU user's run takes, before anyone pays for
+a GPU. A stand-in's saved configuration is checked against the settings tables and against each row's flags.
 """
 import json
 import os
@@ -54,7 +55,8 @@ def write_data(path, task):
             "sft": [{"prompt": f"What is {i} + 1? Answer:", "response": f" {i + 1}. The final answer is: $\\boxed{{{i + 1}}}$"}
                     for i in range(8)]}
     if task == "keyword":
-        open(path, "w").write("\n".join(["apple", "river", "stone", "cloud", "the", "a", "and", "of"] * 2))
+        # numbers, which the embedded model writes often (reward variance); ~10% of words hash to the test split
+        open(path, "w").write("\n".join(["apple", "river", "the", "and"] + [str(i) for i in range(100)]))
         return
     with open(path, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows["math" if task in ("math500", "math") else task])
@@ -77,8 +79,8 @@ def localise(argv, tmp):
             path = os.path.join(tmp, os.path.basename(argv[i + 1]))
             write_data(path, task_of(argv, a))
             argv[i + 1] = path
-        if a in ("--out", "--save-dir"):
-            argv[i + 1] = os.path.join(tmp, "out", os.path.basename(argv[i + 1]))
+        if a in ("--out", "--save-dir"):  # apart: runs/x and models/x may share a name
+            argv[i + 1] = os.path.join(tmp, "out", a[2:], os.path.basename(argv[i + 1]))
     return argv
 
 
@@ -123,41 +125,53 @@ def expect_grpo(cfg, given):
     return out
 
 
+def bon_temperature():
+    """best_of_n.py's sampling temperature, as the sentence under the eval_zero_shot table states it."""
+    return float(re.search(r"`best_of_n.py` uses .*? samples at `--temperature ([0-9.]+)`", README, re.S).group(1))
+
+
 def expect_eval(cfg, given):
     """The eval_zero_shot table's row for the task (the embedded model's Countdown row apart); best_of_n shares
-    the prompt, reward and max tokens, and samples at its own temperature."""
+    the prompt, reward and max tokens, and samples at its own temperature (bon_temperature)."""
     header, *rows = table("settings:eval_zero_shot")
     key = "countdown, embedded model" if cfg["task"] == "countdown" and "countdown-tiny" in cfg["model"] else cfg["task"]
     name = lambda r: r[0].split(" (")[0]  # noqa: E731
     row = next(r for r in rows if name(r) == key or (key in name(r).split(", ") and "embedded" not in r[0]))
     out = {"prompt": row[2], "reward": row[3], "max_tokens": value(row[4])}
-    if "n" not in cfg:  # eval_zero_shot
-        out["temperature"] = value(row[5])
+    out["temperature"] = value(row[5]) if "n" not in cfg else bon_temperature()  # "n": best_of_n
     return {k: v for k, v in out.items() if k not in given}
 
 
 def expect_sft(cfg, given):
+    """The sft table's column for the model. A row whose flag cell is `--eval-task T` is the grader a validation on
+    task T uses (eval_reward; its cell, or the seed value where the cell is empty)."""
     header, *rows = table("settings:sft")
     col = header.index("embedded model") if "countdown-tiny" in cfg["model"] else header.index("hub model")
     out = {}
     for row in rows:
-        dest = re.search(r"`--([a-z-]+)", row[2]).group(1).replace("-", "_")
-        if row[col] and dest not in given:
-            out[dest] = value(row[col])
+        dest, task = re.search(r"`--([a-z-]+) ?([a-z0-9_]*)`", row[2]).groups()
+        if task:  # a validation grader: applies when the run validates on that task, whoever chose it
+            if cfg["eval_task"] == task and cfg["eval_n"]:
+                out["eval_reward"] = value(row[col] or row[1])
+        elif row[col] and dest.replace("-", "_") not in given:
+            out[dest.replace("-", "_")] = value(row[col])
     return out
+
+
+def check_tables(label, script, cfg, given):
+    """An effective configuration agrees with the README's settings tables on every flag `given` leaves open."""
+    expect = {"grpo.py": expect_grpo, "grpo_ray.py": expect_grpo, "sft.py": expect_sft}.get(script, expect_eval)
+    for k, v in expect(cfg, given).items():
+        got = cfg[k][0] if isinstance(cfg[k], list) and len(cfg[k]) == 1 else cfg[k]
+        assert same(got, v), f"{label}: {k} = {got!r}, the README's table says {v!r}"
 
 
 @pytest.mark.parametrize("label,argv", recipes(), ids=[r[0] for r in recipes()])
 def test_recipe_dry_run_matches_the_settings_tables(label, argv, tmp_path):
     proc = run(localise(argv, str(tmp_path)) + ["--dry-run"], str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    cfg = json.loads(proc.stdout.strip().splitlines()[-1])
-    given = explicit(argv)
-    want = {"grpo.py": expect_grpo, "grpo_ray.py": expect_grpo, "sft.py": expect_sft}.get(argv[0], expect_eval)(cfg, given)
-    for k, v in want.items():
-        got = cfg[k][0] if isinstance(cfg[k], list) and len(cfg[k]) == 1 else cfg[k]
-        assert same(got, v), f"{label}: {k} = {got!r}, the README's table says {v!r}"
-    assert not os.path.exists(tmp_path / "out"), "a dry run created its output directory"
+    check_tables(label, argv[0], json.loads(proc.stdout.strip().splitlines()[-1]), explicit(argv))
+    assert not {"out", "runs"} & set(os.listdir(tmp_path)), "a dry run created its output directory"
 
 
 def test_every_script_has_a_recipe():
@@ -165,34 +179,107 @@ def test_every_script_has_a_recipe():
 
 
 # ----------------------------------------------------------------------------- stand-ins
-TINY = {"grpo.py": ["--n-grpo-steps", "1", "--rollout-batch-size", "8", "--group-size", "4", "--train-batch-size", "8",
-                    "--gradient-accumulation-steps", "2", "--max-tokens", "12", "--eval-n", "4", "--eval-every", "0",
-                    "--grader-workers", "0"],
+GRPO_TINY = ["--rollout-batch-size", "4", "--group-size", "2", "--train-batch-size", "4", "--gradient-accumulation-steps",
+             "2", "--max-tokens", "12", "--eval-n", "2", "--eval-every", "0", "--grader-workers", "0"]
+TINY = {"grpo.py": ["--n-grpo-steps", "1"] + GRPO_TINY,  # 2 prompts x 2 samples: the countdown prompt is 600 tokens
+        "grpo_ray.py": ["--n-grpo-steps", "4", "--timeout-s", "300"] + GRPO_TINY,  # 4: a --steps-per-rollout 4 cycle
         "eval_zero_shot.py": ["--limit", "4", "--max-tokens", "12", "--workers", "1"],
         "best_of_n.py": ["--limit", "2", "--n", "4", "--ns", "1,2,4", "--max-tokens", "12", "--workers", "1"],
         "sft.py": ["--n-examples", "4", "--batch-size", "2", "--gradient-accumulation-steps", "1", "--steps", "1",
                    "--eval-n", "2", "--eval-max-tokens", "8", "--eval-every", "1"]}
-STAND_INS = [  # (recipe label prefix, engine): one per script and family; vLLM where a GPU user's path differs most
-    ("MATH zero-shot baseline", "vllm"), ("Best-of-N at 1/4/8/16", "hf"), ("SFT, one size", "hf"),
-    ("GRPO on Countdown, one lr", "vllm"), ("off-policy, one (E, B)", "hf")]
+# Every recipe row, each in exactly one stand-in: (row label prefixes, engine, flags the stand-in adds). Rows that
+# differ in flags that do not clash run as one command carrying all their flags; the sizes TINY sets (--max-tokens
+# 256 vs 512 too) are the stand-in's own. vLLM where a GPU user's path differs most (the hub-profile eval and GRPO).
+STAND_INS = [
+    (("embedded model, offline: zero-shot",), "hf", []),
+    (("embedded model, offline: Best-of-N",), "hf", []),
+    (("MATH zero-shot baseline",), "vllm", []),
+    (("GSM8K zero-shot",), "hf", []),
+    (("Countdown zero-shot at 256/512/1024",), "hf", ["--max-tokens", "4,8,12"]),  # still a sweep
+    (("Best-of-N at 1/4/8/16",), "hf", []),
+    (("SFT, one size",), "hf", []),
+    (("embedded model from scratch",), "hf", ["--countdown-n", "32"]),
+    (("GRPO on Countdown, one lr", "baselines", "length normalisation", "group std normalisation"), "vllm", []),
+    (("off-policy, one (E, B)", "prompt ablation"), "hf", []),
+    (("no-clip ablation",), "hf", []),
+    (("Countdown Dr. GRPO at 512", "Countdown GRPO at 256"), "hf", []),
+    (("keyword-inclusion GRPO on Ray", "KL drift", "colocated, k steps per rollout"), "hf", []),
+    # NCCL needs GPUs: Problem 9's Ray Direct Transport runs over gloo here (the same code path but the backend)
+    (("disaggregated async", "weight transfer over Ray Direct Transport"), "hf", ["--weight-sync", "gloo"]),
+]
+ALIASES = {"async": "async_mode"}  # flag -> argparse destination where the two differ
 
 
-@pytest.mark.parametrize("prefix,engine", STAND_INS, ids=[s[0] for s in STAND_INS])
-def test_recipe_runs_end_to_end_on_a_stand_in(prefix, engine, tiny_qwen2_dir, tiny_qwen3_dir, tmp_path):
-    label, argv = next(r for r in recipes() if r[0].startswith(prefix))
-    argv = localise(argv, str(tmp_path))
-    i = argv.index("--model") + 1
-    family = "qwen2" if "Qwen2" in argv[i] else "qwen3"
-    argv[i] = tiny_qwen2_dir if family == "qwen2" else tiny_qwen3_dir
-    proc = run(argv + TINY[argv[0]] + ["--engine", engine], str(tmp_path))
-    assert proc.returncode == 0, f"{label}\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}"
+def pairs(argv):
+    """[(flag, value or None)] of a command's flags, in order."""
+    return [(a, b if b is not None and not b.startswith("--") else None)
+            for a, b in zip(argv, argv[1:] + [None]) if a.startswith("--")]
+
+
+def stand_in(prefixes, extra):
+    """The rows' commands merged into one (their flags' union; a clash outside the stand-in's own flags fails)."""
+    rows = [next(r for r in recipes() if r[0].startswith(p)) for p in prefixes]
+    own = {f for f, _ in pairs(TINY[rows[0][1][0]] + extra)} | {"--out", "--save-dir"}
+    argv = list(rows[0][1])
+    for label, other in rows[1:]:
+        assert other[0] == argv[0], f"{label}: another script than {prefixes[0]}"
+        have = dict(pairs(argv))
+        for flag, val in pairs(other[1:]):
+            assert flag in own or have.get(flag, val) == val, f"{label}: {flag} {val} clashes with {have[flag]}"
+            argv += [] if flag in have else [flag] + ([val] if val is not None else [])
+    return rows, argv
+
+
+def saved_config(out):
+    for name, key in (("args.json", None), ("summary.json", "args"), ("best_of_n.json", "args")):
+        if os.path.exists(os.path.join(out, name)):
+            cfg = json.load(open(os.path.join(out, name)))
+            return cfg[key] if key else cfg
+    raise AssertionError(f"no saved configuration in {out}: {os.listdir(out)}")
+
+
+def test_every_recipe_row_has_one_stand_in():
+    for label, _ in recipes():
+        assert sum(label.startswith(p) for ps, _, _ in STAND_INS for p in ps) == 1, f"{label}: not in one stand-in"
+
+
+@pytest.mark.parametrize("prefixes,engine,extra", STAND_INS, ids=[s[0][0] for s in STAND_INS])
+def test_recipe_runs_end_to_end_on_a_stand_in(prefixes, engine, extra, tiny_qwen2_dir, tiny_qwen3_dir, tmp_path):
+    rows, argv = stand_in(prefixes, extra)
+    argv, hub = localise(argv, str(tmp_path)), "--model" in argv
+    if hub:  # the hub id -> a tiny local model of its family (Qwen2 for Qwen2.5-Math, Qwen3 for Qwen3)
+        i = argv.index("--model") + 1
+        argv[i] = tiny_qwen2_dir if "Qwen2" in argv[i] else tiny_qwen3_dir
+    if "--out" not in argv:  # the embedded-model recipes write to runs/<name> under the working directory
+        argv += ["--out", str(tmp_path / "out" / "run")]
+    cmd = argv + TINY[argv[0]] + extra + ["--engine", engine]
+    proc = run(cmd, str(tmp_path))
+    assert proc.returncode == 0, f"{prefixes}\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}"
     out = argv[argv.index("--out") + 1]
-    assert os.listdir(out)
-    if argv[0] == "grpo.py":  # the hub profile, the countdown prompt / GSM8K's r1_zero, trained a step
-        cfg = json.load(open(os.path.join(out, "args.json")))
-        assert cfg["profile"] == "hub" and cfg["prompt"] == ("countdown" if cfg["task"] == "countdown" else "r1_zero")
-        assert any("train/loss" in json.loads(line) for line in open(os.path.join(out, "metrics.jsonl")))
-    if "MATH" in label:
-        rows = [json.loads(line) for line in open(os.path.join(out, "generations.jsonl"))]
+    cfg = saved_config(out)
+    check_tables(prefixes[0], argv[0], cfg, explicit(cmd))  # every flag no row and no stand-in size sets
+    # and every row's own flags reached the run
+    own = {f for f, _ in pairs(TINY[argv[0]] + extra)} | set(DATA_FLAGS) | {"--model", "--out", "--save-dir"}
+    for label, row in rows:
+        for flag, val in pairs(row[1:]):
+            if flag not in own:
+                name = flag[2:].removeprefix("no-").replace("-", "_")
+                got, v = cfg[ALIASES.get(name, name)], (not flag.startswith("--no-") if val is None else value(val))
+                assert same(got, v), f"{label}: {flag} {val or ''} ran as {got!r}"
+    if hub and argv[0] in ("grpo.py", "grpo_ray.py"):  # the hub profile, trained
+        assert cfg["profile"] == "hub"
+    if argv[0] in ("grpo.py", "grpo_ray.py"):
+        metrics = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+        assert any("train/loss" in m for m in metrics)
+        assert any("train/kl_ref" in m for m in metrics) == (cfg["kl_every"] > 0)  # KL drift only when asked
+    if argv[0] == "grpo_ray.py":  # the schedule and transport asked for
         summary = json.load(open(os.path.join(out, "summary.json")))
-        assert summary["args"]["prompt"] == "intellect" and summary["args"]["reward"] == "question_only" and len(rows) == 4
+        assert (summary["mode"], summary["weight_sync"], summary["steps"]) == (cfg["mode"], cfg["weight_sync"], 4)
+    if argv[0] == "eval_zero_shot.py":
+        n = len(cfg["max_tokens"]) * 4
+        assert sum(1 for _ in open(os.path.join(out, "generations.jsonl"))) == n  # --limit 4 per max-tokens value
+    if argv[0] == "sft.py" and cfg["eval_task"] == "math":  # MATH validation graded by question_only, and it ran
+        assert cfg["eval_reward"] == "question_only"
+        assert any("eval/accuracy" in json.loads(line) for line in open(os.path.join(out, "metrics.jsonl")))
+    if argv[0] == "best_of_n.py":
+        assert cfg["temperature"] == bon_temperature() == 1.0

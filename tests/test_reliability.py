@@ -48,10 +48,16 @@ def test_junk_model_config_refused(script, config, tmp_path):
     one_line_error(r, f"{tmp_path / 'm' / 'config.json'} is not JSON naming a model_type")
 
 
-def test_unreachable_hub_id_is_one_line(tmp_path):
+@pytest.mark.parametrize("script", ["grpo.py", "eval_zero_shot.py", "best_of_n.py"])
+def test_unreachable_hub_id_is_one_line(script, tmp_path):
     """Offline here (online: the hub answers 404): one line, not from_pretrained's retries and a 60-line traceback 30 s
     later. Only a run that starts asks the hub: dry runs of hub models stay offline (test_grpo, test_recipes)."""
-    one_line_error(run("grpo.py", "--model", "nosuchorg-8c1f/none", "--out", tmp_path / "out"), "--model nosuchorg-8c1f/none")
+    extra = []
+    if script != "grpo.py":  # the evaluators load their data first, then ask for the model
+        (tmp_path / "q.jsonl").write_text('{"question": "1 + 1?", "answer": "2 #### 2"}\n')
+        extra = ["--task", "gsm8k", "--data", tmp_path / "q.jsonl"]
+    r = run(script, "--model", "nosuchorg-8c1f/none", "--out", tmp_path / "out", *extra)
+    one_line_error(r, "--model nosuchorg-8c1f/none")
 
 
 # ----------------------------------------------------------------------------- resume and checkpoints
