@@ -1,18 +1,16 @@
 """Reward functions: fn(response: str, ground_truth) -> {"reward", "format_reward", "answer_reward"}.
 
-Pure (no printing, no randomness); no verdict takes more than ~1 s whatever the input (after a one-time ~1 s sympy
-warm-up). Math equivalence = light normalisation, an exact fast path (string / rational equality: GSM8K-style answers
-never reach sympy), then math-verify (sympy). It never sees long answers, unbalanced braces, huge literals, big/nested
+Pure (no printing, no randomness); no verdict takes more than ~1 s whatever the input (after a ~1 s sympy warm-up).
+Math equivalence = light normalisation, an exact fast path (string / rational equality), then math-verify (sympy). It never sees long answers, unbalanced braces, huge literals, big/nested
 exponents or big factorials, nor logic statements, which it reads as one operand ("\\neg 5" is 5, "5 \\lor 6" is 6);
 set operations and relations ("5 \\cup 6", "5 | 6") only where the reference has the same. Time bound: in a main
 thread a sub-second setitimer alarm (its own whole-second signal.alarm timeouts refuse threads: off); elsewhere a
 pebble ProcessPool worker, killed at HARD_LIMIT_S (verdict "not equal") and replaced: `grade_batch` grades on that
-pool, in Ray actors and daemonic processes too. Its forkserver imports the main script: a script that grades in
-parallel needs the usual `if __name__ == "__main__":` guard.
+pool (Ray actors, daemonic processes too); its forkserver imports the main script, which needs the `__main__` guard.
 
 Countdown: seed 002 says "each number n_i must be used in E exactly once", but its `_validate_numbers` accepts a subset.
-"countdown" requires ALL numbers, once each (the problem statement, Countdown-Tasks-3to4); "countdown_subset" and
-`reward_fn` (the seed's float) follow the seed's rule, as does `_validate_numbers`'s default.
+"countdown" requires ALL numbers, once each (the problem statement, Countdown-Tasks-3to4); "countdown_subset",
+`reward_fn` (the seed's float) and `_validate_numbers`'s default follow the seed's code.
 """
 import ast, atexit, logging, multiprocessing, operator, os, pickle, re, signal, threading  # noqa: E401
 from collections import Counter
@@ -103,9 +101,11 @@ def _safe_for_sympy(s):
 
 
 def _ops(s):  # what math-verify reads as one operand ("5 \cup 6", "5 | 6", "5 ∨ 6": 6); not \in ("x \in [2, 5)")
-    ops = re.findall(r"\\(?:cup|cap|setminus|backslash|mid|parallel|perp|su[bp]set(?:eq)?|otimes)(?![a-z])|[¬∨∧]"
+    s = s.translate({ord("∪"): r" \cup ", ord("∩"): r" \cap ", ord("∖"): r" \setminus "})  # one spelling each
+    ops = re.findall(r"\\(?:cup|cap|setminus|backslash|parallel|perp|su[bp]set(?:eq)?|otimes)(?![a-z])|[¬∨∧]"
                      r"|\\operatorname\{(?i:not|or|and|xor)\}", s)  # set operations, relations, logic
-    return set(ops) | ({"|"} if len(re.findall(r"\\[lr]?[vV]ert(?![a-z])|\|", s)) % 2 else set())  # |x| pairs up
+    bars = re.findall(r"\\(?:[lr]?[vV]ert|mid)(?![a-z])|\|", s)  # \mid is a bar: {x \mid x > 2} = {x | x > 2}
+    return set(ops) | ({"|"} if len(bars) % 2 else set())  # |x| pairs up
 
 
 class _Timeout(BaseException):  # not Exception: math-verify's `except Exception` must not swallow it

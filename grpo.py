@@ -124,7 +124,9 @@ def parse_args(argv=None):
 def resolve(args):
     """Profile defaults, derived sizes and every consistency check (one line naming the fix), nothing loaded."""
     args.profile = "demo" if data.is_embedded(args.model) else "hub"
-    args.model = common.check_model_dir(args.model or data.EMBEDDED_MODEL)
+    args.frozen_models = (args.kl_beta > 0 or args.kl_every > 0) + (args.kl_every > 0)  # pi_init, pi_{t-1} (KL)
+    skip = args.resume and not args.frozen_models  # a resumed run loads its checkpoint; --model only as KL reference
+    args.model = args.model if skip else common.check_model_dir(args.model or data.EMBEDDED_MODEL)
     for k, v in {**PROFILES[args.profile], **TASK_PROFILES.get(args.task, {})}.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -147,7 +149,6 @@ def resolve(args):
     c(not args.off_policy or args.loss in losses.RATIO_LOSSES, f"--loss {args.loss} with {args.optimizer_steps_per_rollout_batch}"
       f" optimizer steps per rollout batch trains -A log pi on data from an older policy, uncorrected: use --loss grpo_clip")
     args.needs_old = args.loss in losses.RATIO_LOSSES or args.rollout_is != "none"  # (seed 000 asks on-policy too)
-    args.frozen_models = (args.kl_beta > 0 or args.kl_every > 0) + (args.kl_every > 0)  # pi_init, pi_{t-1} (KL)
     c(not args.std_norm or args.group_size >= 2, "--std-norm needs --group-size >= 2 (or pass --no-std-norm)")
     c(args.min_tokens <= args.max_tokens, f"--min-tokens {args.min_tokens} must be <= --max-tokens {args.max_tokens}")
     c(args.overlong_buffer < args.max_tokens, f"--overlong-buffer {args.overlong_buffer} must be < --max-tokens {args.max_tokens}")
@@ -199,8 +200,7 @@ def load_policy(path, args, dtype=None):
     common.check(len(tok) <= rows, f"{path}: the tokenizer has {len(tok)} tokens but the model only {rows} embeddings")
     if args.shared_prefix and (args.gradient_checkpointing or not losses.shared_prefix_works(policy)):
         args.shared_prefix = False
-        print("notice: --shared-prefix off (gradient checkpointing drops the KV cache it reuses, or this model's "
-              "cache did not reproduce its plain log-probs)")
+        print("notice: --shared-prefix off (gradient checkpointing, or this model's cache did not reproduce its log-probs)")
     for m in policy.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0

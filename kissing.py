@@ -370,7 +370,7 @@ def extract_program(text, parent=None):
 
 def openai_chat(base_url, model, messages, temperature, max_tokens, seed, timeout=600, retries=3):
     """Stdlib client for POST {base_url}/chat/completions -> (text, prompt_tokens, completion_tokens). A failed call (no
-    server, an HTTP error, garbage) is retried; `retries` in a row stop the search (no error text becomes a program)."""
+    server, 5xx/408/429, garbage) is retried, `retries` in a row stop the search; another 4xx is an empty reply."""
     body = json.dumps(dict(model=model, messages=messages, temperature=temperature, max_tokens=max_tokens, seed=seed)).encode()
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', 'none')}"}
     for i in range(retries):
@@ -382,6 +382,8 @@ def openai_chat(base_url, model, messages, temperature, max_tokens, seed, timeou
             return str(data["choices"][0]["message"]["content"] or ""), usage.get("prompt_tokens"), usage.get("completion_tokens")
         except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as e:  # URLError is an OSError
             error = f"{type(e).__name__}: {str(e)[:200]}"
+            if isinstance(e, urllib.error.HTTPError) and 400 <= e.code < 500 and e.code not in (408, 429):
+                return "", None, None  # this request refused (e.g. longer than the server's context): no program, go on
             time.sleep(2 ** i if i < retries - 1 else 0)
     fail(f"--llm openai:{base_url}: {retries} calls failed in a row, the last: {error} (--resume continues the log)")
 

@@ -207,6 +207,9 @@ FIXED = [  # (reward name, response, ground truth, reward)
     ("question_only", "\\boxed{(-\\infty, 2] \\cup (3, 5)}", "(-\\infty,2]\\cup(3,5)", 1.0),
     ("question_only", "\\boxed{[1, 2] \\cup [3, 4]}", "[3,4] \\cup [1,2]", 1.0),
     ("question_only", "\\boxed{x \\in [2, 5)}", "[2,5)", 1.0),
+    ("question_only", "\\boxed{(-\\infty, 2) ∪ (3, \\infty)}", "(-\\infty,2)\\cup(3,\\infty)", 1.0),  # ∪ is \cup
+    ("question_only", "\\boxed{5 ∪ 6}", "6", 0.0), ("question_only", "\\boxed{5 ∩ 6}", "6", 0.0),
+    ("question_only", "\\boxed{\\{x \\mid x > 2\\}}", "\\{x | x > 2\\}", 1.0),  # \mid is the bar of set-builder notation
 ]
 
 

@@ -389,6 +389,35 @@ def test_search_end_to_end_and_resume(tmp_path, server, mode):
         assert log2["entries"][1]["messages"][-1]["content"] == log2["entries"][0]["feedback"]
 
 
+def test_openai_chat_refused_request_is_an_empty_reply_server_errors_stop():
+    """A 4xx (e.g. a prompt longer than the server's context) would fail again on --resume: it is an empty reply and
+    the search goes on. A 5xx `retries` times in a row stops the search in one line."""
+    code = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(code[0])
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url, msgs = f"http://127.0.0.1:{srv.server_address[1]}/v1", [{"role": "user", "content": "points?"}]
+    try:
+        code[:] = [400]
+        assert kissing.openai_chat(url, "m", msgs, 1.0, 8, 0, timeout=10) == ("", None, None)
+        code[:] = [503]
+        with pytest.raises(SystemExit):
+            kissing.openai_chat(url, "m", msgs, 1.0, 8, 0, timeout=10, retries=2)
+    finally:
+        srv.shutdown()
+
+
 def test_extract_program_blocks_and_diff_edits():
     parent = "d = 11\npoints = [[1] + [0] * 10]\n"
     assert kissing.extract_program("<think>```python\nx = 0\n```</think> ok ```python\ny = 1\n```") == "y = 1\n"

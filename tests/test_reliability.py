@@ -60,6 +60,18 @@ def test_unreachable_hub_id_is_one_line(script, tmp_path):
     one_line_error(r, "--model nosuchorg-8c1f/none")
 
 
+def test_resume_asks_the_hub_only_for_a_model_it_loads(tmp_path):
+    """A resumed grpo run loads its checkpoint; its saved hub --model loads (and is checked) only as a KL reference,
+    so resuming on an offline node without that model cached works."""
+    import grpo
+    run_dir = fake_run(tmp_path / "run", state='{"step": 1, "args": {"model": "nosuchorg-8c1f/none"}}')
+    grpo.parse_args(["--resume", run_dir])
+    common.check_hub_ids()  # nothing to ask
+    grpo.parse_args(["--resume", run_dir, "--kl-every", "1"])
+    with pytest.raises(SystemExit):
+        common.check_hub_ids()
+
+
 # ----------------------------------------------------------------------------- resume and checkpoints
 @pytest.mark.parametrize("script", ["grpo.py", "sft.py", "grpo_ray.py"])
 def test_corrupt_state_json_on_resume(script, tmp_path):
