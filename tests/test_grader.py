@@ -34,20 +34,10 @@ def test_seed_002_asserts():
     # Example 3: Invalid Usage (number not available)
     assert _validate_numbers("10 + 9", [10, 8, 2]) == False  # noqa: E712
     assert _evaluate_equation("(65 - 7) - 7") == 51.0
-    reward_fn = lambda g, t: countdown_reward_fn(g, t)["reward"]  # noqa: E731
-    numbers = [79, 17, 60]
-    target = 36
-    ground_truth = {"numbers": numbers, "target": target}
-    rollout = "...thinking... <answer>(79 - (60 - 17))</answer>"
-    assert reward_fn(rollout, ground_truth) == 1.0
-    rollout = "...thinking...<answer>(79 + 60) + 17</answer>"
-    assert reward_fn(rollout, ground_truth) == 0.1  # valid format of <answer>
-    rollout = "...thinking...The final answer is 62."
-    assert reward_fn(rollout, ground_truth) == 0.0
     # the seed's section 1.1 examples are correct answers
     for nums, t, e in [([7, 7, 65], 51, "(65 - 7) - 7"), ([34, 84, 83, 72], 39, "(72 - 34) + (84 - 83)"),
                        ([9, 4, 3, 7], 101, "(9 * (4 * 3)) - 7")]:
-        assert reward_fn(f"<answer>{e}</answer>", {"numbers": nums, "target": t}) == 1.0
+        assert countdown_reward_fn(f"<answer>{e}</answer>", {"numbers": nums, "target": t})["reward"] == 1.0
 
 
 def test_seed_004_keyword_example():
@@ -238,9 +228,13 @@ def test_seed_002_rule_as_countdown_subset():
     assert reward_fn("<answer>(64 + 14) - 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62}) == 1.0
 
 
-def test_seed_002_reward_fn_verbatim():
-    """Seed 002 §1.3's reward_fn, under its name and signature (a float, the subset rule), with the seed's asserts."""
-    from grader import reward_fn
+@pytest.mark.parametrize("rule", ["seed's reward_fn", "countdown (all numbers)"])
+def test_seed_002_reward_fn_verbatim(rule):
+    """Seed 002 §1.3's reward_fn, under its name and signature (a float, the subset rule), with the seed's asserts;
+    our default Countdown reward passes them too."""
+    from grader import reward_fn as seed_fn
+    ours = lambda generated_text, ground_truth: countdown_reward_fn(generated_text, ground_truth)["reward"]  # noqa: E731
+    reward_fn = seed_fn if rule == "seed's reward_fn" else ours
     numbers = [79, 17, 60]
     target = 36
     ground_truth = {"numbers": numbers, "target": target}
@@ -255,7 +249,8 @@ def test_seed_002_reward_fn_verbatim():
     assert reward_fn(rollout, ground_truth) == 0.0
     assert reward_fn(generated_text="<answer>79 - 43</answer>", ground_truth=ground_truth) == 0.1  # the seed's keywords
     assert type(reward_fn(rollout, ground_truth)) is float
-    assert reward_fn("<answer>(64 + 14) - 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62}) == 1.0  # a subset
+    subset = reward_fn("<answer>(64 + 14) - 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62})
+    assert subset == (1.0 if rule == "seed's reward_fn" else 0.1)  # a subset: the seed's rule, or ours
 
 
 def test_bad_inputs_raise_clearly():
