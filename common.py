@@ -1,9 +1,7 @@
-"""Conventions every root script shares, so that a bad value, path or size is one line on stderr ("error: ...", exit 2)
-before anything loads, and runs never lose or mix data: checked flags (Parser, check, typed argparse types, model
-directories, hub ids), --dry-run, --resume with the saved flags, run directories claimed once, checkpoints swapped
-in whole and recovered, metrics.jsonl rows, the validation every trainer logs, precision (fp32 master weights + bf16
-autocast, the one-GPU engine share) and a Ctrl-C that lets the optimizer step finish.
-"""
+"""What every root script shares: a bad value, path or size is one line on stderr ("error: ...", exit 2) before anything
+loads (Parser, check, typed flags, model dirs, hub ids), and no run loses or mixes data (--dry-run, --resume with the
+saved flags, run dirs claimed once, checkpoints swapped in whole, metrics.jsonl rows); plus the validation every trainer
+logs, precision (fp32 master weights + bf16 autocast, the one-GPU engine share) and a Ctrl-C that finishes the step."""
 import argparse
 import contextlib
 import glob
@@ -73,12 +71,10 @@ int_list = _typed("int_list", lambda s: [int(x) for x in str(s).split(",")], lam
 
 def existing_file(s):
     """argparse type: a readable, non-empty regular file."""
-    if not os.path.exists(s):
-        raise argparse.ArgumentTypeError(f"{s}: no such file")
-    if not os.path.isfile(s):
-        raise argparse.ArgumentTypeError(f"{s}: is a directory, expected a file")
-    if os.path.getsize(s) == 0:
-        raise argparse.ArgumentTypeError(f"{s}: file is empty")
+    problem = ("no such file" if not os.path.exists(s) else "is a directory, expected a file" if not os.path.isfile(s)
+               else "file is empty" if os.path.getsize(s) == 0 else None)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{s}: {problem}")
     return s
 
 
@@ -129,9 +125,8 @@ def check_hub_ids():
 def resume_from(parser, argv, args, needs=()):
     """--resume RUN: the run's complete checkpoint (an interrupted save recovered), checked for the files a
     model and `needs` (optimizer.pt, ...) need, its saved flags restored into args (given ones override)."""
-    repair = not getattr(args, "dry_run", False)  # a dry run only looks
-    ckpt = find_checkpoint(args.resume, repair=repair) or fail(f"--resume {args.resume}: no complete checkpoint there "
-                                                               f"(expected <run>/checkpoint/state.json)")
+    ckpt = find_checkpoint(args.resume, repair=not getattr(args, "dry_run", False)) or fail(  # a dry run only looks
+        f"--resume {args.resume}: no complete checkpoint there (expected <run>/checkpoint/state.json)")
     check_model_dir(ckpt, "--resume")  # a broken checkpoint names its missing file
     for f in needs:
         check(os.path.isfile(os.path.join(ckpt, f)), f"--resume {ckpt}: {f} is missing (a broken checkpoint)")
@@ -169,14 +164,11 @@ def resume_args(parser, argv, args, saved, keep=("resume", "dry_run")):
     given = explicit_dests(parser, argv) | set(keep)
     dests = {a.dest for a in parser._actions if a.dest != "help"}
     overrides = []
-    for k in sorted(dests):
-        if k not in saved or k in keep:
-            continue
-        if k in given:
-            if getattr(args, k) != saved[k]:
-                overrides.append(f"{k} {saved[k]!r} -> {getattr(args, k)!r}")
-        else:
+    for k in sorted(dests & set(saved) - set(keep)):
+        if k not in given:
             setattr(args, k, saved[k])
+        elif getattr(args, k) != saved[k]:
+            overrides.append(f"{k} {saved[k]!r} -> {getattr(args, k)!r}")
     print("resume: restored the run's flags from its checkpoint"
           + (f"; overriding {', '.join(overrides)}" if overrides else ""), flush=True)
     return args
@@ -195,35 +187,25 @@ RUN_MARKERS = ("metrics.jsonl", "checkpoint", "checkpoint.tmp", "checkpoint.old"
 def claim_run_dir(out, resume=None, flag="--out"):
     """Refuse an existing run without --resume; create `out` and check it is writable, before any work."""
     check_hub_ids()  # the run starts (a dry run never gets here): the hub ids too
-    if os.path.exists(out) and not os.path.isdir(out):
-        fail(f"{flag} {out}: is a file; pass a directory")
-    if not resume and os.path.isdir(out):
-        held = [m for m in RUN_MARKERS if os.path.exists(os.path.join(out, m))]
-        if held:
-            fail(f"{flag} {out} already holds a run ({', '.join(held)}); pass --resume {out} to continue it, "
-                 f"or choose a new {flag}")
+    check(not os.path.exists(out) or os.path.isdir(out), f"{flag} {out}: is a file; pass a directory")
+    held = [m for m in RUN_MARKERS if not resume and os.path.exists(os.path.join(out, m))]
+    check(not held, f"{flag} {out} already holds a run ({', '.join(held)}); pass --resume {out} to continue it, "
+                    f"or choose a new {flag}")
     try:
         os.makedirs(out, exist_ok=True)
         probe = os.path.join(out, f".write_probe{os.getpid()}")
-        with open(probe, "w") as f:
-            f.write("ok")
+        open(probe, "w").close()
         os.remove(probe)
     except OSError as e:
         fail(f"{flag} {out}: not writable ({e.strerror})")
     return out
 
 
-def checkpoint_dir(path):
-    """<run>/checkpoint for a run directory, else the path itself (a checkpoint directory)."""
-    path = path.rstrip("/")
-    return path if os.path.basename(path).startswith("checkpoint") else os.path.join(path, "checkpoint")
-
-
 def find_checkpoint(path, repair=True):
-    """The complete checkpoint of a run (or checkpoint dir), recovering an interrupted swap: a copy is complete when
-    its state.json (written last) parses. Returns its directory, or None if there is none.
-    repair=False (a dry run) only looks: a recoverable copy is returned where it lies, nothing moves."""
-    final = checkpoint_dir(path)
+    """The complete checkpoint (its dir, or None) of a run or checkpoint dir, recovering an interrupted swap: a copy is
+    complete when its state.json (written last) parses. repair=False (a dry run) only looks: nothing moves."""
+    path = path.rstrip("/")  # a run directory, or its checkpoint directory
+    final = path if os.path.basename(path).startswith("checkpoint") else os.path.join(path, "checkpoint")
     tmp, old = final + ".tmp", final + ".old"
     if not os.path.exists(os.path.join(final, "state.json")):  # a corrupt one there: resume_from names it
         for cand in (tmp, old):  # tmp is newer than old: prefer it when it was finished
@@ -242,9 +224,8 @@ def find_checkpoint(path, repair=True):
 
 
 def save_checkpoint(out_dir, write, marker="state.json", name="checkpoint", keep=()):
-    """Swap out_dir/<name> in whole: write(tmp_dir) fills a fresh tmp dir and must write `marker` last;
-    then checkpoint -> .old, tmp -> checkpoint, .old removed. A crash at any point leaves one complete copy.
-    `keep`: glob patterns of files in the old directory that move over (a hand-written model card)."""
+    """Swap out_dir/<name> in whole: write(tmp_dir) fills a fresh tmp dir, `marker` last; checkpoint -> .old, tmp ->
+    checkpoint, .old removed: a crash leaves one complete copy. keep: globs of old files to carry (a model card)."""
     final = os.path.join(out_dir, name)
     tmp, old = final + ".tmp", final + ".old"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -267,9 +248,8 @@ def save_checkpoint(out_dir, write, marker="state.json", name="checkpoint", keep
 
 
 def restore_checkpoint(ckpt, out_dir, through_step=False, **objects):
-    """Load each object's state from ckpt/<name>.pt (optimizer=..., scheduler=...) and cut out_dir/metrics.jsonl
-    back to the checkpoint: rows of steps after it (and a truncated last line) go; through_step keeps the
-    checkpoint's own step (sft.py logs a step under the count it ends). Returns state.json's dict."""
+    """Load each object from ckpt/<name>.pt (optimizer=...), cut out_dir/metrics.jsonl back to the checkpoint (later
+    steps, a truncated last line; through_step keeps its own step: sft.py's numbering). Returns state.json's dict."""
     import torch
     import data
     for name, obj in objects.items():
@@ -291,7 +271,6 @@ def save_model_checkpoint(out_dir, model, tokenizer, args, state, extra=None, na
     (the step counters and the run's flags, written last), swapped in whole by save_checkpoint."""
     import torch
     import data
-
     def write(tmp):  # state.json last and atomically: a crash mid-write leaves no half file that looks complete
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -302,8 +281,7 @@ def save_model_checkpoint(out_dir, model, tokenizer, args, state, extra=None, na
 
 
 def start_wandb(project, args, axes):
-    """A wandb run (None when project is None) logging the run's flags, each key pattern on its x-axis key
-    (seed 000 §4.3's two axes: train/* on train steps, eval/* on validations)."""
+    """A wandb run (None without a project) with the run's flags, each key pattern on its x-axis (seed 000 §4.3)."""
     if not project:
         return None
     import wandb
@@ -342,10 +320,8 @@ def read_metrics(path, quiet=False):
 
 # ----------------------------------------------------------------------------- validation
 def greedy_eval(engine, rows, reward, max_tokens, min_tokens=0, workers=None):
-    """Greedy answers to rows' prompts (their "stop" strings, data.load_task) on the engine's current weights, graded
-    -> (eval/ metrics, sample rows).
-    The validation every trainer logs (grpo.py, grpo_ray.py, sft.py): eval/accuracy is the fraction with
-    answer reward 1, the one meaning of accuracy in every script."""
+    """The validation every trainer logs: greedy answers to rows' prompts (and "stop" strings) on the engine's weights,
+    graded -> (eval/ metrics, sample rows). eval/accuracy = the fraction with answer reward 1, in every script."""
     import grader
     import rollout
     outs = [o[0] for o in rollout.generate(engine, [r["prompt"] for r in rows], n=1, temperature=0.0,
@@ -366,9 +342,8 @@ DTYPES = ("auto", "float32", "bfloat16")
 
 
 def resolve_precision(device, dtype="auto", pure_bf16=False):
-    """(dtype the weights and AdamW state live in, dtype forward/backward run in); auto: bf16 compute on CUDA,
-    fp32 on CPU. bf16 compute keeps fp32 master weights and AdamW state (autocast): a pure-bf16 update under half
-    a bf16 step is rounded away (at lr 1e-5 every weight with |w| >~ 0.004). pure_bf16: half the memory, that cost."""
+    """(weights' and AdamW's dtype, forward/backward dtype); auto: bf16 compute on CUDA, fp32 on CPU. bf16 keeps fp32
+    master weights (autocast): pure bf16 rounds away updates under half a bf16 step (lr 1e-5: any |w| >~ 0.004)."""
     import torch
     compute = torch.bfloat16 if dtype == "bfloat16" or (dtype == "auto" and str(device).startswith("cuda")) \
         else torch.float32
@@ -376,10 +351,9 @@ def resolve_precision(device, dtype="auto", pure_bf16=False):
 
 
 def engine_share(args, policy=None, extra_models=0):
-    """vLLM's GPU fraction: 0.85 on its own GPU (seed 001) or with no policy beside it; on the policy's GPU what
-    the trainer leaves: its weights + AdamW's two moments (+ extra_models frozen copies in the compute dtype) stay
-    resident, gradients only while training (the engine's memory is free then with --sleep-engine), activations
-    and the allocator get a 15% margin."""
+    """vLLM's GPU fraction: 0.85 on its own GPU (seed 001) or with no policy beside it; on the policy's GPU what the
+    trainer leaves: weights + AdamW's two moments (+ extra_models frozen copies in the compute dtype) stay resident,
+    gradients only while training (not with --sleep-engine); activations and the allocator get a 15% margin."""
     import torch
     pol, eng = torch.device(args.policy_device), torch.device(args.vllm_device)
     if policy is None or not (pol.type == eng.type == "cuda" and (pol.index or 0) == (eng.index or 0)):
