@@ -1,12 +1,12 @@
 """Reward functions: fn(response: str, ground_truth) -> {"reward", "format_reward", "answer_reward"}.
 
 Pure (no printing, no randomness); no verdict takes more than ~1 s whatever the input (after a ~1 s sympy warm-up).
-Math equivalence = light normalisation, an exact fast path (string / rational equality), then math-verify (sympy). It never sees long answers, unbalanced braces, huge literals, big/nested
-exponents or big factorials, nor logic statements, which it reads as one operand ("\\neg 5" is 5, "5 \\lor 6" is 6);
-set operations and relations ("5 \\cup 6", "5 | 6") only where the reference has the same. Time bound: in a main
-thread a sub-second setitimer alarm (its own whole-second signal.alarm timeouts refuse threads: off); elsewhere a
-pebble ProcessPool worker, killed at HARD_LIMIT_S (verdict "not equal") and replaced: `grade_batch` grades on that
-pool (Ray actors, daemonic processes too); its forkserver imports the main script, which needs the `__main__` guard.
+Math equivalence = light normalisation, an exact fast path (string / rational equality), then math-verify (sympy),
+which never sees long answers, unbalanced braces, huge literals, big/nested exponents, big factorials, logic (read as
+one operand: "\\neg 5" is 5, "5 \\lor 6" is 6), or set operations and relations ("5 \\cup 6", "5 | 6") the reference
+lacks. Time bound: in a main thread a sub-second setitimer alarm (its own signal.alarm timeouts refuse threads: off);
+elsewhere a pebble ProcessPool worker, killed at HARD_LIMIT_S (verdict "not equal") and replaced: `grade_batch` grades
+on that pool (Ray actors too); its forkserver imports the main script, which needs the `__main__` guard.
 
 Countdown: seed 002 says "each number n_i must be used in E exactly once", but its `_validate_numbers` accepts a subset.
 "countdown" requires ALL numbers, once each (the problem statement, Countdown-Tasks-3to4); "countdown_subset",
