@@ -352,7 +352,7 @@ def resolve_precision(device, dtype="auto", pure_bf16=False):
 
 def engine_share(args, policy=None, extra_models=0):
     """vLLM's GPU fraction: 0.85 on its own GPU (seed 001) or with no policy beside it; on the policy's GPU what the
-    trainer leaves: weights + AdamW's two moments (+ extra_models frozen copies in the compute dtype) stay resident,
+    trainer leaves: weights + AdamW's two moments (+ extra_models frozen copies in the weights' dtype) stay resident,
     gradients only while training (not with --sleep-engine); activations and the allocator get a 15% margin."""
     import torch
     pol, eng = torch.device(args.policy_device), torch.device(args.vllm_device)
@@ -360,7 +360,7 @@ def engine_share(args, policy=None, extra_models=0):
         return 0.85
     w, c = (torch.finfo(getattr(torch, d) if isinstance(d, str) else d).bits // 8 for d in (args.param_dtype, args.compute_dtype))
     n = sum(p.numel() for p in policy.parameters())
-    resident, grads = n * 3 * w + c * n * int(extra_models), n * w
+    resident, grads = n * 3 * w + w * n * int(extra_models), n * w
     total = torch.cuda.get_device_properties(pol).total_memory
     share = 1 - (resident + (0 if args.sleep_engine else grads)) / total - 0.15
     check(share > 0.05, f"the policy needs {(resident + grads) / 2**30:.1f} GiB of this GPU's {total / 2**30:.1f}: "

@@ -84,10 +84,14 @@ def parse_args(argv=None):
     g = p.add_argument_group("off-policy correction and DAPO")  # --- correction ---
     g.add_argument("--old-log-probs", default="trainer", choices=["trainer", "engine"], help="pi_old source (engine: skip a pass)")
     g.add_argument("--rollout-is", default="none", choices=losses.ROLLOUT_IS, help="correct engine/trainer mismatch")
-    g.add_argument("--rollout-is-cap", type=pfloat, default=2.0, help="TIS truncation / MIS band [1/C, C]")
+    g.add_argument("--rollout-is-cap", type=pfloat, default=2.0, help="TIS truncation / MIS cap: rho > C gets weight 0")
+    g.add_argument("--rollout-is-floor", type=common.nonneg_float, default=0.0,
+                   help="MIS only: also weight 0 where rho < this (0 = no lower bound, as MIS defines it)")
     g.add_argument("--rollout-is-level", default="token", choices=["token", "sequence"], help="ratio per token or sequence")
     g.add_argument("--dynamic-sampling", action="store_true", help="drop equal-reward groups, resample to fill (DAPO)")
     g.add_argument("--dynamic-sampling-max-rounds", type=nonneg, default=3, help="extra generation rounds at most")
+    g.add_argument("--dynamic-sampling-on", default="answer_reward", choices=["answer_reward", "reward"],
+                   help="the score whose within-group variance keeps a group: accuracy (DAPO) or the total reward")
     g.add_argument("--mask-truncated", action="store_true", help="truncated responses leave the loss (DAPO)")
     g.add_argument("--overlong-buffer", type=nonneg, default=0, help="DAPO soft length penalty over the last N tokens")
     g = p.add_argument_group("sampling")  # --- sampling ---
@@ -153,6 +157,8 @@ def resolve(args):
     c(args.min_tokens <= args.max_tokens, f"--min-tokens {args.min_tokens} must be <= --max-tokens {args.max_tokens}")
     c(args.overlong_buffer < args.max_tokens, f"--overlong-buffer {args.overlong_buffer} must be < --max-tokens {args.max_tokens}")
     c(args.rollout_is == "none" or args.old_log_probs == "trainer", "--rollout-is needs the trainer's pi_old: drop --old-log-probs engine")
+    c(args.rollout_is_floor == 0 or args.rollout_is == "mis", "--rollout-is-floor is a bound of --rollout-is mis")
+    c(args.rollout_is_floor < args.rollout_is_cap, "--rollout-is-floor must be below --rollout-is-cap")
     c(args.kl_beta == 0 or args.kl_estimator != "seq", "--kl-estimator seq is for monitoring; the penalty needs k1, k2 or k3")
     c(args.sleep_engine is False or args.engine == "vllm", "--sleep-engine frees vLLM's GPU memory: use --engine vllm")
     c(args.seed < SEED_SPACE and args.n_grpo_steps < SEED_SPACE, f"--seed and --n-grpo-steps must be < {SEED_SPACE}")
@@ -215,7 +221,9 @@ def build_learner(args):
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
     if args.resume:  # every grpo_ray.py learner loads the one checkpoint: the group stays in lockstep
         optimizer.load_state_dict(torch.load(os.path.join(args.resume, "optimizer.pt"), map_location="cpu"))
-    frozen = [load_policy(args.model, args, dtype=args.compute_dtype)[0].eval().requires_grad_(False)
+    # in the policy's own weight dtype (fp32 master weights stay fp32), run under the same autocast: at step 0
+    # KL(pi || pi_init) and its gradient are exactly 0, not bf16 rounding
+    frozen = [load_policy(args.model, args)[0].eval().requires_grad_(False)
               for _ in range(args.frozen_models)]
     return policy, tokenizer, optimizer, *(frozen + [None, None])[:2]
 
@@ -268,12 +276,19 @@ def collect(engine, train_rows, args, step, shard=(0, 1)):
     start, rng = i * total // n, random.Random(f"{sample_seed(args, step)}-{i}")  # extra rounds: this shard's own draws
     rows = random.Random(sample_seed(args, step)).sample(train_rows, total)[start:(i + 1) * total // n]
     want, batch, sampled, t0, t_grade, t_round0 = len(rows), None, 0, time.perf_counter(), 0.0, None
+    n_flat = 0  # sampled groups dropped for no variance (--dynamic-sampling)
     for rnd in range(1 + args.dynamic_sampling_max_rounds * args.dynamic_sampling):
         part, t1 = rollout(engine, rows, args, sample_seed(args, step, rnd) + 2 * start * G), time.perf_counter()
         part, sampled, t_grade = score(part, args), sampled + len(rows), t_grade + time.perf_counter() - t1
-        if args.dynamic_sampling:  # keep the groups with reward variance, up to the batch size
-            raw, have = part["raw"].view(-1, G), 0 if batch is None else len(batch["raw"]) // G  # (n, G)
-            keep = [g * G + j for g in range(len(rows)) if raw[g].max() > raw[g].min() for j in range(G)][:(want - have) * G]
+        if args.dynamic_sampling:  # keep the groups with variance (DAPO: of accuracy), up to the batch size
+            if args.dynamic_sampling_on == "answer_reward":
+                signal = torch.tensor([d["answer_reward"] for d in part["rewards"]], dtype=torch.float32)
+            else:
+                signal = part["raw"]  # the total reward, length shaping included
+            varied = [g for g in range(len(rows)) if signal[g * G:(g + 1) * G].max() > signal[g * G:(g + 1) * G].min()]
+            n_flat += len(rows) - len(varied)
+            have = 0 if batch is None else len(batch["raw"]) // G
+            keep = [g * G + j for g in varied for j in range(G)][:(want - have) * G]
             flat, part = part, {k: (v[keep] if torch.is_tensor(v) else [v[i] for i in keep]) for k, v in part.items()}
         batch = part if batch is None else {k: (torch.cat([batch[k], v]) if torch.is_tensor(v) else batch[k] + v)
                                             for k, v in part.items()}
@@ -296,7 +311,7 @@ def collect(engine, train_rows, args, step, shard=(0, 1)):
          "train/truncation_rate": fmean(batch["truncated"]), "time/generation": time.perf_counter() - t0 - t_grade,
          "time/grading": t_grade}
     if args.dynamic_sampling:
-        m.update({"train/dynamic_filtered_frac": 1 - kept / sampled, "train/dynamic_prompts_sampled": sampled,
+        m.update({"train/dynamic_filtered_frac": n_flat / sampled, "train/dynamic_prompts_sampled": sampled,
                   "time/dynamic_extra_generation": time.perf_counter() - t0 - t_round0})
     return batch, m
 
@@ -367,11 +382,12 @@ def train_step(policy, optimizer, batch, args, step, ref_model=None, prev_model=
     old = tensors["engine_log_probs"] if engine_old else cur
     mask, weights = tensors["response_mask"], None
     if cur is not None:  # engine-trainer mismatch (kernels, precision; staleness when lag > 0)
-        weights, keep, is_m = losses.compute_rollout_is(cur, tensors["engine_log_probs"], mask, args.rollout_is,
-                                                        args.rollout_is_cap, args.rollout_is_level)
+        weights, is_m = losses.compute_rollout_is(cur, tensors["engine_log_probs"], mask, args.rollout_is,
+                                                  args.rollout_is_cap, args.rollout_is_level, args.rollout_is_floor)
         m.update({f"train/{k}": v for k, v in is_m.items()})
         m["train/logprob_mismatch"] = losses.masked_mean((cur - tensors["engine_log_probs"]).abs(), mask).item()
-        mask, weights = (keep if args.rollout_is == "mis" else mask), (weights if args.rollout_is == "tis" else None)
+        if args.rollout_is == "none":
+            weights = None
     ref = batch_log_probs(ref_model, tensors, args, ban_ids, dp) if (args.kl_beta or do_kl) and ref_model is not None else None
     if do_kl:
         m["train/kl_ref"] = losses.kl_divergence(cur, ref, tensors["response_mask"], args.kl_estimator).item()
@@ -379,7 +395,7 @@ def train_step(policy, optimizer, batch, args, step, ref_model=None, prev_model=
             prev = batch_log_probs(prev_model, tensors, args, ban_ids, dp)
             m["train/kl_prev"] = losses.kl_divergence(cur, prev, tensors["response_mask"], args.kl_estimator).item()
             if lag == 1:  # prev generated this batch: split the mismatch into kernel and staleness parts
-                m["train/mismatch_kernel_kl"] = losses.kl_divergence(prev, tensors["engine_log_probs"], mask, "k3").item()
+                m["train/mismatch_kernel_kl"] = losses.kl_divergence(tensors["engine_log_probs"], prev, mask, "k3").item()  # KL(mu || pi_prev)
                 m["train/mismatch_staleness_kl"] = losses.kl_divergence(prev, cur, mask, "k3").item()
     if prev_model is not None and args.kl_every and (step + 1) % args.kl_every == 0:
         prev_model.load_state_dict(policy.state_dict())  # pi_t, the previous policy of the next step

@@ -69,10 +69,20 @@ class _ChunkedLogProbs(torch.autograd.Function):
                 ent[s:s + chunk] = -(z.exp() * z).sum(-1)
         ctx.save_for_backward(h, weight, labels, lse, ent, ban, ban_ids)
         ctx.temperature, ctx.chunk = temperature, chunk
+        # backward must recompute exactly these logits: under autocast h @ W^T ran in the autocast dtype, and the
+        # softmax built from an fp32 recomputation minus this lse would not sum to 1
+        device_type = h.device.type
+        ctx.autocast = (device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
         return logp, ent
 
     @staticmethod
     def backward(ctx, g_logp, g_ent):  # g_logp, g_ent (N,) or None
+        device_type, enabled, dtype = ctx.autocast
+        with torch.autocast(device_type, dtype=dtype, enabled=enabled):  # the forward's precision, on CPU and CUDA
+            return _ChunkedLogProbs._backward(ctx, g_logp, g_ent)
+
+    @staticmethod
+    def _backward(ctx, g_logp, g_ent):
         h, weight, labels, lse, ent, ban, ban_ids = ctx.saved_tensors
         c, w = ctx.chunk, None if weight is None else weight.to(h.dtype)
         need_h, need_w = ctx.needs_input_grad[0], w is not None and ctx.needs_input_grad[1]
@@ -336,23 +346,49 @@ def kl_divergence(policy_log_probs, ref_log_probs, response_mask, estimator="k3"
     return masked_mean(compute_kl(policy_log_probs, ref_log_probs, estimator), response_mask)
 
 
-def compute_rollout_is(old_log_probs, engine_log_probs, response_mask, mode="tis", cap=2.0, level="token"):
-    """Rollout correction (Yao et al. 2025): the engine samples mu, the trainer scores pi_old (kernels, precision,
-    staleness). ratio = pi_old / mu per token or per sequence; tis: weights min(ratio, cap); mis: tokens (sequences)
-    outside [1/cap, cap] leave the mask. -> (weights (B, T), mask (B, T), metrics: k3 KL(mu || pi_old), the ratio's
-    mean/min/max, the fraction of tokens outside [0.5, 2], the fraction dropped)."""
-    _need(mode in ROLLOUT_IS and level in ("token", "sequence"), f"rollout IS {mode!r} / {level!r}: {ROLLOUT_IS} / token, sequence")
+def compute_rollout_is(old_log_probs, engine_log_probs, response_mask, mode="tis", cap=2.0, level="token", floor=0.0):
+    """Rollout correction: the engine samples mu, the trainer scores pi_old (kernels, precision, staleness), and
+    rho = pi_old / mu per token, or per sequence (the product over its tokens).
+    - tis (truncated IS; Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+      Training"): weight min(rho, cap).
+    - mis (masked IS; Liu et al. 2025, "When Speed Kills Stability: Demystifying RL Collapse from the
+      Training-Inference Mismatch"): weight rho where rho <= cap, 0 beyond it. A dropped token (sequence) keeps
+      its place in the loss's normaliser with weight 0, as in the estimator E_mu[1(rho <= C) rho A grad log pi].
+      floor > 0 also drops rho < floor (an explicit option; the definition has no lower bound).
+    -> (detached weights (B, T), metrics: k3 KL(mu || pi_old), rho's mean/min/max over response tokens, the
+    fraction of tokens with rho outside [0.5, 2], the fraction of response tokens MIS weights 0)."""
+    _need(mode in ROLLOUT_IS, f"rollout IS mode {mode!r}: choose one of {ROLLOUT_IS}")
+    _need(level in ("token", "sequence"), f"rollout IS level {level!r}: choose token or sequence")
     mask = response_mask.bool()
     log_ratio = torch.where(mask, old_log_probs - engine_log_probs, 0.0)  # (B, T)
-    ratio = torch.where(mask, log_ratio.sum(-1, keepdim=True), 0.0).exp() if level == "sequence" else log_ratio.exp()
-    weights = ratio.clamp(max=cap) if mode == "tis" else torch.ones_like(ratio)
-    keep = mask & (ratio >= 1.0 / cap) & (ratio <= cap) if mode == "mis" else mask
-    lr, r = (log_ratio[mask], ratio[mask]) if mask.any() else (torch.zeros(1), torch.ones(1))  # (n,) per response token
-    metrics = {"mismatch_kl": (lr.exp() - 1 - lr).mean().item(), "is_weight_mean": r.mean().item(),
-               "is_weight_min": r.min().item(), "is_weight_max": r.max().item(),
-               "is_weight_outside_frac": (lr.abs() > 0.6931472).float().mean().item(),  # |log r| > log 2
-               "is_dropped_frac": 1.0 - keep.sum().item() / max(mask.sum().item(), 1)}
-    return weights.detach(), keep, metrics
+    if level == "sequence":
+        ratio = torch.where(mask, log_ratio.sum(-1, keepdim=True), 0.0).exp()  # (B, T), the row's rho on its tokens
+    else:
+        ratio = log_ratio.exp()  # (B, T)
+    kept = torch.ones_like(mask)  # (B, T)
+    if mode == "tis":
+        weights = ratio.clamp(max=cap)
+    elif mode == "mis":
+        kept = (ratio <= cap) & (ratio >= floor)
+        weights = torch.where(kept, ratio, 0.0)
+    else:
+        weights = torch.ones_like(ratio)
+    dropped = mask & ~kept
+    if mask.any():
+        lr = log_ratio[mask]  # (n,) per response token
+        r = ratio[mask]
+    else:
+        lr = torch.zeros(1)
+        r = torch.ones(1)
+    metrics = {
+        "mismatch_kl": (lr.exp() - 1 - lr).mean().item(),
+        "is_weight_mean": r.mean().item(),
+        "is_weight_min": r.min().item(),
+        "is_weight_max": r.max().item(),
+        "is_weight_outside_frac": (lr.abs() > 0.6931472).float().mean().item(),  # |log rho| > log 2
+        "is_dropped_frac": dropped.sum().item() / max(mask.sum().item(), 1),
+    }
+    return weights.detach(), metrics
 
 
 # ----------------------------------------------------------------------------- GRPO microbatch
@@ -383,7 +419,8 @@ def grpo_microbatch_loss(policy_log_probs, response_mask, gradient_accumulation_
         loss = (masked_mean_per_sequence(per_token, mask) if length_norm == "masked_mean" else
                 masked_normalize(per_token, mask, normalize_constant, dim=-1).mean()) / gradient_accumulation_steps
     if "clipped" in loss_meta:
-        meta["clip_fraction"] = masked_mean(loss_meta["clipped"].float(), mask)
+        n_tokens = mask.sum().clamp(min=1)  # a pass with no response token left clips nothing: 0, not NaN
+        meta["clip_fraction"] = masked_normalize(loss_meta["clipped"].float(), mask, n_tokens)
     if "ratio" in loss_meta:
         r = loss_meta["ratio"]
         meta.update(ratio_mean=masked_mean(r, mask), ratio_max=torch.where(mask, r, -torch.inf).max(),

@@ -94,9 +94,8 @@ def objective_loss(logp, old, batch, tensors, args):
                                                         args.advantage_eps, args.std_norm, reward_dicts=batch["raw"].tolist())
     mask, weights = tensors["response_mask"], None
     if args.rollout_is != "none":
-        weights, keep, _ = losses.compute_rollout_is(old, tensors["engine_log_probs"], mask, args.rollout_is,
-                                                     args.rollout_is_cap, args.rollout_is_level)
-        mask, weights = (keep, None) if args.rollout_is == "mis" else (mask, weights)
+        weights, _ = losses.compute_rollout_is(old, tensors["engine_log_probs"], mask, args.rollout_is,
+                                               args.rollout_is_cap, args.rollout_is_level, args.rollout_is_floor)
     n_tok = max(int(mask.sum()), 1)
     loss, meta = losses.grpo_microbatch_loss(
         logp, mask, 1, args.loss, raw_rewards=batch["raw_rewards"], advantages=adv, old_log_probs=old,
@@ -157,7 +156,7 @@ def run(a):
     times["emulated_step"] = time.perf_counter() - t0 - sum(times.values())
     mask = tensors["response_mask"]
     ratio = (cur - old).exp()[mask]
-    _, _, is_m = losses.compute_rollout_is(old, tensors["engine_log_probs"], mask, "tis")
+    _, is_m = losses.compute_rollout_is(old, tensors["engine_log_probs"], mask, "tis")
     result = {"config": {"engine": base.engine, "prompts": base.n_prompts_per_rollout_batch, "group_size": base.group_size,
                          "max_tokens": base.max_tokens, "temperature": base.temperature, "shared_prefix": base.shared_prefix,
                          "threads": torch.get_num_threads(), "load_avg_1m": os.getloadavg()[0],

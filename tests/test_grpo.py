@@ -193,16 +193,19 @@ def test_dapo_token_norm_divides_by_the_whole_steps_tokens(live):
 
 @pytest.mark.parametrize("mode,level", [("tis", "token"), ("tis", "sequence"), ("mis", "token"), ("mis", "sequence")])
 def test_rollout_is_weights_and_masks_the_step(live, mode, level):
-    """mu lowered on rows 0-3 so pi_old / mu = 3 per token (TIS: the cap 2; MIS: dropped) and on rows 4-7 to 1.5 (TIS
-    1.5 per token, the cap 2 per sequence of >= 2 tokens; MIS: kept per token, dropped per sequence). With the seed's
-    masked_mean a row's weight scales its advantage and a dropped row counts 0, so each step's gradient is that of a
-    --rollout-is none step on hand-rescaled advantages."""
+    """mu lowered on rows 0-3 so pi_old / mu = 3 per token (TIS: the cap 2; MIS: weight 0) and on rows 4-7 to 1.5
+    (TIS 1.5 per token, the cap 2 per sequence of >= 2 tokens; MIS: weight 1.5 per token, 0 per sequence). With the
+    seed's masked_mean a row's weight scales its advantage and a dropped row counts 0, so each step's gradient is
+    that of a --rollout-is none step on hand-rescaled advantages."""
     b, n = live["batch"], len(live["batch"]["advantages"])
     ratio = torch.tensor([3.0] * 4 + [1.5] * 4 + [1.0] * (n - 8))
     seq_ratio = ratio ** torch.tensor([len(r) for r in b["response_ids"]])
     assert seq_ratio[:8].min() > 2  # every shifted response has >= 2 tokens
     r = seq_ratio if level == "sequence" else ratio
-    scale = r.clamp(max=2.0) if mode == "tis" else ((r >= 0.5) & (r <= 2.0)).float()  # (n,)
+    if mode == "tis":
+        scale = r.clamp(max=2.0)  # (n,)
+    else:
+        scale = torch.where(r <= 2.0, r, 0.0)  # (n,) MIS: rho where kept
     adv = torch.linspace(-1.0, 1.0, n)
     mu = [[x - math.log(q) for x in lp] for lp, q in zip(b["engine_logprobs"], ratio.tolist())]  # the engine's, shifted
     g, h, m = step_gradient(live, "--rollout-is", mode, "--rollout-is-level", level,
@@ -332,6 +335,85 @@ def test_dynamic_sampling_with_no_variance_anywhere_trains_one_flat_batch(live, 
     assert m["train/dynamic_filtered_frac"] == 1.0 and "no group with reward variance" in capsys.readouterr().out
 
 
+def scripted_rewards(monkeypatch, rewards):
+    """The keyword reward replaced by a script: call i gets rewards[i] (then the last one). The grader runs in this
+    process (--grader-workers 0) in input order, so the script decides each group's rewards."""
+    calls = []
+
+    def reward(response, ground_truth):
+        calls.append(response)
+        return rewards[min(len(calls), len(rewards)) - 1]
+    monkeypatch.setitem(grader.REWARD_FNS, "keyword", reward)
+
+
+def test_dynamic_filtered_frac_counts_flat_groups_only(live, monkeypatch):
+    """4 prompts wanted; round 0: group 0 flat, groups 1-3 varied (3 kept); round 1 samples 2 prompts, both varied,
+    one needed. 1 flat group of 6 sampled: 1/6 (groups merely not needed are not "filtered")."""
+    flat = {"reward": 0.0, "format_reward": 0.0, "answer_reward": 0.0}
+    right = {"reward": 1.0, "format_reward": 1.0, "answer_reward": 1.0}
+    scripted_rewards(monkeypatch, [flat] * 4 + [flat, right] * 100)
+    args = make(live, "--dynamic-sampling")
+    batch, m = grpo.collect(live["engine"], live["rows"], args, 1)
+    assert m["train/dynamic_prompts_sampled"] == 6
+    assert m["train/dynamic_filtered_frac"] == pytest.approx(1 / 6)
+    assert len(batch["raw"]) == args.rollout_batch_size
+
+
+def test_dynamic_sampling_filters_on_accuracy_by_default(live, monkeypatch, capsys):
+    """Groups that differ only in format reward (1.0 / 0.1 with the answer wrong everywhere) carry no accuracy
+    signal: DAPO's filter drops them; --dynamic-sampling-on reward keeps them."""
+    formatted = {"reward": 0.1, "format_reward": 1.0, "answer_reward": 0.0}
+    unformatted = {"reward": 0.0, "format_reward": 0.0, "answer_reward": 0.0}
+    scripted_rewards(monkeypatch, [formatted, unformatted] * 1000)
+    args = make(live, "--dynamic-sampling", "--dynamic-sampling-max-rounds", "1")
+    _, m = grpo.collect(live["engine"], live["rows"], args, 1)
+    assert m["train/dynamic_filtered_frac"] == 1.0
+    assert "no group with reward variance" in capsys.readouterr().out
+    scripted_rewards(monkeypatch, [formatted, unformatted] * 1000)
+    args = make(live, "--dynamic-sampling", "--dynamic-sampling-on", "reward")
+    batch, m = grpo.collect(live["engine"], live["rows"], args, 1)
+    assert m["train/dynamic_filtered_frac"] == 0.0 and batch["advantages"].abs().min() > 0
+
+
+def test_kl_to_the_initial_policy_is_exactly_zero_at_step_0_under_bf16(live):
+    """bf16 autocast over fp32 master weights: the frozen pi_init keeps the policy's fp32 weights and runs under
+    the same autocast, so at step 0 KL(pi || pi_init) and the KL penalty's gradient are exactly 0."""
+    args = make(live, "--dtype", "bfloat16", "--kl-beta", "0.5", "--kl-every", "1", "--loss", "grpo_clip")
+    args.max_grad_norm = math.inf
+    policy, _, _, ref_model, _ = grpo.build_learner(args)
+    assert next(ref_model.parameters()).dtype == next(policy.parameters()).dtype == torch.float32
+    grads = []
+    for beta in (0.5, 0.0):
+        args.kl_beta = beta
+        params = list(policy.parameters())
+        probe = torch.optim.SGD(params, lr=0.0)  # reads the gradient, moves nothing
+        probe.register_step_pre_hook(lambda *_: grads.append(torch.cat([p.grad.flatten() for p in params])))
+        _, m = grpo.train_step(policy, probe, live["batch"], args, 0, ref_model=ref_model)
+        assert m["train/kl_ref"] == 0.0
+    assert grads[0].norm() > 0 and torch.equal(grads[0], grads[1])  # the penalty adds exactly nothing
+
+
+def test_mismatch_kernel_kl_is_kl_of_the_engine_to_the_generating_policy(live):
+    """On a one-version-stale batch (lag 1), train/mismatch_kernel_kl = KL(mu || pi_prev), estimated by k3 on the
+    engine's samples: E_mu[pi_prev / mu - 1 - log(pi_prev / mu)]. mu is shifted 1 nat below the engine's own
+    log-probs, so the right order reads about e - 2 = 0.72 and the swapped one (chi^2 - KL) about 0.37."""
+    args = make(live, "--loss", "grpo_clip", "--kl-every", "1")
+    policy = grpo.load_policy(live["model_dir"], args)[0]
+    prev_model = grpo.load_policy(live["model_dir"], args)[0]
+    prev_model.holds_step = -1  # it generated the batch of step 0: the policy one update before
+    mu = [[x - 1.0 for x in lp] for lp in live["batch"]["engine_logprobs"]]
+    batch = dict(live["batch"], engine_logprobs=mu)
+    tensors = grpo.collate(batch, args)
+    prev = grpo.batch_log_probs(prev_model, tensors, args, batch["ban_token_ids"])
+    log_r = (prev - tensors["engine_log_probs"])[tensors["response_mask"]]  # log(pi_prev / mu) per token
+    want = (log_r.exp() - 1 - log_r).mean().item()
+    optimizer = torch.optim.SGD(policy.parameters(), lr=0.0)
+    ref_model = grpo.load_policy(live["model_dir"], args)[0]
+    _, m = grpo.train_step(policy, optimizer, batch, args, 0, ref_model, prev_model, lag=1)
+    assert m["train/mismatch_kernel_kl"] == pytest.approx(want, rel=1e-5)
+    assert m["train/mismatch_kernel_kl"] == pytest.approx(math.e - 2, abs=1e-3)
+
+
 def test_mask_truncated_and_overlong_buffer(live):
     args = make(live, "--mask-truncated", "--overlong-buffer", "8")
     batch = {k: (list(v) if isinstance(v, list) else v.clone() if torch.is_tensor(v) else v) for k, v in live["batch"].items()}
@@ -389,19 +471,19 @@ def test_sync_makes_engine_match_policy(live):
 
 
 def test_engine_share_on_a_shared_gpu_counts_the_trainers_memory(monkeypatch):
-    """The one-GPU split: the policy's fp32 weights + AdamW moments (12 B/param), 2 frozen bf16 copies for --kl-every
-    (4 B/param), fp32 grads unless --sleep-engine (4 B/param), a 15% margin. No policy beside it (a Ray generator
+    """The one-GPU split: the policy's fp32 weights + AdamW moments (12 B/param), 2 frozen copies for --kl-every in
+    the weights' dtype (fp32: 8 B/param), fp32 grads unless --sleep-engine (4 B/param), a 15% margin. No policy beside it (a Ray generator
     actor): 0.85. The GPU's size is the one stand-in (no CUDA here)."""
     from types import SimpleNamespace
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: SimpleNamespace(total_memory=10 ** 9))
     policy = torch.nn.Linear(1000, 10_000, bias=False)  # 10M params
     args = SimpleNamespace(policy_device="cuda:0", vllm_device="cuda", param_dtype=torch.float32,
                            compute_dtype=torch.bfloat16, sleep_engine=False)
-    assert common.engine_share(args, policy, extra_models=2) == pytest.approx(1 - 0.2 - 0.15)
+    assert common.engine_share(args, policy, extra_models=2) == pytest.approx(1 - 0.24 - 0.15)
     assert common.engine_share(args, policy=None) == 0.85
     assert common.engine_share(SimpleNamespace(**vars(args) | {"vllm_device": "cuda:1"}), policy) == 0.85
     args.sleep_engine = True
-    assert common.engine_share(args, policy, extra_models=2) == pytest.approx(1 - 0.16 - 0.15)
+    assert common.engine_share(args, policy, extra_models=2) == pytest.approx(1 - 0.2 - 0.15)
 
 
 def test_sleep_engine_call_order(live, monkeypatch, tmp_path):

@@ -389,25 +389,56 @@ def test_rollout_is_tis_and_mis_on_a_hand_made_batch():
     old = torch.log(T([[0.5, 0.9, 0.3], [0.2, 0.2, 0.6]]))
     mu = torch.log(T([[0.1, 0.9, 0.9], [0.1, 0.3, 0.6]]))  # token ratios 5, 1, 1/3 | 2, 2/3, 1
     mask = T([[1, 1, 1], [1, 1, 0]]).bool()
-    w, keep, m = L.compute_rollout_is(old, mu, mask, "tis", cap=2.0)
+    w, m = L.compute_rollout_is(old, mu, mask, "tis", cap=2.0)
     close(w[mask], [2.0, 1.0, 1 / 3, 2.0, 2 / 3])
-    assert torch.equal(keep, mask)
     assert m["is_weight_max"] == pytest.approx(5.0) and m["is_weight_min"] == pytest.approx(1 / 3)
     assert m["is_weight_outside_frac"] == pytest.approx(2 / 5)  # 5 and 1/3 are outside [0.5, 2]
+    assert m["is_dropped_frac"] == 0.0
     lr = (old - mu)[mask]
     assert m["mismatch_kl"] == pytest.approx(float((lr.exp() - 1 - lr).mean()))
-    _, keep, m = L.compute_rollout_is(old, mu, mask, "mis", cap=2.0)
-    assert keep.tolist() == [[False, True, False], [True, True, False]] and m["is_dropped_frac"] == pytest.approx(2 / 5)
-    w, keep, _ = L.compute_rollout_is(old, mu, mask, "tis", cap=2.0, level="sequence")  # row ratios 5/3 and 4/3
+    # MIS: rho where rho <= cap, 0 beyond; no lower bound unless floor is given
+    w, m = L.compute_rollout_is(old, mu, mask, "mis", cap=2.0)
+    close(w[mask], [0.0, 1.0, 1 / 3, 2.0, 2 / 3])
+    assert m["is_dropped_frac"] == pytest.approx(1 / 5)
+    w, m = L.compute_rollout_is(old, mu, mask, "mis", cap=2.0, floor=0.5)
+    close(w[mask], [0.0, 1.0, 0.0, 2.0, 2 / 3])
+    assert m["is_dropped_frac"] == pytest.approx(2 / 5)
+    w, _ = L.compute_rollout_is(old, mu, mask, "tis", cap=2.0, level="sequence")  # row ratios 5/3 and 4/3
     close(w[0], [5 / 3] * 3)
     close(w[1, :2], [4 / 3] * 2)
-    _, keep, _ = L.compute_rollout_is(old, mu, mask, "mis", cap=1.5, level="sequence")
-    assert keep.tolist() == [[False] * 3, [True, True, False]]
+    w, _ = L.compute_rollout_is(old, mu, mask, "mis", cap=1.5, level="sequence")
+    close(w[mask], [0.0] * 3 + [4 / 3] * 2)
     # TIS weights scale each token's gradient and carry none themselves
+    w, _ = L.compute_rollout_is(old, mu, mask, "tis", cap=2.0)
     lp = old.clone().requires_grad_()
     L.grpo_microbatch_train_step(lp, mask, 1, "reinforce_with_baseline", advantages=T([1.0, 1.0]),
                                  length_norm="token", normalize_constant=5, is_weights=w.requires_grad_())
     close(lp.grad[mask], -w.detach()[mask] / 5)
+
+
+def test_mis_weights_kept_tokens_by_their_ratio():
+    """Masked IS as defined: rho = [1.8, 0.4, 3.0] with cap 2 weighs the tokens [1.8, 0.4, 0] (a drop-only filter
+    would give [1, 1, 0], or [1, 0, 0] with a 1/C lower bound); the gradient follows the weights."""
+    rho = T([[1.8, 0.4, 3.0]])
+    mu = torch.log(T([[0.5, 0.5, 0.2]]))
+    old = mu + rho.log()
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    w, _ = L.compute_rollout_is(old, mu, mask, "mis", cap=2.0)
+    close(w, [[1.8, 0.4, 0.0]])
+    lp = old.clone().requires_grad_()
+    L.grpo_microbatch_train_step(lp, mask, 1, "reinforce_with_baseline", advantages=T([1.0]),
+                                 length_norm="token", normalize_constant=3, is_weights=w)
+    close(lp.grad, [[-1.8 / 3, -0.4 / 3, 0.0]])
+
+
+def test_clip_fraction_is_zero_for_a_pass_with_no_response_token():
+    """--mask-truncated can leave a forward pass with no response token: it clips nothing (0, not NaN)."""
+    lp = torch.zeros(2, 3, requires_grad=True)
+    mask = torch.zeros(2, 3, dtype=torch.bool)
+    loss, meta = L.grpo_microbatch_train_step(lp, mask, 1, "grpo_clip", advantages=T([1.0, -1.0]),
+                                              old_log_probs=torch.zeros(2, 3), cliprange=0.2)
+    assert meta["clip_fraction"].item() == 0.0
+    assert loss.item() == 0.0 and torch.equal(lp.grad, torch.zeros(2, 3))
 
 
 def _naive_banned(model, ids, labels, ban_ids, ban_mask, temperature):
@@ -468,6 +499,45 @@ def test_bf16_autocast_over_fp32_weights(tiny):
     with torch.no_grad():
         lp, _ = _naive(model, ids, ids, 1.0)
     close(out["log_probs"], lp, 5e-2)
+
+
+def test_chunked_head_backward_recomputes_the_forwards_bf16_logits():
+    """Under CPU bf16 autocast over fp32 weights, the forward's h @ W^T runs in bf16; the backward must recompute
+    the same logits (not fp32 ones) before subtracting the forward's log-sum-exp. Checked on confident tokens
+    (p > 0.99), where a mismatched softmax multiplies the gradient: d logp / d h stays within the autograd
+    reference's own bf16 error, and the softmax sums to 1 (each column sum of d logp / d W is 1 - sum(p))."""
+    torch.manual_seed(0)
+    n, hidden, vocab, temperature = 64, 32, 96, 0.7
+    h = torch.randn(n, hidden)
+    w = torch.randn(vocab, hidden)
+    labels = (h @ w.t()).argmax(-1)  # the most likely token: confident rows
+
+    def grads(fn, dtype=torch.float32, bf16=True):
+        hh = h.to(dtype, copy=True).requires_grad_()
+        ww = w.to(dtype, copy=True).requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logp = fn(hh, ww)
+        logp.sum().backward()
+        return logp.detach(), hh.grad, ww.grad
+
+    def chunked(hh, ww):
+        return L._ChunkedLogProbs.apply(hh, ww, labels, temperature, 16, False, None, None)[0]
+
+    def autograd(hh, ww):
+        z = (hh @ ww.t()).float() / temperature  # (N, V)
+        return torch.log_softmax(z, -1).gather(-1, labels[:, None]).squeeze(-1)
+
+    _, ours_h, ours_w = grads(chunked)
+    _, ref_h, _ = grads(autograd)
+    exact_lp, exact_h, _ = grads(autograd, torch.float64, bf16=False)
+    confident = exact_lp.exp() > 0.99
+    assert confident.sum() >= 8
+    ours_err = (ours_h - exact_h).norm(dim=1)[confident]
+    ref_err = (ref_h - exact_h).norm(dim=1)[confident]
+    assert ours_err.median() <= 2 * ref_err.median()
+    assert ours_err.max() <= 2 * ref_err.max()
+    column_sums = ours_w.sum(0).abs() / ours_w.abs().sum(0)  # |1 - sum(p)| relative to the gradient's size
+    assert column_sums.max() <= 1e-2
 
 
 def test_shared_prefix_is_exact(tiny):
