@@ -297,7 +297,7 @@ def collect(engine, train_rows, args, step, shard=(0, 1)):
         if not args.dynamic_sampling or missing <= 0:
             break
         rows = rng.sample(train_rows, min(len(train_rows), 2 * missing))  # oversample: some groups come out flat
-    if not (kept := len(batch["raw"]) // G):  # nothing to learn from this step: a batch of flat groups (zero advantage)
+    if len(batch["raw"]) == 0:  # nothing to learn from this step: a batch of flat groups (zero advantage)
         print(f"notice: step {step}: no group with reward variance in {sampled} prompts (--dynamic-sampling)")
         batch = {k: v[:want * G] for k, v in flat.items()}
     batch["advantages"], _, meta = losses.compute_group_normalized_rewards(
