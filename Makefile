@@ -1,12 +1,12 @@
 # Two commands do all the set-up on a fresh CPU machine:
 #   make demo   # offline GRPO on the embedded tiny model (no GPU, no downloads)
-#   make test   # create .venv, install the CPU stack, run the test suite
+#   make test   # create .venv, install the CPU stack, lint (ruff), run the test suite
 # Setup is idempotent: .venv/.installed is rebuilt only when a requirements file changes.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install test demo bench clean
+.PHONY: install lint test demo bench clean
 
 $(VENV)/.installed: requirements-cpu.txt requirements-dev.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -23,7 +23,12 @@ $(VENV)/.installed: requirements-cpu.txt requirements-dev.txt
 
 install: $(VENV)/.installed
 
-test: install
+# ruff (pinned in requirements-dev.txt, configured in pyproject.toml): lint rules and the house format
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: install lint
 	$(PY) -m pytest -q tests $(PYTEST_ARGS)
 
 demo: install

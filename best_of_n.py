@@ -26,19 +26,37 @@ Examples:
   python best_of_n.py --model Qwen/Qwen3-0.6B --task gsm8k --data gsm8k_test.jsonl --n 16 --ns 1,4,8,16
   python best_of_n.py --from-generations runs/bon_gsm8k/generations.jsonl --ns 1,2,4,8,16
 """
+
 import os
 import re
 from collections import Counter
 from fractions import Fraction
 from math import comb
 
-from common import (Parser, check, dry_run, existing_file, fail, int_list, nonneg_int, positive_float, positive_int,
-                    probability)
+from common import (
+    Parser,
+    check,
+    dry_run,
+    existing_file,
+    fail,
+    int_list,
+    nonneg_int,
+    positive_float,
+    positive_int,
+    probability,
+)
 from data import EMBEDDED_MODEL, read_jsonl, write_json_atomic, write_jsonl_atomic
-from eval_zero_shot import (add_data_flags, check_engine, check_out, default_max_tokens, describe, load_examples,
-                            resolve_task, start_engine)
-from grader import last_boxed
-from grader import REWARD_FNS, grade_batch
+from eval_zero_shot import (
+    add_data_flags,
+    check_engine,
+    check_out,
+    default_max_tokens,
+    describe,
+    load_examples,
+    resolve_task,
+    start_engine,
+)
+from grader import REWARD_FNS, grade_batch, last_boxed
 
 
 # ----------------------------------------------------------------------------- estimators
@@ -51,7 +69,9 @@ def best_at_k(correct, scores, k):
     """P(the highest-scoring sample of a random k-subset is correct); ties go to the lower index."""
     n = len(correct)
     order = sorted(range(n), key=lambda j: (-scores[j], j))
-    return Fraction(sum(comb(n - 1 - i, k - 1) for i, j in enumerate(order) if correct[j]), comb(n, k))
+    return Fraction(
+        sum(comb(n - 1 - i, k - 1) for i, j in enumerate(order) if correct[j]), comb(n, k)
+    )
 
 
 def maj_at_k(answers, correct, k):
@@ -63,7 +83,9 @@ def maj_at_k(answers, correct, k):
     for g in good:
         others = [m for a, m in size.items() if a != g]
         for x in range(1, min(k, size[g]) + 1):  # g gets x votes; every other answer gets <= x
-            ways = {(0, 0): 1}  # (votes drawn from other answers, how many of them tie at x) -> count
+            ways = {
+                (0, 0): 1
+            }  # (votes drawn from other answers, how many of them tie at x) -> count
             for m in others:
                 nxt = {}
                 for (s, t), w in ways.items():
@@ -99,28 +121,52 @@ def metrics(rows, ks):
     per = []  # per prompt: (correct flags, mean token log-probs, normalised answers)
     for r in rows:
         s = r["samples"]
-        per.append(([x["answer_reward"] >= 1 for x in s],
-                    [sum(x["logprobs"]) / len(x["logprobs"]) if x["logprobs"] else float("-inf") for x in s],
-                    [x["answer"] for x in s]))
+        per.append(
+            (
+                [x["answer_reward"] >= 1 for x in s],
+                [
+                    sum(x["logprobs"]) / len(x["logprobs"]) if x["logprobs"] else float("-inf")
+                    for x in s
+                ],
+                [x["answer"] for x in s],
+            )
+        )
     mean = lambda f: sum((f(*q) for q in per), Fraction(0)) / len(per)  # noqa: E731
     acc = mean(lambda ok, sc, a: Fraction(sum(ok), len(ok)))
-    best1, pass1 = mean(lambda ok, sc, a: best_at_k(ok, sc, 1)), mean(lambda ok, sc, a: pass_at_k(len(ok), sum(ok), 1))
+    best1, pass1 = (
+        mean(lambda ok, sc, a: best_at_k(ok, sc, 1)),
+        mean(lambda ok, sc, a: pass_at_k(len(ok), sum(ok), 1)),
+    )
     assert best1 == pass1 == acc, f"Best@1 {best1} != pass@1 {pass1} != accuracy {acc}"
     out = []
     for k in ks:
         p = mean(lambda ok, sc, a: pass_at_k(len(ok), sum(ok), k))
         b = mean(lambda ok, sc, a: best_at_k(ok, sc, k))
         m = mean(lambda ok, sc, a: maj_at_k(a, ok, k))
-        out.append({"k": k, "pass@k": float(p), "best@k": float(b), "maj@k": float(m), "oracle_gap": float(p - b)})
+        out.append(
+            {
+                "k": k,
+                "pass@k": float(p),
+                "best@k": float(b),
+                "maj@k": float(m),
+                "oracle_gap": float(p - b),
+            }
+        )
     tokens = [x["num_tokens"] for r in rows for x in r["samples"]]
-    return {"accuracy": float(acc), "first_sample_accuracy": float(mean(lambda ok, sc, a: ok[0])),
-            "mean_tokens": sum(tokens) / len(tokens), "rows": out}
+    return {
+        "accuracy": float(acc),
+        "first_sample_accuracy": float(mean(lambda ok, sc, a: ok[0])),
+        "mean_tokens": sum(tokens) / len(tokens),
+        "rows": out,
+    }
 
 
 def plot(result, path, title):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     ks = [r["k"] for r in result["rows"]]
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for key in ["pass@k", "best@k", "maj@k"]:
@@ -144,48 +190,106 @@ def read_generations(path):
     check(rows, f"--from-generations {path}: no rows")
     for i, r in enumerate(rows, 1):
         samples = r.get("samples") if isinstance(r, dict) else None
-        check(isinstance(samples, list) and samples,
-              f"{path}: row {i} has no \"samples\" list; not a best_of_n.py generations.jsonl")
+        check(
+            isinstance(samples, list) and samples,
+            f'{path}: row {i} has no "samples" list; not a best_of_n.py generations.jsonl',
+        )
         for j, x in enumerate(samples):
             for key in SAMPLE_FIELDS:
-                check(isinstance(x, dict) and key in x, f"{path}: row {i} sample {j}: missing field {key!r}")
+                check(
+                    isinstance(x, dict) and key in x,
+                    f"{path}: row {i} sample {j}: missing field {key!r}",
+                )
             num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
-            check(num(x["answer_reward"]) and isinstance(x["num_tokens"], int) and isinstance(x["logprobs"], list)
-                  and all(map(num, x["logprobs"])) and isinstance(x["answer"], (str, type(None))),
-                  f"{path}: row {i} sample {j}: need a number answer_reward, an int num_tokens, a list of "
-                  f"numbers logprobs and a string/null answer")
+            check(
+                num(x["answer_reward"])
+                and isinstance(x["num_tokens"], int)
+                and isinstance(x["logprobs"], list)
+                and all(map(num, x["logprobs"]))
+                and isinstance(x["answer"], (str, type(None))),
+                f"{path}: row {i} sample {j}: need a number answer_reward, an int num_tokens, a list of "
+                f"numbers logprobs and a string/null answer",
+            )
     return rows
 
 
 def parse_args(argv=None):
     p = Parser(description="pass@k, Best@k (log-prob selection) and maj@k from N samples.")
     # --- model ---
-    p.add_argument("--model", default=EMBEDDED_MODEL, help="model dir or hub id (default: the embedded tiny model)")
-    p.add_argument("--engine", default="vllm", help="rollout engine, one of rollout.ENGINES (hf = transformers)")
-    p.add_argument("--from-generations", type=existing_file, default=None,
-                   help="re-score this generations.jsonl (no model); writes next to it unless --out")
+    p.add_argument(
+        "--model",
+        default=EMBEDDED_MODEL,
+        help="model dir or hub id (default: the embedded tiny model)",
+    )
+    p.add_argument(
+        "--engine",
+        default="vllm",
+        help="rollout engine, one of rollout.ENGINES (hf = transformers)",
+    )
+    p.add_argument(
+        "--from-generations",
+        type=existing_file,
+        default=None,
+        help="re-score this generations.jsonl (no model); writes next to it unless --out",
+    )
     # --- data ---
-    add_data_flags(p)  # --task --data --split --prompt --reward --limit --data-seed, as eval_zero_shot.py
+    add_data_flags(
+        p
+    )  # --task --data --split --prompt --reward --limit --data-seed, as eval_zero_shot.py
     # --- sampling ---
     p.add_argument("--n", type=positive_int, default=16, help="samples per prompt")
-    p.add_argument("--ns", type=int_list, default="1,4,8,16", help="k values to report, comma list, each <= n")
-    p.add_argument("--max-tokens", type=positive_int, default=None,
-                   help="max generated tokens per sample (default: eval_zero_shot.py's for the task/model)")
-    p.add_argument("--temperature", type=positive_float, default=1.0, help="sampling temperature (seed 001: 1.0)")
+    p.add_argument(
+        "--ns", type=int_list, default="1,4,8,16", help="k values to report, comma list, each <= n"
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=None,
+        help="max generated tokens per sample (default: eval_zero_shot.py's for the task/model)",
+    )
+    p.add_argument(
+        "--temperature",
+        type=positive_float,
+        default=1.0,
+        help="sampling temperature (seed 001: 1.0)",
+    )
     p.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling mass")
-    p.add_argument("--seed", type=nonneg_int, default=0,
-                   help="engine seed; sample j of prompt i uses seed + j*P + i (P prompts): sample 0 = eval_zero_shot's")
+    p.add_argument(
+        "--seed",
+        type=nonneg_int,
+        default=0,
+        help="engine seed; sample j of prompt i uses seed + j*P + i (P prompts): sample 0 = eval_zero_shot's",
+    )
     # --- output ---
-    p.add_argument("--out", default=None, help="output dir (default runs/bon_<task>, or the re-scored file's dir)")
-    p.add_argument("--overwrite", action="store_true", help="replace generations.jsonl/best_of_n.json in --out")
-    p.add_argument("--dry-run", action="store_true", help="print the effective configuration as JSON and exit")
-    p.add_argument("--workers", type=positive_int, default=min(8, os.cpu_count() or 1), help="grading processes")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="output dir (default runs/bon_<task>, or the re-scored file's dir)",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace generations.jsonl/best_of_n.json in --out"
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the effective configuration as JSON and exit"
+    )
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=min(8, os.cpu_count() or 1),
+        help="grading processes",
+    )
     args = p.parse_args(argv)
     args.ns = sorted(set(args.ns))
-    if args.from_generations:  # re-scoring next to the file replaces its metrics: allowed without --overwrite
+    if (
+        args.from_generations
+    ):  # re-scoring next to the file replaces its metrics: allowed without --overwrite
         here = os.path.dirname(os.path.abspath(args.from_generations))
         args.out = args.out or here
-        check_out(args.out, [] if os.path.abspath(args.out) == here else ["best_of_n.json"], args.overwrite)
+        check_out(
+            args.out,
+            [] if os.path.abspath(args.out) == here else ["best_of_n.json"],
+            args.overwrite,
+        )
         return args
     check(args.ns[-1] <= args.n, f"--ns values must be in 1..--n ({args.n}), got {args.ns}")
     resolve_task(args)
@@ -200,42 +304,84 @@ def generate_rows(args):
     """One pass of args.n samples per prompt, graded; returns the rows written to generations.jsonl."""
     examples, stop = load_examples(args)
     prompts = [ex["prompt"] for ex in examples]
-    print(f"{len(prompts)} prompts x {args.n} samples | max_tokens {args.max_tokens} | temperature {args.temperature}")
+    print(
+        f"{len(prompts)} prompts x {args.n} samples | max_tokens {args.max_tokens} | temperature {args.temperature}"
+    )
     llm = start_engine(args, prompts, args.max_tokens)
     import rollout
-    outs = rollout.generate(llm, prompts, n=args.n, temperature=args.temperature, top_p=args.top_p,
-                            max_tokens=args.max_tokens, stop=stop, seed=args.seed)
+
+    outs = rollout.generate(
+        llm,
+        prompts,
+        n=args.n,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_tokens=args.max_tokens,
+        stop=stop,
+        seed=args.seed,
+    )
     flat = [o for per_prompt in outs for o in per_prompt]
     gts = [ex["ground_truth"] for ex in examples for _ in range(args.n)]
-    rewards = grade_batch(REWARD_FNS[args.reward], [o["text"] for o in flat], gts, workers=args.workers)
-    samples = [{"response": o["text"], "answer": answer(o["text"]), **r, "num_tokens": len(o["token_ids"]),
-                "finish_reason": o["finish_reason"], "logprobs": o["logprobs"]} for o, r in zip(flat, rewards)]
-    return [{"index": i, "prompt": p, "ground_truth": ex["ground_truth"], "samples": samples[i * args.n:(i + 1) * args.n]}
-            for i, (p, ex) in enumerate(zip(prompts, examples))]
+    rewards = grade_batch(
+        REWARD_FNS[args.reward], [o["text"] for o in flat], gts, workers=args.workers
+    )
+    samples = [
+        {
+            "response": o["text"],
+            "answer": answer(o["text"]),
+            **r,
+            "num_tokens": len(o["token_ids"]),
+            "finish_reason": o["finish_reason"],
+            "logprobs": o["logprobs"],
+        }
+        for o, r in zip(flat, rewards)
+    ]
+    return [
+        {
+            "index": i,
+            "prompt": p,
+            "ground_truth": ex["ground_truth"],
+            "samples": samples[i * args.n : (i + 1) * args.n],
+        }
+        for i, (p, ex) in enumerate(zip(prompts, examples))
+    ]
 
 
 def main(argv=None):
     args = parse_args(argv)
-    print(f"re-scoring {args.from_generations}" if args.from_generations else describe(args), flush=True)
+    print(
+        f"re-scoring {args.from_generations}" if args.from_generations else describe(args),
+        flush=True,
+    )
     if args.dry_run:
         dry_run(args)
     if args.from_generations:
         rows = read_generations(args.from_generations)
         n = min(len(r["samples"]) for r in rows)
-        check(args.ns[-1] <= n, f"--ns values must be in 1..{n} (samples per prompt in {args.from_generations})")
+        check(
+            args.ns[-1] <= n,
+            f"--ns values must be in 1..{n} (samples per prompt in {args.from_generations})",
+        )
     else:
         rows = generate_rows(args)
         write_jsonl_atomic(os.path.join(args.out, "generations.jsonl"), rows)
     # --- metrics, plot, JSON (all recomputed from the rows, so --from-generations reproduces them) ---
     result = {**metrics(rows, args.ns), "num_prompts": len(rows)}
     for r in result["rows"]:
-        print(f"k {r['k']:>3} | pass@k {r['pass@k']:.4f} | best@k {r['best@k']:.4f} | maj@k {r['maj@k']:.4f}"
-              f" | oracle_gap {r['oracle_gap']:.4f}")
+        print(
+            f"k {r['k']:>3} | pass@k {r['pass@k']:.4f} | best@k {r['best@k']:.4f} | maj@k {r['maj@k']:.4f}"
+            f" | oracle_gap {r['oracle_gap']:.4f}"
+        )
     path = os.path.join(args.out, "best_of_n.json")
     write_json_atomic(path, {"args": vars(args), **result})
-    title = args.from_generations or f"{os.path.basename(args.model.rstrip('/'))} {args.task} T={args.temperature}"
+    title = (
+        args.from_generations
+        or f"{os.path.basename(args.model.rstrip('/'))} {args.task} T={args.temperature}"
+    )
     plot(result, os.path.join(args.out, "best_of_n.png"), title[-60:])
-    print(f"accuracy (mean over all samples = pass@1) {result['accuracy']:.4f} | wrote {path} and best_of_n.png")
+    print(
+        f"accuracy (mean over all samples = pass@1) {result['accuracy']:.4f} | wrote {path} and best_of_n.png"
+    )
 
 
 if __name__ == "__main__":

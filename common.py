@@ -2,6 +2,7 @@
 loads (Parser, check, typed flags, model dirs, hub ids), and no run loses or mixes data (--dry-run, --resume with the
 saved flags, run dirs claimed once, checkpoints swapped in whole, metrics.jsonl rows); plus the validation every trainer
 logs, precision (fp32 master weights + bf16 autocast, the one-GPU engine share) and a Ctrl-C that finishes the step."""
+
 import argparse
 import contextlib
 import glob
@@ -53,26 +54,51 @@ def _typed(name, convert, ok, what):
             if ok(v := convert(s)):
                 return v
         raise argparse.ArgumentTypeError(f"{s!r} is not {what}")
+
     parse.__name__ = name  # argparse names the type in its message
     return parse
 
 
 positive_int = _typed("positive_int", int, lambda v: v > 0, "an integer > 0")
 nonneg_int = _typed("nonneg_int", int, lambda v: v >= 0, "an integer >= 0")
-positive_float = _typed("positive_float", float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
-nonneg_float = _typed("nonneg_float", float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
+positive_float = _typed(
+    "positive_float", float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0"
+)
+nonneg_float = _typed(
+    "nonneg_float", float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"
+)
 probability = _typed("probability", float, lambda v: 0 < v <= 1, "a probability in (0, 1]")
 fraction = _typed("fraction", float, lambda v: 0 <= v <= 1, "a fraction in [0, 1]")
-output_file = _typed("output_file", str, lambda s: not os.path.isdir(s) and os.access(  # checked before any work
-    os.path.dirname(os.path.abspath(s)), os.W_OK), "a file path in an existing, writable directory")
-int_list = _typed("int_list", lambda s: [int(x) for x in str(s).split(",")], lambda v: v and all(x > 0 for x in v),
-                  "a comma list of integers > 0 (e.g. 256,512,1024)")
+output_file = _typed(
+    "output_file",
+    str,
+    lambda s: (
+        not os.path.isdir(s)
+        and os.access(  # checked before any work
+            os.path.dirname(os.path.abspath(s)), os.W_OK
+        )
+    ),
+    "a file path in an existing, writable directory",
+)
+int_list = _typed(
+    "int_list",
+    lambda s: [int(x) for x in str(s).split(",")],
+    lambda v: v and all(x > 0 for x in v),
+    "a comma list of integers > 0 (e.g. 256,512,1024)",
+)
 
 
 def existing_file(s):
     """argparse type: a readable, non-empty regular file."""
-    problem = ("no such file" if not os.path.exists(s) else "is a directory, expected a file" if not os.path.isfile(s)
-               else "file is empty" if os.path.getsize(s) == 0 else None)
+    problem = (
+        "no such file"
+        if not os.path.exists(s)
+        else "is a directory, expected a file"
+        if not os.path.isfile(s)
+        else "file is empty"
+        if os.path.getsize(s) == 0
+        else None
+    )
     if problem:
         raise argparse.ArgumentTypeError(f"{s}: {problem}")
     return s
@@ -89,21 +115,36 @@ _HUB_IDS = {}  # flag -> hub id, checked when a run starts (claim_run_dir): a dr
 def check_model_dir(path, flag="--model"):
     """A local model directory must be loadable: config.json naming a model_type, weights and a tokenizer. A hub id
     (not local: a path that exists, is absolute, starts with ./ or ~/, or whose parent exists) waits: check_hub_ids."""
-    if not (os.path.exists(path) or os.path.isabs(path) or path.startswith((".", "~")) or os.path.isdir(os.path.dirname(path) or ".")):
+    if not (
+        os.path.exists(path)
+        or os.path.isabs(path)
+        or path.startswith((".", "~"))
+        or os.path.isdir(os.path.dirname(path) or ".")
+    ):
         _HUB_IDS[flag] = path
         return path
     _HUB_IDS.pop(flag, None)
     p = os.path.expanduser(path)
     if not os.path.isdir(p):
-        fail(f"{flag} {path}: no such directory (pass a model directory or a hub id like Qwen/Qwen2.5-Math-1.5B)")
+        fail(
+            f"{flag} {path}: no such directory (pass a model directory or a hub id like Qwen/Qwen2.5-Math-1.5B)"
+        )
     files, config = set(os.listdir(p)), os.path.join(p, "config.json")
     if "config.json" not in files:
         fail(f"{flag} {path}: no config.json there; this is not a model directory")
-    if not any(f.endswith((".safetensors", ".bin")) or f.endswith(".safetensors.index.json") for f in files):
-        fail(f"{flag} {path}: no weights (model.safetensors or pytorch_model.bin) — a broken or half-written checkpoint")
+    if not any(
+        f.endswith((".safetensors", ".bin")) or f.endswith(".safetensors.index.json") for f in files
+    ):
+        fail(
+            f"{flag} {path}: no weights (model.safetensors or pytorch_model.bin) — a broken or half-written checkpoint"
+        )
     if not files & {"tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model"}:
-        fail(f"{flag} {path}: no tokenizer files (tokenizer.json / tokenizer_config.json) next to the weights")
-    check(read_json(config, "model_type"), f"{flag} {path}: {config} is not JSON naming a model_type")
+        fail(
+            f"{flag} {path}: no tokenizer files (tokenizer.json / tokenizer_config.json) next to the weights"
+        )
+    check(
+        read_json(config, "model_type"), f"{flag} {path}: {config} is not JSON naming a model_type"
+    )
     return path
 
 
@@ -112,26 +153,43 @@ def check_hub_ids():
     no retries (online, an uncached model still downloads at load). Else one line now, not a traceback 30 s later."""
     for flag, repo in list(_HUB_IDS.items()):
         from huggingface_hub import HfApi, try_to_load_from_cache
+
         del _HUB_IDS[flag]
         try:
             if not isinstance(try_to_load_from_cache(repo, "config.json"), str):
-                HfApi().model_info(repo, timeout=10)  # private / gated: needs `hf auth login`, as its load would
-        except Exception as e:  # network, HTTP, offline-mode and id errors alike: one line, not swallowed
-            fail(f"{flag} {repo}: not in the local hub cache and the hub does not serve it ({type(e).__name__}: "
-                 f"{(str(e).strip().splitlines() or [''])[0][:150]}); pass a model directory or check the id/network")
+                HfApi().model_info(
+                    repo, timeout=10
+                )  # private / gated: needs `hf auth login`, as its load would
+        except (
+            Exception
+        ) as e:  # network, HTTP, offline-mode and id errors alike: one line, not swallowed
+            fail(
+                f"{flag} {repo}: not in the local hub cache and the hub does not serve it ({type(e).__name__}: "
+                f"{(str(e).strip().splitlines() or [''])[0][:150]}); pass a model directory or check the id/network"
+            )
 
 
 # ----------------------------------------------------------------------------- resume and dry runs
 def resume_from(parser, argv, args, needs=()):
     """--resume RUN: the run's complete checkpoint (an interrupted save recovered), checked for the files a
     model and `needs` (optimizer.pt, ...) need, its saved flags restored into args (given ones override)."""
-    ckpt = find_checkpoint(args.resume, repair=not getattr(args, "dry_run", False)) or fail(  # a dry run only looks
-        f"--resume {args.resume}: no complete checkpoint there (expected <run>/checkpoint/state.json)")
+    ckpt = find_checkpoint(
+        args.resume, repair=not getattr(args, "dry_run", False)
+    ) or fail(  # a dry run only looks
+        f"--resume {args.resume}: no complete checkpoint there (expected <run>/checkpoint/state.json)"
+    )
     check_model_dir(ckpt, "--resume")  # a broken checkpoint names its missing file
     for f in needs:
-        check(os.path.isfile(os.path.join(ckpt, f)), f"--resume {ckpt}: {f} is missing (a broken checkpoint)")
-    state = read_json(os.path.join(ckpt, "state.json"), "step") or fail(f"--resume {ckpt}: its state.json is corrupt")
-    read_metrics(os.path.join(os.path.dirname(ckpt), "metrics.jsonl"), quiet=True)  # a corrupt row: refused now
+        check(
+            os.path.isfile(os.path.join(ckpt, f)),
+            f"--resume {ckpt}: {f} is missing (a broken checkpoint)",
+        )
+    state = read_json(os.path.join(ckpt, "state.json"), "step") or fail(
+        f"--resume {ckpt}: its state.json is corrupt"
+    )
+    read_metrics(
+        os.path.join(os.path.dirname(ckpt), "metrics.jsonl"), quiet=True
+    )  # a corrupt row: refused now
     resume_args(parser, argv, args, {**state.get("args", {}), "out": os.path.dirname(ckpt)})
     args.resume = ckpt
     return args
@@ -169,8 +227,11 @@ def resume_args(parser, argv, args, saved, keep=("resume", "dry_run")):
             setattr(args, k, saved[k])
         elif getattr(args, k) != saved[k]:
             overrides.append(f"{k} {saved[k]!r} -> {getattr(args, k)!r}")
-    print("resume: restored the run's flags from its checkpoint"
-          + (f"; overriding {', '.join(overrides)}" if overrides else ""), flush=True)
+    print(
+        "resume: restored the run's flags from its checkpoint"
+        + (f"; overriding {', '.join(overrides)}" if overrides else ""),
+        flush=True,
+    )
     return args
 
 
@@ -187,10 +248,15 @@ RUN_MARKERS = ("metrics.jsonl", "checkpoint", "checkpoint.tmp", "checkpoint.old"
 def claim_run_dir(out, resume=None, flag="--out"):
     """Refuse an existing run without --resume; create `out` and check it is writable, before any work."""
     check_hub_ids()  # the run starts (a dry run never gets here): the hub ids too
-    check(not os.path.exists(out) or os.path.isdir(out), f"{flag} {out}: is a file; pass a directory")
+    check(
+        not os.path.exists(out) or os.path.isdir(out), f"{flag} {out}: is a file; pass a directory"
+    )
     held = [m for m in RUN_MARKERS if not resume and os.path.exists(os.path.join(out, m))]
-    check(not held, f"{flag} {out} already holds a run ({', '.join(held)}); pass --resume {out} to continue it, "
-                    f"or choose a new {flag}")
+    check(
+        not held,
+        f"{flag} {out} already holds a run ({', '.join(held)}); pass --resume {out} to continue it, "
+        f"or choose a new {flag}",
+    )
     try:
         os.makedirs(out, exist_ok=True)
         probe = os.path.join(out, f".write_probe{os.getpid()}")
@@ -205,16 +271,25 @@ def find_checkpoint(path, repair=True):
     """The complete checkpoint (its dir, or None) of a run or checkpoint dir, recovering an interrupted swap: a copy is
     complete when its state.json (written last) parses. repair=False (a dry run) only looks: nothing moves."""
     path = path.rstrip("/")  # a run directory, or its checkpoint directory
-    final = path if os.path.basename(path).startswith("checkpoint") else os.path.join(path, "checkpoint")
+    final = (
+        path
+        if os.path.basename(path).startswith("checkpoint")
+        else os.path.join(path, "checkpoint")
+    )
     tmp, old = final + ".tmp", final + ".old"
-    if not os.path.exists(os.path.join(final, "state.json")):  # a corrupt one there: resume_from names it
+    if not os.path.exists(
+        os.path.join(final, "state.json")
+    ):  # a corrupt one there: resume_from names it
         for cand in (tmp, old):  # tmp is newer than old: prefer it when it was finished
             if read_json(os.path.join(cand, "state.json"), "step"):
                 if not repair:
                     return cand
                 shutil.rmtree(final, ignore_errors=True)
                 os.replace(cand, final)
-                print(f"resume: recovered {final} from an interrupted save ({os.path.basename(cand)})", flush=True)
+                print(
+                    f"resume: recovered {final} from an interrupted save ({os.path.basename(cand)})",
+                    flush=True,
+                )
                 break
         else:
             return None
@@ -251,12 +326,16 @@ def restore_checkpoint(ckpt, out_dir, through_step=False, **objects):
     """Load each object from ckpt/<name>.pt (optimizer=...), cut out_dir/metrics.jsonl back to the checkpoint (later
     steps, a truncated last line; through_step keeps its own step: sft.py's numbering). Returns state.json's dict."""
     import torch
+
     import data
+
     for name, obj in objects.items():
         obj.load_state_dict(torch.load(os.path.join(ckpt, f"{name}.pt"), map_location="cpu"))
     state = read_json(os.path.join(ckpt, "state.json"), "step")  # resume_from checked it
     path, s = os.path.join(out_dir, "metrics.jsonl"), state["step"]
-    data.write_jsonl_atomic(path, [r for r in read_metrics(path) if r["step"] < s or through_step and r["step"] == s])
+    data.write_jsonl_atomic(
+        path, [r for r in read_metrics(path) if r["step"] < s or through_step and r["step"] == s]
+    )
     print(f"resumed from {ckpt} at step {s}", flush=True)
     return state
 
@@ -266,17 +345,26 @@ def jsonable(d):
     return json.loads(json.dumps(d, default=str))
 
 
-def save_model_checkpoint(out_dir, model, tokenizer, args, state, extra=None, name="checkpoint", keep=()):
+def save_model_checkpoint(
+    out_dir, model, tokenizer, args, state, extra=None, name="checkpoint", keep=()
+):
     """out_dir/<name>/: HF weights + tokenizer + `extra` torch objects ({"optimizer.pt": ...}) + state.json
     (the step counters and the run's flags, written last), swapped in whole by save_checkpoint."""
     import torch
+
     import data
-    def write(tmp):  # state.json last and atomically: a crash mid-write leaves no half file that looks complete
+
+    def write(
+        tmp,
+    ):  # state.json last and atomically: a crash mid-write leaves no half file that looks complete
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         for name, obj in (extra or {}).items():
             torch.save(obj, os.path.join(tmp, name))
-        data.write_json_atomic(os.path.join(tmp, "state.json"), {**state, "args": jsonable(vars(args))})
+        data.write_json_atomic(
+            os.path.join(tmp, "state.json"), {**state, "args": jsonable(vars(args))}
+        )
+
     return save_checkpoint(out_dir, write, name=name, keep=keep)
 
 
@@ -285,6 +373,7 @@ def start_wandb(project, args, axes):
     if not project:
         return None
     import wandb
+
     run = wandb.init(project=project, config=jsonable(vars(args)))
     for keys, axis in axes.items():
         run.define_metric(axis)
@@ -324,17 +413,36 @@ def greedy_eval(engine, rows, reward, max_tokens, min_tokens=0, workers=None):
     graded -> (eval/ metrics, sample rows). eval/accuracy = the fraction with answer reward 1, in every script."""
     import grader
     import rollout
-    outs = [o[0] for o in rollout.generate(engine, [r["prompt"] for r in rows], n=1, temperature=0.0,
-                                           max_tokens=max_tokens, min_tokens=min_tokens, stop=rows[0]["stop"] if rows else [])]
+
+    outs = [
+        o[0]
+        for o in rollout.generate(
+            engine,
+            [r["prompt"] for r in rows],
+            n=1,
+            temperature=0.0,
+            max_tokens=max_tokens,
+            min_tokens=min_tokens,
+            stop=rows[0]["stop"] if rows else [],
+        )
+    ]
     gts = [r["ground_truth"] for r in rows]
-    dicts = grader.grade_batch(grader.REWARD_FNS[reward], [o["text"] for o in outs], gts, workers=workers)
+    dicts = grader.grade_batch(
+        grader.REWARD_FNS[reward], [o["text"] for o in outs], gts, workers=workers
+    )
     n = max(len(outs), 1)
-    metrics = {f"eval/{k}": sum(d[k] for d in dicts) / n for k in ("reward", "format_reward", "answer_reward")} | {
+    metrics = {
+        f"eval/{k}": sum(d[k] for d in dicts) / n
+        for k in ("reward", "format_reward", "answer_reward")
+    } | {
         "eval/accuracy": sum(d["answer_reward"] >= 1 for d in dicts) / n,
         "eval/response_len": sum(len(o["token_ids"]) for o in outs) / n,
-        "eval/truncation_rate": sum(o["finish_reason"] == "length" for o in outs) / n}
-    return metrics, [{"split": "eval", "prompt": r["prompt"], "response": o["text"], "ground_truth": g, **d}
-                     for r, o, g, d in zip(rows, outs, gts, dicts)]
+        "eval/truncation_rate": sum(o["finish_reason"] == "length" for o in outs) / n,
+    }
+    return metrics, [
+        {"split": "eval", "prompt": r["prompt"], "response": o["text"], "ground_truth": g, **d}
+        for r, o, g, d in zip(rows, outs, gts, dicts)
+    ]
 
 
 # ----------------------------------------------------------------------------- precision
@@ -345,8 +453,12 @@ def resolve_precision(device, dtype="auto", pure_bf16=False):
     """(weights' and AdamW's dtype, forward/backward dtype); auto: bf16 compute on CUDA, fp32 on CPU. bf16 keeps fp32
     master weights (autocast): pure bf16 rounds away updates under half a bf16 step (lr 1e-5: any |w| >~ 0.004)."""
     import torch
-    compute = torch.bfloat16 if dtype == "bfloat16" or (dtype == "auto" and str(device).startswith("cuda")) \
+
+    compute = (
+        torch.bfloat16
+        if dtype == "bfloat16" or (dtype == "auto" and str(device).startswith("cuda"))
         else torch.float32
+    )
     return (compute if pure_bf16 else torch.float32), compute
 
 
@@ -355,16 +467,25 @@ def engine_share(args, policy=None, extra_models=0):
     trainer leaves: weights + AdamW's two moments (+ extra_models frozen copies in the weights' dtype) stay resident,
     gradients only while training (not with --sleep-engine); activations and the allocator get a 15% margin."""
     import torch
+
     pol, eng = torch.device(args.policy_device), torch.device(args.vllm_device)
-    if policy is None or not (pol.type == eng.type == "cuda" and (pol.index or 0) == (eng.index or 0)):
+    if policy is None or not (
+        pol.type == eng.type == "cuda" and (pol.index or 0) == (eng.index or 0)
+    ):
         return 0.85
-    w, c = (torch.finfo(getattr(torch, d) if isinstance(d, str) else d).bits // 8 for d in (args.param_dtype, args.compute_dtype))
+    w, c = (
+        torch.finfo(getattr(torch, d) if isinstance(d, str) else d).bits // 8
+        for d in (args.param_dtype, args.compute_dtype)
+    )
     n = sum(p.numel() for p in policy.parameters())
     resident, grads = n * 3 * w + w * n * int(extra_models), n * w
     total = torch.cuda.get_device_properties(pol).total_memory
     share = 1 - (resident + (0 if args.sleep_engine else grads)) / total - 0.15
-    check(share > 0.05, f"the policy needs {(resident + grads) / 2**30:.1f} GiB of this GPU's {total / 2**30:.1f}: "
-          f"use a second GPU (--vllm-device cuda:1), --pure-bf16 or --sleep-engine")
+    check(
+        share > 0.05,
+        f"the policy needs {(resident + grads) / 2**30:.1f} GiB of this GPU's {total / 2**30:.1f}: "
+        f"use a second GPU (--vllm-device cuda:1), --pure-bf16 or --sleep-engine",
+    )
     print(f"engine: gpu_memory_utilization {share:.2f} (the rest is the trainer's)", flush=True)
     return share
 
@@ -372,7 +493,12 @@ def engine_share(args, policy=None, extra_models=0):
 def autocast(device, compute_dtype):
     """Context for forward/backward in compute_dtype over fp32 weights (a no-op when they match)."""
     import torch
-    return contextlib.nullcontext() if compute_dtype == torch.float32 else torch.autocast(str(device).split(":")[0], compute_dtype)
+
+    return (
+        contextlib.nullcontext()
+        if compute_dtype == torch.float32
+        else torch.autocast(str(device).split(":")[0], compute_dtype)
+    )
 
 
 # ----------------------------------------------------------------------------- Ctrl-C
@@ -380,7 +506,10 @@ def autocast(device, compute_dtype):
 def finish_then_interrupt(what="this step"):
     """Defer a first Ctrl-C until the block ends (then raise KeyboardInterrupt); a second one aborts now. A no-op
     outside the main thread (only it receives signals) and where SIGINT is ignored (a nohup / background job)."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    ):
         yield
         return
     hits = []
@@ -389,8 +518,13 @@ def finish_then_interrupt(what="this step"):
         if hits:
             raise KeyboardInterrupt
         hits.append(signum)
-        print(f"\nCtrl-C: finishing {what} so the saved state is consistent (Ctrl-C again to abort "
-              f"without saving)", file=sys.stderr, flush=True)
+        print(
+            f"\nCtrl-C: finishing {what} so the saved state is consistent (Ctrl-C again to abort "
+            f"without saving)",
+            file=sys.stderr,
+            flush=True,
+        )
+
     old = signal.signal(signal.SIGINT, handler)
     try:
         yield

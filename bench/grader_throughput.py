@@ -14,6 +14,7 @@ Needs ../shared/data (relative to the repo root); skips with a message when it i
   .venv/bin/python bench/grader_throughput.py
   .venv/bin/python bench/grader_throughput.py --fuzz 2000 --workers 2
 """
+
 import argparse
 import json
 import multiprocessing
@@ -38,7 +39,13 @@ def gsm_variant(a):
 
 
 def math_variant(a):
-    b = a.replace("\\frac", "\\dfrac") if "\\frac" in a else a.replace(",", ", ") if "\\" in a else a
+    b = (
+        a.replace("\\frac", "\\dfrac")
+        if "\\frac" in a
+        else a.replace(",", ", ")
+        if "\\" in a
+        else a
+    )
     return f"x = {b}" if b == a and "=" not in a else b
 
 
@@ -54,7 +61,13 @@ def pool_cpu_s():  # CPU seconds used so far by the live grader pool processes (
     tick, total = os.sysconf("SC_CLK_TCK"), 0.0
     for p in multiprocessing.active_children():
         try:
-            total += sum(int(x) for x in open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[11:13]) / tick
+            total += (
+                sum(
+                    int(x)
+                    for x in open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[11:13]
+                )
+                / tick
+            )
         except OSError:  # it just exited
             pass
     return total
@@ -65,19 +78,81 @@ def throughput(resps, golds, workers):
     t, c, hc = time.perf_counter(), time.process_time(), pool_cpu_s()
     out = grader.grade_batch(grader.r1_zero_reward_fn, resps, golds, workers=workers)
     wall, cpu = time.perf_counter() - t, time.process_time() - c + pool_cpu_s() - hc
-    return round(len(resps) / wall, 1), round(len(resps) / cpu, 1), round(sum(o["reward"] for o in out) / len(out), 3)
+    return (
+        round(len(resps) / wall, 1),
+        round(len(resps) / cpu, 1),
+        round(sum(o["reward"] for o in out) / len(out), 3),
+    )
 
 
 # ----------------------------------------------------------------------------- adversarial latency
-ADV = ["10^10^10", "10^{10^{10}}", "9^{9^{9^{9}}}", "(10^{999})^{999}", "2^{99999}", "99999!", "(5!)!", "\\sqrt{" * 200,
-       "}" * 500 + "{", "1" * 5000, "\\frac{" * 300, "x" * 50_000, "e^{e^{e^{e^{10}}}}", "\\sum_{k=1}^{10^{9}} k",
-       "\\int_0^1 x^{99} \\sin(x^{99}) dx", "(x+1)^{99}", "\\prod_{k=1}^{100000} k", "10**10**10", "\\left(" * 300,
-       "<answer>" * 2000, "Step 1: " * 3000, "(" * 5000 + "1" + ")" * 5000, "\\boxed{" * 1000, "10^{-99999}",
-       "x^{x^{x^{x}}}", "\\binom{10000}{5000}", "\\lfloor 10^{100} \\pi \\rfloor", "2^{2^{2^{2^{2}}}}"]
-FRAG = ["</think> <answer>", "</answer>", "\\boxed{", "}", "{", "^", "^{", "10", "99", "!", "\\frac", "(", ")", "+",
-        "*", "/", "-", "=", "Step 1:", "####", "x", "\\left(", "\\right)", "\\sqrt", "e", "\\pi", "%", "\\text{cm}", " "]
-GT = {"countdown": {"numbers": [1, 2, 3], "target": 6}, "countdown_subset": {"numbers": [1, 2, 3], "target": 6},
-      "keyword": ["apple"], "gsm8k": "18"}
+ADV = [
+    "10^10^10",
+    "10^{10^{10}}",
+    "9^{9^{9^{9}}}",
+    "(10^{999})^{999}",
+    "2^{99999}",
+    "99999!",
+    "(5!)!",
+    "\\sqrt{" * 200,
+    "}" * 500 + "{",
+    "1" * 5000,
+    "\\frac{" * 300,
+    "x" * 50_000,
+    "e^{e^{e^{e^{10}}}}",
+    "\\sum_{k=1}^{10^{9}} k",
+    "\\int_0^1 x^{99} \\sin(x^{99}) dx",
+    "(x+1)^{99}",
+    "\\prod_{k=1}^{100000} k",
+    "10**10**10",
+    "\\left(" * 300,
+    "<answer>" * 2000,
+    "Step 1: " * 3000,
+    "(" * 5000 + "1" + ")" * 5000,
+    "\\boxed{" * 1000,
+    "10^{-99999}",
+    "x^{x^{x^{x}}}",
+    "\\binom{10000}{5000}",
+    "\\lfloor 10^{100} \\pi \\rfloor",
+    "2^{2^{2^{2^{2}}}}",
+]
+FRAG = [
+    "</think> <answer>",
+    "</answer>",
+    "\\boxed{",
+    "}",
+    "{",
+    "^",
+    "^{",
+    "10",
+    "99",
+    "!",
+    "\\frac",
+    "(",
+    ")",
+    "+",
+    "*",
+    "/",
+    "-",
+    "=",
+    "Step 1:",
+    "####",
+    "x",
+    "\\left(",
+    "\\right)",
+    "\\sqrt",
+    "e",
+    "\\pi",
+    "%",
+    "\\text{cm}",
+    " ",
+]
+GT = {
+    "countdown": {"numbers": [1, 2, 3], "target": 6},
+    "countdown_subset": {"numbers": [1, 2, 3], "target": 6},
+    "keyword": ["apple"],
+    "gsm8k": "18",
+}
 
 
 def fuzz_inputs(n):
@@ -86,8 +161,12 @@ def fuzz_inputs(n):
         yield "Therefore, the final answer is: $\\boxed{" + a + "}$"
     for _ in range(n):
         k = rng.choice([5, 20, 60, 400])
-        body = "".join(rng.choice(FRAG + ADV[:8]) if rng.random() < 0.1 else rng.choice(FRAG) for _ in range(k))
-        yield rng.choice([R1.format(body), body, "<answer>" + body + "</answer>", "\\boxed{" + body + "}"])
+        body = "".join(
+            rng.choice(FRAG + ADV[:8]) if rng.random() < 0.1 else rng.choice(FRAG) for _ in range(k)
+        )
+        yield rng.choice(
+            [R1.format(body), body, "<answer>" + body + "</answer>", "\\boxed{" + body + "}"]
+        )
 
 
 def worst_latency(inputs):
@@ -100,7 +179,12 @@ def worst_latency(inputs):
             lat.append(dt)
             worst = max(worst, (dt, f"{name}: {resp[:60]!r}"))
     lat.sort()
-    return {"calls": len(lat), "worst_s": round(worst[0], 3), "p99_s": round(lat[int(0.99 * len(lat))], 4), "worst_input": worst[1]}
+    return {
+        "calls": len(lat),
+        "worst_s": round(worst[0], 3),
+        "p99_s": round(lat[int(0.99 * len(lat))], 4),
+        "worst_input": worst[1],
+    }
 
 
 def worker_pid(response, ground_truth):  # a picklable stand-in grader: which worker graded this
@@ -119,7 +203,7 @@ def start_pool(workers):
 def recovery(workers):
     """Seconds of the batch holding one item stuck in C code (pow: no signal stops it) and of the next batch."""
     t = time.perf_counter()
-    res = grader.grade_batch(pow, [2, 3, 5, 7], [3, 10 ** 8, 2, 2], workers=workers)
+    res = grader.grade_batch(pow, [2, 3, 5, 7], [3, 10**8, 2, 2], workers=workers)
     stuck = time.perf_counter() - t
     assert res == [8, grader.ZERO, 25, 49], res
     t = time.perf_counter()
@@ -129,27 +213,53 @@ def recovery(workers):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data-dir", default=os.path.join(ROOT, "..", "shared", "data"), help="folder with gsm8k_test.jsonl, math500_test.jsonl")
-    p.add_argument("--workers", type=int, default=2, help="pool processes for the grade_batch measurement")
-    p.add_argument("--fuzz", type=int, default=600, help="fuzzed adversarial responses per reward function")
-    p.add_argument("--seed", type=int, default=0, help="random seed for the rewrites and the fuzzing")
+    p.add_argument(
+        "--data-dir",
+        default=os.path.join(ROOT, "..", "shared", "data"),
+        help="folder with gsm8k_test.jsonl, math500_test.jsonl",
+    )
+    p.add_argument(
+        "--workers", type=int, default=2, help="pool processes for the grade_batch measurement"
+    )
+    p.add_argument(
+        "--fuzz", type=int, default=600, help="fuzzed adversarial responses per reward function"
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="random seed for the rewrites and the fuzzing"
+    )
     args = p.parse_args()
-    gsm_path, math_path = (os.path.join(args.data_dir, f) for f in ("gsm8k_test.jsonl", "math500_test.jsonl"))
+    gsm_path, math_path = (
+        os.path.join(args.data_dir, f) for f in ("gsm8k_test.jsonl", "math500_test.jsonl")
+    )
     if not (os.path.exists(gsm_path) and os.path.exists(math_path)):
-        print(json.dumps({"skipped": f"dev data not found in {os.path.abspath(args.data_dir)} (needs gsm8k_test.jsonl, math500_test.jsonl)"}))
+        print(
+            json.dumps(
+                {
+                    "skipped": f"dev data not found in {os.path.abspath(args.data_dir)} (needs gsm8k_test.jsonl, math500_test.jsonl)"
+                }
+            )
+        )
         return
     rng.seed(args.seed)
     results = {}
     gsm = make_set([r["ground_truth"] for r in data.load_task("gsm8k", path=gsm_path)], gsm_variant)
-    math = make_set([r["ground_truth"] for r in data.load_task("math500", path=math_path)], math_variant)
+    math = make_set(
+        [r["ground_truth"] for r in data.load_task("math500", path=math_path)], math_variant
+    )
     grader.math_equal("x^2", "x^3")  # one-time sympy warm-up in this process (~1 s), not a verdict
     results["pool_startup_s"] = start_pool(args.workers)
     for name, (resps, golds) in [("gsm8k_style", gsm), ("math_style", math)]:
         serial, serial_cpu, acc = throughput(resps, golds, workers=0)
         batch, batch_cpu, acc_b = throughput(resps, golds, workers=args.workers)
-        results[name] = {"n": len(resps), "serial_wall_per_s": serial, "serial_per_cpu_s": serial_cpu,
-                         f"grade_batch_{args.workers}w_wall_per_s": batch, f"grade_batch_{args.workers}w_per_cpu_s": batch_cpu,
-                         "mean_reward": acc, "mean_reward_batch": acc_b}
+        results[name] = {
+            "n": len(resps),
+            "serial_wall_per_s": serial,
+            "serial_per_cpu_s": serial_cpu,
+            f"grade_batch_{args.workers}w_wall_per_s": batch,
+            f"grade_batch_{args.workers}w_per_cpu_s": batch_cpu,
+            "mean_reward": acc,
+            "mean_reward_batch": acc_b,
+        }
     inputs = list(fuzz_inputs(args.fuzz))
     results["adversarial_main_thread"] = worst_latency(inputs)
     box = {}
@@ -159,13 +269,17 @@ def main():
     results["adversarial_other_thread"] = box
     results["stuck_worker_recovery"] = recovery(args.workers)
     # targets judged on one core's CPU rate (wall rates depend on how busy the shared machine is)
-    results["targets_met"] = {"gsm8k_style_3000_per_s": results["gsm8k_style"]["serial_per_cpu_s"] >= 3000,
-                              "math_style_300_per_s": results["math_style"]["serial_per_cpu_s"] >= 300,
-                              "worst_1.2_s": max(results["adversarial_main_thread"]["worst_s"], box["worst_s"]) <= 1.2}
+    results["targets_met"] = {
+        "gsm8k_style_3000_per_s": results["gsm8k_style"]["serial_per_cpu_s"] >= 3000,
+        "math_style_300_per_s": results["math_style"]["serial_per_cpu_s"] >= 300,
+        "worst_1.2_s": max(results["adversarial_main_thread"]["worst_s"], box["worst_s"]) <= 1.2,
+    }
     results["load_average_1min"] = os.getloadavg()[0]
     results["cpu_count"] = os.cpu_count()
     print(json.dumps(results, indent=1))
 
 
-if __name__ == "__main__":  # the grader pool's forkserver imports this file: nothing may run at import
+if (
+    __name__ == "__main__"
+):  # the grader pool's forkserver imports this file: nothing may run at import
     main()

@@ -4,7 +4,15 @@ sandboxed evaluator's cost (bubblewrap vs the audit hook alone) and bounds (poin
 Prints one JSON object. Targets (issue 8): verify ≤ 50 ms for each set; `code` construct well under 1 s.
   python bench/kissing.py [--repeats 10] [--shell-seconds 10]
 """
-import argparse, json, math, os, random, resource, sys, time
+
+import argparse
+import json
+import math
+import os
+import random
+import resource
+import sys
+import time
 
 import numpy as np
 
@@ -19,7 +27,9 @@ def rational_rotation(points, rng, reflections=2, radius=700):
     for _ in range(reflections):
         v = [rng.randint(-radius, radius) for _ in points[0]]
         q = sum(c * c for c in v)
-        points = [[q * a - 2 * sum(b * c for b, c in zip(v, x)) * b for a, b in zip(x, v)] for x in points]
+        points = [
+            [q * a - 2 * sum(b * c for b, c in zip(v, x)) * b for a, b in zip(x, v)] for x in points
+        ]
     return points
 
 
@@ -38,44 +48,92 @@ def timed(fn, repeats):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=10, help="timing repeats (min is reported)")
-    p.add_argument("--shell-seconds", type=float, default=10.0, help="CPU budget of construct --method shell-search")
+    p.add_argument(
+        "--shell-seconds",
+        type=float,
+        default=10.0,
+        help="CPU budget of construct --method shell-search",
+    )
     args = p.parse_args()
     rng = random.Random(0)
     res = {"load_avg_1min": os.getloadavg()[0], "cpus": os.cpu_count()}
     c582 = [list(x) for x in kissing.construct_code(11)]
     m, t = timed(lambda: kissing.verify(c582, 11), args.repeats)
-    res["verify_582"] = {"ms": round(1e3 * t, 2), "cpu_ms": timed.cpu_ms, "valid": m["valid"], "path": m["path"], "contacts": m["contacts"]}
-    c12 = [list(x) for x in kissing.construct_code(12)]  # 840 in 12-D; 593 of them rotated to ~43-bit coordinates
+    res["verify_582"] = {
+        "ms": round(1e3 * t, 2),
+        "cpu_ms": timed.cpu_ms,
+        "valid": m["valid"],
+        "path": m["path"],
+        "contacts": m["contacts"],
+    }
+    c12 = [
+        list(x) for x in kissing.construct_code(12)
+    ]  # 840 in 12-D; 593 of them rotated to ~43-bit coordinates
     big = rational_rotation(rng.sample(c12, 593), rng)
     m, t = timed(lambda: kissing.verify(big, 12), args.repeats)
-    res["verify_593_43bit_dim12"] = {"ms": round(1e3 * t, 2), "cpu_ms": timed.cpu_ms, "valid": m["valid"], "path": m["path"],
-                                     "max_abs_bits": max(abs(c) for x in big for c in x).bit_length(),
-                                     "contacts": m["contacts"]}
+    res["verify_593_43bit_dim12"] = {
+        "ms": round(1e3 * t, 2),
+        "cpu_ms": timed.cpu_ms,
+        "valid": m["valid"],
+        "path": m["path"],
+        "max_abs_bits": max(abs(c) for x in big for c in x).bit_length(),
+        "contacts": m["contacts"],
+    }
     # 11-D, 593 points from scaling a float configuration by 2^42 and rounding: a random rotation of the 582
     # code plus 11 random directions (not a valid set: near-ties go either way, only exact arithmetic decides)
     Q, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((11, 11)))
-    F = np.vstack([np.array(c582, float) / 2, np.random.default_rng(1).standard_normal((11, 11))]) @ Q.T
+    F = (
+        np.vstack([np.array(c582, float) / 2, np.random.default_rng(1).standard_normal((11, 11))])
+        @ Q.T
+    )
     F /= np.linalg.norm(F, axis=1, keepdims=True)  # every row on the unit sphere
-    big11 = [[int(c) for c in row] for row in np.rint(F * 2.0 ** 42).astype(np.int64)]
+    big11 = [[int(c) for c in row] for row in np.rint(F * 2.0**42).astype(np.int64)]
     m, t = timed(lambda: kissing.verify(big11, 11), args.repeats)
-    res["verify_593_43bit_dim11_rounded"] = {"ms": round(1e3 * t, 2), "cpu_ms": timed.cpu_ms, "valid": m["valid"], "path": m["path"],
-                                             "num_violations": m["num_violations"], "min_sq_dist": m["min_sq_dist"],
-                                             "max_sq_norm": m["max_sq_norm"]}
-    worst = rational_rotation(c582, rng) + [[rng.randint(-2 ** 43, 2 ** 43) for _ in range(11)] for _ in range(11)]
-    m, t = timed(lambda: kissing.verify(worst, 11), args.repeats)  # every pair is a candidate for the exact recheck
-    res["verify_593_43bit_worst_case_all_pairs"] = {"ms": round(1e3 * t, 2), "cpu_ms": timed.cpu_ms, "num_violations": m["num_violations"]}
+    res["verify_593_43bit_dim11_rounded"] = {
+        "ms": round(1e3 * t, 2),
+        "cpu_ms": timed.cpu_ms,
+        "valid": m["valid"],
+        "path": m["path"],
+        "num_violations": m["num_violations"],
+        "min_sq_dist": m["min_sq_dist"],
+        "max_sq_norm": m["max_sq_norm"],
+    }
+    worst = rational_rotation(c582, rng) + [
+        [rng.randint(-(2**43), 2**43) for _ in range(11)] for _ in range(11)
+    ]
+    m, t = timed(
+        lambda: kissing.verify(worst, 11), args.repeats
+    )  # every pair is a candidate for the exact recheck
+    res["verify_593_43bit_worst_case_all_pairs"] = {
+        "ms": round(1e3 * t, 2),
+        "cpu_ms": timed.cpu_ms,
+        "num_violations": m["num_violations"],
+    }
     # the parent's check at its point cap (2048 MiB: 5181 points) in the worst case, a tight cluster of ~40-bit
     # points where every pair goes to the exact limb recheck: time and peak memory (this process, grown by it)
     cap = math.isqrt((2048 << 20) // kissing.BYTES_PER_PAIR)
-    cluster = [[2 ** 40 + int(x) for x in row] for row in np.random.default_rng(0).integers(-1000, 1000, (cap, 11))]
+    cluster = [
+        [2**40 + int(x) for x in row]
+        for row in np.random.default_rng(0).integers(-1000, 1000, (cap, 11))
+    ]
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     m, t = timed(lambda: kissing.verify(cluster, 11), 1)
-    res["verify_cluster_at_cap"] = {"n": len(cluster), "s": round(t, 2), "path": m["path"],
-                                    "peak_mib_grown": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) >> 10}
-    for method, fn in [("code", lambda: kissing.construct_code(11)),
-                       ("shell-search", lambda: kissing.construct_shell_search(11, 4, args.shell_seconds))]:
+    res["verify_cluster_at_cap"] = {
+        "n": len(cluster),
+        "s": round(t, 2),
+        "path": m["path"],
+        "peak_mib_grown": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) >> 10,
+    }
+    for method, fn in [
+        ("code", lambda: kissing.construct_code(11)),
+        ("shell-search", lambda: kissing.construct_shell_search(11, 4, args.shell_seconds)),
+    ]:
         pts, t = timed(fn, 1)
-        res[f"construct_{method}"] = {"s": round(t, 3), "size": len(pts), "valid": kissing.verify(pts, 11)["valid"]}
+        res[f"construct_{method}"] = {
+            "s": round(t, 3),
+            "size": len(pts),
+            "valid": kissing.verify(pts, 11)["valid"],
+        }
     t0 = time.perf_counter()
     try:
         kissing.shell_vectors(11, 1000)  # ~10^13 vectors: refused once the cap is passed
@@ -84,8 +142,15 @@ def main():
     # the evaluator end to end on a 582-point program: sandbox start, numpy import, channel, exact check
     prog = "import numpy as np\npoints = np.array(%s)\n" % c582
     for sandbox in ("bwrap", "none"):
-        r, t = timed(lambda: kissing.evaluate_program(prog, 11, timeout=60, sandbox=sandbox), max(1, args.repeats // 2))
-        res[f"evaluate_582_{sandbox}"] = {"s": round(t, 3), "score": r["score"], "reason": r["reason"][:80]}
+        r, t = timed(
+            lambda: kissing.evaluate_program(prog, 11, timeout=60, sandbox=sandbox),
+            max(1, args.repeats // 2),
+        )
+        res[f"evaluate_582_{sandbox}"] = {
+            "s": round(t, 3),
+            "score": r["score"],
+            "reason": r["reason"][:80],
+        }
     print(json.dumps(res))
 
 

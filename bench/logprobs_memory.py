@@ -13,6 +13,7 @@ default sizes), so run it where there is room.
     python bench/logprobs_memory.py                      # vocab 151936, seq 1024, batch 4, hidden 64
     python bench/logprobs_memory.py --seq 256 --reps 1   # quick look
 """
+
 import argparse
 import json
 import os
@@ -26,14 +27,22 @@ sys.path.insert(0, ROOT)
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 # --- model ---
 parser.add_argument("--vocab", type=int, default=151936, help="vocabulary size (Qwen2.5: 151936)")
-parser.add_argument("--hidden", type=int, default=64, help="hidden size of the bf16 Qwen2 (a multiple of 64)")
+parser.add_argument(
+    "--hidden", type=int, default=64, help="hidden size of the bf16 Qwen2 (a multiple of 64)"
+)
 parser.add_argument("--layers", type=int, default=1, help="number of transformer layers")
 # --- workload ---
 parser.add_argument("--batch", type=int, default=4, help="sequences per call")
 parser.add_argument("--seq", type=int, default=1024, help="tokens per sequence")
-parser.add_argument("--chunk-size", type=int, default=256, help="tokens per lm_head chunk in get_response_log_probs")
-parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature applied to the logits")
-parser.add_argument("--reps", type=int, default=2, help="timed calls after the measured first call (best is kept)")
+parser.add_argument(
+    "--chunk-size", type=int, default=256, help="tokens per lm_head chunk in get_response_log_probs"
+)
+parser.add_argument(
+    "--temperature", type=float, default=1.0, help="sampling temperature applied to the logits"
+)
+parser.add_argument(
+    "--reps", type=int, default=2, help="timed calls after the measured first call (best is kept)"
+)
 # --- internal ---
 parser.add_argument("--child", default=None, help="internal: 'variant:mode' to run in this process")
 args = parser.parse_args()
@@ -52,7 +61,9 @@ def child(variant, mode):
     import losses
     from sft import tiny_model  # the repo's one tiny-model builder
 
-    model = tiny_model("qwen2", args.vocab, args.hidden, args.layers, max_position_embeddings=args.seq + 1).to(torch.bfloat16)
+    model = tiny_model(
+        "qwen2", args.vocab, args.hidden, args.layers, max_position_embeddings=args.seq + 1
+    ).to(torch.bfloat16)
     ids = torch.randint(0, args.vocab, (args.batch, args.seq + 1))
     input_ids, labels = ids[:, :-1], ids[:, 1:]  # (B, T)
     mask = (torch.rand(args.batch, args.seq) > 0.3).float()  # (B, T)
@@ -61,11 +72,20 @@ def child(variant, mode):
         model.zero_grad(set_to_none=True)
         with torch.set_grad_enabled(mode == "train"):
             if variant == "naive":
-                logits = model(input_ids, use_cache=False).logits.float() / args.temperature  # (B, T, V) float32
-                lp = torch.log_softmax(logits, dim=-1).gather(-1, labels[..., None]).squeeze(-1)  # (B, T)
+                logits = (
+                    model(input_ids, use_cache=False).logits.float() / args.temperature
+                )  # (B, T, V) float32
+                lp = (
+                    torch.log_softmax(logits, dim=-1).gather(-1, labels[..., None]).squeeze(-1)
+                )  # (B, T)
             else:
-                lp = losses.get_response_log_probs(model, input_ids, labels, temperature=args.temperature,
-                                                   chunk_size=args.chunk_size)["log_probs"]
+                lp = losses.get_response_log_probs(
+                    model,
+                    input_ids,
+                    labels,
+                    temperature=args.temperature,
+                    chunk_size=args.chunk_size,
+                )["log_probs"]
             if mode == "train":
                 (lp * mask).sum().backward()
         return lp.detach().double().sum().item()
@@ -85,33 +105,54 @@ def child(variant, mode):
         times.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
     grad = model.model.embed_tokens.weight.grad
-    print(json.dumps({"peak_extra_mb": round((peak - base) / 1024, 1), "rss_before_mb": round(base / 1024, 1),
-                      "time_s": round(min(times[1:] or times), 3), "first_call_s": round(first, 3),
-                      "cpu_s": round(min(cpus[1:] or cpus), 3),
-                      "log_probs_sum": checksum,
-                      "embed_grad_norm": None if grad is None else grad.float().norm().item()}))
+    print(
+        json.dumps(
+            {
+                "peak_extra_mb": round((peak - base) / 1024, 1),
+                "rss_before_mb": round(base / 1024, 1),
+                "time_s": round(min(times[1:] or times), 3),
+                "first_call_s": round(first, 3),
+                "cpu_s": round(min(cpus[1:] or cpus), 3),
+                "log_probs_sum": checksum,
+                "embed_grad_norm": None if grad is None else grad.float().norm().item(),
+            }
+        )
+    )
 
 
 def main():
     import torch
-    result = {"config": {k: v for k, v in vars(args).items() if k != "child"}, "torch": torch.__version__,
-              "threads": torch.get_num_threads(),
-              "method": "fresh subprocess per variant/mode; peak extra = VmHWM - VmRSS before the call after resetting "
-                        "the high-water mark via /proc/self/clear_refs; time_s (wall) and cpu_s (process CPU time, robust to "
-                        "other load on a shared machine) = best of --reps calls after the first",
-              "runs": {}}
+
+    result = {
+        "config": {k: v for k, v in vars(args).items() if k != "child"},
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "method": "fresh subprocess per variant/mode; peak extra = VmHWM - VmRSS before the call after resetting "
+        "the high-water mark via /proc/self/clear_refs; time_s (wall) and cpu_s (process CPU time, robust to "
+        "other load on a shared machine) = best of --reps calls after the first",
+        "runs": {},
+    }
     for mode in ("train", "no_grad"):
         for variant in ("naive", "chunked"):
-            cmd = [sys.executable, os.path.abspath(__file__), "--child", f"{variant}:{mode}"] + sys.argv[1:]
+            cmd = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--child",
+                f"{variant}:{mode}",
+            ] + sys.argv[1:]
             out = subprocess.run(cmd, capture_output=True, text=True)
             if out.returncode != 0:
-                raise SystemExit(f"error: {variant}:{mode} failed (rc {out.returncode}):\n{out.stderr[-2000:]}")
+                raise SystemExit(
+                    f"error: {variant}:{mode} failed (rc {out.returncode}):\n{out.stderr[-2000:]}"
+                )
             result["runs"][f"{variant}:{mode}"] = json.loads(out.stdout.strip().splitlines()[-1])
         n, c = result["runs"][f"naive:{mode}"], result["runs"][f"chunked:{mode}"]
         result[f"{mode}_memory_ratio"] = round(c["peak_extra_mb"] / n["peak_extra_mb"], 4)
         result[f"{mode}_time_ratio"] = round(c["time_s"] / n["time_s"], 3)
         result[f"{mode}_cpu_time_ratio"] = round(c["cpu_s"] / n["cpu_s"], 3)
-        result[f"{mode}_log_probs_sum_rel_diff"] = abs(c["log_probs_sum"] - n["log_probs_sum"]) / abs(n["log_probs_sum"])
+        result[f"{mode}_log_probs_sum_rel_diff"] = abs(
+            c["log_probs_sum"] - n["log_probs_sum"]
+        ) / abs(n["log_probs_sum"])
     result["targets"] = {"memory_ratio_max": 0.25, "time_ratio_max": 1.5}
     print(json.dumps(result, indent=1))
 

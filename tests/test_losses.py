@@ -1,5 +1,6 @@
 """losses.py: hand-computed cases for every function and option, float64 gradchecks, and the chunked
 log-prob path checked against the naive full-vocab computation on the tiny HF model."""
+
 import copy
 import math
 import os
@@ -14,15 +15,22 @@ T = torch.tensor
 
 
 def close(a, b, tol=1e-6):
-    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64),
-                               atol=tol, rtol=tol)
+    torch.testing.assert_close(
+        torch.as_tensor(a, dtype=torch.float64),
+        torch.as_tensor(b, dtype=torch.float64),
+        atol=tol,
+        rtol=tol,
+    )
 
 
 # ----------------------------------------------------------------------------- tokenisation
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(
+        tiny_model_dir
+    )
 
 
 def test_tokenize_prompt_and_output(tiny):
@@ -36,7 +44,9 @@ def test_tokenize_prompt_and_output(tiny):
     assert out["input_ids"].shape == out["labels"].shape == out["response_mask"].shape == (2, n - 1)
     for i, seq in enumerate(full):
         padded = seq + [tok.pad_token_id] * (n - len(seq))
-        assert out["input_ids"][i].tolist() == padded[:-1] and out["labels"][i].tolist() == padded[1:]
+        assert (
+            out["input_ids"][i].tolist() == padded[:-1] and out["labels"][i].tolist() == padded[1:]
+        )
         want = [len(p[i]) <= j + 1 < len(seq) for j in range(n - 1)]  # label j is token j + 1
         assert out["response_mask"][i].tolist() == want
     with pytest.raises(ValueError, match="one output per prompt"):
@@ -70,7 +80,9 @@ def test_seed_length_normalization_example():
     masks = T([[1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1]])
     max_gen_len = 7
     masked_mean_result = L.masked_mean(ratio * advs, masks, dim=1)
-    masked_normalize_result = L.masked_normalize(ratio * advs, masks, dim=1, normalize_constant=max_gen_len)
+    masked_normalize_result = L.masked_normalize(
+        ratio * advs, masks, dim=1, normalize_constant=max_gen_len
+    )
     close(masked_mean_result, [2.0, 2.0])
     close(masked_normalize_result, [1.1429, 2.0], 1e-4)
     masked_mean_result.mean().backward()
@@ -84,7 +96,9 @@ def test_seed_length_normalization_example():
 def test_sft_microbatch_train_step():
     lp = T([[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]], requires_grad=True)
     mask = T([[0, 1, 1], [1, 0, 0]])
-    loss, meta = L.sft_microbatch_train_step(lp, mask, gradient_accumulation_steps=2, normalize_constant=2.0)
+    loss, meta = L.sft_microbatch_train_step(
+        lp, mask, gradient_accumulation_steps=2, normalize_constant=2.0
+    )
     close(loss, (2.5 + 2.0) / 2 / 2)  # per example -(masked sum)/2 = [2.5, 2.0] -> mean -> / 2
     close(lp.grad, -0.125 * mask)  # -1 / (c * B * gas) on response tokens
     close(meta["nll_per_token"], 3.0)  # (2 + 3 + 4) / 3
@@ -107,13 +121,17 @@ def test_compute_group_normalized_rewards():
 
     def boom(r, gt):
         raise AssertionError("reward_fn must not run when reward_dicts is given")
-    adv2, raw2, _ = L.compute_group_normalized_rewards(boom, resp, gts, 2, 1e-6, False,
-                                                       reward_dicts=[fn(r, g) for r, g in zip(resp, gts)])
+
+    adv2, raw2, _ = L.compute_group_normalized_rewards(
+        boom, resp, gts, 2, 1e-6, False, reward_dicts=[fn(r, g) for r, g in zip(resp, gts)]
+    )
     close(adv2, adv)
     close(raw2, raw)
     # eight equal 0.1 rewards: float32 mean != 0.1, yet the advantages must be exactly 0 (no random Adam step)
     flat = [{"reward": 0.1}] * 8
-    adv, _, meta = L.compute_group_normalized_rewards(None, ["r"] * 8, ["x"] * 8, 8, 1e-6, True, reward_dicts=flat)
+    adv, _, meta = L.compute_group_normalized_rewards(
+        None, ["r"] * 8, ["x"] * 8, 8, 1e-6, True, reward_dicts=flat
+    )
     assert torch.equal(adv, torch.zeros(8)) and meta["frac_groups_zero_std"] == 1.0
     with pytest.raises(ValueError, match="does not divide"):
         L.compute_group_normalized_rewards(fn, resp[:3], gts[:3], 2, 1e-6, True)
@@ -137,14 +155,22 @@ def test_per_token_losses():
     close(loss, [[-1.5, -0.5, -1.0], [1.5, 0.5, 1.0]])
     # GSPO: s = exp(mean of log-ratio over response tokens), clipped per sequence, broadcast to tokens
     lp, mask = T([[0.2, 0.4, 9.0], [-0.1, -0.1, 0.0]]), T([[1, 1, 0], [1, 1, 1]])
-    loss, meta = L.compute_policy_gradient_loss(lp, "gspo", advantages=a, old_log_probs=torch.zeros(2, 3),
-                                                cliprange=0.2, response_mask=mask)
+    loss, meta = L.compute_policy_gradient_loss(
+        lp, "gspo", advantages=a, old_log_probs=torch.zeros(2, 3), cliprange=0.2, response_mask=mask
+    )
     s2 = math.exp(-0.2 / 3)
     close(loss, [[-1.2] * 3, [s2] * 3])
     assert meta["clipped"][:, 0].tolist() == [True, False]
     lp = lp.clone().requires_grad_()  # a row without response tokens must not give NaN gradients
-    L.grpo_microbatch_train_step(lp, T([[1, 1, 0], [0, 0, 0]]), 1, "gspo", advantages=a, old_log_probs=torch.zeros(2, 3),
-                                 cliprange=0.2)
+    L.grpo_microbatch_train_step(
+        lp,
+        T([[1, 1, 0], [0, 0, 0]]),
+        1,
+        "gspo",
+        advantages=a,
+        old_log_probs=torch.zeros(2, 3),
+        cliprange=0.2,
+    )
     assert torch.isfinite(lp.grad).all() and lp.grad[1].abs().sum() == 0
 
 
@@ -152,18 +178,31 @@ def test_compute_kl():
     lp, ref = torch.log(T([[0.5]])), torch.log(T([[0.25]]))
     log_r = math.log(0.5)
     close(L.compute_kl(lp, ref, "k1"), [[-log_r]])
-    close(L.compute_kl(lp, ref, "k2"), [[0.5 * log_r ** 2]])
+    close(L.compute_kl(lp, ref, "k2"), [[0.5 * log_r**2]])
     close(L.compute_kl(lp, ref, "k3"), [[0.5 - 1 - log_r]])
     with pytest.raises(ValueError, match="unknown kl"):
         L.compute_kl(lp, ref, "k4")
 
 
-@pytest.mark.parametrize("loss_type,kwargs,missing", [
-    ("no_baseline", {}, "raw_rewards"), ("reinforce_with_baseline", {}, "advantages"),
-    ("grpo_clip", {"advantages": torch.ones(2, 1)}, "old_log_probs"),
-    ("grpo_clip", {"advantages": torch.ones(2, 1), "old_log_probs": torch.zeros(2, 3)}, "cliprange"),
-    ("grpo_no_clip", {"advantages": torch.ones(2, 1)}, "old_log_probs"),
-    ("gspo", {"advantages": torch.ones(2, 1), "old_log_probs": torch.zeros(2, 3), "cliprange": 0.2}, "response_mask")])
+@pytest.mark.parametrize(
+    "loss_type,kwargs,missing",
+    [
+        ("no_baseline", {}, "raw_rewards"),
+        ("reinforce_with_baseline", {}, "advantages"),
+        ("grpo_clip", {"advantages": torch.ones(2, 1)}, "old_log_probs"),
+        (
+            "grpo_clip",
+            {"advantages": torch.ones(2, 1), "old_log_probs": torch.zeros(2, 3)},
+            "cliprange",
+        ),
+        ("grpo_no_clip", {"advantages": torch.ones(2, 1)}, "old_log_probs"),
+        (
+            "gspo",
+            {"advantages": torch.ones(2, 1), "old_log_probs": torch.zeros(2, 3), "cliprange": 0.2},
+            "response_mask",
+        ),
+    ],
+)
 def test_policy_gradient_loss_missing_args(loss_type, kwargs, missing):
     with pytest.raises(ValueError, match=f"requires {missing}"):
         L.compute_policy_gradient_loss(torch.zeros(2, 3), loss_type, **kwargs)
@@ -177,8 +216,14 @@ def test_shape_and_option_errors():
         L.compute_policy_gradient_loss(lp, "reinforce_with_baseline", advantages=torch.ones(3, 1))
     with pytest.raises(ValueError, match="old_log_probs has shape"):
         L.compute_grpo_clip_loss(torch.ones(2, 1), lp, torch.zeros(2, 4), 0.2)
-    step = lambda **kw: L.grpo_microbatch_train_step(lp, kw.pop("mask", m), 1, "no_baseline",  # noqa: E731
-                                                     raw_rewards=torch.ones(2, 1), **kw)
+    step = lambda **kw: L.grpo_microbatch_train_step(
+        lp,
+        kw.pop("mask", m),
+        1,
+        "no_baseline",  # noqa: E731
+        raw_rewards=torch.ones(2, 1),
+        **kw,
+    )
     with pytest.raises(ValueError, match="unknown length_norm"):
         step(length_norm="sum")
     with pytest.raises(ValueError, match="requires normalize_constant"):
@@ -189,15 +234,26 @@ def test_shape_and_option_errors():
         step(mask=torch.ones(2, 4))
 
 
-@pytest.mark.parametrize("length_norm,const,g0,g1", [
-    ("masked_mean", None, -1 / 8, 2 / 4),  # -A_b / (B * n_b * gas), n = (2, 1)
-    ("masked_normalize", 4.0, -1 / 16, 2 / 16),  # -A_b / (B * c * gas)
-    ("token", None, -1 / 6, 2 / 6)])  # -A_b / (n_total * gas)
+@pytest.mark.parametrize(
+    "length_norm,const,g0,g1",
+    [
+        ("masked_mean", None, -1 / 8, 2 / 4),  # -A_b / (B * n_b * gas), n = (2, 1)
+        ("masked_normalize", 4.0, -1 / 16, 2 / 16),  # -A_b / (B * c * gas)
+        ("token", None, -1 / 6, 2 / 6),
+    ],
+)  # -A_b / (n_total * gas)
 def test_grpo_microbatch_train_step_length_norms(length_norm, const, g0, g1):
     lp = T([[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]], requires_grad=True)
     mask, adv = T([[1, 1, 0], [1, 0, 0]]), T([[1.0], [-2.0]])
-    loss, meta = L.grpo_microbatch_train_step(lp, mask, 2, "reinforce_with_baseline", advantages=adv,
-                                              length_norm=length_norm, normalize_constant=const)
+    loss, meta = L.grpo_microbatch_train_step(
+        lp,
+        mask,
+        2,
+        "reinforce_with_baseline",
+        advantages=adv,
+        length_norm=length_norm,
+        normalize_constant=const,
+    )
     close(lp.grad, [[g0, g0, 0.0], [g1, 0.0, 0.0]])
     close(loss, (lp.grad * lp.detach()).sum())  # the loss is linear in log-probs here
     assert meta["num_response_tokens"] == 3
@@ -206,9 +262,18 @@ def test_grpo_microbatch_train_step_length_norms(length_norm, const, g0, g1):
 def test_grpo_microbatch_train_step_clip_kl_and_empty_rows():
     lp = torch.log(T([[1.5, 0.5, 1.0], [1.0, 1.0, 1.0]])).requires_grad_()
     old, ref, mask = torch.zeros(2, 3), torch.zeros(2, 3), T([[1, 1, 1], [0, 0, 0]])  # row 1 empty
-    loss, meta = L.grpo_microbatch_train_step(lp, mask, 1, "grpo_clip", advantages=T([1.0, 1.0]),
-                                              old_log_probs=old, cliprange=0.2, ref_log_probs=ref,
-                                              kl_beta=0.5, kl_estimator="k1")
+    loss, meta = L.grpo_microbatch_train_step(
+        lp,
+        mask,
+        1,
+        "grpo_clip",
+        advantages=T([1.0, 1.0]),
+        old_log_probs=old,
+        cliprange=0.2,
+        ref_log_probs=ref,
+        kl_beta=0.5,
+        kl_estimator="k1",
+    )
     assert torch.isfinite(loss) and torch.isfinite(lp.grad).all()
     close(meta["clip_fraction"], 1 / 3)
     close(meta["ratio_mean"], 1.0)
@@ -218,10 +283,21 @@ def test_grpo_microbatch_train_step_clip_kl_and_empty_rows():
     close(loss, ((-1.2 - 0.5 - 1.0) + 0.5 * (math.log(1.5) + math.log(0.5))) / 3 / 2)
     # grad row 0: clipped token only gets the KL term; others ratio * A * (-1) + beta, / (3 * 2)
     close(lp.grad[0], [(0.5) / 6, (-0.5 + 0.5) / 6, (-1.0 + 0.5) / 6])
-    far = torch.full((2, 3), 100.0)  # a reference 100 nats away: k3 overflows; monitored only (kl_beta 0), it stays out
+    far = torch.full(
+        (2, 3), 100.0
+    )  # a reference 100 nats away: k3 overflows; monitored only (kl_beta 0), it stays out
     lp.grad = None
-    loss, meta = L.grpo_microbatch_train_step(lp, mask, 1, "grpo_clip", advantages=T([1.0, 1.0]), old_log_probs=old,
-                                              cliprange=0.2, ref_log_probs=far, kl_beta=0.0)
+    loss, meta = L.grpo_microbatch_train_step(
+        lp,
+        mask,
+        1,
+        "grpo_clip",
+        advantages=T([1.0, 1.0]),
+        old_log_probs=old,
+        cliprange=0.2,
+        ref_log_probs=far,
+        kl_beta=0.0,
+    )
     assert torch.isfinite(loss) and torch.isfinite(lp.grad).all() and not torch.isfinite(meta["kl"])
 
 
@@ -229,22 +305,36 @@ def test_gradcheck_losses_float64():
     torch.manual_seed(0)
     d = dict(dtype=torch.float64)
     lp = (torch.randn(3, 5, **d) * 0.3).requires_grad_()
-    old, ref, adv = torch.randn(3, 5, **d) * 0.3, torch.randn(3, 5, **d) * 0.3, torch.randn(3, 1, **d)
+    old, ref, adv = (
+        torch.randn(3, 5, **d) * 0.3,
+        torch.randn(3, 5, **d) * 0.3,
+        torch.randn(3, 1, **d),
+    )
     mask = torch.rand(3, 5) > 0.3
     mask[:, 0] = True
-    for fn in [lambda x: L.compute_naive_policy_gradient_loss(adv, x),
-               lambda x: L.compute_grpo_clip_loss(adv, x, old, 0.2, cliprange_high=0.3)[0],
-               lambda x: L.compute_policy_gradient_loss(x, "grpo_no_clip", advantages=adv, old_log_probs=old)[0],
-               lambda x: L.compute_policy_gradient_loss(x, "gspo", advantages=adv, old_log_probs=old, cliprange=0.2,
-                                                        response_mask=mask)[0],
-               lambda x: L.masked_mean(x, mask, dim=1), lambda x: L.masked_normalize(x, mask, 3.0, dim=0),
-               lambda x: L.compute_entropy(x)] + [lambda x, k=k: L.compute_kl(x, ref, k) for k in ("k1", "k2", "k3")]:
+    for fn in [
+        lambda x: L.compute_naive_policy_gradient_loss(adv, x),
+        lambda x: L.compute_grpo_clip_loss(adv, x, old, 0.2, cliprange_high=0.3)[0],
+        lambda x: L.compute_policy_gradient_loss(
+            x, "grpo_no_clip", advantages=adv, old_log_probs=old
+        )[0],
+        lambda x: L.compute_policy_gradient_loss(
+            x, "gspo", advantages=adv, old_log_probs=old, cliprange=0.2, response_mask=mask
+        )[0],
+        lambda x: L.masked_mean(x, mask, dim=1),
+        lambda x: L.masked_normalize(x, mask, 3.0, dim=0),
+        lambda x: L.compute_entropy(x),
+    ] + [lambda x, k=k: L.compute_kl(x, ref, k) for k in ("k1", "k2", "k3")]:
         assert torch.autograd.gradcheck(fn, (lp,))
     h, w = torch.randn(7, 4, **d, requires_grad=True), torch.randn(11, 4, **d, requires_grad=True)
     labels = torch.randint(0, 11, (7,))
     for want_ent in (False, True):
         assert torch.autograd.gradcheck(
-            lambda h, w: L._ChunkedLogProbs.apply(h, w, labels, 0.7, 3, want_ent, None, None)[:1 + want_ent], (h, w))
+            lambda h, w: L._ChunkedLogProbs.apply(h, w, labels, 0.7, 3, want_ent, None, None)[
+                : 1 + want_ent
+            ],
+            (h, w),
+        )
 
 
 # ----------------------------------------------------------------------------- chunked log-probs on a real model
@@ -263,15 +353,24 @@ def _grads(model, out_lp, out_ent, w):
 @pytest.mark.parametrize("temperature,fallback", [(1.0, False), (0.7, False), (0.7, True)])
 def test_get_response_log_probs_matches_naive(tiny, temperature, fallback):
     model = tiny[0]
-    model._logprob_fast_path = False if fallback else None  # False forces the model's-own-logits path
+    model._logprob_fast_path = (
+        False if fallback else None
+    )  # False forces the model's-own-logits path
     torch.manual_seed(0)
-    ids, labels, w = torch.randint(0, 500, (3, 19)), torch.randint(0, 500, (3, 19)), torch.randn(3, 19)
-    out = L.get_response_log_probs(model, ids, labels, return_token_entropy=True, temperature=temperature,
-                                   chunk_size=8)  # 57 tokens: chunks do not divide evenly
+    ids, labels, w = (
+        torch.randint(0, 500, (3, 19)),
+        torch.randint(0, 500, (3, 19)),
+        torch.randn(3, 19),
+    )
+    out = L.get_response_log_probs(
+        model, ids, labels, return_token_entropy=True, temperature=temperature, chunk_size=8
+    )  # 57 tokens: chunks do not divide evenly
     lp, ent = _naive(model, ids, labels, temperature)
     close(out["log_probs"], lp, 1e-5)
     close(out["token_entropy"], ent, 1e-5)
-    for a, b in zip(_grads(model, out["log_probs"], out["token_entropy"], w), _grads(model, lp, ent, w)):
+    for a, b in zip(
+        _grads(model, out["log_probs"], out["token_entropy"], w), _grads(model, lp, ent, w)
+    ):
         torch.testing.assert_close(a, b, atol=1e-5 * b.abs().max().item(), rtol=1e-4)
     with torch.no_grad():  # old log-probs path; no entropy key unless asked
         out = L.get_response_log_probs(model, ids, labels, temperature=temperature)
@@ -287,9 +386,13 @@ def test_get_response_log_probs_bf16_and_errors(tiny):
         ref = torch.log_softmax(model(ids).logits.float(), -1)[:, :-1]
         out = L.get_response_log_probs(model, ids[:, :-1], ids[:, 1:])["log_probs"]
     assert out.dtype == torch.float32
-    close(out, ref.gather(-1, ids[:, 1:, None]).squeeze(-1), 5e-2)  # bf16 logits, different matmul blocking
+    close(
+        out, ref.gather(-1, ids[:, 1:, None]).squeeze(-1), 5e-2
+    )  # bf16 logits, different matmul blocking
     with torch.no_grad():  # HF-style -100 labels are scored (as token 0) instead of crashing gather
-        assert torch.isfinite(L.get_response_log_probs(model, ids, torch.full_like(ids, -100))["log_probs"]).all()
+        assert torch.isfinite(
+            L.get_response_log_probs(model, ids, torch.full_like(ids, -100))["log_probs"]
+        ).all()
     with pytest.raises(ValueError, match=r"both \(B, T\)"):
         L.get_response_log_probs(model, ids, ids[:, 1:])
     with pytest.raises(ValueError, match="temperature"):
@@ -306,8 +409,15 @@ def test_token_norm_divides_by_the_whole_optimizer_step():
     lp2 = torch.zeros(2, 5, requires_grad=True)
     m2 = T([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])  # 9 tokens
     for lp, m, a in ((lp1, m1, a1), (lp2, m2, a2)):
-        L.grpo_microbatch_train_step(lp, m, 2, "reinforce_with_baseline", advantages=a, length_norm="token",
-                                     normalize_constant=12)
+        L.grpo_microbatch_train_step(
+            lp,
+            m,
+            2,
+            "reinforce_with_baseline",
+            advantages=a,
+            length_norm="token",
+            normalize_constant=12,
+        )
     close(lp1.grad, -a1 / 12 * m1)
     close(lp2.grad, -a2 / 12 * m2)
 
@@ -316,13 +426,26 @@ def test_loss_table_owns_every_fact():
     assert L.RATIO_LOSSES == ("grpo_clip", "grpo_no_clip", "gspo")
     assert set(L.LOSS_TYPES) == set(L.LOSSES)
     lp, old, a = torch.log(T([[1.5, 0.5]])), torch.zeros(1, 2), T([1.0])
-    close(L.compute_policy_gradient_loss(lp, "grpo_no_clip", advantages=a, old_log_probs=old)[0],
-          L.compute_grpo_no_clip_loss(a, lp, old)[0])
+    close(
+        L.compute_policy_gradient_loss(lp, "grpo_no_clip", advantages=a, old_log_probs=old)[0],
+        L.compute_grpo_no_clip_loss(a, lp, old)[0],
+    )
     mask = T([[1, 1]])
-    close(L.compute_policy_gradient_loss(lp, "gspo", advantages=a, old_log_probs=old, cliprange=0.2, response_mask=mask)[0],
-          L.compute_gspo_loss(a, lp, old, mask, 0.2)[0])
-    loss, _ = L.grpo_microbatch_loss(lp.clone().requires_grad_(), mask, 1, "grpo_clip", advantages=a, old_log_probs=old,
-                                     cliprange=0.2)
+    close(
+        L.compute_policy_gradient_loss(
+            lp, "gspo", advantages=a, old_log_probs=old, cliprange=0.2, response_mask=mask
+        )[0],
+        L.compute_gspo_loss(a, lp, old, mask, 0.2)[0],
+    )
+    loss, _ = L.grpo_microbatch_loss(
+        lp.clone().requires_grad_(),
+        mask,
+        1,
+        "grpo_clip",
+        advantages=a,
+        old_log_probs=old,
+        cliprange=0.2,
+    )
     assert loss.requires_grad  # pure: no backward happened, the caller owns it
 
 
@@ -333,9 +456,13 @@ def test_seed_spellings():
     close(L.masked_normalize(ratio * advs, masks, dim=1, constant_normalizer=7), [8 / 7, 2.0])
     table = {"a": 1.0, "b": 0.0}
     fn = lambda r, gt: {"reward": table[r]}  # noqa: E731
-    adv, _, _ = L.compute_group_normalized_rewards(fn, ["a", "b"], ["x", "x"], 2, 1e-6, normalized_by_std=False)
+    adv, _, _ = L.compute_group_normalized_rewards(
+        fn, ["a", "b"], ["x", "x"], 2, 1e-6, normalized_by_std=False
+    )
     close(adv, [0.5, -0.5])
-    adv, raw, meta = L.compute_group_normalized_advantages(["a", "b"], ["x", "x"], lambda r, g: table[r], 2, 1e-6, False)
+    adv, raw, meta = L.compute_group_normalized_advantages(
+        ["a", "b"], ["x", "x"], lambda r, g: table[r], 2, 1e-6, False
+    )
     close(adv, [0.5, -0.5])
     assert {"mean", "std", "max", "min"} <= set(meta)
     # seed 002: short (3 tokens) and long (6 tokens) responses, num_tokens = 6 -> every token's grad 1 / (6 * 2)
@@ -353,10 +480,14 @@ def test_seed_002_api():
     lp = torch.log(T([[1.5, 0.5], [1.5, 0.9]]))  # ratios
     loss, meta = L.compute_loss(a, lp, old, clip_range=0.2)
     close(loss, [[-1.2, -0.5], [1.5, 0.9]])  # -min(r A, clip(r, 0.8, 1.2) A)
-    assert meta["clipped"].tolist() == [[True, False], [False, False]] and all(map(torch.is_tensor, meta.values()))
+    assert meta["clipped"].tolist() == [[True, False], [False, False]] and all(
+        map(torch.is_tensor, meta.values())
+    )
     close(L.compute_loss(a, lp, old, 0.2)[0], L.compute_grpo_clip_loss(a, lp, old, 0.2)[0])
     table = {"a": 1.0, "b": 0.0, "c": 0.0}
-    _, _, meta = L.compute_group_normalized_advantages(["a", "b", "c", "c"], ["x"] * 4, lambda r, g: table[r], 2, 1e-6, True)
+    _, _, meta = L.compute_group_normalized_advantages(
+        ["a", "b", "c", "c"], ["x"] * 4, lambda r, g: table[r], 2, 1e-6, True
+    )
     assert all(torch.is_tensor(v) and v.dim() == 0 for v in meta.values())
     torch.testing.assert_close(meta["mean"], torch.tensor(0.25))
     torch.testing.assert_close(meta["max"], torch.tensor(1.0))
@@ -366,14 +497,27 @@ def test_seed_002_api():
     close(L.masked_mean_per_sequence(x * T([[2.0] * 6, [4.0] * 6]), m), (2.0 + 4.0) / 2)
     L.masked_mean_per_sequence(x, m).backward()
     close(x.grad, T([[1 / 6] * 3 + [0] * 3, [1 / 12] * 6]))
-    close(L.masked_mean(x * T([[2.0] * 6, [4.0] * 6]), m), (3 * 2.0 + 6 * 4.0) / 9)  # seed 000's: over all 9 tokens
-    close(L.masked_mean_per_sequence(x, torch.zeros(2, 6)), 0.0)  # rows with no tokens count 0, not NaN
+    close(
+        L.masked_mean(x * T([[2.0] * 6, [4.0] * 6]), m), (3 * 2.0 + 6 * 4.0) / 9
+    )  # seed 000's: over all 9 tokens
+    close(
+        L.masked_mean_per_sequence(x, torch.zeros(2, 6)), 0.0
+    )  # rows with no tokens count 0, not NaN
     # the trainer's two per-row reductions are seed 002's two functions
     lp, adv = torch.randn(2, 6), T([0.5, -1.0])
-    for norm, reduce in (("masked_mean", lambda t: L.masked_mean_per_sequence(t, m)),
-                         ("masked_normalize", lambda t: L.masked_mean_drgrpo(t, m, 6))):
-        got, _ = L.grpo_microbatch_loss(lp, m, 4, "reinforce_with_baseline", advantages=adv, length_norm=norm,
-                                        normalize_constant=6)
+    for norm, reduce in (
+        ("masked_mean", lambda t: L.masked_mean_per_sequence(t, m)),
+        ("masked_normalize", lambda t: L.masked_mean_drgrpo(t, m, 6)),
+    ):
+        got, _ = L.grpo_microbatch_loss(
+            lp,
+            m,
+            4,
+            "reinforce_with_baseline",
+            advantages=adv,
+            length_norm=norm,
+            normalize_constant=6,
+        )
         close(got, reduce(-adv[:, None] * lp) / 4)
 
 
@@ -403,7 +547,9 @@ def test_rollout_is_tis_and_mis_on_a_hand_made_batch():
     w, m = L.compute_rollout_is(old, mu, mask, "mis", cap=2.0, floor=0.5)
     close(w[mask], [0.0, 1.0, 0.0, 2.0, 2 / 3])
     assert m["is_dropped_frac"] == pytest.approx(2 / 5)
-    w, _ = L.compute_rollout_is(old, mu, mask, "tis", cap=2.0, level="sequence")  # row ratios 5/3 and 4/3
+    w, _ = L.compute_rollout_is(
+        old, mu, mask, "tis", cap=2.0, level="sequence"
+    )  # row ratios 5/3 and 4/3
     close(w[0], [5 / 3] * 3)
     close(w[1, :2], [4 / 3] * 2)
     w, _ = L.compute_rollout_is(old, mu, mask, "mis", cap=1.5, level="sequence")
@@ -411,8 +557,16 @@ def test_rollout_is_tis_and_mis_on_a_hand_made_batch():
     # TIS weights scale each token's gradient and carry none themselves
     w, _ = L.compute_rollout_is(old, mu, mask, "tis", cap=2.0)
     lp = old.clone().requires_grad_()
-    L.grpo_microbatch_train_step(lp, mask, 1, "reinforce_with_baseline", advantages=T([1.0, 1.0]),
-                                 length_norm="token", normalize_constant=5, is_weights=w.requires_grad_())
+    L.grpo_microbatch_train_step(
+        lp,
+        mask,
+        1,
+        "reinforce_with_baseline",
+        advantages=T([1.0, 1.0]),
+        length_norm="token",
+        normalize_constant=5,
+        is_weights=w.requires_grad_(),
+    )
     close(lp.grad[mask], -w.detach()[mask] / 5)
 
 
@@ -426,8 +580,16 @@ def test_mis_weights_kept_tokens_by_their_ratio():
     w, _ = L.compute_rollout_is(old, mu, mask, "mis", cap=2.0)
     close(w, [[1.8, 0.4, 0.0]])
     lp = old.clone().requires_grad_()
-    L.grpo_microbatch_train_step(lp, mask, 1, "reinforce_with_baseline", advantages=T([1.0]),
-                                 length_norm="token", normalize_constant=3, is_weights=w)
+    L.grpo_microbatch_train_step(
+        lp,
+        mask,
+        1,
+        "reinforce_with_baseline",
+        advantages=T([1.0]),
+        length_norm="token",
+        normalize_constant=3,
+        is_weights=w,
+    )
     close(lp.grad, [[-1.8 / 3, -0.4 / 3, 0.0]])
 
 
@@ -435,8 +597,15 @@ def test_clip_fraction_is_zero_for_a_pass_with_no_response_token():
     """--mask-truncated can leave a forward pass with no response token: it clips nothing (0, not NaN)."""
     lp = torch.zeros(2, 3, requires_grad=True)
     mask = torch.zeros(2, 3, dtype=torch.bool)
-    loss, meta = L.grpo_microbatch_train_step(lp, mask, 1, "grpo_clip", advantages=T([1.0, -1.0]),
-                                              old_log_probs=torch.zeros(2, 3), cliprange=0.2)
+    loss, meta = L.grpo_microbatch_train_step(
+        lp,
+        mask,
+        1,
+        "grpo_clip",
+        advantages=T([1.0, -1.0]),
+        old_log_probs=torch.zeros(2, 3),
+        cliprange=0.2,
+    )
     assert meta["clip_fraction"].item() == 0.0
     assert loss.item() == 0.0 and torch.equal(lp.grad, torch.zeros(2, 3))
 
@@ -457,17 +626,27 @@ def test_min_tokens_ban_scores_the_sampled_distribution(tiny, fallback):
     model = tiny[0]
     model._logprob_fast_path = False if fallback else None
     torch.manual_seed(1)
-    ids, labels, w = torch.randint(1, 500, (2, 11)), torch.randint(1, 500, (2, 11)), torch.randn(2, 11)
+    ids, labels, w = (
+        torch.randint(1, 500, (2, 11)),
+        torch.randint(1, 500, (2, 11)),
+        torch.randn(2, 11),
+    )
     ban_ids, ban_mask = [0, 7], torch.zeros(2, 11, dtype=torch.bool)
     ban_mask[:, 3:6] = True
-    out = L.get_response_log_probs(model, ids, labels, True, 0.7, chunk_size=4, ban_token_ids=ban_ids, ban_mask=ban_mask)
+    out = L.get_response_log_probs(
+        model, ids, labels, True, 0.7, chunk_size=4, ban_token_ids=ban_ids, ban_mask=ban_mask
+    )
     lp, ent = _naive_banned(model, ids, labels, ban_ids, ban_mask, 0.7)
     close(out["log_probs"], lp, 1e-5)
     close(out["token_entropy"], ent, 1e-5)
     plain = L.get_response_log_probs(model, ids, labels, temperature=0.7)["log_probs"]
-    assert (plain - out["log_probs"])[ban_mask].abs().min() > 1e-6  # the ban moves every banned position
+    assert (plain - out["log_probs"])[
+        ban_mask
+    ].abs().min() > 1e-6  # the ban moves every banned position
     close(plain[~ban_mask], out["log_probs"][~ban_mask], 1e-6)  # and nothing else
-    for a, b in zip(_grads(model, out["log_probs"], out["token_entropy"], w), _grads(model, lp, ent, w)):
+    for a, b in zip(
+        _grads(model, out["log_probs"], out["token_entropy"], w), _grads(model, lp, ent, w)
+    ):
         torch.testing.assert_close(a, b, atol=1e-5 * b.abs().max().item(), rtol=1e-4)
     model._logprob_fast_path = None
 
@@ -475,9 +654,18 @@ def test_min_tokens_ban_scores_the_sampled_distribution(tiny, fallback):
 def test_fast_path_checks_itself_against_the_models_logits():
     """Granite divides its logits by logits_scaling: a fast path that trusted the head would be 0.2+ nats off."""
     from transformers import GraniteConfig, GraniteForCausalLM
+
     torch.manual_seed(0)
-    cfg = GraniteConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                        num_key_value_heads=2, logits_scaling=4.0, tie_word_embeddings=False)
+    cfg = GraniteConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        logits_scaling=4.0,
+        tie_word_embeddings=False,
+    )
     model = GraniteForCausalLM(cfg)
     ids = torch.randint(0, 64, (2, 9))
     out = L.get_response_log_probs(model, ids, ids, return_token_entropy=True)
@@ -495,7 +683,11 @@ def test_bf16_autocast_over_fp32_weights(tiny):
         out = L.get_response_log_probs(model, ids, ids, return_token_entropy=True)
     out["log_probs"].sum().backward()
     head = model.get_output_embeddings().weight
-    assert head.grad is not None and head.grad.dtype == torch.float32 and torch.isfinite(head.grad).all()
+    assert (
+        head.grad is not None
+        and head.grad.dtype == torch.float32
+        and torch.isfinite(head.grad).all()
+    )
     with torch.no_grad():
         lp, _ = _naive(model, ids, ids, 1.0)
     close(out["log_probs"], lp, 5e-2)
@@ -536,7 +728,9 @@ def test_chunked_head_backward_recomputes_the_forwards_bf16_logits():
     ref_err = (ref_h - exact_h).norm(dim=1)[confident]
     assert ours_err.median() <= 2 * ref_err.median()
     assert ours_err.max() <= 2 * ref_err.max()
-    column_sums = ours_w.sum(0).abs() / ours_w.abs().sum(0)  # |1 - sum(p)| relative to the gradient's size
+    column_sums = ours_w.sum(0).abs() / ours_w.abs().sum(
+        0
+    )  # |1 - sum(p)| relative to the gradient's size
     assert column_sums.max() <= 1e-2
 
 
@@ -545,19 +739,44 @@ def test_shared_prefix_is_exact(tiny):
     parameter gradients as the plain computation, to fp32 rounding (HF's RMSNorm and eager softmax compute in
     float32 even for a float64 model, so 1e-7 relative is the floor there too). The embedded model's weights."""
     from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(os.path.join(ROOT, "models", "countdown-tiny"))
     torch.manual_seed(3)
-    ids, labels, w = torch.randint(0, 500, (8, 60)), torch.randint(0, 500, (8, 60)), torch.randn(8, 60)
+    ids, labels, w = (
+        torch.randint(0, 500, (8, 60)),
+        torch.randint(0, 500, (8, 60)),
+        torch.randn(8, 60),
+    )
     ids[:, :30] = ids[:1, :30]
-    n = torch.tensor([60, 41, 35, 52, 60, 38, 47, 31])  # real tokens per row (prompt included): the rest is padding
+    n = torch.tensor(
+        [60, 41, 35, 52, 60, 38, 47, 31]
+    )  # real tokens per row (prompt included): the rest is padding
     w = w * (torch.arange(60) < n[:, None])  # only real tokens count
     outs = []
-    for P, lengths in ((0, None), (29, None), (29, n)):  # plain; prompt once + padded rows packed; padding not run
-        out = L.get_response_log_probs(model, ids, labels, return_token_entropy=True, temperature=0.7, chunk_size=64,
-                                       prefix_len=P, lengths=lengths)
+    for P, lengths in (
+        (0, None),
+        (29, None),
+        (29, n),
+    ):  # plain; prompt once + padded rows packed; padding not run
+        out = L.get_response_log_probs(
+            model,
+            ids,
+            labels,
+            return_token_entropy=True,
+            temperature=0.7,
+            chunk_size=64,
+            prefix_len=P,
+            lengths=lengths,
+        )
         real = (torch.arange(60) < n[:, None])[:, 29:]
         g = _grads(model, out["log_probs"][:, 29:], out["token_entropy"][:, 29:] * real, w[:, 29:])
-        outs.append((out["log_probs"][:, 29:].detach() * real, out["token_entropy"][:, 29:].detach() * real, g))
+        outs.append(
+            (
+                out["log_probs"][:, 29:].detach() * real,
+                out["token_entropy"][:, 29:].detach() * real,
+                g,
+            )
+        )
     for lp1, e1, g1 in outs[1:]:
         lp0, e0, g0 = outs[0]
         assert (lp1 - lp0).abs().max() <= 1e-5 and (e1 - e0).abs().max() <= 1e-5
@@ -565,16 +784,30 @@ def test_shared_prefix_is_exact(tiny):
     assert outs[2][0][~real].eq(0).all()  # padding is not run: it reads 0
     assert L.shared_prefix_works(model)
     with pytest.raises(ValueError, match="do not share"):
-        L.get_response_log_probs(model, torch.randint(0, 500, (2, 9)), torch.randint(0, 500, (2, 9)), prefix_len=5)
+        L.get_response_log_probs(
+            model, torch.randint(0, 500, (2, 9)), torch.randint(0, 500, (2, 9)), prefix_len=5
+        )
     with pytest.raises(ValueError, match="one per row"):
-        L.get_response_log_probs(model, ids, labels, prefix_len=29, lengths=n + 1)  # a row longer than T
+        L.get_response_log_probs(
+            model, ids, labels, prefix_len=29, lengths=n + 1
+        )  # a row longer than T
 
 
 def test_shared_prefix_is_off_for_sliding_window_attention():
     """One 4D block mask would serve a windowed layer as a full one: a sliding-window model scores the plain way,
     also where the 9-token self-check cannot see the window (64)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
+
     for window, works in ((True, False), (False, True)):
-        cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                          num_key_value_heads=2, use_sliding_window=window, sliding_window=64, max_window_layers=0)
+        cfg = Qwen2Config(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            use_sliding_window=window,
+            sliding_window=64,
+            max_window_layers=0,
+        )
         assert L.shared_prefix_works(Qwen2ForCausalLM(cfg)) == works

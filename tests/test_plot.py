@@ -1,4 +1,5 @@
 """plot.py: the dashboard of synthetic metrics.jsonl files shaped like grpo.py's and sft.py's rows (no model)."""
+
 import json
 import math
 import os
@@ -17,19 +18,50 @@ def grpo_rows(n_steps=4, opt_per_step=2, kl=True):
     """grpo.py's layout: opt_per_step train rows per rollout step (rollout values repeated), eval every 2 steps."""
     rows, opt = [], 0
     for s in range(n_steps):
-        common = {"train/reward": 0.1 * s, "train/format_reward": 0.5, "train/answer_reward": 0.1 * s,
-                  "train/response_len_mean": 20.0 + s, "train/truncation_rate": 0.0, "train/lr": 1e-5,
-                  "time/generation": 1.0, "time/grading": 0.5, "time/old_log_probs": 0.25, "time/training": 2.0,
-                  "time/weight_sync": 0.1, "time/step": 3.85}
-        common |= {"train/kl_ref": 0.01 * s, "train/kl_prev": 0.001, "train/mismatch_kl": 1e-6} if kl else {}
+        common = {
+            "train/reward": 0.1 * s,
+            "train/format_reward": 0.5,
+            "train/answer_reward": 0.1 * s,
+            "train/response_len_mean": 20.0 + s,
+            "train/truncation_rate": 0.0,
+            "train/lr": 1e-5,
+            "time/generation": 1.0,
+            "time/grading": 0.5,
+            "time/old_log_probs": 0.25,
+            "time/training": 2.0,
+            "time/weight_sync": 0.1,
+            "time/step": 3.85,
+        }
+        common |= (
+            {"train/kl_ref": 0.01 * s, "train/kl_prev": 0.001, "train/mismatch_kl": 1e-6}
+            if kl
+            else {}
+        )
         for e in range(opt_per_step):
             opt += 1
-            rows.append({"step": s, "opt_step": opt, "time/wall": 4.0 * opt} | common | {
-                "train/loss": s + e, "train/grad_norm": 1.0, "train/entropy": 2.0, "train/clip_fraction": 0.0})
+            rows.append(
+                {"step": s, "opt_step": opt, "time/wall": 4.0 * opt}
+                | common
+                | {
+                    "train/loss": s + e,
+                    "train/grad_norm": 1.0,
+                    "train/entropy": 2.0,
+                    "train/clip_fraction": 0.0,
+                }
+            )
         if s % 2 == 0:
-            rows.append({"step": s, "opt_step": opt, "time/wall": 4.0 * opt + 1, "time/eval": 3.0,
-                         "eval/accuracy": 0.2 + 0.1 * s, "eval/format_reward": 0.9, "eval/response_len": 30.0,
-                         "eval/truncation_rate": 0.5})
+            rows.append(
+                {
+                    "step": s,
+                    "opt_step": opt,
+                    "time/wall": 4.0 * opt + 1,
+                    "time/eval": 3.0,
+                    "eval/accuracy": 0.2 + 0.1 * s,
+                    "eval/format_reward": 0.9,
+                    "eval/response_len": 30.0,
+                    "eval/truncation_rate": 0.5,
+                }
+            )
     return rows
 
 
@@ -37,12 +69,32 @@ def sft_rows(n_steps=4):
     """sft.py's layout: step = optimizer steps done; eval rows at steps 2 and 4."""
     rows = []
     for s in range(1, n_steps + 1):
-        rows.append({"step": s, "train/loss": 1.0 / s, "train/nll_per_token": 0.5 / s, "train/grad_norm": 1.0,
-                     "train/entropy": 1.5, "train/lr": 1e-4, "time/step": 0.5, "time/wall": 3.0 * s})
+        rows.append(
+            {
+                "step": s,
+                "train/loss": 1.0 / s,
+                "train/nll_per_token": 0.5 / s,
+                "train/grad_norm": 1.0,
+                "train/entropy": 1.5,
+                "train/lr": 1e-4,
+                "time/step": 0.5,
+                "time/wall": 3.0 * s,
+            }
+        )
         if s % 2 == 0:
-            rows.append({"step": s, "eval_step": s // 2, "eval/accuracy": 0.1 * s, "eval/format_reward": 0.2 * s,
-                         "eval/response_len": 40.0, "eval/truncation_rate": 0.0, "time/weight_sync": 0.25, "time/eval": 2.0,
-                         "time/wall": 3.0 * s + 1})
+            rows.append(
+                {
+                    "step": s,
+                    "eval_step": s // 2,
+                    "eval/accuracy": 0.1 * s,
+                    "eval/format_reward": 0.2 * s,
+                    "eval/response_len": 40.0,
+                    "eval/truncation_rate": 0.0,
+                    "time/weight_sync": 0.25,
+                    "time/eval": 2.0,
+                    "time/wall": 3.0 * s + 1,
+                }
+            )
     return rows
 
 
@@ -55,12 +107,22 @@ def write_run(path, rows, tail=""):
 
 
 def panels(fig):
-    return {ax.get_title(): ax for ax in fig.axes if ax.get_title()}  # a right-hand y axis has no title
+    return {
+        ax.get_title(): ax for ax in fig.axes if ax.get_title()
+    }  # a right-hand y axis has no title
 
 
 def test_series_averages_rows_sharing_x_and_skips_nan_none():
-    rows = [{"step": 0, "k": 1.0}, {"step": 0, "k": 3.0}, {"step": 1, "k": float("nan")}, {"step": 1, "k": None},
-            {"step": 2, "k": 5}, {"step": 3}, {"k": 7.0}, {"step": None, "k": 7.0}]
+    rows = [
+        {"step": 0, "k": 1.0},
+        {"step": 0, "k": 3.0},
+        {"step": 1, "k": float("nan")},
+        {"step": 1, "k": None},
+        {"step": 2, "k": 5},
+        {"step": 3},
+        {"k": 7.0},
+        {"step": None, "k": 7.0},
+    ]
     assert plot.series(rows, "k", "step") == ([0, 2], [2.0, 5.0])
 
 
@@ -70,15 +132,27 @@ def test_grpo_run_writes_one_dashboard_with_every_panel(tmp_path):
     assert out == os.path.join(run, "dashboard.png")
     with open(out, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n" and os.path.getsize(out) > 10_000
-    assert sorted(os.listdir(run)) == ["dashboard.png", "metrics.jsonl"]  # no tmp file left, no other PNGs
+    assert sorted(os.listdir(run)) == [
+        "dashboard.png",
+        "metrics.jsonl",
+    ]  # no tmp file left, no other PNGs
     fig = plot.build_figure([run])
-    assert list(panels(fig)) == ALL_PANELS and len(fig.axes) == len(ALL_PANELS) + 1  # + the truncation axis
+    assert (
+        list(panels(fig)) == ALL_PANELS and len(fig.axes) == len(ALL_PANELS) + 1
+    )  # + the truncation axis
     length = panels(fig)["response length (tokens) / truncation"]
     twin = next(ax for ax in fig.axes if not ax.get_title())
     assert len(length.lines) == 2 and {line.get_label() for line in twin.lines} == {
-        "grpo_a train/truncation_rate", "grpo_a eval/truncation_rate"}
+        "grpo_a train/truncation_rate",
+        "grpo_a eval/truncation_rate",
+    }
     loss = panels(fig)["loss"].lines
-    assert len(loss) == 1 and list(loss[0].get_ydata()) == [0.5, 1.5, 2.5, 3.5]  # 2 optimizer steps averaged
+    assert len(loss) == 1 and list(loss[0].get_ydata()) == [
+        0.5,
+        1.5,
+        2.5,
+        3.5,
+    ]  # 2 optimizer steps averaged
     val = panels(fig)["validation (greedy)"].lines
     assert all(line.get_marker() == "o" for line in val) and list(val[0].get_xdata()) == [0, 2]
     assert "grpo_a | step 3 | val acc 0.200 -> 0.400" in fig.legends[0].get_texts()[0].get_text()
@@ -91,16 +165,33 @@ def test_x_opt_step_keeps_every_optimizer_step(tmp_path):
 
 def test_time_split_counts_a_rollout_step_once():
     split = plot.time_split(grpo_rows(n_steps=4, opt_per_step=2))
-    assert split["time/generation"] == 4.0 and split["time/training"] == 8.0  # not x2 for the 2 rows per step
-    assert split["time/eval"] == 6.0 and "time/step" not in split  # time/step is the sum: not a phase
-    assert plot.time_split(sft_rows()) == {"time/step": 2.0, "time/weight_sync": 0.5, "time/eval": 4.0}
+    assert (
+        split["time/generation"] == 4.0 and split["time/training"] == 8.0
+    )  # not x2 for the 2 rows per step
+    assert (
+        split["time/eval"] == 6.0 and "time/step" not in split
+    )  # time/step is the sum: not a phase
+    assert plot.time_split(sft_rows()) == {
+        "time/step": 2.0,
+        "time/weight_sync": 0.5,
+        "time/eval": 4.0,
+    }
 
 
 def test_sft_run_drops_empty_panels(tmp_path):
     fig = plot.build_figure([write_run(tmp_path / "sft", sft_rows())])
-    assert list(panels(fig)) == ["validation (greedy)", "loss", "grad norm (before clipping)", "token entropy",
-                                 "response length (tokens) / truncation", "time split (total seconds)"]
-    assert {line.get_label() for line in panels(fig)["loss"].lines} == {"sft train/loss", "sft train/nll_per_token"}
+    assert list(panels(fig)) == [
+        "validation (greedy)",
+        "loss",
+        "grad norm (before clipping)",
+        "token entropy",
+        "response length (tokens) / truncation",
+        "time split (total seconds)",
+    ]
+    assert {line.get_label() for line in panels(fig)["loss"].lines} == {
+        "sft train/loss",
+        "sft train/nll_per_token",
+    }
 
 
 def test_overlay_two_runs_skips_a_missing_key_for_that_run_only(tmp_path):
@@ -110,25 +201,40 @@ def test_overlay_two_runs_skips_a_missing_key_for_that_run_only(tmp_path):
     p = panels(fig)
     assert list(p) == ALL_PANELS
     kl = p["KL to reference / previous policy"].lines
-    assert {line.get_label() for line in kl} == {"a train/kl_ref", "a train/kl_prev"}  # run b logs no KL
-    assert [line.get_label() for line in p["KL engine vs trainer (mismatch)"].lines] == ["a train/mismatch_kl"]
+    assert {line.get_label() for line in kl} == {
+        "a train/kl_ref",
+        "a train/kl_prev",
+    }  # run b logs no KL
+    assert [line.get_label() for line in p["KL engine vs trainer (mismatch)"].lines] == [
+        "a train/mismatch_kl"
+    ]
     reward = p["train reward"].lines
-    assert len(reward) == 6 and {line.get_color() for line in reward} == {"C0", "C1"}  # colour = run
+    assert len(reward) == 6 and {line.get_color() for line in reward} == {
+        "C0",
+        "C1",
+    }  # colour = run
     assert [t.get_text().split(" |")[0] for t in fig.legends[0].get_texts()] == ["a", "b"]
     assert [t.get_text() for t in p["time split (total seconds)"].get_yticklabels()] == ["a", "b"]
     assert os.path.getsize(plot.plot_runs([a, b], str(tmp_path / "plots" / "ab.png"))) > 10_000
 
 
 def test_same_base_names_are_told_apart_by_path(tmp_path):
-    a, b = write_run(tmp_path / "x" / "run", sft_rows()), write_run(tmp_path / "y" / "run", sft_rows())
+    a, b = (
+        write_run(tmp_path / "x" / "run", sft_rows()),
+        write_run(tmp_path / "y" / "run", sft_rows()),
+    )
     assert [n for n, _ in plot.load_runs([a, b])] == [os.path.normpath(a), os.path.normpath(b)]
 
 
 def test_truncated_last_line_is_dropped(tmp_path, capsys):
-    run = write_run(tmp_path / "crashed", grpo_rows(n_steps=2), tail='{"step": 9, "opt_step": 9, "train/lo')
+    run = write_run(
+        tmp_path / "crashed", grpo_rows(n_steps=2), tail='{"step": 9, "opt_step": 9, "train/lo'
+    )
     fig = plot.build_figure([run])
     assert max(panels(fig)["loss"].lines[0].get_xdata()) == 1
-    assert os.path.exists(plot.plot_runs([run], run))  # a directory as out_path: <run>/dashboard.png
+    assert os.path.exists(
+        plot.plot_runs([run], run)
+    )  # a directory as out_path: <run>/dashboard.png
     assert os.path.exists(os.path.join(run, "dashboard.png"))
 
 
@@ -141,8 +247,13 @@ def test_empty_run_says_no_data(tmp_path):
 
 
 def cli(*argv):
-    return subprocess.run([sys.executable, os.path.join(ROOT, "plot.py"), *argv], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "plot.py"), *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
 
 
 def test_cli_overlays_runs(tmp_path):
@@ -153,11 +264,14 @@ def test_cli_overlays_runs(tmp_path):
     assert proc.stdout.strip() == str(out) and out.stat().st_size > 10_000
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["{tmp}/missing"], "missing: no metrics.jsonl; pass run directories"),
-    (["{sft}", "--x", "opt_step"], "no run logs --x opt_step"),
-    (["{sft}", "--x", "epoch"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["{tmp}/missing"], "missing: no metrics.jsonl; pass run directories"),
+        (["{sft}", "--x", "opt_step"], "no run logs --x opt_step"),
+        (["{sft}", "--x", "epoch"], "invalid choice"),
+    ],
+)
 def test_cli_bad_input_is_one_line(tmp_path, argv, message):
     sft = write_run(tmp_path / "sft", sft_rows())
     proc = cli(*[s.format(tmp=tmp_path, sft=sft) for s in argv], "--out", str(tmp_path / "x.png"))
@@ -168,7 +282,12 @@ def test_cli_bad_input_is_one_line(tmp_path, argv, message):
 
 def test_nan_rows_do_not_break_a_panel(tmp_path):
     rows = grpo_rows(n_steps=2)
-    rows[0]["train/entropy"], rows[1]["train/entropy"] = float("nan"), None  # step 0 has no finite entropy
+    rows[0]["train/entropy"], rows[1]["train/entropy"] = (
+        float("nan"),
+        None,
+    )  # step 0 has no finite entropy
     fig = plot.build_figure([write_run(tmp_path / "a", rows)])
     ys = panels(fig)["token entropy"].lines[0].get_ydata()
-    assert list(panels(fig)["token entropy"].lines[0].get_xdata()) == [1] and not any(map(math.isnan, ys))
+    assert list(panels(fig)["token entropy"].lines[0].get_xdata()) == [1] and not any(
+        map(math.isnan, ys)
+    )

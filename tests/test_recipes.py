@@ -5,6 +5,7 @@ recipe row runs end to end (STAND_INS) with the hub id replaced by a local tiny 
 profile, the seeds' prompts and graders and the device logic a GPU user's run takes, before anyone pays for
 a GPU. A stand-in's saved configuration is checked against the settings tables and against each row's flags.
 """
+
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import ROOT
 
 README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
@@ -47,19 +49,42 @@ def recipes():
 
 def write_data(path, task):
     """A small valid data file for `task` (what the recipe's file would hold)."""
-    rows = {"countdown": [{"numbers": [3, 4, 5], "target": 17}, {"numbers": [2, 9, 6], "target": 12}] * 4,
-            "gsm8k": [{"question": f"Tom has {i} apples and buys 3. How many?", "answer": f"{i} + 3 = {i + 3}\n#### {i + 3}"}
-                      for i in range(8)],
-            "math": [{"problem": f"What is ${i} + 1$?", "answer": str(i + 1), "solution": f"$\\boxed{{{i + 1}}}$"}
-                     for i in range(8)],
-            "sft": [{"prompt": f"What is {i} + 1? Answer:", "response": f" {i + 1}. The final answer is: $\\boxed{{{i + 1}}}$"}
-                    for i in range(8)]}
+    rows = {
+        "countdown": [{"numbers": [3, 4, 5], "target": 17}, {"numbers": [2, 9, 6], "target": 12}]
+        * 4,
+        "gsm8k": [
+            {
+                "question": f"Tom has {i} apples and buys 3. How many?",
+                "answer": f"{i} + 3 = {i + 3}\n#### {i + 3}",
+            }
+            for i in range(8)
+        ],
+        "math": [
+            {
+                "problem": f"What is ${i} + 1$?",
+                "answer": str(i + 1),
+                "solution": f"$\\boxed{{{i + 1}}}$",
+            }
+            for i in range(8)
+        ],
+        "sft": [
+            {
+                "prompt": f"What is {i} + 1? Answer:",
+                "response": f" {i + 1}. The final answer is: $\\boxed{{{i + 1}}}$",
+            }
+            for i in range(8)
+        ],
+    }
     if task == "keyword":
         # numbers, which the embedded model writes often (reward variance); ~10% of words hash to the test split
-        open(path, "w").write("\n".join(["apple", "river", "the", "and"] + [str(i) for i in range(100)]))
+        open(path, "w").write(
+            "\n".join(["apple", "river", "the", "and"] + [str(i) for i in range(100)])
+        )
         return
     with open(path, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows["math" if task in ("math500", "math") else task])
+        f.writelines(
+            json.dumps(r) + "\n" for r in rows["math" if task in ("math500", "math") else task]
+        )
 
 
 def task_of(argv, flag):
@@ -85,8 +110,13 @@ def localise(argv, tmp):
 
 
 def run(argv, cwd, timeout=600):
-    return subprocess.run([sys.executable, os.path.join(ROOT, argv[0]), *argv[1:]], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, argv[0]), *argv[1:]],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def value(cell):
@@ -113,8 +143,13 @@ def expect_grpo(cfg, given):
     """The grpo settings table's value for every flag the command leaves to the profile."""
     header, *rows = table("settings:grpo")
     col = header.index(cfg["profile"])
-    task_col = header.index("keyword") if cfg["task"] == "keyword" else \
-        header.index("gsm8k, math, math500") if cfg["task"] in ("gsm8k", "math", "math500") else None
+    task_col = (
+        header.index("keyword")
+        if cfg["task"] == "keyword"
+        else header.index("gsm8k, math, math500")
+        if cfg["task"] in ("gsm8k", "math", "math500")
+        else None
+    )
     out = {}
     for row in rows:
         dest = re.search(r"`--([a-z-]+)`", row[2]).group(1).replace("-", "_")
@@ -127,16 +162,26 @@ def expect_grpo(cfg, given):
 
 def bon_temperature():
     """best_of_n.py's sampling temperature, as the sentence under the eval_zero_shot table states it."""
-    return float(re.search(r"`best_of_n.py` uses .*? samples at `--temperature ([0-9.]+)`", README, re.S).group(1))
+    return float(
+        re.search(
+            r"`best_of_n.py` uses .*? samples at `--temperature ([0-9.]+)`", README, re.S
+        ).group(1)
+    )
 
 
 def expect_eval(cfg, given):
     """The eval_zero_shot table's row for the task (the embedded model's Countdown row apart); best_of_n shares
     the prompt, reward and max tokens, and samples at its own temperature (bon_temperature)."""
     header, *rows = table("settings:eval_zero_shot")
-    key = "countdown, embedded model" if cfg["task"] == "countdown" and "countdown-tiny" in cfg["model"] else cfg["task"]
+    key = (
+        "countdown, embedded model"
+        if cfg["task"] == "countdown" and "countdown-tiny" in cfg["model"]
+        else cfg["task"]
+    )
     name = lambda r: r[0].split(" (")[0]  # noqa: E731
-    row = next(r for r in rows if name(r) == key or (key in name(r).split(", ") and "embedded" not in r[0]))
+    row = next(
+        r for r in rows if name(r) == key or (key in name(r).split(", ") and "embedded" not in r[0])
+    )
     out = {"prompt": row[2], "reward": row[3], "max_tokens": value(row[4])}
     out["temperature"] = value(row[5]) if "n" not in cfg else bon_temperature()  # "n": best_of_n
     return {k: v for k, v in out.items() if k not in given}
@@ -146,11 +191,17 @@ def expect_sft(cfg, given):
     """The sft table's column for the model. A row whose flag cell is `--eval-task T` is the grader a validation on
     task T uses (eval_reward; its cell, or the seed value where the cell is empty)."""
     header, *rows = table("settings:sft")
-    col = header.index("embedded model") if "countdown-tiny" in cfg["model"] else header.index("hub model")
+    col = (
+        header.index("embedded model")
+        if "countdown-tiny" in cfg["model"]
+        else header.index("hub model")
+    )
     out = {}
     for row in rows:
         dest, task = re.search(r"`--([a-z-]+) ?([a-z0-9_]*)`", row[2]).groups()
-        if task:  # a validation grader: applies when the run validates on that task, whoever chose it
+        if (
+            task
+        ):  # a validation grader: applies when the run validates on that task, whoever chose it
             if cfg["eval_task"] == task and cfg["eval_n"]:
                 out["eval_reward"] = value(row[col] or row[1])
         elif row[col] and dest.replace("-", "_") not in given:
@@ -160,7 +211,9 @@ def expect_sft(cfg, given):
 
 def check_tables(label, script, cfg, given):
     """An effective configuration agrees with the README's settings tables on every flag `given` leaves open."""
-    expect = {"grpo.py": expect_grpo, "grpo_ray.py": expect_grpo, "sft.py": expect_sft}.get(script, expect_eval)
+    expect = {"grpo.py": expect_grpo, "grpo_ray.py": expect_grpo, "sft.py": expect_sft}.get(
+        script, expect_eval
+    )
     for k, v in expect(cfg, given).items():
         got = cfg[k][0] if isinstance(cfg[k], list) and len(cfg[k]) == 1 else cfg[k]
         assert same(got, v), f"{label}: {k} = {got!r}, the README's table says {v!r}"
@@ -179,14 +232,59 @@ def test_every_script_has_a_recipe():
 
 
 # ----------------------------------------------------------------------------- stand-ins
-GRPO_TINY = ["--rollout-batch-size", "4", "--group-size", "2", "--train-batch-size", "4", "--gradient-accumulation-steps",
-             "2", "--max-tokens", "12", "--eval-n", "2", "--eval-every", "0", "--grader-workers", "0"]
-TINY = {"grpo.py": ["--n-grpo-steps", "1"] + GRPO_TINY,  # 2 prompts x 2 samples: the countdown prompt is 600 tokens
-        "grpo_ray.py": ["--n-grpo-steps", "4", "--timeout-s", "300"] + GRPO_TINY,  # 4: a --steps-per-rollout 4 cycle
-        "eval_zero_shot.py": ["--limit", "4", "--max-tokens", "12", "--workers", "1"],
-        "best_of_n.py": ["--limit", "2", "--n", "4", "--ns", "1,2,4", "--max-tokens", "12", "--workers", "1"],
-        "sft.py": ["--n-examples", "4", "--batch-size", "2", "--gradient-accumulation-steps", "1", "--steps", "1",
-                   "--eval-n", "2", "--eval-max-tokens", "8", "--eval-every", "1"]}
+GRPO_TINY = [
+    "--rollout-batch-size",
+    "4",
+    "--group-size",
+    "2",
+    "--train-batch-size",
+    "4",
+    "--gradient-accumulation-steps",
+    "2",
+    "--max-tokens",
+    "12",
+    "--eval-n",
+    "2",
+    "--eval-every",
+    "0",
+    "--grader-workers",
+    "0",
+]
+TINY = {
+    "grpo.py": ["--n-grpo-steps", "1"]
+    + GRPO_TINY,  # 2 prompts x 2 samples: the countdown prompt is 600 tokens
+    "grpo_ray.py": ["--n-grpo-steps", "4", "--timeout-s", "300"]
+    + GRPO_TINY,  # 4: a --steps-per-rollout 4 cycle
+    "eval_zero_shot.py": ["--limit", "4", "--max-tokens", "12", "--workers", "1"],
+    "best_of_n.py": [
+        "--limit",
+        "2",
+        "--n",
+        "4",
+        "--ns",
+        "1,2,4",
+        "--max-tokens",
+        "12",
+        "--workers",
+        "1",
+    ],
+    "sft.py": [
+        "--n-examples",
+        "4",
+        "--batch-size",
+        "2",
+        "--gradient-accumulation-steps",
+        "1",
+        "--steps",
+        "1",
+        "--eval-n",
+        "2",
+        "--eval-max-tokens",
+        "8",
+        "--eval-every",
+        "1",
+    ],
+}
 # Every recipe row, each in exactly one stand-in: (row label prefixes, engine, flags the stand-in adds). Rows that
 # differ in flags that do not clash run as one command carrying all their flags; the sizes TINY sets (--max-tokens
 # 256 vs 512 too) are the stand-in's own. vLLM where a GPU user's path differs most (the hub-profile eval and GRPO).
@@ -199,21 +297,37 @@ STAND_INS = [
     (("Best-of-N at 1/4/8/16",), "hf", []),
     (("SFT, one size",), "hf", []),
     (("embedded model from scratch",), "hf", ["--countdown-n", "32"]),
-    (("GRPO on Countdown, one lr", "baselines", "length normalisation", "group std normalisation"), "vllm", []),
+    (
+        (
+            "GRPO on Countdown, one lr",
+            "baselines",
+            "length normalisation",
+            "group std normalisation",
+        ),
+        "vllm",
+        [],
+    ),
     (("off-policy, one (E, B)", "prompt ablation"), "hf", []),
     (("no-clip ablation",), "hf", []),
     (("Countdown Dr. GRPO at 512", "Countdown GRPO at 256"), "hf", []),
     (("keyword-inclusion GRPO on Ray", "KL drift", "colocated, k steps per rollout"), "hf", []),
     # NCCL needs GPUs: Problem 9's Ray Direct Transport runs over gloo here (the same code path but the backend)
-    (("disaggregated async", "weight transfer over Ray Direct Transport"), "hf", ["--weight-sync", "gloo"]),
+    (
+        ("disaggregated async", "weight transfer over Ray Direct Transport"),
+        "hf",
+        ["--weight-sync", "gloo"],
+    ),
 ]
 ALIASES = {"async": "async_mode"}  # flag -> argparse destination where the two differ
 
 
 def pairs(argv):
     """[(flag, value or None)] of a command's flags, in order."""
-    return [(a, b if b is not None and not b.startswith("--") else None)
-            for a, b in zip(argv, argv[1:] + [None]) if a.startswith("--")]
+    return [
+        (a, b if b is not None and not b.startswith("--") else None)
+        for a, b in zip(argv, argv[1:] + [None])
+        if a.startswith("--")
+    ]
 
 
 def stand_in(prefixes, extra):
@@ -225,7 +339,9 @@ def stand_in(prefixes, extra):
         assert other[0] == argv[0], f"{label}: another script than {prefixes[0]}"
         have = dict(pairs(argv))
         for flag, val in pairs(other[1:]):
-            assert flag in own or have.get(flag, val) == val, f"{label}: {flag} {val} clashes with {have[flag]}"
+            assert flag in own or have.get(flag, val) == val, (
+                f"{label}: {flag} {val} clashes with {have[flag]}"
+            )
             argv += [] if flag in have else [flag] + ([val] if val is not None else [])
     return rows, argv
 
@@ -240,46 +356,75 @@ def saved_config(out):
 
 def test_every_recipe_row_has_one_stand_in():
     for label, _ in recipes():
-        assert sum(label.startswith(p) for ps, _, _ in STAND_INS for p in ps) == 1, f"{label}: not in one stand-in"
+        assert sum(label.startswith(p) for ps, _, _ in STAND_INS for p in ps) == 1, (
+            f"{label}: not in one stand-in"
+        )
 
 
 @pytest.mark.parametrize("prefixes,engine,extra", STAND_INS, ids=[s[0][0] for s in STAND_INS])
-def test_recipe_runs_end_to_end_on_a_stand_in(prefixes, engine, extra, tiny_qwen2_dir, tiny_qwen3_dir, tmp_path):
+def test_recipe_runs_end_to_end_on_a_stand_in(
+    prefixes, engine, extra, tiny_qwen2_dir, tiny_qwen3_dir, tmp_path
+):
     rows, argv = stand_in(prefixes, extra)
     argv, hub = localise(argv, str(tmp_path)), "--model" in argv
-    if hub:  # the hub id -> a tiny local model of its family (Qwen2 for Qwen2.5-Math, Qwen3 for Qwen3)
+    if (
+        hub
+    ):  # the hub id -> a tiny local model of its family (Qwen2 for Qwen2.5-Math, Qwen3 for Qwen3)
         i = argv.index("--model") + 1
         argv[i] = tiny_qwen2_dir if "Qwen2" in argv[i] else tiny_qwen3_dir
-    if "--out" not in argv:  # the embedded-model recipes write to runs/<name> under the working directory
+    if (
+        "--out" not in argv
+    ):  # the embedded-model recipes write to runs/<name> under the working directory
         argv += ["--out", str(tmp_path / "out" / "run")]
     cmd = argv + TINY[argv[0]] + extra + ["--engine", engine]
     proc = run(cmd, str(tmp_path))
     assert proc.returncode == 0, f"{prefixes}\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}"
     out = argv[argv.index("--out") + 1]
     cfg = saved_config(out)
-    check_tables(prefixes[0], argv[0], cfg, explicit(cmd))  # every flag no row and no stand-in size sets
+    check_tables(
+        prefixes[0], argv[0], cfg, explicit(cmd)
+    )  # every flag no row and no stand-in size sets
     # and every row's own flags reached the run
-    own = {f for f, _ in pairs(TINY[argv[0]] + extra)} | set(DATA_FLAGS) | {"--model", "--out", "--save-dir"}
+    own = (
+        {f for f, _ in pairs(TINY[argv[0]] + extra)}
+        | set(DATA_FLAGS)
+        | {"--model", "--out", "--save-dir"}
+    )
     for label, row in rows:
         for flag, val in pairs(row[1:]):
             if flag not in own:
                 name = flag[2:].removeprefix("no-").replace("-", "_")
-                got, v = cfg[ALIASES.get(name, name)], (not flag.startswith("--no-") if val is None else value(val))
+                got, v = (
+                    cfg[ALIASES.get(name, name)],
+                    (not flag.startswith("--no-") if val is None else value(val)),
+                )
                 assert same(got, v), f"{label}: {flag} {val or ''} ran as {got!r}"
     if hub and argv[0] in ("grpo.py", "grpo_ray.py"):  # the hub profile, trained
         assert cfg["profile"] == "hub"
     if argv[0] in ("grpo.py", "grpo_ray.py"):
         metrics = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
         assert any("train/loss" in m for m in metrics)
-        assert any("train/kl_ref" in m for m in metrics) == (cfg["kl_every"] > 0)  # KL drift only when asked
+        assert any("train/kl_ref" in m for m in metrics) == (
+            cfg["kl_every"] > 0
+        )  # KL drift only when asked
     if argv[0] == "grpo_ray.py":  # the schedule and transport asked for
         summary = json.load(open(os.path.join(out, "summary.json")))
-        assert (summary["mode"], summary["weight_sync"], summary["steps"]) == (cfg["mode"], cfg["weight_sync"], 4)
+        assert (summary["mode"], summary["weight_sync"], summary["steps"]) == (
+            cfg["mode"],
+            cfg["weight_sync"],
+            4,
+        )
     if argv[0] == "eval_zero_shot.py":
         n = len(cfg["max_tokens"]) * 4
-        assert sum(1 for _ in open(os.path.join(out, "generations.jsonl"))) == n  # --limit 4 per max-tokens value
-    if argv[0] == "sft.py" and cfg["eval_task"] == "math":  # MATH validation graded by question_only, and it ran
+        assert (
+            sum(1 for _ in open(os.path.join(out, "generations.jsonl"))) == n
+        )  # --limit 4 per max-tokens value
+    if (
+        argv[0] == "sft.py" and cfg["eval_task"] == "math"
+    ):  # MATH validation graded by question_only, and it ran
         assert cfg["eval_reward"] == "question_only"
-        assert any("eval/accuracy" in json.loads(line) for line in open(os.path.join(out, "metrics.jsonl")))
+        assert any(
+            "eval/accuracy" in json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))
+        )
     if argv[0] == "best_of_n.py":
         assert cfg["temperature"] == bon_temperature() == 1.0

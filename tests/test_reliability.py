@@ -1,6 +1,7 @@
 """Issue 16's probes, run as the commands a user types: each bad input is refused with exactly one `error:` line on
 stderr and a non-zero exit, fast (before any model loads: the model directories here hold junk weights, so a load
 would end in a traceback), and no run loses data (checkpoints written whole, no temp files left behind)."""
+
 import json
 import os
 import socket
@@ -9,23 +10,37 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, one_line_error
 
 import common
+from conftest import ROOT, one_line_error
 
 
 def run(script, *args, timeout=60, fast=20):
     t0 = time.time()
-    r = subprocess.run([sys.executable, os.path.join(ROOT, script), *map(str, args)], capture_output=True, text=True,
-                       cwd=ROOT, timeout=timeout)
-    assert time.time() - t0 < fast, (script, args, time.time() - t0, r.stderr[-500:])  # refused before a model loads
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, script), *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+    )
+    assert time.time() - t0 < fast, (
+        script,
+        args,
+        time.time() - t0,
+        r.stderr[-500:],
+    )  # refused before a model loads
     return r
 
 
 def fake_model(d, config='{"model_type": "qwen2"}'):
     """A directory that passes for a model until something loads it (its weights are junk)."""
     os.makedirs(d, exist_ok=True)
-    for name, text in (("config.json", config), ("model.safetensors", "junk"), ("tokenizer.json", "{}")):
+    for name, text in (
+        ("config.json", config),
+        ("model.safetensors", "junk"),
+        ("tokenizer.json", "{}"),
+    ):
         with open(os.path.join(d, name), "w") as f:
             f.write(text)
     return str(d)
@@ -42,7 +57,10 @@ def fake_run(d, state='{"step": 1, "args": {}}', metrics='{"step": 0}\n{"step": 
 
 
 # ----------------------------------------------------------------------------- models
-@pytest.mark.parametrize("script,config", [("grpo.py", "{}"), ("sft.py", '{"vocab_size": 8}'), ("eval_zero_shot.py", "{no")])
+@pytest.mark.parametrize(
+    "script,config",
+    [("grpo.py", "{}"), ("sft.py", '{"vocab_size": 8}'), ("eval_zero_shot.py", "{no")],
+)
 def test_junk_model_config_refused(script, config, tmp_path):
     r = run(script, "--model", fake_model(tmp_path / "m", config), "--out", tmp_path / "out")
     one_line_error(r, f"{tmp_path / 'm' / 'config.json'} is not JSON naming a model_type")
@@ -64,7 +82,10 @@ def test_resume_asks_the_hub_only_for_a_model_it_loads(tmp_path):
     """A resumed grpo run loads its checkpoint; its saved hub --model loads (and is checked) only as a KL reference,
     so resuming on an offline node without that model cached works."""
     import grpo
-    run_dir = fake_run(tmp_path / "run", state='{"step": 1, "args": {"model": "nosuchorg-8c1f/none"}}')
+
+    run_dir = fake_run(
+        tmp_path / "run", state='{"step": 1, "args": {"model": "nosuchorg-8c1f/none"}}'
+    )
     grpo.parse_args(["--resume", run_dir])
     common.check_hub_ids()  # nothing to ask
     grpo.parse_args(["--resume", run_dir, "--kl-every", "1"])
@@ -75,7 +96,10 @@ def test_resume_asks_the_hub_only_for_a_model_it_loads(tmp_path):
 # ----------------------------------------------------------------------------- resume and checkpoints
 @pytest.mark.parametrize("script", ["grpo.py", "sft.py", "grpo_ray.py"])
 def test_corrupt_state_json_on_resume(script, tmp_path):
-    one_line_error(run(script, "--resume", fake_run(tmp_path / "run", state='{"step": 1, "ar')), "state.json is corrupt")
+    one_line_error(
+        run(script, "--resume", fake_run(tmp_path / "run", state='{"step": 1, "ar')),
+        "state.json is corrupt",
+    )
 
 
 @pytest.mark.parametrize("script", ["grpo.py", "sft.py"])
@@ -97,7 +121,9 @@ def test_half_written_state_json_is_not_a_complete_checkpoint(tmp_path):
         (run_dir / name).mkdir(parents=True)
         (run_dir / name / "state.json").write_text(state)
     path = common.find_checkpoint(str(run_dir))
-    assert json.load(open(os.path.join(path, "state.json")))["step"] == 1 and sorted(os.listdir(run_dir)) == ["checkpoint"]
+    assert json.load(open(os.path.join(path, "state.json")))["step"] == 1 and sorted(
+        os.listdir(run_dir)
+    ) == ["checkpoint"]
     code = f"""if True:  # killed while state.json is serialised (kill -9, power loss: no cleanup runs)
         import argparse, os, common
         class Bomb(dict):
@@ -109,13 +135,28 @@ def test_half_written_state_json_is_not_a_complete_checkpoint(tmp_path):
         common.save_model_checkpoint({str(run_dir)!r}, Model(), Model(), argparse.Namespace(), {{"step": 2, "z": Bomb(a=1)}})
     """
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 9
-    assert os.listdir(run_dir / "checkpoint.tmp") == ["model.safetensors"]  # no state.json: not taken for complete
-    assert common.find_checkpoint(str(run_dir)) == str(run_dir / "checkpoint") and not (run_dir / "checkpoint.tmp").exists()
+    assert os.listdir(run_dir / "checkpoint.tmp") == [
+        "model.safetensors"
+    ]  # no state.json: not taken for complete
+    assert (
+        common.find_checkpoint(str(run_dir)) == str(run_dir / "checkpoint")
+        and not (run_dir / "checkpoint.tmp").exists()
+    )
 
 
 # ----------------------------------------------------------------------------- sft sizes
 def test_sft_max_seq_len_below_every_example(tmp_path):
-    r = run("sft.py", "--max-seq-len", "5", "--countdown-n", "16", "--eval-n", "0", "--out", tmp_path / "out")
+    r = run(
+        "sft.py",
+        "--max-seq-len",
+        "5",
+        "--countdown-n",
+        "16",
+        "--eval-n",
+        "0",
+        "--out",
+        tmp_path / "out",
+    )
     one_line_error(r, "only 0 pairs fit --max-seq-len 5: raise it to at least")
     assert "--batch-size" not in r.stderr
 
@@ -124,9 +165,20 @@ def test_sft_max_seq_len_below_every_example(tmp_path):
 @pytest.mark.parametrize("out", ["adir", "nodir/x.json"])
 def test_kissing_construct_checks_out_before_computing(out, tmp_path):
     (tmp_path / "adir").mkdir()
-    r = run("kissing.py", "construct", "--method", "shell-search", "--seconds", "30", "--out", tmp_path / out)
+    r = run(
+        "kissing.py",
+        "construct",
+        "--method",
+        "shell-search",
+        "--seconds",
+        "30",
+        "--out",
+        tmp_path / out,
+    )
     one_line_error(r, "--out")
-    assert os.listdir(tmp_path) == ["adir"] and not os.listdir(tmp_path / "adir"), "a failed write left a file behind"
+    assert os.listdir(tmp_path) == ["adir"] and not os.listdir(tmp_path / "adir"), (
+        "a failed write left a file behind"
+    )
 
 
 def closed_port():
@@ -135,10 +187,17 @@ def closed_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("argv,needle", [
-    ("--llm {url} --model m --resume --out-dir {tmp}/log", "is not a search log"),  # a corrupt log
-    ("--llm {url} --model m --out-dir {tmp}/afile", "--out-dir"),                    # a file, not a directory
-    ("--llm local:{tmp}/notmodel --engine hf --out-dir {tmp}/out", "no config.json")])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (
+            "--llm {url} --model m --resume --out-dir {tmp}/log",
+            "is not a search log",
+        ),  # a corrupt log
+        ("--llm {url} --model m --out-dir {tmp}/afile", "--out-dir"),  # a file, not a directory
+        ("--llm local:{tmp}/notmodel --engine hf --out-dir {tmp}/out", "no config.json"),
+    ],
+)
 def test_kissing_search_bad_inputs(argv, needle, tmp_path):
     (tmp_path / "log").mkdir()
     (tmp_path / "log" / "conversation_log.json").write_text('{"args": {"mode": "refine"}, "entr')
@@ -150,7 +209,17 @@ def test_kissing_search_bad_inputs(argv, needle, tmp_path):
 
 def test_kissing_search_stops_when_its_server_is_gone(tmp_path):
     """An unreachable server: the client's retries, then one line and a non-zero exit; no error text is evaluated."""
-    r = run("kissing.py", "search", "--llm", f"openai:http://127.0.0.1:{closed_port()}/v1", "--model", "m",
-            "--iters", "2", "--out-dir", tmp_path)
+    r = run(
+        "kissing.py",
+        "search",
+        "--llm",
+        f"openai:http://127.0.0.1:{closed_port()}/v1",
+        "--model",
+        "m",
+        "--iters",
+        "2",
+        "--out-dir",
+        tmp_path,
+    )
     one_line_error(r, "3 calls failed in a row")
     assert not (tmp_path / "conversation_log.json").exists()

