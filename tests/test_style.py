@@ -1,5 +1,5 @@
-"""House style (../shared/STYLE.md, "Lines a reader can take in at a glance"), the checkable parts, over every
-Python file the repository tracks: ruff checks and formats the rest (`make lint`).
+"""House style (../shared/STYLE.md, "Lines a reader can take in at a glance"): the checkable parts,
+over every Python file of the repository. ruff checks and formats the rest (`make lint`).
 
 - An assignment has at most two targets, unless it unpacks a call's result (`q, r = divmod(n, k)`).
 - No conditional expression inside another (`a if x else b if y else c`): write an `if` block.
@@ -11,6 +11,7 @@ import os
 import subprocess
 
 import pytest
+
 from conftest import ROOT
 
 
@@ -26,7 +27,7 @@ def python_files():
 
 
 def targets_of(node):
-    """The names an assignment binds at its top level: `a, b = ...` binds 2, `a = b = ...` binds 2."""
+    """How many names an assignment binds at its top level: `a, b = ...` and `a = b = ...` bind 2."""
     count = 0
     for target in node.targets:
         if isinstance(target, (ast.Tuple, ast.List)):
