@@ -27,7 +27,7 @@ def python_files():
 
 
 def targets_of(node):
-    """How many names an assignment binds at its top level: `a, b = ...` and `a = b = ...` bind 2."""
+    """How many names an assignment binds at top level: `a, b = ...` and `a = b = ...` bind 2."""
     count = 0
     for target in node.targets:
         if isinstance(target, (ast.Tuple, ast.List)):
