@@ -1,5 +1,5 @@
-"""losses.py: hand-computed cases for every function and option, float64 gradchecks, and the chunked
-log-prob path checked against the naive full-vocab computation on the tiny HF model."""
+"""losses.py: hand-computed cases for every function and option, float64 gradchecks, and the
+chunked log-prob path checked against the naive full-vocab computation on the tiny HF model."""
 
 import copy
 import math
@@ -28,14 +28,15 @@ def close(a, b, tol=1e-6):
 def tiny(tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(
-        tiny_model_dir
-    )
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    return model, tokenizer
 
 
 def test_tokenize_prompt_and_output(tiny):
     tok = tiny[1]
-    prompts, outputs = ["User: 3 + 4", "Hi"], [" <answer> 7 </answer>", " ok"]
+    prompts = ["User: 3 + 4", "Hi"]
+    outputs = [" <answer> 7 </answer>", " ok"]
     out = L.tokenize_prompt_and_output(prompts, outputs, tok)
     p = [tok(s)["input_ids"] for s in prompts]
     o = [tok(s, add_special_tokens=False)["input_ids"] for s in outputs]
@@ -44,9 +45,8 @@ def test_tokenize_prompt_and_output(tiny):
     assert out["input_ids"].shape == out["labels"].shape == out["response_mask"].shape == (2, n - 1)
     for i, seq in enumerate(full):
         padded = seq + [tok.pad_token_id] * (n - len(seq))
-        assert (
-            out["input_ids"][i].tolist() == padded[:-1] and out["labels"][i].tolist() == padded[1:]
-        )
+        assert out["input_ids"][i].tolist() == padded[:-1]
+        assert out["labels"][i].tolist() == padded[1:]
         want = [len(p[i]) <= j + 1 < len(seq) for j in range(n - 1)]  # label j is token j + 1
         assert out["response_mask"][i].tolist() == want
     with pytest.raises(ValueError, match="one output per prompt"):
@@ -63,7 +63,8 @@ def test_compute_entropy():
 
 
 def test_masked_mean_and_normalize():
-    x, m = T([[1.0, 2.0, float("nan")], [4.0, 5.0, 6.0]]), T([[1, 1, 0], [0, 0, 1]])
+    x = T([[1.0, 2.0, float("nan")], [4.0, 5.0, 6.0]])
+    m = T([[1, 1, 0], [0, 0, 1]])
     close(L.masked_mean(x, m), 3.0)
     close(L.masked_mean(x, m, dim=1), [1.5, 6.0])
     close(L.masked_mean(x, m.bool(), dim=0)[:1], [1.0])  # column 0 has one kept element
@@ -109,30 +110,39 @@ def test_sft_microbatch_train_step():
 # ----------------------------------------------------------------------------- GRPO
 def test_compute_group_normalized_rewards():
     table = {"a": 1.0, "b": 0.0, "c": 0.5}
-    fn = lambda r, gt: {"reward": table[r], "format_reward": 1.0, "answer_reward": table[r]}  # noqa: E731
-    resp, gts = ["a", "b", "c", "c"], ["x"] * 4
+
+    def fn(r, gt):
+        return {"reward": table[r], "format_reward": 1.0, "answer_reward": table[r]}
+
+    resp = ["a", "b", "c", "c"]
+    gts = ["x"] * 4
     adv, raw, meta = L.compute_group_normalized_rewards(fn, resp, gts, 2, 1e-6, True)
     s = 1 / math.sqrt(2)  # unbiased std of (1, 0); the biased std would be 0.5
     close(raw, [1.0, 0.0, 0.5, 0.5])
     close(adv, [0.5 / (s + 1e-6), -0.5 / (s + 1e-6), 0.0, 0.0])
-    assert meta["frac_groups_zero_std"] == 0.5 and meta["mean"] == 0.5 and meta["max"] == 1.0
+    assert meta["frac_groups_zero_std"] == 0.5
+    assert meta["mean"] == 0.5
+    assert meta["max"] == 1.0
     adv, _, _ = L.compute_group_normalized_rewards(fn, resp, gts, 2, 1e-6, False)
     close(adv, [0.5, -0.5, 0.0, 0.0])
 
     def boom(r, gt):
         raise AssertionError("reward_fn must not run when reward_dicts is given")
 
+    reward_dicts = [fn(r, g) for r, g in zip(resp, gts)]
     adv2, raw2, _ = L.compute_group_normalized_rewards(
-        boom, resp, gts, 2, 1e-6, False, reward_dicts=[fn(r, g) for r, g in zip(resp, gts)]
+        boom, resp, gts, 2, 1e-6, False, reward_dicts=reward_dicts
     )
     close(adv2, adv)
     close(raw2, raw)
-    # eight equal 0.1 rewards: float32 mean != 0.1, yet the advantages must be exactly 0 (no random Adam step)
+    # eight equal 0.1 rewards: the float32 mean != 0.1, yet the advantages must be exactly 0
+    # (no random Adam step)
     flat = [{"reward": 0.1}] * 8
     adv, _, meta = L.compute_group_normalized_rewards(
         None, ["r"] * 8, ["x"] * 8, 8, 1e-6, True, reward_dicts=flat
     )
-    assert torch.equal(adv, torch.zeros(8)) and meta["frac_groups_zero_std"] == 1.0
+    assert torch.equal(adv, torch.zeros(8))
+    assert meta["frac_groups_zero_std"] == 1.0
     with pytest.raises(ValueError, match="does not divide"):
         L.compute_group_normalized_rewards(fn, resp[:3], gts[:3], 2, 1e-6, True)
     with pytest.raises(ValueError, match="ground truths"):
@@ -141,7 +151,8 @@ def test_compute_group_normalized_rewards():
 
 def test_per_token_losses():
     lp = torch.log(T([[1.5, 0.5, 1.0], [1.5, 0.5, 1.0]]))  # old = 0 so ratio = (1.5, 0.5, 1.0)
-    old, a = torch.zeros(2, 3), T([[1.0], [-1.0]])
+    old = torch.zeros(2, 3)
+    a = T([[1.0], [-1.0]])
     close(L.compute_naive_policy_gradient_loss(a, lp), -a * lp)
     close(L.compute_naive_policy_gradient_loss(a.view(2), lp), -a * lp)  # (B,) advantages accepted
     close(L.compute_policy_gradient_loss(lp, "no_baseline", raw_rewards=a)[0], -a * lp)
@@ -153,8 +164,10 @@ def test_per_token_losses():
     close(loss, [[-1.4, -0.5, -1.0], [1.5, 0.8, 1.0]])
     loss, meta = L.compute_policy_gradient_loss(lp, "grpo_no_clip", advantages=a, old_log_probs=old)
     close(loss, [[-1.5, -0.5, -1.0], [1.5, 0.5, 1.0]])
-    # GSPO: s = exp(mean of log-ratio over response tokens), clipped per sequence, broadcast to tokens
-    lp, mask = T([[0.2, 0.4, 9.0], [-0.1, -0.1, 0.0]]), T([[1, 1, 0], [1, 1, 1]])
+    # GSPO: s = exp(mean of the log-ratio over response tokens), clipped per sequence, broadcast
+    # to the tokens
+    lp = T([[0.2, 0.4, 9.0], [-0.1, -0.1, 0.0]])
+    mask = T([[1, 1, 0], [1, 1, 1]])
     loss, meta = L.compute_policy_gradient_loss(
         lp, "gspo", advantages=a, old_log_probs=torch.zeros(2, 3), cliprange=0.2, response_mask=mask
     )
@@ -171,11 +184,13 @@ def test_per_token_losses():
         old_log_probs=torch.zeros(2, 3),
         cliprange=0.2,
     )
-    assert torch.isfinite(lp.grad).all() and lp.grad[1].abs().sum() == 0
+    assert torch.isfinite(lp.grad).all()
+    assert lp.grad[1].abs().sum() == 0
 
 
 def test_compute_kl():
-    lp, ref = torch.log(T([[0.5]])), torch.log(T([[0.25]]))
+    lp = torch.log(T([[0.5]]))
+    ref = torch.log(T([[0.25]]))
     log_r = math.log(0.5)
     close(L.compute_kl(lp, ref, "k1"), [[-log_r]])
     close(L.compute_kl(lp, ref, "k2"), [[0.5 * log_r**2]])
@@ -209,21 +224,20 @@ def test_policy_gradient_loss_missing_args(loss_type, kwargs, missing):
 
 
 def test_shape_and_option_errors():
-    lp, m = torch.zeros(2, 3, requires_grad=True), torch.ones(2, 3)
+    lp = torch.zeros(2, 3, requires_grad=True)
+    m = torch.ones(2, 3)
     with pytest.raises(ValueError, match="unknown loss_type"):
         L.compute_policy_gradient_loss(lp, "ppo")
     with pytest.raises(ValueError, match="advantages has shape"):
         L.compute_policy_gradient_loss(lp, "reinforce_with_baseline", advantages=torch.ones(3, 1))
     with pytest.raises(ValueError, match="old_log_probs has shape"):
         L.compute_grpo_clip_loss(torch.ones(2, 1), lp, torch.zeros(2, 4), 0.2)
-    step = lambda **kw: L.grpo_microbatch_train_step(
-        lp,
-        kw.pop("mask", m),
-        1,
-        "no_baseline",  # noqa: E731
-        raw_rewards=torch.ones(2, 1),
-        **kw,
-    )
+
+    def step(mask=m, **kw):
+        return L.grpo_microbatch_train_step(
+            lp, mask, 1, "no_baseline", raw_rewards=torch.ones(2, 1), **kw
+        )
+
     with pytest.raises(ValueError, match="unknown length_norm"):
         step(length_norm="sum")
     with pytest.raises(ValueError, match="requires normalize_constant"):
@@ -239,12 +253,13 @@ def test_shape_and_option_errors():
     [
         ("masked_mean", None, -1 / 8, 2 / 4),  # -A_b / (B * n_b * gas), n = (2, 1)
         ("masked_normalize", 4.0, -1 / 16, 2 / 16),  # -A_b / (B * c * gas)
-        ("token", None, -1 / 6, 2 / 6),
+        ("token", None, -1 / 6, 2 / 6),  # -A_b / (n_total * gas)
     ],
-)  # -A_b / (n_total * gas)
+)
 def test_grpo_microbatch_train_step_length_norms(length_norm, const, g0, g1):
     lp = T([[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]], requires_grad=True)
-    mask, adv = T([[1, 1, 0], [1, 0, 0]]), T([[1.0], [-2.0]])
+    mask = T([[1, 1, 0], [1, 0, 0]])
+    adv = T([[1.0], [-2.0]])
     loss, meta = L.grpo_microbatch_train_step(
         lp,
         mask,
@@ -261,7 +276,9 @@ def test_grpo_microbatch_train_step_length_norms(length_norm, const, g0, g1):
 
 def test_grpo_microbatch_train_step_clip_kl_and_empty_rows():
     lp = torch.log(T([[1.5, 0.5, 1.0], [1.0, 1.0, 1.0]])).requires_grad_()
-    old, ref, mask = torch.zeros(2, 3), torch.zeros(2, 3), T([[1, 1, 1], [0, 0, 0]])  # row 1 empty
+    old = torch.zeros(2, 3)
+    ref = torch.zeros(2, 3)
+    mask = T([[1, 1, 1], [0, 0, 0]])  # row 1 empty
     loss, meta = L.grpo_microbatch_train_step(
         lp,
         mask,
@@ -274,18 +291,20 @@ def test_grpo_microbatch_train_step_clip_kl_and_empty_rows():
         kl_beta=0.5,
         kl_estimator="k1",
     )
-    assert torch.isfinite(loss) and torch.isfinite(lp.grad).all()
+    assert torch.isfinite(loss)
+    assert torch.isfinite(lp.grad).all()
     close(meta["clip_fraction"], 1 / 3)
     close(meta["ratio_mean"], 1.0)
     close(meta["ratio_max"], 1.5)
     close(meta["kl"], (math.log(1.5) + math.log(0.5)) / 3)  # k1 = logp - ref
-    # per-token loss (-1.2, -0.5 * ..., ...) + 0.5 * k1, masked mean over row 0, batch mean over 2 rows
+    # per-token loss (-1.2, -0.5 * ..., ...) + 0.5 * k1, masked mean over row 0, batch mean over
+    # 2 rows
     close(loss, ((-1.2 - 0.5 - 1.0) + 0.5 * (math.log(1.5) + math.log(0.5))) / 3 / 2)
-    # grad row 0: clipped token only gets the KL term; others ratio * A * (-1) + beta, / (3 * 2)
+    # grad row 0: the clipped token only gets the KL term; the others ratio * A * (-1) + beta,
+    # / (3 * 2)
     close(lp.grad[0], [(0.5) / 6, (-0.5 + 0.5) / 6, (-1.0 + 0.5) / 6])
-    far = torch.full(
-        (2, 3), 100.0
-    )  # a reference 100 nats away: k3 overflows; monitored only (kl_beta 0), it stays out
+    # a reference 100 nats away: k3 overflows; monitored only (kl_beta 0), it stays out of the loss
+    far = torch.full((2, 3), 100.0)
     lp.grad = None
     loss, meta = L.grpo_microbatch_train_step(
         lp,
@@ -298,46 +317,64 @@ def test_grpo_microbatch_train_step_clip_kl_and_empty_rows():
         ref_log_probs=far,
         kl_beta=0.0,
     )
-    assert torch.isfinite(loss) and torch.isfinite(lp.grad).all() and not torch.isfinite(meta["kl"])
+    assert torch.isfinite(loss)
+    assert torch.isfinite(lp.grad).all()
+    assert not torch.isfinite(meta["kl"])
 
 
 def test_gradcheck_losses_float64():
     torch.manual_seed(0)
     d = dict(dtype=torch.float64)
     lp = (torch.randn(3, 5, **d) * 0.3).requires_grad_()
-    old, ref, adv = (
-        torch.randn(3, 5, **d) * 0.3,
-        torch.randn(3, 5, **d) * 0.3,
-        torch.randn(3, 1, **d),
-    )
+    old = torch.randn(3, 5, **d) * 0.3
+    ref = torch.randn(3, 5, **d) * 0.3
+    adv = torch.randn(3, 1, **d)
     mask = torch.rand(3, 5) > 0.3
     mask[:, 0] = True
-    for fn in [
-        lambda x: L.compute_naive_policy_gradient_loss(adv, x),
-        lambda x: L.compute_grpo_clip_loss(adv, x, old, 0.2, cliprange_high=0.3)[0],
-        lambda x: L.compute_policy_gradient_loss(
-            x, "grpo_no_clip", advantages=adv, old_log_probs=old
-        )[0],
-        lambda x: L.compute_policy_gradient_loss(
+
+    def naive(x):
+        return L.compute_naive_policy_gradient_loss(adv, x)
+
+    def grpo_clip(x):
+        return L.compute_grpo_clip_loss(adv, x, old, 0.2, cliprange_high=0.3)[0]
+
+    def grpo_no_clip(x):
+        return L.compute_policy_gradient_loss(x, "grpo_no_clip", advantages=adv, old_log_probs=old)[
+            0
+        ]
+
+    def gspo(x):
+        return L.compute_policy_gradient_loss(
             x, "gspo", advantages=adv, old_log_probs=old, cliprange=0.2, response_mask=mask
-        )[0],
-        lambda x: L.masked_mean(x, mask, dim=1),
-        lambda x: L.masked_normalize(x, mask, 3.0, dim=0),
-        lambda x: L.compute_entropy(x),
-    ] + [lambda x, k=k: L.compute_kl(x, ref, k) for k in ("k1", "k2", "k3")]:
+        )[0]
+
+    def mean_rows(x):
+        return L.masked_mean(x, mask, dim=1)
+
+    def normalize_columns(x):
+        return L.masked_normalize(x, mask, 3.0, dim=0)
+
+    functions = [naive, grpo_clip, grpo_no_clip, gspo, mean_rows, normalize_columns]
+    functions.append(L.compute_entropy)
+    for k in ("k1", "k2", "k3"):
+        functions.append(lambda x, k=k: L.compute_kl(x, ref, k))
+    for fn in functions:
         assert torch.autograd.gradcheck(fn, (lp,))
-    h, w = torch.randn(7, 4, **d, requires_grad=True), torch.randn(11, 4, **d, requires_grad=True)
+    h = torch.randn(7, 4, **d, requires_grad=True)
+    w = torch.randn(11, 4, **d, requires_grad=True)
     labels = torch.randint(0, 11, (7,))
     for want_ent in (False, True):
-        assert torch.autograd.gradcheck(
-            lambda h, w: L._ChunkedLogProbs.apply(h, w, labels, 0.7, 3, want_ent, None, None)[
-                : 1 + want_ent
-            ],
-            (h, w),
-        )
+
+        def chunked(h, w, want_ent=want_ent):
+            logp, ent = L._ChunkedLogProbs.apply(h, w, labels, 0.7, 3, want_ent, None, None)
+            if want_ent:
+                return logp, ent
+            return logp
+
+        assert torch.autograd.gradcheck(chunked, (h, w))
 
 
-# ----------------------------------------------------------------------------- chunked log-probs on a real model
+# ------------------------------------------------------------- chunked log-probs on a real model
 def _naive(model, ids, labels, temperature):
     logits = model(ids).logits.float() / temperature  # (B, T, V)
     lp = torch.log_softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1)
@@ -353,28 +390,29 @@ def _grads(model, out_lp, out_ent, w):
 @pytest.mark.parametrize("temperature,fallback", [(1.0, False), (0.7, False), (0.7, True)])
 def test_get_response_log_probs_matches_naive(tiny, temperature, fallback):
     model = tiny[0]
-    model._logprob_fast_path = (
-        False if fallback else None
-    )  # False forces the model's-own-logits path
+    # False forces the model's-own-logits path; None lets the model check itself
+    model._logprob_fast_path = None
+    if fallback:
+        model._logprob_fast_path = False
     torch.manual_seed(0)
-    ids, labels, w = (
-        torch.randint(0, 500, (3, 19)),
-        torch.randint(0, 500, (3, 19)),
-        torch.randn(3, 19),
-    )
+    ids = torch.randint(0, 500, (3, 19))
+    labels = torch.randint(0, 500, (3, 19))
+    w = torch.randn(3, 19)
+    # 57 tokens: the chunks of 8 do not divide them evenly
     out = L.get_response_log_probs(
         model, ids, labels, return_token_entropy=True, temperature=temperature, chunk_size=8
-    )  # 57 tokens: chunks do not divide evenly
+    )
     lp, ent = _naive(model, ids, labels, temperature)
     close(out["log_probs"], lp, 1e-5)
     close(out["token_entropy"], ent, 1e-5)
-    for a, b in zip(
-        _grads(model, out["log_probs"], out["token_entropy"], w), _grads(model, lp, ent, w)
-    ):
+    ours = _grads(model, out["log_probs"], out["token_entropy"], w)
+    reference = _grads(model, lp, ent, w)
+    for a, b in zip(ours, reference):
         torch.testing.assert_close(a, b, atol=1e-5 * b.abs().max().item(), rtol=1e-4)
-    with torch.no_grad():  # old log-probs path; no entropy key unless asked
+    with torch.no_grad():  # the old log-probs path; no entropy key unless asked
         out = L.get_response_log_probs(model, ids, labels, temperature=temperature)
-    assert set(out) == {"log_probs"} and not out["log_probs"].requires_grad
+    assert set(out) == {"log_probs"}
+    assert not out["log_probs"].requires_grad
     close(out["log_probs"], lp, 1e-5)
     model._logprob_fast_path = None
 
@@ -386,29 +424,29 @@ def test_get_response_log_probs_bf16_and_errors(tiny):
         ref = torch.log_softmax(model(ids).logits.float(), -1)[:, :-1]
         out = L.get_response_log_probs(model, ids[:, :-1], ids[:, 1:])["log_probs"]
     assert out.dtype == torch.float32
-    close(
-        out, ref.gather(-1, ids[:, 1:, None]).squeeze(-1), 5e-2
-    )  # bf16 logits, different matmul blocking
+    # bf16 logits, a different matmul blocking
+    close(out, ref.gather(-1, ids[:, 1:, None]).squeeze(-1), 5e-2)
     with torch.no_grad():  # HF-style -100 labels are scored (as token 0) instead of crashing gather
-        assert torch.isfinite(
-            L.get_response_log_probs(model, ids, torch.full_like(ids, -100))["log_probs"]
-        ).all()
+        ignored = L.get_response_log_probs(model, ids, torch.full_like(ids, -100))["log_probs"]
+    assert torch.isfinite(ignored).all()
     with pytest.raises(ValueError, match=r"both \(B, T\)"):
         L.get_response_log_probs(model, ids, ids[:, 1:])
     with pytest.raises(ValueError, match="temperature"):
         L.get_response_log_probs(model, ids, ids, temperature=0.0)
 
 
-# ----------------------------------------------------------------------------- issue fixes, checked at the gradient level
+# ------------------------------------------------------- issue fixes, checked at the gradient level
 def test_token_norm_divides_by_the_whole_optimizer_step():
-    """DAPO: with normalize_constant = N_step, every response token's log-prob gets gradient -A_i / N_step,
-    whatever microbatch it sits in (two microbatches of 3 and 9 tokens, N_step = 12)."""
-    a1, a2 = T([[1.5]]), T([[-0.5], [2.0]])
+    """DAPO: with normalize_constant = N_step, every response token's log-prob gets the gradient
+    -A_i / N_step, whatever microbatch it sits in (two microbatches of 3 and 9 tokens,
+    N_step = 12)."""
+    a1 = T([[1.5]])
+    a2 = T([[-0.5], [2.0]])
     lp1 = torch.zeros(1, 5, requires_grad=True)
     m1 = T([[1, 1, 1, 0, 0]])  # 3 tokens
     lp2 = torch.zeros(2, 5, requires_grad=True)
     m2 = T([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])  # 9 tokens
-    for lp, m, a in ((lp1, m1, a1), (lp2, m2, a2)):
+    for lp, m, a in [(lp1, m1, a1), (lp2, m2, a2)]:
         L.grpo_microbatch_train_step(
             lp,
             m,
@@ -425,7 +463,9 @@ def test_token_norm_divides_by_the_whole_optimizer_step():
 def test_loss_table_owns_every_fact():
     assert L.RATIO_LOSSES == ("grpo_clip", "grpo_no_clip", "gspo")
     assert set(L.LOSS_TYPES) == set(L.LOSSES)
-    lp, old, a = torch.log(T([[1.5, 0.5]])), torch.zeros(1, 2), T([1.0])
+    lp = torch.log(T([[1.5, 0.5]]))
+    old = torch.zeros(1, 2)
+    a = T([1.0])
     close(
         L.compute_policy_gradient_loss(lp, "grpo_no_clip", advantages=a, old_log_probs=old)[0],
         L.compute_grpo_no_clip_loss(a, lp, old)[0],
@@ -451,21 +491,29 @@ def test_loss_table_owns_every_fact():
 
 def test_seed_spellings():
     """The handouts' keyword spellings and seed 002's function names work."""
-    ratio, advs = torch.ones(2, 7), torch.full((2, 7), 2.0)
+    ratio = torch.ones(2, 7)
+    advs = torch.full((2, 7), 2.0)
     masks = T([[1, 1, 1, 1, 0, 0, 0], [1] * 7])
     close(L.masked_normalize(ratio * advs, masks, dim=1, constant_normalizer=7), [8 / 7, 2.0])
     table = {"a": 1.0, "b": 0.0}
-    fn = lambda r, gt: {"reward": table[r]}  # noqa: E731
+
+    def fn(r, gt):
+        return {"reward": table[r]}
+
+    def float_reward(r, gt):
+        return table[r]
+
     adv, _, _ = L.compute_group_normalized_rewards(
         fn, ["a", "b"], ["x", "x"], 2, 1e-6, normalized_by_std=False
     )
     close(adv, [0.5, -0.5])
     adv, raw, meta = L.compute_group_normalized_advantages(
-        ["a", "b"], ["x", "x"], lambda r, g: table[r], 2, 1e-6, False
+        ["a", "b"], ["x", "x"], float_reward, 2, 1e-6, False
     )
     close(adv, [0.5, -0.5])
     assert {"mean", "std", "max", "min"} <= set(meta)
-    # seed 002: short (3 tokens) and long (6 tokens) responses, num_tokens = 6 -> every token's grad 1 / (6 * 2)
+    # seed 002: short (3 tokens) and long (6 tokens) responses, num_tokens = 6 -> every token's
+    # gradient is 1 / (6 * 2)
     x = torch.ones(2, 6, requires_grad=True)
     m = T([[1, 1, 1, 0, 0, 0], [1] * 6])
     L.masked_mean_drgrpo(x, m, 6).backward()
@@ -473,42 +521,52 @@ def test_seed_spellings():
 
 
 def test_seed_002_api():
-    """Seed 002's compute_loss(advantages, policy_log_probs, old_log_probs, clip_range), its masked_mean (rows' means,
-    then the batch mean: masked_mean_per_sequence, since seed 000's masked_mean averages all kept tokens) and its
-    Dict[str, torch.Tensor] metadata, on the seed's own short/long example."""
-    a, old = T([1.0, -1.0]), torch.zeros(2, 2)  # advantages (B,), as seed 002 passes them
-    lp = torch.log(T([[1.5, 0.5], [1.5, 0.9]]))  # ratios
+    """Seed 002's compute_loss(advantages, policy_log_probs, old_log_probs, clip_range), its
+    masked_mean (the rows' means, then the batch mean: masked_mean_per_sequence, since seed 000's
+    masked_mean averages all kept tokens) and its Dict[str, torch.Tensor] metadata, on the seed's
+    own short/long example."""
+    a = T([1.0, -1.0])  # advantages (B,), as seed 002 passes them
+    old = torch.zeros(2, 2)
+    lp = torch.log(T([[1.5, 0.5], [1.5, 0.9]]))  # the ratios
     loss, meta = L.compute_loss(a, lp, old, clip_range=0.2)
     close(loss, [[-1.2, -0.5], [1.5, 0.9]])  # -min(r A, clip(r, 0.8, 1.2) A)
-    assert meta["clipped"].tolist() == [[True, False], [False, False]] and all(
-        map(torch.is_tensor, meta.values())
-    )
+    assert meta["clipped"].tolist() == [[True, False], [False, False]]
+    assert all(map(torch.is_tensor, meta.values()))
     close(L.compute_loss(a, lp, old, 0.2)[0], L.compute_grpo_clip_loss(a, lp, old, 0.2)[0])
     table = {"a": 1.0, "b": 0.0, "c": 0.0}
+
+    def float_reward(r, gt):
+        return table[r]
+
     _, _, meta = L.compute_group_normalized_advantages(
-        ["a", "b", "c", "c"], ["x"] * 4, lambda r, g: table[r], 2, 1e-6, True
+        ["a", "b", "c", "c"], ["x"] * 4, float_reward, 2, 1e-6, True
     )
     assert all(torch.is_tensor(v) and v.dim() == 0 for v in meta.values())
     torch.testing.assert_close(meta["mean"], torch.tensor(0.25))
     torch.testing.assert_close(meta["max"], torch.tensor(1.0))
-    # seed 002 §1.4.2: a short response (3 tokens, 3 masked) and a long one (6 tokens); masked_mean weighs each token
-    # 1 / (B |o_i|), masked_mean_drgrpo with num_tokens 6 weighs every token 1 / (B * 6)
-    x, m = torch.ones(2, 6, requires_grad=True), T([[1, 1, 1, 0, 0, 0], [1] * 6])
+    # seed 002 §1.4.2: a short response (3 tokens, 3 masked) and a long one (6 tokens);
+    # masked_mean weighs each token 1 / (B |o_i|), masked_mean_drgrpo with num_tokens 6 weighs
+    # every token 1 / (B * 6)
+    x = torch.ones(2, 6, requires_grad=True)
+    m = T([[1, 1, 1, 0, 0, 0], [1] * 6])
     close(L.masked_mean_per_sequence(x * T([[2.0] * 6, [4.0] * 6]), m), (2.0 + 4.0) / 2)
     L.masked_mean_per_sequence(x, m).backward()
     close(x.grad, T([[1 / 6] * 3 + [0] * 3, [1 / 12] * 6]))
-    close(
-        L.masked_mean(x * T([[2.0] * 6, [4.0] * 6]), m), (3 * 2.0 + 6 * 4.0) / 9
-    )  # seed 000's: over all 9 tokens
-    close(
-        L.masked_mean_per_sequence(x, torch.zeros(2, 6)), 0.0
-    )  # rows with no tokens count 0, not NaN
+    # seed 000's masked_mean: over all 9 tokens
+    close(L.masked_mean(x * T([[2.0] * 6, [4.0] * 6]), m), (3 * 2.0 + 6 * 4.0) / 9)
+    # rows with no tokens count 0, not NaN
+    close(L.masked_mean_per_sequence(x, torch.zeros(2, 6)), 0.0)
     # the trainer's two per-row reductions are seed 002's two functions
-    lp, adv = torch.randn(2, 6), T([0.5, -1.0])
-    for norm, reduce in (
-        ("masked_mean", lambda t: L.masked_mean_per_sequence(t, m)),
-        ("masked_normalize", lambda t: L.masked_mean_drgrpo(t, m, 6)),
-    ):
+    lp = torch.randn(2, 6)
+    adv = T([0.5, -1.0])
+
+    def per_sequence(t):
+        return L.masked_mean_per_sequence(t, m)
+
+    def drgrpo(t):
+        return L.masked_mean_drgrpo(t, m, 6)
+
+    for norm, reduce in [("masked_mean", per_sequence), ("masked_normalize", drgrpo)]:
         got, _ = L.grpo_microbatch_loss(
             lp,
             m,
@@ -522,7 +580,8 @@ def test_seed_002_api():
 
 
 def test_kl_divergence_seq_is_seed_004_eq8():
-    lp, ref = T([[-1.0, -2.0, 0.0], [-0.5, -0.5, -0.5]]), T([[-1.5, -1.0, 0.0], [-1.0, -1.0, 9.0]])
+    lp = T([[-1.0, -2.0, 0.0], [-0.5, -0.5, -0.5]])
+    ref = T([[-1.5, -1.0, 0.0], [-1.0, -1.0, 9.0]])
     mask = T([[1, 1, 0], [1, 1, 1]])
     # (1/N) sum_i sum_t (lp - ref): row 0: 0.5 - 1.0 = -0.5; row 1: 0.5 + 0.5 - 9.5 = -8.5
     close(L.kl_divergence(lp, ref, mask, "seq"), (-0.5 - 8.5) / 2)
@@ -535,7 +594,8 @@ def test_rollout_is_tis_and_mis_on_a_hand_made_batch():
     mask = T([[1, 1, 1], [1, 1, 0]]).bool()
     w, m = L.compute_rollout_is(old, mu, mask, "tis", cap=2.0)
     close(w[mask], [2.0, 1.0, 1 / 3, 2.0, 2 / 3])
-    assert m["is_weight_max"] == pytest.approx(5.0) and m["is_weight_min"] == pytest.approx(1 / 3)
+    assert m["is_weight_max"] == pytest.approx(5.0)
+    assert m["is_weight_min"] == pytest.approx(1 / 3)
     assert m["is_weight_outside_frac"] == pytest.approx(2 / 5)  # 5 and 1/3 are outside [0.5, 2]
     assert m["is_dropped_frac"] == 0.0
     lr = (old - mu)[mask]
@@ -547,9 +607,8 @@ def test_rollout_is_tis_and_mis_on_a_hand_made_batch():
     w, m = L.compute_rollout_is(old, mu, mask, "mis", cap=2.0, floor=0.5)
     close(w[mask], [0.0, 1.0, 0.0, 2.0, 2 / 3])
     assert m["is_dropped_frac"] == pytest.approx(2 / 5)
-    w, _ = L.compute_rollout_is(
-        old, mu, mask, "tis", cap=2.0, level="sequence"
-    )  # row ratios 5/3 and 4/3
+    # per sequence: the row ratios are 5/3 and 4/3
+    w, _ = L.compute_rollout_is(old, mu, mask, "tis", cap=2.0, level="sequence")
     close(w[0], [5 / 3] * 3)
     close(w[1, :2], [4 / 3] * 2)
     w, _ = L.compute_rollout_is(old, mu, mask, "mis", cap=1.5, level="sequence")
@@ -571,8 +630,9 @@ def test_rollout_is_tis_and_mis_on_a_hand_made_batch():
 
 
 def test_mis_weights_kept_tokens_by_their_ratio():
-    """Masked IS as defined: rho = [1.8, 0.4, 3.0] with cap 2 weighs the tokens [1.8, 0.4, 0] (a drop-only filter
-    would give [1, 1, 0], or [1, 0, 0] with a 1/C lower bound); the gradient follows the weights."""
+    """Masked IS as defined: rho = [1.8, 0.4, 3.0] with cap 2 weighs the tokens [1.8, 0.4, 0] (a
+    drop-only filter would give [1, 1, 0], or [1, 0, 0] with a 1/C lower bound); the gradient
+    follows the weights."""
     rho = T([[1.8, 0.4, 3.0]])
     mu = torch.log(T([[0.5, 0.5, 0.2]]))
     old = mu + rho.log()
@@ -594,7 +654,8 @@ def test_mis_weights_kept_tokens_by_their_ratio():
 
 
 def test_clip_fraction_is_zero_for_a_pass_with_no_response_token():
-    """--mask-truncated can leave a forward pass with no response token: it clips nothing (0, not NaN)."""
+    """--mask-truncated can leave a forward pass with no response token: it clips nothing (0, not
+    NaN)."""
     lp = torch.zeros(2, 3, requires_grad=True)
     mask = torch.zeros(2, 3, dtype=torch.bool)
     loss, meta = L.grpo_microbatch_train_step(
@@ -607,12 +668,13 @@ def test_clip_fraction_is_zero_for_a_pass_with_no_response_token():
         cliprange=0.2,
     )
     assert meta["clip_fraction"].item() == 0.0
-    assert loss.item() == 0.0 and torch.equal(lp.grad, torch.zeros(2, 3))
+    assert loss.item() == 0.0
+    assert torch.equal(lp.grad, torch.zeros(2, 3))
 
 
 def _naive_banned(model, ids, labels, ban_ids, ban_mask, temperature):
     logits = model(ids).logits.float() / temperature  # (B, T, V)
-    banned = torch.zeros_like(logits, dtype=torch.bool)
+    banned = torch.zeros_like(logits, dtype=torch.bool)  # (B, T, V)
     banned[..., ban_ids] = True
     logits = logits.masked_fill(banned & ban_mask[..., None], float("-inf"))
     logp = torch.log_softmax(logits, -1)
@@ -622,16 +684,18 @@ def _naive_banned(model, ids, labels, ban_ids, ban_mask, temperature):
 
 @pytest.mark.parametrize("fallback", [False, True])
 def test_min_tokens_ban_scores_the_sampled_distribution(tiny, fallback):
-    """vLLM bans stop tokens for the first min_tokens tokens; the trainer scores that same distribution."""
+    """vLLM bans stop tokens for the first min_tokens tokens; the trainer scores that same
+    distribution."""
     model = tiny[0]
-    model._logprob_fast_path = False if fallback else None
+    model._logprob_fast_path = None
+    if fallback:
+        model._logprob_fast_path = False
     torch.manual_seed(1)
-    ids, labels, w = (
-        torch.randint(1, 500, (2, 11)),
-        torch.randint(1, 500, (2, 11)),
-        torch.randn(2, 11),
-    )
-    ban_ids, ban_mask = [0, 7], torch.zeros(2, 11, dtype=torch.bool)
+    ids = torch.randint(1, 500, (2, 11))
+    labels = torch.randint(1, 500, (2, 11))
+    w = torch.randn(2, 11)
+    ban_ids = [0, 7]
+    ban_mask = torch.zeros(2, 11, dtype=torch.bool)
     ban_mask[:, 3:6] = True
     out = L.get_response_log_probs(
         model, ids, labels, True, 0.7, chunk_size=4, ban_token_ids=ban_ids, ban_mask=ban_mask
@@ -640,19 +704,19 @@ def test_min_tokens_ban_scores_the_sampled_distribution(tiny, fallback):
     close(out["log_probs"], lp, 1e-5)
     close(out["token_entropy"], ent, 1e-5)
     plain = L.get_response_log_probs(model, ids, labels, temperature=0.7)["log_probs"]
-    assert (plain - out["log_probs"])[
-        ban_mask
-    ].abs().min() > 1e-6  # the ban moves every banned position
+    moved = (plain - out["log_probs"])[ban_mask].abs()
+    assert moved.min() > 1e-6  # the ban moves every banned position
     close(plain[~ban_mask], out["log_probs"][~ban_mask], 1e-6)  # and nothing else
-    for a, b in zip(
-        _grads(model, out["log_probs"], out["token_entropy"], w), _grads(model, lp, ent, w)
-    ):
+    ours = _grads(model, out["log_probs"], out["token_entropy"], w)
+    reference = _grads(model, lp, ent, w)
+    for a, b in zip(ours, reference):
         torch.testing.assert_close(a, b, atol=1e-5 * b.abs().max().item(), rtol=1e-4)
     model._logprob_fast_path = None
 
 
 def test_fast_path_checks_itself_against_the_models_logits():
-    """Granite divides its logits by logits_scaling: a fast path that trusted the head would be 0.2+ nats off."""
+    """Granite divides its logits by logits_scaling: a fast path that trusted the head would be
+    0.2+ nats off."""
     from transformers import GraniteConfig, GraniteForCausalLM
 
     torch.manual_seed(0)
@@ -676,30 +740,33 @@ def test_fast_path_checks_itself_against_the_models_logits():
 
 
 def test_bf16_autocast_over_fp32_weights(tiny):
-    """fp32 master weights, bf16 compute: the chunked head casts the weight and returns an fp32 gradient."""
+    """fp32 master weights, bf16 compute: the chunked head casts the weight and returns an fp32
+    gradient."""
     model = copy.deepcopy(tiny[0])
     ids = torch.randint(0, 500, (2, 9))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = L.get_response_log_probs(model, ids, ids, return_token_entropy=True)
     out["log_probs"].sum().backward()
     head = model.get_output_embeddings().weight
-    assert (
-        head.grad is not None
-        and head.grad.dtype == torch.float32
-        and torch.isfinite(head.grad).all()
-    )
+    assert head.grad is not None
+    assert head.grad.dtype == torch.float32
+    assert torch.isfinite(head.grad).all()
     with torch.no_grad():
         lp, _ = _naive(model, ids, ids, 1.0)
     close(out["log_probs"], lp, 5e-2)
 
 
 def test_chunked_head_backward_recomputes_the_forwards_bf16_logits():
-    """Under CPU bf16 autocast over fp32 weights, the forward's h @ W^T runs in bf16; the backward must recompute
-    the same logits (not fp32 ones) before subtracting the forward's log-sum-exp. Checked on confident tokens
-    (p > 0.99), where a mismatched softmax multiplies the gradient: d logp / d h stays within the autograd
-    reference's own bf16 error, and the softmax sums to 1 (each column sum of d logp / d W is 1 - sum(p))."""
+    """Under CPU bf16 autocast over fp32 weights, the forward's h @ W^T runs in bf16; the backward
+    must recompute the same logits (not fp32 ones) before subtracting the forward's log-sum-exp.
+    Checked on confident tokens (p > 0.99), where a mismatched softmax multiplies the gradient:
+    d logp / d h stays within the autograd reference's own bf16 error, and the softmax sums to 1
+    (each column sum of d logp / d W is 1 - sum(p))."""
     torch.manual_seed(0)
-    n, hidden, vocab, temperature = 64, 32, 96, 0.7
+    n = 64  # tokens
+    hidden = 32
+    vocab = 96
+    temperature = 0.7
     h = torch.randn(n, hidden)
     w = torch.randn(vocab, hidden)
     labels = (h @ w.t()).argmax(-1)  # the most likely token: confident rows
@@ -728,36 +795,34 @@ def test_chunked_head_backward_recomputes_the_forwards_bf16_logits():
     ref_err = (ref_h - exact_h).norm(dim=1)[confident]
     assert ours_err.median() <= 2 * ref_err.median()
     assert ours_err.max() <= 2 * ref_err.max()
-    column_sums = ours_w.sum(0).abs() / ours_w.abs().sum(
-        0
-    )  # |1 - sum(p)| relative to the gradient's size
+    # |1 - sum(p)| relative to the gradient's size
+    column_sums = ours_w.sum(0).abs() / ours_w.abs().sum(0)
     assert column_sums.max() <= 1e-2
 
 
 def test_shared_prefix_is_exact(tiny):
-    """prefix_len runs the shared prompt once and reuses its KV cache: the same log-probs, entropies and
-    parameter gradients as the plain computation, to fp32 rounding (HF's RMSNorm and eager softmax compute in
-    float32 even for a float64 model, so 1e-7 relative is the floor there too). The embedded model's weights."""
+    """prefix_len runs the shared prompt once and reuses its KV cache: the same log-probs,
+    entropies and parameter gradients as the plain computation, to fp32 rounding (HF's RMSNorm and
+    eager softmax compute in float32 even for a float64 model, so 1e-7 relative is the floor there
+    too). The embedded model's weights."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(os.path.join(ROOT, "models", "countdown-tiny"))
     torch.manual_seed(3)
-    ids, labels, w = (
-        torch.randint(0, 500, (8, 60)),
-        torch.randint(0, 500, (8, 60)),
-        torch.randn(8, 60),
-    )
+    ids = torch.randint(0, 500, (8, 60))
+    labels = torch.randint(0, 500, (8, 60))
+    w = torch.randn(8, 60)
     ids[:, :30] = ids[:1, :30]
-    n = torch.tensor(
-        [60, 41, 35, 52, 60, 38, 47, 31]
-    )  # real tokens per row (prompt included): the rest is padding
+    # real tokens per row (the prompt included): the rest is padding
+    n = torch.tensor([60, 41, 35, 52, 60, 38, 47, 31])
     w = w * (torch.arange(60) < n[:, None])  # only real tokens count
-    outs = []
-    for P, lengths in (
-        (0, None),
-        (29, None),
-        (29, n),
-    ):  # plain; prompt once + padded rows packed; padding not run
+    real = (torch.arange(60) < n[:, None])[:, 29:]  # (8, 31)
+    # plain; the prompt once + the padded rows packed; the padding not run
+    settings = [(0, None), (29, None), (29, n)]
+    lps = []  # the response columns' log-probs of each setting, padding zeroed
+    ents = []  # their entropies
+    grads = []  # the parameter gradients
+    for P, lengths in settings:
         out = L.get_response_log_probs(
             model,
             ids,
@@ -768,37 +833,35 @@ def test_shared_prefix_is_exact(tiny):
             prefix_len=P,
             lengths=lengths,
         )
-        real = (torch.arange(60) < n[:, None])[:, 29:]
-        g = _grads(model, out["log_probs"][:, 29:], out["token_entropy"][:, 29:] * real, w[:, 29:])
-        outs.append(
-            (
-                out["log_probs"][:, 29:].detach() * real,
-                out["token_entropy"][:, 29:].detach() * real,
-                g,
-            )
-        )
-    for lp1, e1, g1 in outs[1:]:
-        lp0, e0, g0 = outs[0]
-        assert (lp1 - lp0).abs().max() <= 1e-5 and (e1 - e0).abs().max() <= 1e-5
-        assert max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(g1, g0)) <= 1e-5
-    assert outs[2][0][~real].eq(0).all()  # padding is not run: it reads 0
+        lp = out["log_probs"][:, 29:]
+        ent = out["token_entropy"][:, 29:]
+        grads.append(_grads(model, lp, ent * real, w[:, 29:]))
+        lps.append(lp.detach() * real)
+        ents.append(ent.detach() * real)
+    for k in (1, 2):
+        assert (lps[k] - lps[0]).abs().max() <= 1e-5
+        assert (ents[k] - ents[0]).abs().max() <= 1e-5
+        relative = [
+            ((a - b).abs().max() / b.abs().max()).item() for a, b in zip(grads[k], grads[0])
+        ]
+        assert max(relative) <= 1e-5
+    assert lps[2][~real].eq(0).all()  # padding is not run: it reads 0
     assert L.shared_prefix_works(model)
     with pytest.raises(ValueError, match="do not share"):
         L.get_response_log_probs(
             model, torch.randint(0, 500, (2, 9)), torch.randint(0, 500, (2, 9)), prefix_len=5
         )
     with pytest.raises(ValueError, match="one per row"):
-        L.get_response_log_probs(
-            model, ids, labels, prefix_len=29, lengths=n + 1
-        )  # a row longer than T
+        # a row longer than T
+        L.get_response_log_probs(model, ids, labels, prefix_len=29, lengths=n + 1)
 
 
 def test_shared_prefix_is_off_for_sliding_window_attention():
-    """One 4D block mask would serve a windowed layer as a full one: a sliding-window model scores the plain way,
-    also where the 9-token self-check cannot see the window (64)."""
+    """One 4D block mask would serve a windowed layer as a full one: a sliding-window model scores
+    the plain way, also where the 9-token self-check cannot see the window (64)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    for window, works in ((True, False), (False, True)):
+    for window, works in [(True, False), (False, True)]:
         cfg = Qwen2Config(
             vocab_size=64,
             hidden_size=32,
