@@ -16,7 +16,7 @@ Files (tests/fingerprint/):
 
 Exact numbers hold for one stack only: torch, transformers, the CPU's vector unit
 (torch.backends.cpu.get_cpu_capability()) and the thread count, pinned to 1 here. expected.json
-names the first three; a failure on another stack means nothing until you re-record there.
+names the first three; on another stack the comparison is skipped (re-record there to use it).
 
 Re-record, from the repository root, on the commit whose arithmetic is the reference:
   PYTHONPATH=. .venv/bin/python tests/test_fingerprint.py --record     # expected.json
@@ -248,6 +248,10 @@ def test_stored_rewards_are_the_graders(tmp_path):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_two_train_steps_reproduce_the_recorded_bits(name, expected, tmp_path):
+    # other kernels round differently: the recorded bits say nothing about another stack
+    if expected["software"] != software():
+        recorded = expected["software"]
+        pytest.skip(f"recorded on {recorded}, this is {software()}: re-record to use it")
     want = expected["configs"][name]
     got = fingerprint(name, str(tmp_path))
     found = differences(got, want)
