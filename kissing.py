@@ -1,15 +1,21 @@
-"""Kissing-number challenge (seed 001 §7): exact verifier, sandboxed evaluator, baselines, LLM search.
+"""Kissing number (seed 001 §7): exact verifier, sandboxed evaluator, baselines, LLM search.
 
 Find C ⊂ Z^d, 0 ∉ C, with min_{x≠y} ‖x−y‖ ≥ max_x ‖x‖; then τ_d ≥ |C| (d = 11 by default).
-Subcommands: `verify FILE` (exact check of a JSON / .npy list of vectors); `evaluate PROG.py` (run an untrusted
-program in a sandbox, verify its `points` here); `construct` (non-LLM baselines: the binary-code construction
-reaching 582, norm-shell local search); `search` (the seed's agentic loop, refine / best-of-n / evolve, with an
-OpenAI-compatible server or a local model through rollout.py; every prompt, response, program and metric goes to
-conversation_log.json). Departures: exact integer metrics; zero / duplicate / non-integer vectors and sets over
---mem-mb are rejected outright; an invalid set makes `verify` / `evaluate` exit 1.
+
+Subcommands:
+- `verify FILE`: exact check of a JSON / .npy list of vectors.
+- `evaluate PROG.py`: run an untrusted program in a sandbox, verify its `points` here.
+- `construct`: non-LLM baselines, the binary-code construction reaching 582 and a norm-shell
+  local search.
+- `search`: the seed's agentic loop (refine / best-of-n / evolve) with an OpenAI-compatible server
+  or a local model through rollout.py; every prompt, response, program and metric goes to
+  conversation_log.json.
+
+Departures from the seed: the metrics are exact integers; zero, duplicate and non-integer vectors
+and sets over --mem-mb are rejected outright; an invalid set makes `verify` / `evaluate` exit 1.
 
   python kissing.py construct --method code --out c582.json && python kissing.py verify c582.json
-  OPENAI_API_KEY=... python kissing.py search --llm openai:https://host/v1 --model Qwen/Qwen3-32B --mode refine
+  OPENAI_API_KEY=... python kissing.py search --llm openai:https://host/v1 --model Qwen/Qwen3-32B
   python kissing.py search --llm local:models/countdown-tiny --mode best-of-n --iters 8
 """
 
@@ -32,9 +38,8 @@ import time
 import urllib.request
 import warnings
 
-os.environ.setdefault(
-    "OPENBLAS_NUM_THREADS", "1"
-)  # tiny matrices: threads only add contention (shared CPUs)
+# tiny matrices: BLAS threads only add contention (shared CPUs)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 from common import (  # noqa: E402
@@ -54,69 +59,85 @@ from common import (  # noqa: E402
 from data import load_prompt, write_json_atomic  # noqa: E402
 
 # ----------------------------------------------------------------------------- exact verifier
-# Exactness bounds. With L = max|coordinate|, every squared distance is ≤ 4·d·L², so the int64 Gram path is exact
-# when 4·d·L² < 2^63 (d = 11: L ≤ 4.5e8); its Gram goes through float64 BLAS when d·L² ≤ 2^53 (partial sums are
-# integers below 2^53, hence exact). For L < 2^62 (e.g. the ~43-bit published 593) we screen all pairs in float64
-# and recheck every pair that could matter exactly with 21-bit limbs in int64; larger coordinates are refused.
-LIMB, MASK = 21, (1 << 21) - 1
-BYTES_PER_PAIR = 80  # peak memory per (point, point) pair of the worst case (a tight cluster: every pair rechecked in limbs)
+# Exactness bounds. With L = max|coordinate|, every squared distance is ≤ 4·d·L², so the int64 Gram
+# path is exact when 4·d·L² < 2^63 (d = 11: L ≤ 4.5e8); its Gram goes through float64 BLAS when
+# d·L² ≤ 2^53 (partial sums are integers below 2^53, hence exact). For L < 2^62 (e.g. the ~43-bit
+# published 593) we screen all pairs in float64 and recheck every pair that could matter exactly,
+# with 21-bit limbs in int64; larger coordinates are refused.
+LIMB = 21  # bits per limb
+MASK = (1 << 21) - 1
+# peak memory per (point, point) pair in the worst case (a tight cluster: every pair rechecked in
+# limbs)
+BYTES_PER_PAIR = 80
+
+
+def _coordinate_problem(c):
+    """What is wrong with one coordinate ("non-number", "non-finite", "non-integer"), or ""."""
+    if isinstance(c, bool) or not isinstance(c, (int, float)):
+        return "non-number"
+    if not math.isfinite(c):
+        return "non-finite"
+    if isinstance(c, float) and (not c.is_integer() or abs(c) > 2**53):
+        return "non-integer"
+    return ""
 
 
 def parse_points(obj, dim, max_points=None):
-    """JSON-ish object -> list of int tuples. Raises ValueError naming the first bad vector, or the count when it
-    exceeds max_points (checked first: the pair check's memory grows with the square of the count)."""
-    obj = obj.get("points") if isinstance(obj, dict) else obj
-    if (
-        max_points is not None
-        and (isinstance(obj, (list, tuple)) or getattr(obj, "ndim", 0))
-        and len(obj) > max_points
-    ):
+    """JSON-ish object -> list of int tuples.
+
+    Raises ValueError naming the first bad vector, or the count when it exceeds max_points
+    (checked first: the pair check's memory grows with the square of the count).
+    """
+    if isinstance(obj, dict):
+        obj = obj.get("points")
+    sized = max_points is not None and (isinstance(obj, (list, tuple)) or getattr(obj, "ndim", 0))
+    if sized and len(obj) > max_points:
         raise ValueError(
-            f"{len(obj)} vectors; checking more than {max_points} needs more than --mem-mb allows (raise it)"
+            f"{len(obj)} vectors; checking more than {max_points} needs more than --mem-mb "
+            f"allows (raise it)"
         )
-    obj = obj.tolist() if isinstance(obj, np.ndarray) else obj
+    if isinstance(obj, np.ndarray):
+        obj = obj.tolist()
     if not isinstance(obj, (list, tuple)) or not obj:
         raise ValueError('expected a non-empty list of vectors (or {"points": [...]})')
-    pts = [tuple(v) if isinstance(v, (list, tuple)) else () for v in obj]
+    pts = []
+    for v in obj:
+        if isinstance(v, (list, tuple)):
+            pts.append(tuple(v))
+        else:
+            pts.append(())  # not a vector: refused by the length check below
     for i, v in enumerate(pts):
         if len(v) != dim:
             raise ValueError(
                 f"vector {i} is not a list of {dim} numbers (use --dim to change the dimension)"
             )
-    if set(map(type, itertools.chain.from_iterable(pts))) - {
-        int
-    }:  # slow path: floats, bools, strings...
+    kinds = set(map(type, itertools.chain.from_iterable(pts)))
+    if kinds - {int}:  # the slow path: floats, bools, strings...
         for i, v in enumerate(pts):
             for c in v:
-                why = (
-                    "non-number"
-                    if isinstance(c, bool) or not isinstance(c, (int, float))
-                    else "non-finite"
-                    if not math.isfinite(c)
-                    else "non-integer"
-                    if isinstance(c, float) and (not c.is_integer() or abs(c) > 2**53)
-                    else ""
-                )
+                why = _coordinate_problem(c)
                 if why:
                     raise ValueError(f"vector {i} has a {why} coordinate {c!r}")
             pts[i] = tuple(int(c) for c in v)
     if len(set(pts)) < len(pts) or (0,) * dim in pts:
-        seen = {}
+        seen = {}  # vector -> its first index
         for i, p in enumerate(pts):
-            if not any(p) or p in seen:
-                raise ValueError(
-                    f"vector {i} is the zero vector"
-                    if not any(p)
-                    else f"vectors {seen[p]} and {i} are duplicates"
-                )
+            if not any(p):
+                raise ValueError(f"vector {i} is the zero vector")
+            if p in seen:
+                raise ValueError(f"vectors {seen[p]} and {i} are duplicates")
             seen[p] = i
     return pts
 
 
-def _limb_sq_dists(X, I, J):
-    """Exact ‖X[I]−X[J]‖² for |X| < 2^62 as 5 base-2^21 digits (P, 5), digits 0..3 in [0, 2^21)."""
-    diff = X[I] - X[J]  # (P, d), exact: |diff| < 2^63
-    d0, d1, d2 = diff & MASK, (diff >> LIMB) & MASK, diff >> (2 * LIMB)  # diff = d2·B² + d1·B + d0
+def _limb_sq_dists(X, rows, cols):
+    """Exact ‖X[rows]−X[cols]‖² for |X| < 2^62, as 5 base-2^21 digits (P, 5); digits 0..3 are in
+    [0, 2^21)."""
+    diff = X[rows] - X[cols]  # (P, d), exact: |diff| < 2^63
+    # diff = d2·B² + d1·B + d0
+    d0 = diff & MASK
+    d1 = (diff >> LIMB) & MASK
+    d2 = diff >> (2 * LIMB)
     c = np.stack(
         [
             (d0 * d0).sum(1),
@@ -127,66 +148,86 @@ def _limb_sq_dists(X, I, J):
         ],
         axis=1,
     )  # (P, 5), each < 3·d·2^42
-    for k in range(
-        4
-    ):  # carry propagation; >> is floor division, so the low digits end up in [0, B)
+    # carry propagation; >> is floor division, so the low digits end up in [0, B)
+    for k in range(4):
         c[:, k + 1] += c[:, k] >> LIMB
         c[:, k] &= MASK
     return c
 
 
 def _stats_numpy(P, path):
-    n, d = len(P), len(P[0])
-    X, Xf = np.array(P, dtype=np.int64), np.array(P, dtype=np.float64)  # (n, d)
+    """(max squared norm, min squared distance, closest pair, violations, contacts) of P (n ≥ 2),
+    exactly, on the "int64" or the "limb" path."""
+    n = len(P)
+    d = len(P[0])
+    X = np.array(P, dtype=np.int64)  # (n, d)
+    Xf = np.array(P, dtype=np.float64)  # (n, d)
     G = Xf @ Xf.T  # (n, n) Gram, exact in float64 when d·L² ≤ 2^53
     if path == "int64":
-        G = G.astype(np.int64) if d * int(np.abs(X).max()) ** 2 <= 2**53 else X @ X.T
+        if d * int(np.abs(X).max()) ** 2 <= 2**53:
+            G = G.astype(np.int64)
+        else:
+            G = X @ X.T
         nrm = np.diag(G).copy()
         D = nrm[:, None] + nrm[None, :] - 2 * G  # (n, n) exact squared distances
         M = int(nrm.max())
-        viol, contacts = (
-            int((D < M).sum() - n) // 2,
-            int((D == M).sum()) // 2,
-        )  # the diagonal is 0 < M
+        # the diagonal is 0 < M
+        viol = int((D < M).sum() - n) // 2
+        contacts = int((D == M).sum()) // 2
         np.fill_diagonal(D, np.iinfo(np.int64).max)
-        i, j = divmod(int(np.argmin(D)), n)  # first minimum in row-major order has i < j
+        i, j = divmod(int(np.argmin(D)), n)  # the first minimum in row-major order has i < j
         return M, int(D[i, j]), (i, j), viol, contacts
-    # limb path: the float screen decides every pair farther than tol from M; the pairs within tol of M or
-    # of the minimum are recomputed exactly. tol ≥ the float error of D (entries ≤ 4M, γ_(d+3) rounding).
-    M, nf = max(sum(c * c for c in p) for p in P), np.diag(G).copy()
+    # The limb path: the float screen decides every pair farther than tol from M; the pairs within
+    # tol of M or of the minimum are recomputed exactly. tol ≥ the float error of D (entries ≤ 4M,
+    # γ_(d+3) rounding).
+    M = max(sum(c * c for c in p) for p in P)
+    nf = np.diag(G).copy()
     Df = nf[:, None] + nf[None, :] - 2 * G  # (n, n) approximate squared distances
-    up, tol = np.triu(np.ones((n, n), bool), 1), 8 * (d + 8) * 2.0**-53 * float(M) + 1.0
+    up = np.triu(np.ones((n, n), bool), 1)  # (n, n) pairs i < j
+    tol = 8 * (d + 8) * 2.0**-53 * float(M) + 1.0
     near = up & (np.abs(Df - float(M)) <= tol)
-    I, J = np.nonzero(near | (up & (Df <= Df[up].min() + 2 * tol)))  # row-major: i < j order
-    c = np.concatenate(
-        [_limb_sq_dists(X, I[k : k + 2**16], J[k : k + 2**16]) for k in range(0, len(I), 2**16)]
-    )  # (P, 5)
-    m = np.array([(M >> (LIMB * k)) & MASK for k in range(4)] + [M >> (4 * LIMB)], dtype=np.int64)
-    sign = np.zeros(len(I), dtype=np.int64)
+    rows, cols = np.nonzero(near | (up & (Df <= Df[up].min() + 2 * tol)))  # row-major: i < j
+    chunks = []
+    for k in range(0, len(rows), 2**16):
+        chunks.append(_limb_sq_dists(X, rows[k : k + 2**16], cols[k : k + 2**16]))
+    c = np.concatenate(chunks)  # (P, 5)
+    digits = [(M >> (LIMB * k)) & MASK for k in range(4)] + [M >> (4 * LIMB)]
+    m = np.array(digits, dtype=np.int64)  # M in the same 5 digits
+    sign = np.zeros(len(rows), dtype=np.int64)
     for k in range(4, -1, -1):  # lexicographic compare, most significant digit first
         sign = np.where(sign == 0, np.sign(c[:, k] - m[k]), sign)
-    k, near = (
-        int(np.lexsort(c.T)[0]),
-        near[I, J],
-    )  # lexsort: last key primary, stable (ties keep (i, j) order)
-    viol = int((up & (Df < float(M) - tol)).sum()) + int(
-        ((sign < 0) & near).sum()
-    )  # sure + rechecked
+    # lexsort: the last key is the primary one, stable (ties keep the (i, j) order)
+    k = int(np.lexsort(c.T)[0])
+    near = near[rows, cols]
+    sure = int((up & (Df < float(M) - tol)).sum())  # violations the float screen is sure of
+    viol = sure + int(((sign < 0) & near).sum())  # plus the rechecked ones
     best = sum(int(c[k, t]) << (LIMB * t) for t in range(5))
-    return M, best, (int(I[k]), int(J[k])), viol, int(((sign == 0) & near).sum())
+    contacts = int(((sign == 0) & near).sum())
+    return M, best, (int(rows[k]), int(cols[k])), viol, contacts
 
 
 def verify(points, dim=11, path="auto", mem_mb=2048):
-    """Exact check. Returns the metrics dict; bad input gives valid=False and the reason, never an exception.
-    More than isqrt(mem_mb MiB / BYTES_PER_PAIR) points are refused before any pair is looked at."""
+    """Exact check. Returns the metrics dict; bad input gives valid=False and the reason, never an
+    exception. More than isqrt(mem_mb MiB / BYTES_PER_PAIR) points are refused before any pair is
+    looked at."""
+    if isinstance(points, (list, tuple, np.ndarray)):
+        num_points = len(points)
+    else:
+        num_points = 0
+    metric_keys = [
+        "max_sq_norm",
+        "min_sq_dist",
+        "closest_pair",
+        "margin",
+        "num_violations",
+        "contacts",
+    ]
     out = dict(
-        num_points=len(points) if isinstance(points, (list, tuple, np.ndarray)) else 0,
+        num_points=num_points,
         dimension=dim,
         valid=False,
         path=None,
-        **dict.fromkeys(
-            ["max_sq_norm", "min_sq_dist", "closest_pair", "margin", "num_violations", "contacts"]
-        ),
+        **dict.fromkeys(metric_keys),
     )
     try:
         P = parse_points(points, dim, math.isqrt((mem_mb << 20) // BYTES_PER_PAIR))
@@ -194,216 +235,271 @@ def verify(points, dim=11, path="auto", mem_mb=2048):
         return dict(out, message=f"invalid input: {e}")
     L = max(max(map(abs, p)) for p in P)
     exact = {"int64": 4 * dim * L * L < 2**63, "limb": L < 2**62}
-    path = next((p for p in exact if exact[p]), "limb") if path == "auto" else path
+    if path == "auto":
+        path = next((p for p in exact if exact[p]), "limb")
     if not exact[path]:
         return dict(
             out,
-            message=f"invalid input: path {path} is not exact for coordinates up to {L} (limb: < 2^62)",
+            message=f"invalid input: path {path} is not exact for coordinates up to {L} "
+            f"(limb: < 2^62)",
         )
-    M, best, pair, viol, contacts = (
-        (sum(c * c for c in P[0]), None, None, 0, 0) if len(P) == 1 else _stats_numpy(P, path)
-    )
+    if len(P) == 1:
+        M = sum(c * c for c in P[0])
+        best = None
+        pair = None
+        viol = 0
+        contacts = 0
+    else:
+        M, best, pair, viol, contacts = _stats_numpy(P, path)
     valid = best is None or best >= M
+    if best is None:
+        margin = None
+    else:
+        margin = best - M
     out.update(
         num_points=len(P),
         valid=valid,
         max_sq_norm=M,
         min_sq_dist=best,
         closest_pair=pair and list(pair),
-        margin=None if best is None else best - M,
+        margin=margin,
         num_violations=viol,
         contacts=contacts,
         path=path,
     )
-    out["message"] = (
-        f"valid: {len(P)} points, min squared distance {best} >= max squared norm {M}"
-        if valid
-        else f"Minimum squared distance {best} < maximum squared norm {M} (pair {pair[0]}, {pair[1]}: "
-        f"{list(P[pair[0]])} and {list(P[pair[1]])}; {viol} violating pairs)"
-    )
+    if valid:
+        out["message"] = (
+            f"valid: {len(P)} points, min squared distance {best} >= max squared norm {M}"
+        )
+    else:
+        out["message"] = (
+            f"Minimum squared distance {best} < maximum squared norm {M} "
+            f"(pair {pair[0]}, {pair[1]}: {list(P[pair[0]])} and {list(P[pair[1]])}; "
+            f"{viol} violating pairs)"
+        )
     return out
 
 
 # ----------------------------------------------------------------------------- sandboxed evaluator
-# Two layers. OS: bubblewrap (bwrap_cmd) when it works here: own user, PID and network namespaces (the child is PID 1,
-# so whatever it starts dies with it), the host read-only with a private size-capped /tmp as working directory and
-# /root, /home, /run hidden, no capabilities, a seccomp filter against new processes (RLIMIT_NPROC spares root).
-# In-process (RUNNER): rlimits, then an audit hook against processes, sockets, ctypes, rlimit changes and file access
-# outside the working directory; json(points) goes to the channel `fd`. Without bwrap only this layer runs, loudly.
+# Two layers.
+# - The OS (bwrap_cmd), when bubblewrap works here: own user, PID and network namespaces (the child
+#   is PID 1, so whatever it starts dies with it), the host read-only with a private size-capped
+#   /tmp as working directory and /root, /home, /run hidden, no capabilities, and a seccomp filter
+#   against new processes (RLIMIT_NPROC spares root).
+# - In-process (RUNNER): rlimits, then an audit hook against processes, sockets, ctypes, rlimit
+#   changes and file access outside the working directory; json(points) goes to the channel `fd`.
+#   Without bwrap only this layer runs, loudly.
 RUNNER = r"""
 import sys, os, json, runpy, resource, importlib.util
 if importlib.util.find_spec("numpy"):
     import numpy  # loads ctypes before the hook exists; programs then find it in sys.modules
-out, prog, root = os.fdopen(int(sys.argv[1]), "w"), sys.argv[2], os.path.realpath(os.getcwd())
+out = os.fdopen(int(sys.argv[1]), "w")
+prog = sys.argv[2]
+root = os.path.realpath(os.getcwd())
 for lim, val in zip(("AS", "CPU", "FSIZE", "CORE", "NPROC"), sys.argv[3:]):
     resource.setrlimit(getattr(resource, "RLIMIT_" + lim), (int(val), int(val)))
-ro = tuple({os.path.realpath(p) for p in [sys.prefix, sys.base_prefix, sys.exec_prefix] + sys.path if p})
-BLOCK = ("os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "subprocess.", "pty.", "socket.",
-         "ctypes.", "os.kill", "os.chdir", "os.fchdir", "os.chroot", "os.putenv", "os.unsetenv", "os.symlink", "os.link",
-         "gc.get_", "resource.", "sys.setprofile", "sys.settrace", "setopencode", "code.__new__", "urllib.", "http.",
-         "ftplib.", "smtplib.", "webbrowser.")
-PATHS = ("os.listdir", "os.scandir", "os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.chmod", "os.chown",
-         "os.utime", "os.truncate", "shutil.", "glob.glob")
-DIRFD = {"os.mkdir": 2, "os.remove": 1, "os.rmdir": 1, "os.rename": 2, "os.chmod": 2, "os.chown": 3, "os.utime": 3,
-         "shutil.rmtree": 1}  # event -> index of its dir_fd argument(s)
-def hook(event, args, BLOCK=BLOCK, PATHS=PATHS, DIRFD=DIRFD, root=root, ro=ro, cwd=os.getcwd, fsdecode=os.fsdecode,
-         any=any, isinstance=isinstance, int=int, repr=repr, PermissionError=PermissionError):  # defaults: immune to monkeypatching
+prefixes = [sys.prefix, sys.base_prefix, sys.exec_prefix] + sys.path
+ro = tuple({os.path.realpath(p) for p in prefixes if p})
+BLOCK = (
+    "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "subprocess.",
+    "pty.", "socket.", "ctypes.", "os.kill", "os.chdir", "os.fchdir", "os.chroot", "os.putenv",
+    "os.unsetenv", "os.symlink", "os.link", "gc.get_", "resource.", "sys.setprofile",
+    "sys.settrace", "setopencode", "code.__new__", "urllib.", "http.", "ftplib.", "smtplib.",
+    "webbrowser.",
+)
+PATHS = (
+    "os.listdir", "os.scandir", "os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.chmod",
+    "os.chown", "os.utime", "os.truncate", "shutil.", "glob.glob",
+)
+# event -> index of its dir_fd argument(s)
+DIRFD = {
+    "os.mkdir": 2, "os.remove": 1, "os.rmdir": 1, "os.rename": 2, "os.chmod": 2, "os.chown": 3,
+    "os.utime": 3, "shutil.rmtree": 1,
+}
+# the defaults make the hook immune to monkeypatching
+def hook(event, args, BLOCK=BLOCK, PATHS=PATHS, DIRFD=DIRFD, root=root, ro=ro, cwd=os.getcwd,
+         fsdecode=os.fsdecode, any=any, isinstance=isinstance, int=int, repr=repr,
+         PermissionError=PermissionError):
     if event.startswith(BLOCK):
         raise PermissionError("sandbox: " + event + " is blocked")
-    if event == "object.__setattr__" and args[1] in ("__code__", "__defaults__", "__kwdefaults__", "__globals__"):
+    if event == "object.__setattr__" and args[1] in (
+        "__code__", "__defaults__", "__kwdefaults__", "__globals__"
+    ):
         raise PermissionError("sandbox: setting " + args[1] + " is blocked")
     if event == "open" or event.startswith(PATHS):
-        write = event != "open" or (args[2] or 0) & 0o3103 or any(ch in (args[1] or "r") for ch in "wax+")
+        write = event != "open" or (args[2] or 0) & 0o3103
+        write = write or any(ch in (args[1] or "r") for ch in "wax+")
         readonly = event in ("open", "os.listdir", "os.scandir", "glob.glob") and not write
-        # the kernel resolves a relative path against dir_fd, this check against cwd: writes through a descriptor
-        # (an fd as the path, a dir_fd, os.open of a relative path, whose dir_fd the event does not show) are refused
-        if not readonly and (isinstance(args[0], int) or any(a is not None for a in args[DIRFD.get(event, 9):]) or
-                             event == "open" and args[1] is None and not fsdecode(args[0]).startswith("/")):
-            raise PermissionError("sandbox: " + event + " through a file descriptor (fd, dir_fd, relative os.open) is blocked")
-        for path in args[:2 if event == "os.rename" or event.startswith("shutil.") else 1]:  # rename/copy: both ends
+        # The kernel resolves a relative path against dir_fd, this check against cwd: writes
+        # through a descriptor (an fd as the path, a dir_fd, os.open of a relative path, whose
+        # dir_fd the event does not show) are refused.
+        if not readonly and (
+            isinstance(args[0], int)
+            or any(a is not None for a in args[DIRFD.get(event, 9):])
+            or event == "open" and args[1] is None and not fsdecode(args[0]).startswith("/")
+        ):
+            raise PermissionError(
+                "sandbox: " + event
+                + " through a file descriptor (fd, dir_fd, relative os.open) is blocked"
+            )
+        # rename/copy: both ends
+        for path in args[:2 if event == "os.rename" or event.startswith("shutil.") else 1]:
             path = "." if path is None or isinstance(path, int) else path
-            parts = []  # normalise without os.path (patchable) or symlink resolution (os.symlink is blocked)
-            for part in (fsdecode(path) if fsdecode(path).startswith("/") else cwd() + "/" + fsdecode(path)).split("/"):
-                parts = parts[:-1] if part == ".." else parts + [part] if part not in ("", ".") else parts
+            # normalise without os.path (patchable) or symlink resolution (os.symlink is blocked)
+            if fsdecode(path).startswith("/"):
+                full = fsdecode(path)
+            else:
+                full = cwd() + "/" + fsdecode(path)
+            parts = []
+            for part in full.split("/"):
+                if part == "..":
+                    parts = parts[:-1]
+                elif part not in ("", "."):
+                    parts = parts + [part]
             p = "/" + "/".join(parts)
-            if not any(p == r or p.startswith(r + "/") for r in ((root,) + ro if readonly else (root,))):
-                raise PermissionError("sandbox: " + event + "(" + repr(path) + ") outside the working directory is blocked")
+            if readonly:
+                allowed = (root,) + ro
+            else:
+                allowed = (root,)
+            if not any(p == r or p.startswith(r + "/") for r in allowed):
+                raise PermissionError(
+                    "sandbox: " + event + "(" + repr(path)
+                    + ") outside the working directory is blocked"
+                )
 sys.addaudithook(hook)
 ns = runpy.run_path(prog, run_name="__main__")
 pts = ns.get("points", ns.get("get_points"))
 pts = pts() if callable(pts) else pts
 assert pts is not None, "program defines no `points` (nor get_points())"
-pts = pts.tolist() if hasattr(pts, "tolist") else [v.tolist() if hasattr(v, "tolist") else list(v) for v in pts]
+if hasattr(pts, "tolist"):
+    pts = pts.tolist()
+else:
+    pts = [v.tolist() if hasattr(v, "tolist") else list(v) for v in pts]
 out.write(json.dumps(pts, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
 out.close()
 """
+# AUDIT_ARCH, clone, fork, vfork (aarch64 has no fork nor vfork: -1 matches no call)
 SYSCALLS = {
     "x86_64": (0xC000003E, 56, 57, 58),
     "aarch64": (0xC00000B7, 220, -1, -1),
-}  # AUDIT_ARCH, clone, fork, vfork
+}
 
 
 def seccomp_filter():
-    """BPF for `bwrap --seccomp`: fork, vfork, clone without CLONE_THREAD -> EPERM; clone3 -> ENOSYS (libc then makes
-    threads with clone); another ABI is killed. KeyError on other CPUs."""
-    arch, clone, fork, vfork = (
-        n % 2**32 for n in SYSCALLS[platform.machine()]
-    )  # aarch64: no fork, vfork
-    ALLOW, EPERM, ENOSYS = 0x7FFF0000, 0x50001, 0x50026
-    return b"".join(
-        struct.pack("=HBBI", *ins)
-        for ins in [  # (opcode, jump if true, jump if false, operand)
-            (0x20, 0, 0, 4),
-            (0x15, 1, 0, arch),
-            (0x06, 0, 0, 0x80000000),  # load arch; another ABI: kill
-            (0x20, 0, 0, 0),
-            (0x35, 8, 0, 0x40000000),
-            (0x15, 8, 0, 435),  # load nr; x32 ABI: EPERM; clone3: ENOSYS
-            (0x15, 6, 0, fork),
-            (0x15, 5, 0, vfork),
-            (0x15, 1, 0, clone),
-            (0x06, 0, 0, ALLOW),  # fork, vfork: EPERM
-            (0x20, 0, 0, 16),
-            (0x45, 0, 1, 0x10000),
-            (0x06, 0, 0, ALLOW),
-            (0x06, 0, 0, EPERM),
-            (0x06, 0, 0, ENOSYS),
-        ]
-    )
+    """BPF for `bwrap --seccomp`: fork, vfork, and clone without CLONE_THREAD -> EPERM; clone3 ->
+    ENOSYS (libc then makes threads with clone); another ABI is killed. KeyError on other CPUs."""
+    numbers = SYSCALLS[platform.machine()]
+    arch = numbers[0] % 2**32
+    clone = numbers[1] % 2**32
+    fork = numbers[2] % 2**32
+    vfork = numbers[3] % 2**32
+    ALLOW = 0x7FFF0000  # SECCOMP_RET_ALLOW
+    EPERM = 0x50001  # SECCOMP_RET_ERRNO | EPERM
+    ENOSYS = 0x50026  # SECCOMP_RET_ERRNO | ENOSYS
+    # (opcode, jump if true, jump if false, operand); jumps count the instructions skipped
+    program = [
+        (0x20, 0, 0, 4),  # 0: load the arch
+        (0x15, 1, 0, arch),  # 1: our ABI: go to 3
+        (0x06, 0, 0, 0x80000000),  # 2: another ABI: kill
+        (0x20, 0, 0, 0),  # 3: load the syscall number
+        (0x35, 8, 0, 0x40000000),  # 4: the x32 ABI: EPERM
+        (0x15, 8, 0, 435),  # 5: clone3: ENOSYS
+        (0x15, 6, 0, fork),  # 6: fork: EPERM
+        (0x15, 5, 0, vfork),  # 7: vfork: EPERM
+        (0x15, 1, 0, clone),  # 8: clone: check its flags at 10
+        (0x06, 0, 0, ALLOW),  # 9: any other call
+        (0x20, 0, 0, 16),  # 10: load clone's flags (its first argument)
+        (0x45, 0, 1, 0x10000),  # 11: CLONE_THREAD set: allow, else EPERM
+        (0x06, 0, 0, ALLOW),  # 12
+        (0x06, 0, 0, EPERM),  # 13
+        (0x06, 0, 0, ENOSYS),  # 14
+    ]
+    return b"".join(struct.pack("=HBBI", *ins) for ins in program)
 
 
 def bwrap_cmd(program, fsize, bpf_fd):
-    """The OS layer's command prefix: /tmp/program.py is `program`, the seccomp filter is read from bpf_fd."""
-    hidden = sorted(
-        {
-            d
-            for d in ("/root", "/home", "/run", "/var/tmp", os.path.expanduser("~"))
-            if d != "/" and os.path.isdir(d)
-        }
-    )
-    python = {
-        os.path.realpath(p)
-        for p in [sys.prefix, sys.base_prefix, sys.exec_prefix]
-        if os.path.isabs(p)
-    }  # `python -I`'s
-    # whole sys.path lies below these; the caller's sys.path (a repo under /tmp, say) is not the program's to read
-    rebind = sorted(
-        p
-        for p in python
-        if os.path.exists(p) and any(p == h or p.startswith(h + "/") for h in hidden + ["/tmp"])
-    )
-    return [
-        shutil.which("bwrap") or "bwrap",
-        "--unshare-all",
-        "--unshare-user",
-        "--disable-userns",
-        "--die-with-parent",
-        "--new-session",
-        "--as-pid-1",
-        "--cap-drop",
-        "ALL",
-        "--seccomp",
-        str(bpf_fd),
-        "--ro-bind",
-        "/",
-        "/",
-        "--dev",
-        "/dev",
-        "--remount-ro",
-        "/dev",
-        "--proc",
-        "/proc",
-        "--size",
-        str(fsize),
-        "--tmpfs",
-        "/tmp",
-        "--ro-bind",
-        program,
-        "/tmp/program.py",
-        *[a for h in hidden for a in ("--tmpfs", h)],
-        *[a for p in rebind for a in ("--ro-bind", p, p)],
-        *[a for h in hidden for a in ("--remount-ro", h)],
-        "--chdir",
-        "/tmp",
-    ]
+    """The OS layer's command prefix: /tmp/program.py is `program`, the seccomp filter is read
+    from bpf_fd."""
+    homes = ("/root", "/home", "/run", "/var/tmp", os.path.expanduser("~"))
+    hidden = sorted({d for d in homes if d != "/" and os.path.isdir(d)})
+    prefixes = [sys.prefix, sys.base_prefix, sys.exec_prefix]
+    python = {os.path.realpath(p) for p in prefixes if os.path.isabs(p)}
+    # `python -I`'s whole sys.path lies below these; the caller's sys.path (a repo under /tmp, say)
+    # is not the program's to read
+    rebind = []
+    for p in python:
+        if os.path.exists(p) and any(p == h or p.startswith(h + "/") for h in hidden + ["/tmp"]):
+            rebind.append(p)
+    rebind = sorted(rebind)
+    cmd = [shutil.which("bwrap") or "bwrap"]
+    # new namespaces of every kind (user, PID, network...); no nested user namespaces
+    cmd += ["--unshare-all", "--unshare-user", "--disable-userns"]
+    # dies with us, no controlling terminal, the program is PID 1 (its children die with it)
+    cmd += ["--die-with-parent", "--new-session", "--as-pid-1"]
+    # no capabilities; seccomp_filter() read from bpf_fd
+    cmd += ["--cap-drop", "ALL", "--seccomp", str(bpf_fd)]
+    # the host read-only, a read-only /dev of its own, /proc
+    cmd += ["--ro-bind", "/", "/", "--dev", "/dev", "--remount-ro", "/dev", "--proc", "/proc"]
+    # a private size-capped /tmp holding the program
+    cmd += ["--size", str(fsize), "--tmpfs", "/tmp", "--ro-bind", program, "/tmp/program.py"]
+    for h in hidden:  # homes hidden under empty tmpfs...
+        cmd += ["--tmpfs", h]
+    for p in rebind:  # ...but the interpreter's prefixes below them (or /tmp) read-only...
+        cmd += ["--ro-bind", p, p]
+    for h in hidden:  # ...and the hiding tmpfs read-only too
+        cmd += ["--remount-ro", h]
+    cmd += ["--chdir", "/tmp"]
+    return cmd
+
+
+def _exit_reason(rc, stderr_tail):
+    """Why the sandboxed program exited with code rc != 0, from the last line of its stderr."""
+    last = (stderr_tail.strip().splitlines() or [""])[-1][:300]
+    why = {
+        signal.SIGXCPU: ", CPU time limit",
+        signal.SIGKILL: ", killed",
+        signal.SIGXFSZ: ", file size limit",
+    }
+    if rc < 0:
+        sig = -rc  # the child, killed by a signal
+    else:
+        sig = rc - 128  # bwrap reports its child's signal N as 128 + N
+    if last.startswith("bwrap:"):
+        return f"could not start the sandbox: {last} (--sandbox none runs without it)"
+    return f"program failed (exit {rc}{why.get(sig, '')}): {last}"
 
 
 def evaluate_program(
     source, dim=11, timeout=30.0, mem_mb=2048, fsize_mb=64, keep_points=False, sandbox="auto"
 ):
-    """Run untrusted program text in a sandbox (the layers above; `python -I`, a scrubbed environment, a wall-clock kill),
-    verify its points here within the same mem_mb; never raises. sandbox: auto (bwrap if here, else loudly none) | bwrap | none."""
+    """Run untrusted program text in a sandbox (the layers above; `python -I`, a scrubbed
+    environment, a wall-clock kill) and verify its points here within the same mem_mb; never
+    raises. sandbox: auto (bwrap if here, else loudly none) | bwrap | none."""
     isolated = sandbox != "none" and bool(shutil.which("bwrap")) and platform.machine() in SYSCALLS
     if sandbox == "auto" and not isolated:  # a warning is shown once per process
         warnings.warn(
-            "no bwrap here, so untrusted programs get rlimits and an audit hook only, which hostile code can "
-            "escape: apt-get install bubblewrap, or refuse with --sandbox bwrap",
+            "no bwrap here, so untrusted programs get rlimits and an audit hook only, which "
+            "hostile code can escape: apt-get install bubblewrap, or refuse with --sandbox bwrap",
             RuntimeWarning,
             stacklevel=2,
         )
-    t0, res = (
-        time.time(),
-        {
-            "validity": 0.0,
-            "score": 0,
-            "reason": "",
-            "stdout_tail": "",
-            "stderr_tail": "",
-            "sandbox": "bwrap" if isolated else "none",
-        },
-    )
+    t0 = time.time()
+    res = {
+        "validity": 0.0,
+        "score": 0,
+        "reason": "",
+        "stdout_tail": "",
+        "stderr_tail": "",
+        "sandbox": "bwrap" if isolated else "none",
+    }
     if sandbox == "bwrap" and not isolated:
         return dict(
             res,
-            reason="could not start the sandbox: bwrap is not installed (or no seccomp filter for this CPU)",
+            reason="could not start the sandbox: bwrap is not installed (or no seccomp filter "
+            "for this CPU)",
         )
-    limits = (
-        mem_mb << 20,
-        int(timeout) + 2,
-        fsize_mb << 20,
-        0,
-        0,
-    )  # RUNNER: AS, CPU, FSIZE, CORE, NPROC
+    # RUNNER's rlimits: AS, CPU, FSIZE, CORE, NPROC
+    limits = (mem_mb << 20, int(timeout) + 2, fsize_mb << 20, 0, 0)
     with (
         tempfile.TemporaryDirectory(prefix="kissing_eval_") as work,
         tempfile.TemporaryFile() as chan,
@@ -413,7 +509,9 @@ def evaluate_program(
     ):
         with open(os.path.join(work, "program.py"), "w", encoding="utf-8", errors="replace") as f:
             f.write(source)
-        bpf.write(seccomp_filter() if isolated else b""), bpf.seek(0)
+        if isolated:
+            bpf.write(seccomp_filter())
+        bpf.seek(0)
         env = {
             "PATH": "/usr/bin:/bin",
             "HOME": work,
@@ -421,18 +519,14 @@ def evaluate_program(
             "OPENBLAS_NUM_THREADS": "1",
             "OMP_NUM_THREADS": "1",
         }
-        try:  # the points come back on `chan`, an anonymous file passed as an fd: the dedicated channel
+        # the points come back on `chan`, an anonymous file passed as an fd: the dedicated channel
+        try:
+            cmd = []
+            if isolated:
+                cmd = bwrap_cmd(f.name, fsize_mb << 20, bpf.fileno())
+            runner = [sys.executable, "-I", "-c", RUNNER, str(chan.fileno()), "program.py"]
             proc = subprocess.Popen(
-                (bwrap_cmd(f.name, fsize_mb << 20, bpf.fileno()) if isolated else [])
-                + [
-                    sys.executable,
-                    "-I",
-                    "-c",
-                    RUNNER,
-                    str(chan.fileno()),
-                    "program.py",
-                    *map(str, limits),
-                ],
+                cmd + runner + [str(x) for x in limits],
                 cwd=work,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -447,10 +541,9 @@ def evaluate_program(
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             res["reason"] = f"timeout after {timeout:g} s"
+        # bwrap (its child, PID 1 inside, then takes everything down) or the child
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(
-                proc.pid, signal.SIGKILL
-            )  # bwrap (its child, PID 1 inside, then takes everything down) or the child
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         for key, f in (("stdout_tail", so), ("stderr_tail", se)):
             f.seek(max(0, f.seek(0, 2) - 2000))
@@ -459,53 +552,52 @@ def evaluate_program(
         raw = chan.read()
     res.update(returncode=proc.returncode, time_s=round(time.time() - t0, 3))
     if not res["reason"] and proc.returncode != 0:
-        rc, last = proc.returncode, (res["stderr_tail"].strip().splitlines() or [""])[-1][:300]
-        why = {
-            signal.SIGXCPU: ", CPU time limit",
-            signal.SIGKILL: ", killed",
-            signal.SIGXFSZ: ", file size limit",
-        }
-        res["reason"] = (
-            f"could not start the sandbox: {last} (--sandbox none runs without it)"
-            if last.startswith("bwrap:")
-            else f"program failed (exit {rc}{why.get(-rc if rc < 0 else rc - 128, '')}): {last}"
-        )  # bwrap: 128 + N
-    try:
-        pts = None if res["reason"] else json.loads(raw)
-    except (ValueError, RecursionError) as e:
-        res["reason"] = f"malformed output: {str(e)[:200]}"
+        res["reason"] = _exit_reason(proc.returncode, res["stderr_tail"])
+    if not res["reason"]:
+        try:
+            pts = json.loads(raw)
+        except (ValueError, RecursionError) as e:
+            res["reason"] = f"malformed output: {str(e)[:200]}"
     if res["reason"]:
         return res
     m = verify(pts, dim, mem_mb=mem_mb)
-    res.update(
-        m,
-        validity=float(m["valid"]),
-        score=m["num_points"] if m["valid"] else 0,
-        reason="" if m["valid"] else m["message"],
-        **({"points": pts} if keep_points and m["valid"] else {}),
-    )
+    res.update(m)
+    res["validity"] = float(m["valid"])
+    if m["valid"]:
+        res["score"] = m["num_points"]
+        res["reason"] = ""
+        if keep_points:
+            res["points"] = pts
+    else:
+        res["score"] = 0
+        res["reason"] = m["message"]
     return res
 
 
-# ----------------------------------------------------------------------------- non-LLM constructions
+# --------------------------------------------------------------------------- non-LLM constructions
 def weight4_code(n, seed=0, max_steps=1_000_000, restart=30_000):
-    """4-subsets of range(n) pairwise meeting in ≤ 2 points (constant-weight code, weight 4, distance 4: no triple
-    covered twice) by swap local search: add a random block clashing with ≤ 1 block (evicting it), restart every
-    `restart` steps. Finds the optima 14, 18, 30, 35, 51 for n = 8..12 (n = 11: < 0.2 s)."""
-    rng, blocks, best = random.Random(seed), list(itertools.combinations(range(n), 4)), []
-    bound = {12: 51}.get(
-        n, n * ((n - 1) * ((n - 2) // 2) // 3) // 4
-    )  # Johnson bound A(n,4,4), or the optimum (n = 12)
-    for step in range(max_steps if blocks else 0):
+    """4-subsets of range(n) pairwise meeting in ≤ 2 points (a constant-weight code, weight 4,
+    distance 4: no triple covered twice), by swap local search: add a random block clashing with
+    ≤ 1 block (evicting it), restart every `restart` steps. Finds the optima 14, 18, 30, 35, 51 for
+    n = 8..12 (n = 11: < 0.2 s)."""
+    rng = random.Random(seed)
+    blocks = list(itertools.combinations(range(n), 4))
+    best = []
+    # the Johnson bound A(n,4,4), or the optimum (n = 12)
+    bound = {12: 51}.get(n, n * ((n - 1) * ((n - 2) // 2) // 3) // 4)
+    if blocks:
+        steps = max_steps
+    else:
+        steps = 0  # n < 4: no block at all
+    for step in range(steps):
         if step % restart == 0:  # a stuck run rarely recovers: restart from empty
             owner = {}  # covered triple -> its block; the code is set(owner.values())
         b = rng.choice(blocks)
         clash = {owner[t] for t in itertools.combinations(b, 3) if t in owner}
         if b in clash or len(clash) > 1:
             continue
-        owner = {
-            t: o for t, o in owner.items() if o not in clash
-        }  # evict the (at most one) clashing block
+        # evict the (at most one) clashing block
+        owner = {t: o for t, o in owner.items() if o not in clash}
         owner.update((t, b) for t in itertools.combinations(b, 3))
         if len(set(owner.values())) > len(best):
             best = sorted(set(owner.values()))
@@ -515,55 +607,77 @@ def weight4_code(n, seed=0, max_steps=1_000_000, restart=30_000):
 
 
 def construct_code(dim, seed=0):
-    """±2e_i (2d vectors) plus all 16 sign patterns (±1) on each block of a weight-4 code: every vector
-    has norm² 4; two patterns on one block differ by 2 somewhere (dist² ≥ 4), blocks meeting in ≤ 2
-    points give dist² ≥ 8 − 2·2 = 4, and ±2e_i vs a pattern gives ≥ 1 + 3. 22 + 16·35 = 582 in 11-D."""
-    return [tuple(s * 2 * (k == i) for k in range(dim)) for i in range(dim) for s in (1, -1)] + [
-        tuple(dict(zip(block, signs)).get(k, 0) for k in range(dim))
-        for block in weight4_code(dim, seed)
-        for signs in itertools.product((1, -1), repeat=4)
-    ]
+    """±2e_i (2d vectors) plus all 16 sign patterns (±1) on each block of a weight-4 code.
+
+    Every vector has norm² 4; two patterns on one block differ by 2 somewhere (dist² ≥ 4), blocks
+    meeting in ≤ 2 points give dist² ≥ 8 − 2·2 = 4, and ±2e_i vs a pattern gives ≥ 1 + 3.
+    22 + 16·35 = 582 in 11-D.
+    """
+    points = []
+    for i in range(dim):
+        for s in (1, -1):
+            v = [0] * dim
+            v[i] = s * 2
+            points.append(tuple(v))
+    for block in weight4_code(dim, seed):
+        for signs in itertools.product((1, -1), repeat=4):
+            sign_of = dict(zip(block, signs))
+            points.append(tuple(sign_of.get(k, 0) for k in range(dim)))
+    return points
 
 
 def shell_vectors(dim, norm, cap=20000):
-    """The vectors of squared norm `norm` in Z^dim, lexicographic, depth first without recursion. ValueError past `cap`
-    vectors or 20·cap search steps (a huge or a sparse shell): the cost follows the cap, not the shell."""
-    out, stack, steps = (
-        [],
-        [((), norm)],
-        0,
-    )  # stack: (prefix, squared norm left for the other coordinates)
-    while (
-        stack and len(out) <= cap and steps <= 20 * cap and norm < 2**53
-    ):  # 2^53: the float64 clash test is exact
+    """The vectors of squared norm `norm` in Z^dim, lexicographic, depth first without recursion.
+
+    ValueError past `cap` vectors or 20·cap search steps (a huge or a sparse shell): the cost
+    follows the cap, not the shell.
+    """
+    out = []
+    stack = [((), norm)]  # (prefix, squared norm left for the other coordinates)
+    steps = 0
+    # 2^53: the float64 clash test is exact
+    while stack and len(out) <= cap and steps <= 20 * cap and norm < 2**53:
         prefix, m = stack.pop()
         r = math.isqrt(m)
-        if len(prefix) == dim - 1:  # last coordinate: ±r if m is a square
-            out += [prefix + (c,) for c in ((-r, r) if r else (0,)) if c * c == m]
-        elif (steps := steps + 2 * r + 1) <= 20 * cap:
-            stack += [(prefix + (c,), m - c * c) for c in range(r, -r - 1, -1)]  # popped from -r up
+        if len(prefix) == dim - 1:  # the last coordinate: ±r if m is a square
+            if r:
+                last = (-r, r)
+            else:
+                last = (0,)
+            for c in last:
+                if c * c == m:
+                    out.append(prefix + (c,))
+        else:
+            steps += 2 * r + 1
+            if steps <= 20 * cap:
+                # popped from -r up
+                stack += [(prefix + (c,), m - c * c) for c in range(r, -r - 1, -1)]
     if len(out) > cap or steps > 20 * cap or norm >= 2**53:
         raise ValueError(
-            f"the shell of squared norm {norm} in {dim} dimensions is too large to list (over {cap} vectors, "
-            f"{20 * cap} search steps or 2^53); pick a smaller --norm"
+            f"the shell of squared norm {norm} in {dim} dimensions is too large to list (over "
+            f"{cap} vectors, {20 * cap} search steps or 2^53); pick a smaller --norm"
         )
     return out
 
 
 def construct_shell_search(dim, norm=4, seconds=10.0, seed=0, p_force=0.05, tabu_len=1000):
-    """Max independent set on one norm shell (x, y clash iff ‖x−y‖² < norm ⇔ 2·x·y > norm): add a random
-    non-member clashing with ≤ 1 member (evicting it), or with 2 with probability p_force; evicted vectors
-    are tabu for tabu_len steps. `seconds` is CPU time; 11-D norm 4 (5302 vectors), 10 s: 550–582 by seed."""
+    """Max independent set on one norm shell (x, y clash iff ‖x−y‖² < norm ⇔ 2·x·y > norm).
+
+    Add a random non-member clashing with ≤ 1 member (evicting it), or with 2 with probability
+    p_force; evicted vectors are tabu for tabu_len steps. `seconds` is CPU time; 11-D norm 4 (5302
+    vectors), 10 s: 550–582 by seed.
+    """
     V = np.array(shell_vectors(dim, norm), dtype=np.int64)  # (m, dim), m ≤ 20000
-    Vf = V.astype(
-        np.float64
-    )  # exact: |x·y| ≤ norm < 2^53; row blocks keep the temporaries at (1024, m)
-    adj = np.concatenate(
-        [2 * (Vf[i : i + 1024] @ Vf.T) > norm for i in range(0, len(V), 1024)]
-    )  # (m, m) clash matrix
+    # exact: |x·y| ≤ norm < 2^53; row blocks keep the temporaries at (1024, m)
+    Vf = V.astype(np.float64)
+    blocks = [2 * (Vf[i : i + 1024] @ Vf.T) > norm for i in range(0, len(V), 1024)]
+    adj = np.concatenate(blocks)  # (m, m) clash matrix
     rng = np.random.default_rng(seed)
-    member, tabu = np.zeros(len(V), bool), np.zeros(len(V), np.int64)
-    best, t0, step = member.copy(), time.process_time(), 0
+    member = np.zeros(len(V), bool)
+    tabu = np.zeros(len(V), np.int64)  # the step until which a vector stays out
+    best = member.copy()
+    t0 = time.process_time()
+    step = 0
     while time.process_time() - t0 < seconds:
         for v in rng.integers(0, len(V), 2000):
             step += 1
@@ -572,7 +686,9 @@ def construct_shell_search(dim, norm=4, seconds=10.0, seed=0, p_force=0.05, tabu
             clash = np.flatnonzero(adj[v] & member)
             if len(clash) > 2 or (len(clash) == 2 and rng.random() >= p_force):
                 continue
-            member[clash], tabu[clash], member[v] = False, step + tabu_len, True
+            member[clash] = False
+            tabu[clash] = step + tabu_len
+            member[v] = True
             if len(clash) == 0 and member.sum() > best.sum():
                 best = member.copy()
     return [tuple(int(c) for c in v) for v in V[best]]
@@ -580,50 +696,60 @@ def construct_shell_search(dim, norm=4, seconds=10.0, seed=0, p_force=0.05, tabu
 
 # ----------------------------------------------------------------------------- LLM search
 def prompt(name, **fields):
-    """prompts/kissing_<name>.prompt (seed 001 §7.4's texts; ours for crash/evolve), {field}s filled by str.replace."""
+    """prompts/kissing_<name>.prompt (seed 001 §7.4's texts; ours for crash/evolve), with its
+    {field}s filled by str.replace."""
     text = load_prompt(f"kissing_{name}")
     for k, v in fields.items():
         text = text.replace("{" + k + "}", str(v))
     return text
 
 
-STARTER = "# starter: the 2*d unit vectors +-e_i (valid, tiny)\nd = {dim}\npoints = [[s if k == i else 0 for k in range(d)] for i in range(d) for s in (1, -1)]\n"
+STARTER = (
+    "# starter: the 2*d unit vectors +-e_i (valid, tiny)\n"
+    "d = {dim}\n"
+    "points = [[s if k == i else 0 for k in range(d)] for i in range(d) for s in (1, -1)]\n"
+)
 
 
 def feedback(metrics):
-    return (
-        prompt("ok", score=metrics["score"])
-        if metrics["validity"] == 1.0
-        else prompt("fail", error=metrics["reason"].split(" (pair")[0])
-        if metrics.get("num_violations")
-        else prompt("crash", error=metrics["reason"][:500])
-    )
+    """The verifier's answer to one program, as the next user message."""
+    if metrics["validity"] == 1.0:
+        return prompt("ok", score=metrics["score"])
+    if metrics.get("num_violations"):
+        return prompt("fail", error=metrics["reason"].split(" (pair")[0])
+    return prompt("crash", error=metrics["reason"][:500])
 
 
 def extract_program(text, parent=None):
-    """The last ```python block; else SEARCH/REPLACE edits applied to `parent`; else the raw text."""
+    """The last ```python block; else SEARCH/REPLACE edits applied to `parent`; else the raw
+    text."""
     text = re.sub(r"<think>.*?(</think>|$)", "", text, flags=re.S)
     blocks = re.findall(r"```(?:python|py)?\s*\n(.*?)```", text, flags=re.S)
     edits = re.findall(r"<<<<<<< SEARCH\n(.*?)\n=======\n(.*?)\n>>>>>>> REPLACE", text, flags=re.S)
-    if blocks or parent is None or not edits:
-        return blocks[-1] if blocks else text
+    if blocks:
+        return blocks[-1]
+    if parent is None or not edits:
+        return text
     for old, new in edits:
         parent = parent.replace(old, new, 1)
     return parent
 
 
 def openai_chat(base_url, model, messages, temperature, max_tokens, seed, timeout=600, retries=3):
-    """Stdlib client for POST {base_url}/chat/completions -> (text, prompt_tokens, completion_tokens). A failed call (no
-    server, 5xx/408/429, garbage) is retried, `retries` in a row stop the search; another 4xx is an empty reply."""
-    body = json.dumps(
-        dict(
-            model=model,
-            messages=messages,
-            temperature=temperature,
-            max_tokens=max_tokens,
-            seed=seed,
-        )
-    ).encode()
+    """Stdlib client for POST {base_url}/chat/completions -> (text, prompt_tokens,
+    completion_tokens).
+
+    A failed call (no server, 5xx/408/429, garbage) is retried; `retries` in a row stop the
+    search. Another 4xx is an empty reply.
+    """
+    request = dict(
+        model=model,
+        messages=messages,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        seed=seed,
+    )
+    body = json.dumps(request).encode()
     headers = {
         "Content-Type": "application/json",
         "Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', 'none')}",
@@ -634,33 +760,23 @@ def openai_chat(base_url, model, messages, temperature, max_tokens, seed, timeou
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 data = json.loads(r.read())
             usage = data.get("usage") or {}
-            return (
-                str(data["choices"][0]["message"]["content"] or ""),
-                usage.get("prompt_tokens"),
-                usage.get("completion_tokens"),
-            )
-        except (
-            OSError,
-            ValueError,
-            KeyError,
-            IndexError,
-            TypeError,
-            AttributeError,
-        ) as e:  # URLError is an OSError
+            text = str(data["choices"][0]["message"]["content"] or "")
+            return text, usage.get("prompt_tokens"), usage.get("completion_tokens")
+        except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+            # no server: URLError, an OSError; a refusal or a server error: HTTPError, one too
             error = f"{type(e).__name__}: {str(e)[:200]}"
-            if (
+            refused = (
                 isinstance(e, urllib.error.HTTPError)
                 and 400 <= e.code < 500
                 and e.code not in (408, 429)
-            ):
-                return (
-                    "",
-                    None,
-                    None,
-                )  # this request refused (e.g. longer than the server's context): no program, go on
+            )
+            if refused:
+                # this request refused (e.g. longer than the server's context): no program, go on
+                return "", None, None
             time.sleep(2**i if i < retries - 1 else 0)
     fail(
-        f"--llm openai:{base_url}: {retries} calls failed in a row, the last: {error} (--resume continues the log)"
+        f"--llm openai:{base_url}: {retries} calls failed in a row, the last: {error} "
+        f"(--resume continues the log)"
     )
 
 
@@ -668,17 +784,18 @@ def make_backend(args):
     """Returns chat(messages, seed) -> (text, prompt_tokens, completion_tokens)."""
     kind, _, target = args.llm.partition(":")
     if kind == "openai":
-        url, model = (
-            target or os.environ.get("OPENAI_BASE_URL", ""),
-            args.model or os.environ.get("OPENAI_MODEL", ""),
-        )
+        url = target or os.environ.get("OPENAI_BASE_URL", "")
+        model = args.model or os.environ.get("OPENAI_MODEL", "")
         check(
             url and model,
-            "--llm openai:URL needs a base URL (or $OPENAI_BASE_URL) and --model (or $OPENAI_MODEL)",
+            "--llm openai:URL needs a base URL (or $OPENAI_BASE_URL) and --model "
+            "(or $OPENAI_MODEL)",
         )
-        return lambda msgs, seed: openai_chat(
-            url, model, msgs, args.temperature, args.max_tokens, seed
-        )
+
+        def remote_chat(msgs, seed):
+            return openai_chat(url, model, msgs, args.temperature, args.max_tokens, seed)
+
+        return remote_chat
     check(
         kind == "local" and target,
         f"--llm must be openai:URL or local:MODEL_PATH, got {args.llm!r}",
@@ -694,105 +811,113 @@ def make_backend(args):
     from transformers import AutoConfig, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(target)
-    ctx = min(
-        args.max_model_len,
-        getattr(AutoConfig.from_pretrained(target), "max_position_embeddings", 10**9),
-    )
-    max_new = min(
-        args.max_tokens, ctx // 2
-    )  # room for the prompt (the tiny test model has 1024 positions)
-    llm = rollout.init_engine(
-        args.engine,
-        target,
-        args.device,
-        args.seed,
-        **({"max_model_len": ctx, "enforce_eager": args.eager} if args.engine == "vllm" else {}),
-    )
+    positions = getattr(AutoConfig.from_pretrained(target), "max_position_embeddings", 10**9)
+    ctx = min(args.max_model_len, positions)
+    # room for the prompt (the tiny test model has 1024 positions)
+    max_new = min(args.max_tokens, ctx // 2)
+    engine_kwargs = {}
+    if args.engine == "vllm":
+        engine_kwargs = {"max_model_len": ctx, "enforce_eager": args.eager}
+    llm = rollout.init_engine(args.engine, target, args.device, args.seed, **engine_kwargs)
 
     def chat(msgs, seed):
-        prompt = (
-            tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-            if tok.chat_template
-            else "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in msgs) + "Assistant:"
-        )
-        ids = tok(prompt)["input_ids"][-(ctx - max_new - 16) :]  # keep the tail if it does not fit
-        out = rollout.generate(
+        if tok.chat_template:
+            text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        else:
+            turns = [f"{m['role'].capitalize()}: {m['content']}\n" for m in msgs]
+            text = "".join(turns) + "Assistant:"
+        ids = tok(text)["input_ids"][-(ctx - max_new - 16) :]  # keep the tail if it does not fit
+        outs = rollout.generate(
             llm, [tok.decode(ids)], n=1, temperature=args.temperature, max_tokens=max_new, seed=seed
-        )[0][0]
+        )
+        out = outs[0][0]
         return out["text"], len(out["prompt_token_ids"]), len(out["token_ids"])
 
     return chat
 
 
-def search(args):
-    log_path = os.path.join(args.out_dir, "conversation_log.json")
+def _load_log(args, log_path):
+    """A new search log, or (--resume) the one in --out-dir; refuses to overwrite one otherwise."""
     log = {
         "task": f"kissing number, d={args.dim}",
         "args": vars(args),
         "entries": [],
         "best": {"iter": None, "score": 0},
     }
-    if os.path.exists(log_path):
+    if not os.path.exists(log_path):
+        return log
+    check(
+        args.resume, f"{log_path} exists: pass --resume to continue it or choose another --out-dir"
+    )
+    try:
+        with open(log_path) as f:
+            log = json.load(f)
         check(
-            args.resume,
-            f"{log_path} exists: pass --resume to continue it or choose another --out-dir",
+            log["args"]["mode"] == args.mode,
+            f"{log_path} was made with --mode {log['args']['mode']}",
         )
-        try:
-            with open(log_path) as f:
-                log = json.load(f)
-            check(
-                log["args"]["mode"] == args.mode,
-                f"{log_path} was made with --mode {log['args']['mode']}",
-            )
-        except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
-            fail(
-                f"--resume: {log_path} is not a search log ({type(e).__name__}: {str(e)[:200]}); fix or move it"
-            )
-    claim_run_dir(
-        args.out_dir, flag="--out-dir"
-    )  # a file or not writable: refused before any model loads
-    chat, base = make_backend(args), prompt("base", dim=args.dim)
-    islands = [
-        [(0, STARTER.format(dim=args.dim))] for _ in range(args.islands)
-    ]  # evolve: (score, program)
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+        fail(
+            f"--resume: {log_path} is not a search log ({type(e).__name__}: {str(e)[:200]}); "
+            f"fix or move it"
+        )
+    return log
+
+
+def search(args):
+    """The LLM loop: --iters calls, each program verified and logged. Returns {best, entries,
+    out_dir}."""
+    log_path = os.path.join(args.out_dir, "conversation_log.json")
+    log = _load_log(args, log_path)
+    # a file or not writable: refused before any model loads
+    claim_run_dir(args.out_dir, flag="--out-dir")
+    chat = make_backend(args)
+    base = prompt("base", dim=args.dim)
+    # evolve: each island's (score, program)s, best first
+    islands = [[(0, STARTER.format(dim=args.dim))] for _ in range(args.islands)]
 
     def add(island, score, program):  # keep each island's best island_size programs
-        islands[island] = sorted(islands[island] + [(score, program)], key=lambda p: -p[0])[
-            : args.island_size
-        ]
+        ranked = sorted(islands[island] + [(score, program)], key=lambda p: -p[0])
+        islands[island] = ranked[: args.island_size]
 
-    for e in (
-        e for e in log["entries"] if e["island"] is not None
-    ):  # resume: replay the log into the database
-        add(e["island"], e["metrics"]["score"], e["program"])
+    for e in log["entries"]:  # resume: replay the log into the database
+        if e["island"] is not None:
+            add(e["island"], e["metrics"]["score"], e["program"])
     for it in range(len(log["entries"]), args.iters):
         seed = args.seed * 1_000_003 + it
-        rng, island, parent, last = random.Random(seed), None, None, (log["entries"] or [None])[-1]
+        rng = random.Random(seed)
+        island = None  # evolve: the island this call works on
+        parent = None  # evolve: the (score, program) it improves
+        last = (log["entries"] or [None])[-1]
         # --- prompt
         if args.mode == "best-of-n" or (args.mode == "refine" and last is None):
             msgs = [{"role": "user", "content": base}]
-        elif (
-            args.mode == "refine"
-        ):  # the task, then the most recent exchanges with the verifier's feedback
+        elif args.mode == "refine":
+            # the task, then the most recent exchanges with the verifier's feedback
             msgs = last["messages"] + [
                 {"role": "assistant", "content": last["response"]},
                 {"role": "user", "content": last["feedback"]},
             ]
             msgs = msgs[:1] + msgs[1:][-2 * max(1, args.history) :]
-        else:  # evolve: a parent (usually the island's best), the other islands' best, one random member
+        else:
+            # evolve: a parent (usually the island's best), the other islands' best, one random
+            # member
             island = it % args.islands
-            parent = islands[island][0] if rng.random() < 0.7 else rng.choice(islands[island])
+            if rng.random() < 0.7:
+                parent = islands[island][0]
+            else:
+                parent = rng.choice(islands[island])
             others = [isl[0] for k, isl in enumerate(islands) if k != island]
-            shown = (
-                [parent] + rng.sample(others, min(2, len(others))) + [rng.choice(islands[island])]
-            )
+            shown = [parent] + rng.sample(others, min(2, len(others)))
+            shown = shown + [rng.choice(islands[island])]
             text = "\n\n".join(
                 f"### Program (score {sc})\n```python\n{pr[: args.max_program_chars]}\n```"
                 for sc, pr in shown
             )
             msgs = [{"role": "user", "content": prompt("evolve", base=base, shown=text)}]
         # --- generate -> evaluate (our verifier, never the program's own claims)
-        t0, (response, ptok, ctok) = time.time(), chat(msgs, seed)
+        t0 = time.time()
+        response, ptok, ctok = chat(msgs, seed)
         program = extract_program(response, parent[1] if parent else None)
         metrics = evaluate_program(
             program, args.dim, args.timeout, args.mem_mb, keep_points=True, sandbox=args.sandbox
@@ -824,14 +949,15 @@ def search(args):
         # --- log
         write_json_atomic(log_path, log)
         print(
-            f"iter {it} | score {metrics['score']} | best {log['best']['score']} | tokens {ptok}/{ctok} | "
-            f"{metrics['reason'][:80] or 'valid'}"
+            f"iter {it} | score {metrics['score']} | best {log['best']['score']} | "
+            f"tokens {ptok}/{ctok} | {metrics['reason'][:80] or 'valid'}"
         )
     return {"best": log["best"], "entries": len(log["entries"]), "out_dir": args.out_dir}
 
 
 # ----------------------------------------------------------------------------- CLI
-def main(argv=None):
+def parse_args(argv=None):
+    """The subcommands verify, evaluate, construct and search, with their flags."""
     p = Parser(description=__doc__.split("\n")[0])
     dim = argparse.ArgumentParser(add_help=False)
     dim.add_argument("--dim", type=positive_int, default=11, help="dimension d of the vectors")
@@ -896,8 +1022,9 @@ def main(argv=None):
         "--mode",
         default="refine",
         choices=["refine", "best-of-n", "evolve"],
-        help="refine: one conversation fed the exact error; best-of-n: independent samples, the verifier "
-        "picks; evolve: island program database, best + diverse parents, full or diff edits",
+        help="refine: one conversation fed the exact error; best-of-n: independent samples, the "
+        "verifier picks; evolve: island program database, best + diverse parents, full or diff "
+        "edits",
     )
     s.add_argument(
         "--iters", type=positive_int, default=20, help="total LLM calls (including resumed ones)"
@@ -931,7 +1058,8 @@ def main(argv=None):
             default=0,
             help="seed (search: call i samples with seed*1000003 + i)",
         )
-    for q in (v, e, s):  # --- sandbox and verifier limits
+    # --- sandbox and verifier limits
+    for q in (v, e, s):
         q.add_argument(
             "--mem-mb",
             type=positive_int,
@@ -952,36 +1080,38 @@ def main(argv=None):
             help="auto: bubblewrap if installed, "
             "else warn and use the audit hook alone; bwrap: refuse to run without it",
         )
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+def main(argv=None):
+    """Run one subcommand and print its result as one JSON line; returns it."""
+    args = parse_args(argv)
     if args.cmd == "verify":
         try:
             with open(args.file, "rb") as f:
-                pts = np.load(f, allow_pickle=False) if args.file.endswith(".npy") else json.load(f)
+                if args.file.endswith(".npy"):
+                    pts = np.load(f, allow_pickle=False)
+                else:
+                    pts = json.load(f)
             m = verify(pts, args.dim, mem_mb=args.mem_mb)
         except (OSError, ValueError, RecursionError) as err:  # RecursionError: absurdly nested JSON
             fail(f"cannot read {args.file}: {str(err)[:300]}")
     elif args.cmd == "evaluate":
-        with open(
-            args.program, encoding="utf-8", errors="replace"
-        ) as f:  # existing_file checked it
-            m = evaluate_program(
-                f.read(), args.dim, args.timeout, args.mem_mb, sandbox=args.sandbox
-            )
+        # existing_file checked it
+        with open(args.program, encoding="utf-8", errors="replace") as f:
+            source = f.read()
+        m = evaluate_program(source, args.dim, args.timeout, args.mem_mb, sandbox=args.sandbox)
     elif args.cmd == "construct":
         t0 = time.time()
         check(
             args.dim <= 32,
             "construct works up to --dim 32 (the code search keeps all dim^4 / 24 blocks)",
         )
-        pts = [
-            list(x)
-            for x in (
-                attempt(construct_code, args.dim, args.seed)
-                if args.method == "code"
-                else attempt(construct_shell_search, args.dim, args.norm, args.seconds, args.seed)
-            )
-        ]
+        if args.method == "code":
+            found = attempt(construct_code, args.dim, args.seed)
+        else:
+            found = attempt(construct_shell_search, args.dim, args.norm, args.seconds, args.seed)
+        pts = [list(x) for x in found]
         m = dict(verify(pts, args.dim), method=args.method, construct_s=round(time.time() - t0, 3))
         if args.out:
             write_json_atomic(args.out, pts)
@@ -989,9 +1119,8 @@ def main(argv=None):
         m = search(args)
     print(json.dumps(m))
     if args.cmd != "search" and not m.get("valid"):
-        sys.exit(
-            1
-        )  # an invalid set fails the command: `construct && verify` and scripts can rely on it
+        # an invalid set fails the command: `construct && verify` and scripts can rely on it
+        sys.exit(1)
     return m
 
 

@@ -1,4 +1,5 @@
-"""kissing.py: exact verifier, sandboxed evaluator, constructions, LLM search loop (HTTP + local engine)."""
+"""kissing.py: exact verifier, sandboxed evaluator, constructions, LLM search loop (HTTP and local
+engine)."""
 
 import http.server
 import itertools
@@ -24,14 +25,22 @@ requires_bwrap = pytest.mark.skipif(
     not shutil.which("bwrap"), reason="bubblewrap is not installed (apt-get install bubblewrap)"
 )
 SITE = [p for p in sys.path if p.endswith("site-packages")][0]
-D11 = [
-    [
-        s if k == i else t if k == j else 0 for k in range(11)
-    ]  # the D11 roots ±e_i ± e_j: 220 points, valid
-    for i, j in itertools.combinations(range(11), 2)
-    for s in (1, -1)
-    for t in (1, -1)
-]
+
+
+def d11_roots():
+    """The D11 roots ±e_i ± e_j: 220 points, valid."""
+    points = []
+    for i, j in itertools.combinations(range(11), 2):
+        for s in (1, -1):
+            for t in (1, -1):
+                v = [0] * 11
+                v[i] = s
+                v[j] = t
+                points.append(v)
+    return points
+
+
+D11 = d11_roots()
 
 
 def cli(*args):
@@ -44,19 +53,22 @@ def cli(*args):
 
 
 def alive(marker):
-    """Processes on this machine whose command line contains `marker` (an escape that outlived its sandbox)."""
+    """Processes on this machine whose command line contains `marker` (an escape that outlived its
+    sandbox)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                found += [pid] if marker.encode() in f.read() else []
+                if marker.encode() in f.read():
+                    found.append(pid)
         except OSError:
             pass
     return found
 
 
 def brute(P):
-    """Independent reference: (max norm², min dist², first closest pair in i<j order, #violations, #contacts)."""
+    """Independent reference: (max norm², min dist², first closest pair in i<j order, #violations,
+    #contacts)."""
     M = max(sum(c * c for c in p) for p in P)
     d = {
         (i, j): sum((a - b) ** 2 for a, b in zip(P[i], P[j]))
@@ -64,7 +76,9 @@ def brute(P):
     }
     best = min(d.values())
     pair = next(k for k, v in d.items() if v == best)
-    return M, best, list(pair), sum(v < M for v in d.values()), sum(v == M for v in d.values())
+    violations = sum(1 for v in d.values() if v < M)
+    contacts = sum(1 for v in d.values() if v == M)
+    return M, best, list(pair), violations, contacts
 
 
 def summary(m):
@@ -72,7 +86,8 @@ def summary(m):
 
 
 def rational_rotation(points, rng, reflections=2, radius=700):
-    """Integer Householder reflections q·x − 2(v·x)v, q = v·v: an exact rotation scaled by Πq (~2^43 here)."""
+    """Integer Householder reflections q·x − 2(v·x)v, q = v·v: an exact rotation scaled by Πq (~2^43
+    here)."""
     for _ in range(reflections):
         v = [rng.randint(-radius, radius) for _ in points[0]]
         q = sum(c * c for c in v)
@@ -85,48 +100,46 @@ def rational_rotation(points, rng, reflections=2, radius=700):
 # ----------------------------------------------------------------------------- verifier
 def test_constructions_valid_and_cli(tmp_path):
     m = kissing.verify(D11)
-    assert m["valid"] and m["num_points"] == 220 and (m["max_sq_norm"], m["min_sq_dist"]) == (2, 2)
+    assert m["valid"]
+    assert m["num_points"] == 220
+    assert (m["max_sq_norm"], m["min_sq_dist"]) == (2, 2)
     code = kissing.construct_code(11)
-    assert len(code) == 582 and all(sum(c * c for c in p) == 4 for p in code)
+    assert len(code) == 582
+    assert all(sum(c * c for c in p) == 4 for p in code)
     out = tmp_path / "c.json"  # the README recipe, end to end through the CLI
     r = cli("construct", "--method", "code", "--out", out)
     assert r.returncode == 0, r.stderr
     r = cli("verify", out)
     m = json.loads(r.stdout)
-    assert (
-        r.returncode == 0
-        and m["valid"]
-        and m["num_points"] == 582
-        and m["margin"] == 0
-        and m["num_violations"] == 0
-    )
-    for dim, size in [
-        (8, 240),
-        (9, 306),
-        (10, 500),
-    ]:  # E8 kissing, P9a, P10b from the same construction
-        assert (
-            kissing.verify([list(p) for p in kissing.construct_code(dim)], dim)["num_points"]
-            == size
-        )
+    assert r.returncode == 0
+    assert m["valid"]
+    assert m["num_points"] == 582
+    assert m["margin"] == 0
+    assert m["num_violations"] == 0
+    # E8's kissing configuration, P9a and P10b from the same construction
+    for dim, size in [(8, 240), (9, 306), (10, 500)]:
+        points = [list(p) for p in kissing.construct_code(dim)]
+        assert kissing.verify(points, dim)["num_points"] == size
 
 
 def test_shell_search_is_verified_and_bounded_by_its_cap():
     pts = kissing.construct_shell_search(8, 4, seconds=1.0)
     m = kissing.verify([list(p) for p in pts], 8)
-    assert m["valid"] and m["num_points"] >= 200  # E8 has 240 on this shell
+    assert m["valid"]
+    assert m["num_points"] >= 200  # E8 has 240 on this shell
 
     def reference(dim, norm):  # the old recursive enumeration of the whole shell
         r = math.isqrt(norm)
-        return (
-            [()] * (norm == 0)
-            if dim == 0
-            else [(c,) + x for c in range(-r, r + 1) for x in reference(dim - 1, norm - c * c)]
-        )
+        if dim == 0:
+            if norm == 0:
+                return [()]
+            return []
+        return [(c,) + x for c in range(-r, r + 1) for x in reference(dim - 1, norm - c * c)]
 
     for dim, norm in [(1, 4), (1, 3), (2, 25), (4, 5), (11, 4), (5, 12)]:
         assert kissing.shell_vectors(dim, norm) == reference(dim, norm)
-    # huge shells (11-D norm 1000: ~10^13 vectors), sparse ones (no vector of norm 7·4^k in 3-D), norms past float64
+    # huge shells (11-D norm 1000: ~10^13 vectors), sparse ones (no vector of norm 7·4^k in 3-D),
+    # norms past float64
     for dim, norm in [(11, 1000), (40, 4), (3, 7 * 4**12), (2, 10**15 + 3), (1, 10**30)]:
         t0 = time.time()
         with pytest.raises(ValueError, match="too large to list"):
@@ -135,9 +148,11 @@ def test_shell_search_is_verified_and_bounded_by_its_cap():
 
 
 def test_invalid_sets_rejected_with_the_right_pair():
-    e = lambda i, s=1: [s * (k == i) for k in range(11)]
-    m = kissing.verify([[2] + [0] * 10, e(3), [1, 1] + [0] * 9])
-    assert not m["valid"] and m["closest_pair"] == [0, 2] and m["num_violations"] == 2
+    e3 = [0, 0, 0, 1] + [0] * 7
+    m = kissing.verify([[2] + [0] * 10, e3, [1, 1] + [0] * 9])
+    assert not m["valid"]
+    assert m["closest_pair"] == [0, 2]
+    assert m["num_violations"] == 2
     assert m["message"].startswith("Minimum squared distance 2 < maximum squared norm 4")
     code = [list(p) for p in kissing.construct_code(11)]
     bad = code + [[1, 1] + [0] * 9]
@@ -158,7 +173,8 @@ def test_invalid_sets_rejected_with_the_right_pair():
         ([], "non-empty list"),
     ]:
         m = kissing.verify(bad)
-        assert not m["valid"] and why in m["message"], (why, m["message"])
+        assert not m["valid"], (why, m["message"])
+        assert why in m["message"], (why, m["message"])
     assert kissing.verify([[2.0] + [0] * 10])["valid"]  # integral floats are accepted as integers
     assert kissing.verify([[1, 0, 0], [0, 1, 0]], dim=3)["valid"]  # --dim
 
@@ -169,11 +185,17 @@ def test_large_coordinates_checked_exactly():
     sub = rng.sample(c12, 593)
     big = rational_rotation(sub, rng)  # exact rotation: same geometry, ~43-bit coordinates
     assert 40 <= max(abs(c) for p in big for c in p).bit_length() <= 48
-    m, small = kissing.verify(big, 12), kissing.verify(sub, 12)
-    assert m["path"] == "limb" and m["valid"] and m["num_points"] == 593 and m["margin"] == 0
-    assert m["contacts"] == small["contacts"] > 1000 and m["closest_pair"] == small["closest_pair"]
-    # 11-D, 593 points: scale a float configuration by 2^42 and round (a random orthogonal rotation of the
-    # 582 code plus 11 extra directions); rounding makes ties go either way, only exact arithmetic can tell
+    m = kissing.verify(big, 12)
+    small = kissing.verify(sub, 12)
+    assert m["path"] == "limb"
+    assert m["valid"]
+    assert m["num_points"] == 593
+    assert m["margin"] == 0
+    assert m["contacts"] == small["contacts"] > 1000
+    assert m["closest_pair"] == small["closest_pair"]
+    # 11-D, 593 points: scale a float configuration by 2^42 and round (a random orthogonal rotation
+    # of the 582 code plus 11 extra directions); rounding makes ties go either way, only exact
+    # arithmetic can tell
     Q, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((11, 11)))
     F = np.vstack(
         [
@@ -184,21 +206,23 @@ def test_large_coordinates_checked_exactly():
     F = F @ Q.T / np.linalg.norm(F, axis=1, keepdims=True)  # every row on the unit sphere
     pts = [[int(c) for c in row] for row in np.rint(F * 2.0**42).astype(np.int64)]
     m = kissing.verify(pts)
-    assert m["path"] == "limb" and m["num_points"] == 593
+    assert m["path"] == "limb"
+    assert m["num_points"] == 593
     assert summary(m) == tuple(brute(pts))
+    # the float error is ≫ 1 here
     twin = [
         [2**45, 0, 7] + [0] * 8,
         [2**45 + 1, 0, 7] + [0] * 8,
         [0, 2**45] + [0] * 9,
-    ]  # float error ≫ 1
-    assert (
-        summary(kissing.verify(twin)) == tuple(brute(twin)) == (2**90 + 2**46 + 50, 1, [0, 1], 1, 0)
-    )
-    huge = [
-        [c << 30 for c in p] for p in pts[:60]
-    ]  # ~72-bit coordinates: refused, not checked inexactly
+    ]
+    assert summary(kissing.verify(twin)) == tuple(brute(twin))
+    assert tuple(brute(twin)) == (2**90 + 2**46 + 50, 1, [0, 1], 1, 0)
+    # ~72-bit coordinates: refused, not checked inexactly
+    huge = [[c << 30 for c in p] for p in pts[:60]]
     m = kissing.verify(huge)
-    assert not m["valid"] and "not exact" in m["message"] and "2^62" in m["message"]
+    assert not m["valid"]
+    assert "not exact" in m["message"]
+    assert "2^62" in m["message"]
 
 
 def test_fast_path_matches_exact_paths():
@@ -211,6 +235,13 @@ def test_fast_path_matches_exact_paths():
 
 
 # ----------------------------------------------------------------------------- sandboxed evaluator
+# a repo under /tmp: bwrap's own /tmp hides it
+if ROOT.startswith("/tmp/") and shutil.which("bwrap"):
+    REPO_READ_REFUSED = "No such file"
+else:
+    REPO_READ_REFUSED = "outside the working directory"
+
+
 @pytest.mark.parametrize(
     "source, why",
     [
@@ -229,10 +260,8 @@ def test_fast_path_matches_exact_paths():
             "outside the working directory",
         ),
         (
-            "data = open('{repo}/kissing.py').read()\npoints = [[1] + [0] * 10]\n",  # a repo under /tmp: bwrap's own /tmp hides it
-            "outside the working directory"
-            if not ROOT.startswith("/tmp/") or not shutil.which("bwrap")
-            else "No such file",
+            "data = open('{repo}/kissing.py').read()\npoints = [[1] + [0] * 10]\n",
+            REPO_READ_REFUSED,
         ),
         ("print('garbage ' * 10000)\npoints = 'not vectors'\n", "invalid input"),
         (
@@ -248,55 +277,78 @@ def test_evaluator_failures_are_clean(tmp_path, source, why):
     t0 = time.time()
     res = kissing.evaluate_program(source.format(marker=marker, repo=ROOT), timeout=3)
     assert time.time() - t0 < 20
-    assert res["validity"] == 0.0 and res["score"] == 0 and why in res["reason"], res
+    assert res["validity"] == 0.0, res
+    assert res["score"] == 0, res
+    assert why in res["reason"], res
     assert not marker.exists()
 
 
 def test_evaluator_scores_a_valid_program_and_ignores_its_claims():
     src = (
-        "import numpy as np\nprint('score: 10000 valid: 1.0')\n"
-        "points = np.array([[2 * s * (k == i) for k in range(11)] for i in range(11) for s in (1, -1)])\n"
+        "import numpy as np\n"
+        "print('score: 10000 valid: 1.0')\n"
+        "points = np.array([[2 * s * (k == i) for k in range(11)] for i in range(11) "
+        "for s in (1, -1)])\n"
     )
     res = kissing.evaluate_program(src, timeout=20)
-    assert res["validity"] == 1.0 and res["score"] == 22 and "score: 10000" in res["stdout_tail"]
+    assert res["validity"] == 1.0
+    assert res["score"] == 22
+    assert "score: 10000" in res["stdout_tail"]
 
 
-# fork_exec as subprocess calls it (Python 3.11-3.13 signature): no audit event, so only the OS layer can stop it
+# fork_exec as subprocess calls it (Python 3.11-3.13 signature): no audit event, so only the OS
+# layer can stop it
 SPAWN = """import os, _posixsubprocess
 def spawn(*argv):
     r, w = os.pipe()
-    return _posixsubprocess.fork_exec([a.encode() for a in argv], [argv[0].encode()], True, (), None, None, -1, -1, -1, -1,
-                                      -1, -1, r, w, False, True, -1, None, None, None, -1, None, False)
+    return _posixsubprocess.fork_exec(
+        [a.encode() for a in argv], [argv[0].encode()], True, (), None, None, -1, -1, -1, -1,
+        -1, -1, r, w, False, True, -1, None, None, None, -1, None, False,
+    )
 """
-ESCAPES = {  # each prints "escaped" if it got out, "refused <errno>" if the kernel said no
-    "fork_exec": SPAWN
-    + "try:\n    spawn('/bin/sleep', '{marker}')\n    print('escaped', flush=True)\nexcept OSError as e:\n"
-    "    print('refused', e, flush=True)\nwhile True:\n    pass\n",
-    "fork loop": SPAWN
-    + "n, err = 0, None\nfor _ in range(200):\n    try:\n        spawn('/bin/sleep', '{marker}')\n"
-    "        n += 1\n    except OSError as e:\n        err = e\n"
-    "print('escaped' if n else 'refused', err, flush=True)\npoints = [[1] + [0] * 10]\n",
-    "dir_fd write": "import os\nfd = os.open({site!r}, os.O_RDONLY)\nw = os.open('{pth}', os.O_WRONLY | os.O_CREAT, dir_fd=fd)\n"
-    "os.write(w, b'# escaped\\n')\nprint('escaped', flush=True)\npoints = [[1] + [0] * 10]\n",
+# each prints "escaped" if it got out, "refused <errno>" if the kernel said no
+ESCAPES = {
+    "fork_exec": SPAWN + "try:\n"
+    "    spawn('/bin/sleep', '{marker}')\n"
+    "    print('escaped', flush=True)\n"
+    "except OSError as e:\n"
+    "    print('refused', e, flush=True)\n"
+    "while True:\n"
+    "    pass\n",
+    "fork loop": SPAWN + "n, err = 0, None\n"
+    "for _ in range(200):\n"
+    "    try:\n"
+    "        spawn('/bin/sleep', '{marker}')\n"
+    "        n += 1\n"
+    "    except OSError as e:\n"
+    "        err = e\n"
+    "print('escaped' if n else 'refused', err, flush=True)\n"
+    "points = [[1] + [0] * 10]\n",
+    "dir_fd write": "import os\n"
+    "fd = os.open({site!r}, os.O_RDONLY)\n"
+    "w = os.open('{pth}', os.O_WRONLY | os.O_CREAT, dir_fd=fd)\n"
+    "os.write(w, b'# escaped\\n')\n"
+    "print('escaped', flush=True)\n"
+    "points = [[1] + [0] * 10]\n",
 }
 
 
 @requires_bwrap
 @pytest.mark.parametrize("name", list(ESCAPES))
 def test_sandbox_contains_the_escapes(name):
-    """The issue's escapes, a fork loop (a fork bomb bounded at 200 so that a failure cannot hurt the machine) and a
-    dir_fd write into site-packages (a .pth there would run at every interpreter start): none gets out."""
-    marker, pth = (
-        f"4242.{os.getpid()}{random.randrange(10**6)}",
-        f"kissing_escape_{os.getpid()}.pth",
-    )
+    """The issue's escapes, a fork loop (a fork bomb bounded at 200 so that a failure cannot hurt
+    the machine) and a dir_fd write into site-packages (a .pth there would run at every
+    interpreter start): none gets out."""
+    marker = f"4242.{os.getpid()}{random.randrange(10**6)}"
+    pth = f"kissing_escape_{os.getpid()}.pth"
     try:
-        res = kissing.evaluate_program(
-            ESCAPES[name].format(marker=marker, site=SITE, pth=pth), timeout=5
-        )
+        source = ESCAPES[name].format(marker=marker, site=SITE, pth=pth)
+        res = kissing.evaluate_program(source, timeout=5)
         time.sleep(0.2)  # the PID namespace is torn down with the sandbox
-        assert res["sandbox"] == "bwrap" and "escaped" not in res["stdout_tail"], res
-        assert not alive(marker) and not os.path.exists(os.path.join(SITE, pth))
+        assert res["sandbox"] == "bwrap", res
+        assert "escaped" not in res["stdout_tail"], res
+        assert not alive(marker)
+        assert not os.path.exists(os.path.join(SITE, pth))
         assert "refused [Errno 1]" in res["stdout_tail"] or "is blocked" in res["reason"], res
     finally:
         for pid in alive(marker):
@@ -325,16 +377,17 @@ print("pids", sorted(int(p) for p in os.listdir("/proc") if p.isdigit()), flush=
 
 @requires_bwrap
 def test_os_layer_alone(tmp_path):
-    """bwrap_cmd without the audit hook: the host read-only, /tmp private, no network, one process, no fork; and,
-    without the seccomp filter, a daemon started with its own session still dies with the sandbox."""
+    """bwrap_cmd without the audit hook: the host read-only, /tmp private, no network, one
+    process, no fork; and, without the seccomp filter, a daemon started with its own session still
+    dies with the sandbox."""
     (tmp_path / "layer.py").write_text(LAYER)
-    pth, repo_file = (
-        os.path.join(SITE, f"kissing_layer_{os.getpid()}.pth"),
-        os.path.join(ROOT, f"kissing_layer_{os.getpid()}"),
-    )
+    pth = os.path.join(SITE, f"kissing_layer_{os.getpid()}.pth")
+    repo_file = os.path.join(ROOT, f"kissing_layer_{os.getpid()}")
     with socket.socket() as srv, tempfile.TemporaryFile() as bpf:
-        srv.bind(("127.0.0.1", 0)), srv.listen()
-        bpf.write(kissing.seccomp_filter()), bpf.seek(0)
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        bpf.write(kissing.seccomp_filter())
+        bpf.seek(0)
         argv = kissing.bwrap_cmd(str(tmp_path / "layer.py"), 1 << 20, bpf.fileno())
         r = subprocess.run(
             argv + [sys.executable, "-I", "program.py", pth, repo_file, str(srv.getsockname()[1])],
@@ -344,9 +397,10 @@ def test_os_layer_alone(tmp_path):
             timeout=60,
         )
     assert r.returncode == 0, r.stderr
-    repo = (
-        "write repo ok" if ROOT.startswith("/tmp/") else "write repo refused OSError"
-    )  # under /tmp: the private one
+    if ROOT.startswith("/tmp/"):
+        repo = "write repo ok"  # under /tmp: the sandbox's private one
+    else:
+        repo = "write repo refused OSError"
     for line in (
         "write site-packages refused OSError",
         repo,
@@ -358,7 +412,8 @@ def test_os_layer_alone(tmp_path):
         "pids [1]",
     ):
         assert line in r.stdout, (line, r.stdout)
-    assert not os.path.exists(pth) and not os.path.exists(repo_file)
+    assert not os.path.exists(pth)
+    assert not os.path.exists(repo_file)
     marker = f"4243.{os.getpid()}"
     i = argv.index("--seccomp")
     r = subprocess.run(
@@ -370,25 +425,29 @@ def test_os_layer_alone(tmp_path):
         timeout=60,
     )
     time.sleep(0.2)
-    assert "started" in r.stdout and not alive(marker), r
+    assert "started" in r.stdout, r
+    assert not alive(marker), r
 
 
 @pytest.mark.parametrize(
     "source",
-    [  # the second layer alone (no bwrap): writes through descriptors or to the far end
-        "import os\nfd = os.open({site!r}, os.O_RDONLY)\nos.close(os.open('{name}', os.O_WRONLY | os.O_CREAT, dir_fd=fd))\n",
+    # the second layer alone (no bwrap): writes through descriptors or to the far end
+    [
+        "import os\n"
+        "fd = os.open({site!r}, os.O_RDONLY)\n"
+        "os.close(os.open('{name}', os.O_WRONLY | os.O_CREAT, dir_fd=fd))\n",
         "import os\nfd = os.open({site!r}, os.O_RDONLY)\nos.mkdir('{name}', dir_fd=fd)\n",
         "open('x', 'w').close()\nimport os\nos.rename('x', {site!r} + '/{name}')\n",
         "import shutil\nopen('x', 'w').close()\nshutil.copyfile('x', {site!r} + '/{name}')\n",
-        "import os\nos.chmod(os.open({site!r} + '/{name}.txt', os.O_RDONLY), 0o777)\n",  # a read-only fd of an outside file
+        # a read-only fd of an outside file
+        "import os\nos.chmod(os.open({site!r} + '/{name}.txt', os.O_RDONLY), 0o777)\n",
         "import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))\n",
     ],
 )
 def test_audit_hook_alone_blocks_descriptor_writes(source):
     target = os.path.join(SITE, f"kissing_hook_{os.getpid()}")
-    with open(
-        target + ".txt", "w"
-    ) as f:  # an outside file the program may read (the installation) but not change
+    # an outside file the program may read (the installation) but not change
+    with open(target + ".txt", "w") as f:
         os.chmod(f.name, 0o644)
     try:
         res = kissing.evaluate_program(
@@ -396,8 +455,10 @@ def test_audit_hook_alone_blocks_descriptor_writes(source):
             timeout=20,
             sandbox="none",
         )
-        assert res["sandbox"] == "none" and "is blocked" in res["reason"], res
-        assert not os.path.exists(target) and os.stat(target + ".txt").st_mode & 0o777 == 0o644
+        assert res["sandbox"] == "none", res
+        assert "is blocked" in res["reason"], res
+        assert not os.path.exists(target)
+        assert os.stat(target + ".txt").st_mode & 0o777 == 0o644
     finally:
         os.remove(target + ".txt")
         if os.path.isdir(target):
@@ -410,36 +471,34 @@ def test_fallback_is_loud_and_refusable(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")  # no bwrap on PATH
     with pytest.warns(RuntimeWarning, match="no bwrap here"):
         res = kissing.evaluate_program("points = [[1] + [0] * 10]\n", timeout=20)
-    assert res["sandbox"] == "none" and res["validity"] == 1.0
+    assert res["sandbox"] == "none"
+    assert res["validity"] == 1.0
     res = kissing.evaluate_program("points = [[1] + [0] * 10]\n", timeout=20, sandbox="bwrap")
-    assert res["validity"] == 0.0 and res["reason"].startswith(
-        "could not start the sandbox: bwrap is not installed"
-    )
+    assert res["validity"] == 0.0
+    assert res["reason"].startswith("could not start the sandbox: bwrap is not installed")
 
 
 def test_point_count_bounded_by_the_memory_limit():
-    """The parent's pair check needs ~80 B per pair: too many points are refused before any of that work."""
+    """The parent's pair check needs ~80 B per pair: too many points are refused before any of that
+    work."""
     big = [[i] + [1] * 10 for i in range(1, 6001)]
     m = kissing.verify(big)  # 2048 MiB: at most isqrt(2048 MiB / 80 B) = 5181 points
-    assert not m["valid"] and m["message"].startswith(
-        "invalid input: 6000 vectors; checking more than 5181"
-    )
-    assert (
-        "invalid input: 6000 vectors"
-        in kissing.verify(np.ones((6000, 11), dtype=np.int64))["message"]
-    )
-    assert (
-        "more than 114" in kissing.verify(D11, mem_mb=1)["message"]
-        and kissing.verify(D11, mem_mb=4)["valid"]
-    )
-    res = kissing.evaluate_program(
-        "points = [[i] + [1] * 10 for i in range(1, 6001)]\n", timeout=20
-    )
-    assert res["validity"] == 0.0 and "checking more than 5181" in res["reason"]
+    assert not m["valid"]
+    assert m["message"].startswith("invalid input: 6000 vectors; checking more than 5181")
+    m = kissing.verify(np.ones((6000, 11), dtype=np.int64))
+    assert "invalid input: 6000 vectors" in m["message"]
+    assert "more than 114" in kissing.verify(D11, mem_mb=1)["message"]
+    assert kissing.verify(D11, mem_mb=4)["valid"]
+    source = "points = [[i] + [1] * 10 for i in range(1, 6001)]\n"
+    res = kissing.evaluate_program(source, timeout=20)
+    assert res["validity"] == 0.0
+    assert "checking more than 5181" in res["reason"]
 
 
 def test_cli_refuses_bad_input_in_one_line(tmp_path):
-    deep, bad, prog = tmp_path / "deep.json", tmp_path / "bad.json", tmp_path / "bad.py"
+    deep = tmp_path / "deep.json"
+    bad = tmp_path / "bad.json"
+    prog = tmp_path / "bad.py"
     deep.write_text("[" * 10**5 + "]" * 10**5)
     bad.write_text(json.dumps([[2] + [0] * 10, [1, 1] + [0] * 9]))
     prog.write_text(f"points = {json.load(open(bad))}\n")
@@ -465,28 +524,32 @@ def test_cli_refuses_bad_input_in_one_line(tmp_path):
     ]:
         t0 = time.time()
         r = cli(*args)
-        assert r.returncode == 2 and r.stderr.startswith("error:") and says in r.stderr, (
-            args,
-            r.stderr,
-        )
-        assert len(r.stderr.strip().splitlines()) == 1 and time.time() - t0 < 30, (args, r.stderr)
-    for args in (
-        ["verify", bad],
-        ["evaluate", prog],
-    ):  # an invalid set fails the command (`construct && verify`)
+        assert r.returncode == 2, (args, r.stderr)
+        assert r.stderr.startswith("error:"), (args, r.stderr)
+        assert says in r.stderr, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+        assert time.time() - t0 < 30, (args, r.stderr)
+    # an invalid set fails the command (`construct && verify`)
+    for args in (["verify", bad], ["evaluate", prog]):
         r = cli(*args)
-        assert r.returncode == 1 and not json.loads(r.stdout)["valid"], (args, r.stdout, r.stderr)
+        assert r.returncode == 1, (args, r.stdout, r.stderr)
+        assert not json.loads(r.stdout)["valid"], (args, r.stdout, r.stderr)
 
 
 # ----------------------------------------------------------------------------- search loop
-GOOD = "```python\npoints = [[s * (k == i) for k in range(11)] for i in range(11) for s in (1, -1)]\n```"
+GOOD = (
+    "```python\n"
+    "points = [[s * (k == i) for k in range(11)] for i in range(11) for s in (1, -1)]\n"
+    "```"
+)
 BAD = "```python\npoints = [[2] + [0] * 10, [1, 1] + [0] * 9]\n```"
 
 
 @pytest.fixture(scope="module")
 def server():
     """A stdlib OpenAI-compatible /chat/completions server: canned good, bad and garbage answers."""
-    replies, calls = [GOOD, "I cannot do that.", BAD, "<<garbage>>", GOOD], []
+    replies = [GOOD, "I cannot do that.", BAD, "<<garbage>>", GOOD]
+    calls = []  # the request bodies, in order
 
     class H(http.server.BaseHTTPRequestHandler):
         def do_POST(self):
@@ -537,7 +600,8 @@ def test_search_end_to_end_and_resume(tmp_path, server, mode):
     kissing.main(argv)
     with open(tmp_path / "conversation_log.json") as f:
         log = json.load(f)
-    assert len(log["entries"]) == 3 and calls[-1]["model"] == "m"
+    assert len(log["entries"]) == 3
+    assert calls[-1]["model"] == "m"
     for e in log["entries"]:
         assert {
             "messages",
@@ -553,7 +617,8 @@ def test_search_end_to_end_and_resume(tmp_path, server, mode):
     kissing.main(argv[:-1] + ["5", "--resume"])
     with open(tmp_path / "conversation_log.json") as f:
         log2 = json.load(f)
-    assert len(log2["entries"]) == 5 and log2["entries"][:3] == log["entries"]
+    assert len(log2["entries"]) == 5
+    assert log2["entries"][:3] == log["entries"]
     assert log2["best"]["score"] == 22  # GOOD is among the canned replies
     assert kissing.verify(json.load(open(tmp_path / "best_points.json")))["num_points"] == 22
     assert "points" in open(tmp_path / "program.py").read()
@@ -564,9 +629,10 @@ def test_search_end_to_end_and_resume(tmp_path, server, mode):
 
 
 def test_openai_chat_refused_request_is_an_empty_reply_server_errors_stop():
-    """A 4xx (e.g. a prompt longer than the server's context) would fail again on --resume: it is an empty reply and
-    the search goes on. A 5xx `retries` times in a row stops the search in one line."""
-    code = []
+    """A 4xx (e.g. a prompt longer than the server's context) would fail again on --resume: it is an
+    empty reply and the search goes on. A 5xx `retries` times in a row stops the search in one
+    line."""
+    code = []  # the status the server answers with
 
     class H(http.server.BaseHTTPRequestHandler):
         def do_POST(self):
@@ -581,10 +647,8 @@ def test_openai_chat_refused_request_is_an_empty_reply_server_errors_stop():
 
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url, msgs = (
-        f"http://127.0.0.1:{srv.server_address[1]}/v1",
-        [{"role": "user", "content": "points?"}],
-    )
+    url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    msgs = [{"role": "user", "content": "points?"}]
     try:
         code[:] = [400]
         assert kissing.openai_chat(url, "m", msgs, 1.0, 8, 0, timeout=10) == ("", None, None)
@@ -597,16 +661,19 @@ def test_openai_chat_refused_request_is_an_empty_reply_server_errors_stop():
 
 def test_extract_program_blocks_and_diff_edits():
     parent = "d = 11\npoints = [[1] + [0] * 10]\n"
-    assert (
-        kissing.extract_program("<think>```python\nx = 0\n```</think> ok ```python\ny = 1\n```")
-        == "y = 1\n"
+    answer = "<think>```python\nx = 0\n```</think> ok ```python\ny = 1\n```"
+    assert kissing.extract_program(answer) == "y = 1\n"
+    edit = (
+        "<<<<<<< SEARCH\n"
+        "points = [[1] + [0] * 10]\n"
+        "=======\n"
+        "points = [[2] + [0] * 10]\n"
+        ">>>>>>> REPLACE"
     )
-    edit = "<<<<<<< SEARCH\npoints = [[1] + [0] * 10]\n=======\npoints = [[2] + [0] * 10]\n>>>>>>> REPLACE"
     assert kissing.extract_program(edit, parent) == "d = 11\npoints = [[2] + [0] * 10]\n"
     assert kissing.extract_program("no code here") == "no code here"
-    res = kissing.evaluate_program(
-        "def get_points():\n    return [[0, 1, 0], [1, 0, 0]]\n", dim=3, timeout=20
-    )
+    source = "def get_points():\n    return [[0, 1, 0], [1, 0, 0]]\n"
+    res = kissing.evaluate_program(source, dim=3, timeout=20)
     assert res["score"] == 2
 
 
@@ -633,5 +700,7 @@ def test_search_local_backend(tmp_path, tiny_model_dir, engine):
         ]
     )
     log = json.load(open(tmp_path / "conversation_log.json"))
-    assert len(log["entries"]) == 2 and all(e["completion_tokens"] > 0 for e in log["entries"])
-    assert all(e["metrics"]["validity"] == 0.0 and e["metrics"]["reason"] for e in log["entries"])
+    assert len(log["entries"]) == 2
+    assert all(e["completion_tokens"] > 0 for e in log["entries"])
+    assert all(e["metrics"]["validity"] == 0.0 for e in log["entries"])
+    assert all(e["metrics"]["reason"] for e in log["entries"])
