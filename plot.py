@@ -1,17 +1,22 @@
-"""One dashboard figure per run from its metrics.jsonl; several runs overlay in the same layout (sweeps).
+"""One dashboard figure per run, drawn from its metrics.jsonl; several runs overlay in the same
+layout (sweeps).
 
-grpo.py, grpo_ray.py and sft.py call plot_runs([run], os.path.join(run, "dashboard.png")) at the end of a
-run (and on Ctrl-C). To compare runs (one colour per run, named in the header):
+grpo.py, grpo_ray.py and sft.py call plot_runs([run], os.path.join(run, "dashboard.png")) at the
+end of a run (and on Ctrl-C). To compare runs (one colour per run, named in the header):
+
   python plot.py runs/lr1e-5 runs/lr3e-5 runs/lr1e-4 --out plots/lr_sweep.png
-  python plot.py runs/on runs/off --x time/wall --out plots/off_policy.png   # against wall-clock seconds
-  python plot.py runs/sft --out plots/sft.png                                # sft runs: the same keys, fewer panels
+  python plot.py runs/on runs/off --x time/wall --out plots/off_policy.png  # against wall seconds
+  python plot.py runs/sft --out plots/sft.png  # sft runs: the same keys, fewer panels
 
-Layout: a grid of line panels (colour = run, line style = key, markers on validation keys) and one time
-panel. A panel no run has data for is dropped, so an sft run gets a compact grid (no reward or KL panels);
-a key one run lacks is skipped for that run only. Rows that share an x are averaged: with
---x step (the rollout step) that is the several optimizer steps of one rollout batch. NaN/None are skipped.
-The time panel is a stacked bar per run, total seconds per phase: where the run's time went. The API:
-build_figure(run_dirs, x) -> matplotlib Figure (tests read its axes), plot_runs(...) writes it atomically.
+Layout: a grid of line panels (colour = run, line style = key, markers on validation keys) and one
+time panel. A panel no run has data for is dropped, so an sft run gets a compact grid (no reward or
+KL panels); a key one run lacks is skipped for that run only. Rows that share an x are averaged:
+with --x step (the rollout step) those are the several optimizer steps of one rollout batch.
+NaN and None are skipped. The time panel is a stacked bar per run, total seconds per phase: where
+the run's time went.
+
+The API: build_figure(run_dirs, x) -> a matplotlib Figure (tests read its axes); plot_runs(...)
+writes it atomically; plot_timeline(...) draws grpo_ray.py's Gantt chart.
 """
 
 import math
@@ -19,14 +24,15 @@ import os
 
 from common import Parser, check, read_metrics
 
-PANELS = [  # (title, keys, keys on a right-hand y axis): a line style per key; eval/ keys get markers
+# (title, keys, keys on a right-hand y axis): a line style per key; eval/ keys get markers
+PANELS = [
     ("validation (greedy)", ["eval/accuracy", "eval/format_reward"], []),
     ("train reward", ["train/reward", "train/format_reward", "train/answer_reward"], []),
     ("loss", ["train/loss", "train/nll_per_token"], []),
     ("grad norm (before clipping)", ["train/grad_norm"], []),
     ("token entropy", ["train/entropy"], []),
     ("KL to reference / previous policy", ["train/kl_ref", "train/kl_prev"], []),
-    # engine-vs-trainer KLs are orders of magnitude below kl_ref: their own panel, or they read as zero
+    # engine-vs-trainer KLs are orders of magnitude below kl_ref: their own panel, or they read as 0
     (
         "KL engine vs trainer (mismatch)",
         ["train/mismatch_kl", "train/mismatch_kernel_kl", "train/mismatch_staleness_kl"],
@@ -39,7 +45,8 @@ PANELS = [  # (title, keys, keys on a right-hand y axis): a line style per key; 
     ),
 ]
 STYLES = ["-", "--", ":", "-."]
-PHASES = {  # time key -> colour (grpo_ray.py's timeline colours); sft.py's training phase is its time/step
+# time key -> colour (grpo_ray.py's timeline colours); sft.py's training phase is its time/step
+PHASES = {
     "time/generation": "tab:blue",
     "time/grading": "tab:cyan",
     "time/old_log_probs": "tab:olive",
@@ -52,7 +59,8 @@ X_CHOICES = ["step", "opt_step", "time/wall"]
 
 
 def _ok(v):
-    return isinstance(v, (int, float)) and math.isfinite(v)  # drops None, NaN, inf and strings
+    """A plottable number: drops None, NaN, inf and strings."""
+    return isinstance(v, (int, float)) and math.isfinite(v)
 
 
 def series(rows, key, x):
@@ -66,16 +74,27 @@ def series(rows, key, x):
 
 
 def time_split(rows):
-    """{time key: total seconds} of a run. A rollout step's times repeat on each of its optimizer-step rows,
-    so they are averaged per "step" first (whatever the plot's x). grpo.py's time/step is the sum of its phases;
-    sft.py's is all training (it logs no time/training)."""
-    sft = not any("time/training" in r for r in rows)
-    keys = [k for k in PHASES if k != ("time/training" if sft else "time/step")]
-    return {k: sum(ys) for k in keys if (ys := series(rows, k, "step")[1])}
+    """{time key: total seconds} of a run. A rollout step's times repeat on each of its
+    optimizer-step rows, so they are averaged per "step" first (whatever the plot's x).
+    grpo.py's time/step is the sum of its phases, so it is left out; sft.py's is all training (it
+    logs no time/training)."""
+    if any("time/training" in r for r in rows):
+        left_out = "time/step"
+    else:
+        left_out = "time/training"
+    split = {}
+    for key in PHASES:
+        if key == left_out:
+            continue
+        ys = series(rows, key, "step")[1]
+        if ys:
+            split[key] = sum(ys)
+    return split
 
 
 def load_runs(run_dirs):
-    """[(name, rows)]: the directory's base name, or its whole path when two runs share a base name."""
+    """[(name, rows)]: the directory's base name, or its whole path when two runs share a base
+    name."""
     names = [os.path.basename(os.path.normpath(d)) for d in run_dirs]
     if len(set(names)) < len(names):
         names = [os.path.normpath(d) for d in run_dirs]
@@ -83,7 +102,8 @@ def load_runs(run_dirs):
 
 
 def header(name, rows):
-    """One line per run: its name, the last step, validation accuracy first -> last (best), wall time."""
+    """One line per run: its name, the last step, validation accuracy first -> last (best), wall
+    time."""
     parts = [name]
     steps = [r["step"] for r in rows if _ok(r.get("step"))]
     if steps:
@@ -98,25 +118,32 @@ def header(name, rows):
 
 
 def _marker(key):
-    return (
-        "o" if key.startswith("eval/") else None
-    )  # validation: a point per eval, not a trend line
+    """Validation keys get a point per eval, not a trend line."""
+    if key.startswith("eval/"):
+        return "o"
+    return None
 
 
 def _line_panel(ax, runs, title, keys, right, x):
-    """Colour = run, line style = key; `right` keys on a second y axis (another scale, e.g. a rate)."""
+    """Colour = run, line style = key; `right` keys on a second y axis (another scale, e.g. a
+    rate)."""
     from matplotlib.lines import Line2D
 
     names = keys + right
-    curves = [
-        (i, j, f"{name} {key}", *series(rows, key, x))
-        for i, (name, rows) in enumerate(runs)
-        for j, key in enumerate(names)
-    ]
-    curves = [c for c in curves if c[3]]  # a key this run lacks: skipped for this run only
-    twin = ax.twinx() if any(j >= len(keys) for _, j, *_ in curves) else None
+    curves = []  # (run index, key index, label, xs, ys)
+    for i, (name, rows) in enumerate(runs):
+        for j, key in enumerate(names):
+            xs, ys = series(rows, key, x)
+            if xs:  # a key this run lacks: skipped for this run only
+                curves.append((i, j, f"{name} {key}", xs, ys))
+    twin = None
+    if any(j >= len(keys) for _, j, _, _, _ in curves):
+        twin = ax.twinx()
     for i, j, label, xs, ys in curves:
-        (ax if j < len(keys) else twin).plot(
+        on = ax
+        if j >= len(keys):
+            on = twin
+        on.plot(
             xs,
             ys,
             color=f"C{i}",
@@ -125,35 +152,47 @@ def _line_panel(ax, runs, title, keys, right, x):
             markersize=3,
             label=label,
         )
-    shown = sorted({j for _, j, *_ in curves})
-    if (
-        len(names) > 1
-    ):  # which line style is which key (colours = runs: the header); on the top axes, over the lines
-        handles = [
-            Line2D([], [], color="0.3", linestyle=STYLES[j], marker=_marker(names[j]), markersize=3)
-            for j in shown
-        ]
-        (twin or ax).legend(
-            handles, [names[j] + (" (right)" * (j >= len(keys))) for j in shown], fontsize=7
-        )
-    ax.set(title=title, xlabel=x, ylabel=keys[0] if len(names) == 1 else None)
+    shown = sorted({j for _, j, _, _, _ in curves})
+    if len(names) > 1:
+        # which line style is which key (colours are runs: the header says which); on the top
+        # axes, over the lines
+        handles = []
+        labels = []
+        for j in shown:
+            style = Line2D(
+                [], [], color="0.3", linestyle=STYLES[j], marker=_marker(names[j]), markersize=3
+            )
+            handles.append(style)
+            label = names[j]
+            if j >= len(keys):
+                label += " (right)"
+            labels.append(label)
+        legend_ax = ax
+        if twin is not None:
+            legend_ax = twin
+        legend_ax.legend(handles, labels, fontsize=7)
+    ylabel = None  # several keys: the legend names them
+    if len(names) == 1:
+        ylabel = keys[0]
+    ax.set(title=title, xlabel=x, ylabel=ylabel)
     if twin is not None:
         twin.set_ylabel(right[0].split("/")[1].replace("_", " "))
     ax.grid(alpha=0.3)
 
 
 def _time_panel(ax, runs):
+    """A stacked bar per run: total seconds per phase, the run's total at its end."""
     seen = set()
-    for i, (name, rows) in enumerate(runs):
+    for i, (_, rows) in enumerate(runs):
         left = 0.0
         for k, s in time_split(rows).items():
-            ax.barh(
-                i,
-                s,
-                left=left,
-                color=PHASES[k],
-                label=None if k in seen else "training" if k == "time/step" else k[5:],
-            )
+            if k in seen:
+                label = None  # one legend entry per phase
+            elif k == "time/step":
+                label = "training"  # sft.py's time/step
+            else:
+                label = k.removeprefix("time/")
+            ax.barh(i, s, left=left, color=PHASES[k], label=label)
             seen.add(k)
             left += s
         ax.text(left, i, f" {left:.0f} s", va="center", fontsize=7)
@@ -163,31 +202,33 @@ def _time_panel(ax, runs):
     ax.invert_yaxis()  # first run on top, as in the header
     ax.margins(x=0.15)  # room for the totals
     ax.set(title="time split (total seconds)", xlabel="seconds")
-    ax.legend(
-        fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5)
-    )  # beside the bars, not over them
+    # beside the bars, not over them
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))
 
 
 def build_figure(run_dirs, x="step"):
-    """The dashboard as a matplotlib Figure (not drawn, no pyplot state): axes titled as in PANELS (a right-hand
-    y axis is an extra, untitled Axes), then the time panel."""
+    """The dashboard as a matplotlib Figure (not drawn, no pyplot state): axes titled as in PANELS
+    (a right-hand y axis is an extra, untitled Axes), then the time panel."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
     runs = load_runs(run_dirs)
-    panels = [
-        p for p in PANELS if any(series(rows, k, x)[0] for _, rows in runs for k in p[1] + p[2])
-    ]
+    panels = []  # a panel no run has data for is dropped
+    for title, keys, right in PANELS:
+        if any(series(rows, k, x)[0] for _, rows in runs for k in keys + right):
+            panels.append((title, keys, right))
     has_time = any(time_split(rows) for _, rows in runs)
-    n = len(panels) + has_time
+    n = len(panels)
+    if has_time:
+        n += 1
     ncols = min(3, max(n, 1))
     nrows = math.ceil(max(n, 1) / ncols)
     fig = Figure(figsize=(5 * ncols, 3.2 * nrows + 0.25 * len(runs) + 0.3), layout="constrained")
     axes = list(fig.subplots(nrows, ncols, squeeze=False).ravel())
     for ax in axes[max(n, 1) :]:
         fig.delaxes(ax)
-    for ax, panel in zip(axes, panels):
-        _line_panel(ax, runs, *panel, x)
+    for ax, (title, keys, right) in zip(axes, panels):
+        _line_panel(ax, runs, title, keys, right, x)
     if has_time:
         _time_panel(axes[len(panels)], runs)
     if n == 0:  # an empty or not-yet-written metrics.jsonl (a run stopped before its first row)
@@ -204,7 +245,8 @@ def build_figure(run_dirs, x="step"):
 
 
 def plot_runs(run_dirs, out_path, x="step"):
-    """Write the dashboard of run_dirs to out_path (a directory gets out_path/dashboard.png); returns the path."""
+    """Write the dashboard of run_dirs to out_path (a directory gets out_path/dashboard.png);
+    returns the path."""
     if os.path.isdir(out_path):
         out_path = os.path.join(out_path, "dashboard.png")
     fig = build_figure(run_dirs, x)
@@ -228,49 +270,48 @@ def main(argv=None):
         choices=X_CHOICES,
         help="x axis: rollout step (sft: optimizer step), optimizer step, or wall-clock seconds",
     )
-    a = p.parse_args(argv)
-    for d in a.runs:
-        check(
-            os.path.isfile(os.path.join(d, "metrics.jsonl")),
-            f"{d}: no metrics.jsonl; pass run directories",
-        )
-    check(
-        any(_ok(r.get(a.x)) for _, rows in load_runs(a.runs) for r in rows),
-        f"no run logs --x {a.x}; use --x step (sft.py logs no opt_step)",
-    )
-    print(plot_runs(a.runs, a.out, a.x))
+    args = p.parse_args(argv)
+    for d in args.runs:
+        has_metrics = os.path.isfile(os.path.join(d, "metrics.jsonl"))
+        check(has_metrics, f"{d}: no metrics.jsonl; pass run directories")
+    runs = load_runs(args.runs)
+    logs_x = any(_ok(r.get(args.x)) for _, rows in runs for r in rows)
+    check(logs_x, f"no run logs --x {args.x}; use --x step (sft.py logs no opt_step)")
+    print(plot_runs(args.runs, args.out, args.x))
 
 
+# grpo_ray.py's timeline colours, one per phase
 COLORS = {
     "generate": "tab:blue",
     "score": "tab:cyan",
     "old_log_probs": "tab:olive",
-    "train": "tab:red",  # timeline
+    "train": "tab:red",
     "get_weights": "tab:purple",
     "weight_sync": "tab:green",
 }
 
 
 def plot_timeline(runs, path):
-    """grpo_ray.py's timeline: a Gantt chart, one panel per run (title, spans), one row per actor; bars are phases
-    (eval left out), labelled with their step."""
+    """grpo_ray.py's timeline: a Gantt chart, one panel per run (title, spans), one row per actor;
+    bars are phases (eval left out), labelled with their step."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [(title, [s for s in spans if s["phase"] != "eval"]) for title, spans in runs]
-    names = [sorted({s["actor"] for s in spans}) for _, spans in runs]
-    fig, axes = plt.subplots(
-        len(runs), 1, figsize=(12, 1.2 + 1.1 * sum(map(len, names))), squeeze=False
-    )
+    kept = []  # (title, spans without eval)
+    for title, spans in runs:
+        kept.append((title, [s for s in spans if s["phase"] != "eval"]))
+    runs = kept
+    names = [sorted({s["actor"] for s in spans}) for _, spans in runs]  # each run's actors
+    height = 1.2 + 1.1 * sum(map(len, names))
+    fig, axes = plt.subplots(len(runs), 1, figsize=(12, height), squeeze=False)
     for ax, (title, spans), actors in zip(axes[:, 0], runs, names):
         t_min = min(s["t0"] for s in spans)
         for s in spans:
             y = actors.index(s["actor"])
-            ax.broken_barh(
-                [(s["t0"] - t_min, s["t1"] - s["t0"])], (y - 0.4, 0.8), color=COLORS[s["phase"]]
-            )
+            bar = (s["t0"] - t_min, s["t1"] - s["t0"])  # (start, width)
+            ax.broken_barh([bar], (y - 0.4, 0.8), color=COLORS[s["phase"]])
             if s["phase"] in ("generate", "train"):
                 ax.text(s["t0"] - t_min, y, str(s["step"]), va="center", fontsize=7)
         ax.set(yticks=range(len(actors)), yticklabels=actors, xlabel="seconds", title=title)

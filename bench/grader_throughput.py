@@ -34,40 +34,48 @@ rng = random.Random(0)  # re-seeded from --seed in main
 
 
 def gsm_variant(a):
-    n = int(a) if a.lstrip("-").isdigit() else None
-    return rng.choice([f"${n:,}.00", f"{n:,} dollars", f"{n}."]) if n is not None else a
+    """An equivalent rewrite of a GSM8K answer: '$1,234.00', '1,234 dollars' or '1234.'."""
+    if not a.lstrip("-").isdigit():
+        return a
+    n = int(a)
+    return rng.choice([f"${n:,}.00", f"{n:,} dollars", f"{n}."])
 
 
 def math_variant(a):
-    b = (
-        a.replace("\\frac", "\\dfrac")
-        if "\\frac" in a
-        else a.replace(",", ", ")
-        if "\\" in a
-        else a
-    )
-    return f"x = {b}" if b == a and "=" not in a else b
+    """An equivalent MATH answer: \\dfrac for \\frac, spaces after commas, or 'x = ...'."""
+    if "\\frac" in a:
+        b = a.replace("\\frac", "\\dfrac")
+    elif "\\" in a:
+        b = a.replace(",", ", ")
+    else:
+        b = a
+    if b == a and "=" not in a:
+        return f"x = {b}"
+    return b
 
 
 def make_set(gts, variant):
-    resps, golds = [], []
+    """Three responses per ground truth: exact, re-written, and another problem's answer."""
+    resps = []
+    golds = []
     for i, g in enumerate(gts):
-        resps += [R1.format(g), R1.format(variant(g)), R1.format(gts[(i * 7 + 1) % len(gts)])]
+        other = gts[(i * 7 + 1) % len(gts)]
+        resps += [R1.format(g), R1.format(variant(g)), R1.format(other)]
         golds += [g, g, g]
     return resps, golds
 
 
-def pool_cpu_s():  # CPU seconds used so far by the live grader pool processes (children of this one)
-    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+def pool_cpu_s():
+    """CPU seconds used so far by the live grader pool processes (children of this one)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
     for p in multiprocessing.active_children():
         try:
-            total += (
-                sum(
-                    int(x)
-                    for x in open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[11:13]
-                )
-                / tick
-            )
+            with open(f"/proc/{p.pid}/stat") as f:
+                stat = f.read()
+            # the fields after the command name (which may hold spaces); 11 and 12: utime, stime
+            fields = stat.rsplit(")", 1)[1].split()
+            total += sum(int(x) for x in fields[11:13]) / tick
         except OSError:  # it just exited
             pass
     return total
@@ -75,9 +83,12 @@ def pool_cpu_s():  # CPU seconds used so far by the live grader pool processes (
 
 def throughput(resps, golds, workers):
     """(responses per wall second, per CPU second of this process + helpers, mean reward)."""
-    t, c, hc = time.perf_counter(), time.process_time(), pool_cpu_s()
+    t = time.perf_counter()
+    c = time.process_time()
+    helpers_cpu = pool_cpu_s()
     out = grader.grade_batch(grader.r1_zero_reward_fn, resps, golds, workers=workers)
-    wall, cpu = time.perf_counter() - t, time.process_time() - c + pool_cpu_s() - hc
+    wall = time.perf_counter() - t
+    cpu = time.process_time() - c + pool_cpu_s() - helpers_cpu
     return (
         round(len(resps) / wall, 1),
         round(len(resps) / cpu, 1),
@@ -160,17 +171,23 @@ def fuzz_inputs(n):
         yield R1.format(a)
         yield "Therefore, the final answer is: $\\boxed{" + a + "}$"
     for _ in range(n):
-        k = rng.choice([5, 20, 60, 400])
-        body = "".join(
-            rng.choice(FRAG + ADV[:8]) if rng.random() < 0.1 else rng.choice(FRAG) for _ in range(k)
-        )
+        k = rng.choice([5, 20, 60, 400])  # pieces
+        pieces = []
+        for _ in range(k):
+            if rng.random() < 0.1:
+                pieces.append(rng.choice(FRAG + ADV[:8]))  # now and then an adversarial piece
+            else:
+                pieces.append(rng.choice(FRAG))
+        body = "".join(pieces)
         yield rng.choice(
             [R1.format(body), body, "<answer>" + body + "</answer>", "\\boxed{" + body + "}"]
         )
 
 
 def worst_latency(inputs):
-    worst, lat = (0.0, ""), []
+    """The slowest call of every reward function over inputs, and the 99th percentile."""
+    worst = (0.0, "")  # (seconds, which call)
+    lat = []
     for name, fn in grader.REWARD_FNS.items():
         for resp in inputs:
             t = time.perf_counter()
@@ -187,21 +204,25 @@ def worst_latency(inputs):
     }
 
 
-def worker_pid(response, ground_truth):  # a picklable stand-in grader: which worker graded this
+def worker_pid(response, ground_truth):
+    """A picklable stand-in grader: which worker graded this."""
     time.sleep(0.05)
     return os.getpid()
 
 
 def start_pool(workers):
-    """Seconds until every worker of the pool has graded something (the first grade_batch starts it)."""
-    t, seen = time.perf_counter(), set()
+    """Seconds until every worker of the pool has graded something (the first grade_batch starts
+    it)."""
+    t = time.perf_counter()
+    seen = set()
     while len(seen) < workers:
         seen |= set(grader.grade_batch(worker_pid, [0] * workers, [0] * workers, workers=workers))
     return round(time.perf_counter() - t, 2)
 
 
 def recovery(workers):
-    """Seconds of the batch holding one item stuck in C code (pow: no signal stops it) and of the next batch."""
+    """Seconds of the batch holding one item stuck in C code (pow: no signal stops it) and of the
+    next batch."""
     t = time.perf_counter()
     res = grader.grade_batch(pow, [2, 3, 5, 7], [3, 10**8, 2, 2], workers=workers)
     stuck = time.perf_counter() - t
@@ -228,24 +249,21 @@ def main():
         "--seed", type=int, default=0, help="random seed for the rewrites and the fuzzing"
     )
     args = p.parse_args()
-    gsm_path, math_path = (
-        os.path.join(args.data_dir, f) for f in ("gsm8k_test.jsonl", "math500_test.jsonl")
-    )
+    gsm_path = os.path.join(args.data_dir, "gsm8k_test.jsonl")
+    math_path = os.path.join(args.data_dir, "math500_test.jsonl")
     if not (os.path.exists(gsm_path) and os.path.exists(math_path)):
-        print(
-            json.dumps(
-                {
-                    "skipped": f"dev data not found in {os.path.abspath(args.data_dir)} (needs gsm8k_test.jsonl, math500_test.jsonl)"
-                }
-            )
+        why = (
+            f"dev data not found in {os.path.abspath(args.data_dir)} "
+            "(needs gsm8k_test.jsonl, math500_test.jsonl)"
         )
+        print(json.dumps({"skipped": why}))
         return
     rng.seed(args.seed)
     results = {}
-    gsm = make_set([r["ground_truth"] for r in data.load_task("gsm8k", path=gsm_path)], gsm_variant)
-    math = make_set(
-        [r["ground_truth"] for r in data.load_task("math500", path=math_path)], math_variant
-    )
+    gsm_gts = [r["ground_truth"] for r in data.load_task("gsm8k", path=gsm_path)]
+    gsm = make_set(gsm_gts, gsm_variant)
+    math_gts = [r["ground_truth"] for r in data.load_task("math500", path=math_path)]
+    math = make_set(math_gts, math_variant)
     grader.math_equal("x^2", "x^3")  # one-time sympy warm-up in this process (~1 s), not a verdict
     results["pool_startup_s"] = start_pool(args.workers)
     for name, (resps, golds) in [("gsm8k_style", gsm), ("math_style", math)]:
@@ -264,22 +282,27 @@ def main():
     results["adversarial_main_thread"] = worst_latency(inputs)
     box = {}
     grader._sympy_equal_any_thread.cache_clear()  # the thread pass must really use the pool
-    th = threading.Thread(target=lambda: box.update(worst_latency(inputs[: len(ADV) * 2 + 100])))
-    th.start(), th.join()
+
+    def in_a_thread():  # sympy then runs in a pool worker
+        box.update(worst_latency(inputs[: len(ADV) * 2 + 100]))
+
+    th = threading.Thread(target=in_a_thread)
+    th.start()
+    th.join()
     results["adversarial_other_thread"] = box
     results["stuck_worker_recovery"] = recovery(args.workers)
     # targets judged on one core's CPU rate (wall rates depend on how busy the shared machine is)
+    worst_s = max(results["adversarial_main_thread"]["worst_s"], box["worst_s"])
     results["targets_met"] = {
         "gsm8k_style_3000_per_s": results["gsm8k_style"]["serial_per_cpu_s"] >= 3000,
         "math_style_300_per_s": results["math_style"]["serial_per_cpu_s"] >= 300,
-        "worst_1.2_s": max(results["adversarial_main_thread"]["worst_s"], box["worst_s"]) <= 1.2,
+        "worst_1.2_s": worst_s <= 1.2,
     }
     results["load_average_1min"] = os.getloadavg()[0]
     results["cpu_count"] = os.cpu_count()
     print(json.dumps(results, indent=1))
 
 
-if (
-    __name__ == "__main__"
-):  # the grader pool's forkserver imports this file: nothing may run at import
+# the grader pool's forkserver imports this file: nothing may run at import
+if __name__ == "__main__":
     main()

@@ -1,5 +1,5 @@
-"""grader.py: verdict tables for every rule, the seeds' examples verbatim, a fuzz test with a per-call
-time bound, and grade_batch (order, threads, a stuck worker killed, daemonic callers)."""
+"""grader.py: verdict tables for every rule, the seeds' examples verbatim, a fuzz test with a
+per-call time bound, and grade_batch (order, threads, a stuck worker killed, daemonic callers)."""
 
 import functools
 import multiprocessing
@@ -35,7 +35,7 @@ def R1(ans):
     return f"Let me think. </think> <answer> {ans} </answer>"
 
 
-# ----------------------------------------------------------------------------- seed examples, verbatim
+# ------------------------------------------------------------------------- seed examples, verbatim
 def test_seed_002_asserts():
     # Example 1: Valid Usage (subset)
     assert _validate_numbers("(64 + 14) - 16", [64, 14, 16, 7]) == True  # noqa: E712
@@ -50,18 +50,14 @@ def test_seed_002_asserts():
         ([34, 84, 83, 72], 39, "(72 - 34) + (84 - 83)"),
         ([9, 4, 3, 7], 101, "(9 * (4 * 3)) - 7"),
     ]:
-        assert (
-            countdown_reward_fn(f"<answer>{e}</answer>", {"numbers": nums, "target": t})["reward"]
-            == 1.0
-        )
+        verdict = countdown_reward_fn(f"<answer>{e}</answer>", {"numbers": nums, "target": t})
+        assert verdict["reward"] == 1.0
 
 
 def test_seed_004_keyword_example():
-    assert (
-        keyword_inclusion_reward_fn("The red apple fell from the tree.", ["apple", "red"])["reward"]
-        == 1
-    )
-    assert keyword_inclusion_reward_fn("The red apple fell from the tree.", "apple")["reward"] == 1
+    sentence = "The red apple fell from the tree."
+    assert keyword_inclusion_reward_fn(sentence, ["apple", "red"])["reward"] == 1
+    assert keyword_inclusion_reward_fn(sentence, "apple")["reward"] == 1
 
 
 # ----------------------------------------------------------------------------- tables
@@ -128,12 +124,7 @@ OTHER_TABLE = [  # (fn, response, ground truth, (reward, format, answer))
     (intellect_reward_fn, "so \\boxed{3}", "3", (1, 0, 1)),  # answer graded, format 0
     (intellect_reward_fn, "no idea", "3", (0, 0, 0)),
     (gsm8k_reward_fn, "9 * 2 = 18\n#### 18", "18", (1, 1, 1)),
-    (
-        gsm8k_reward_fn,
-        "#### 1,234",
-        "Janet... <<1+1=2>>\n#### 1234",
-        (1, 1, 1),
-    ),  # gt: full solution
+    (gsm8k_reward_fn, "#### 1,234", "Janet... <<1+1=2>>\n#### 1234", (1, 1, 1)),  # a solution
     (gsm8k_reward_fn, R1("$18.00."), "18", (1, 1, 1)),
     (gsm8k_reward_fn, "The answer is 18 dollars.", "18", (1, 1, 1)),
     (gsm8k_reward_fn, "16 - 3 - 4 = 9 eggs, 9 * 2 = 18", "18", (1, 0, 1)),  # no marker: last number
@@ -159,11 +150,8 @@ COUNTDOWN_TABLE = [  # (response, ground truth, reward)
     ("<answer>\nStep 1: 1 + 2 = 3\nStep 2: 3 / 3 = 1\n</answer>", CD, 1.0),  # the seed 000 example
     ("<answer>Step 1: 1 + 2 = 3 Step 2: 3 / 3 = 1</answer>", CD, 1.0),
     ("<answer>Step 1: 1 + 2 = 4\nStep 2: 4 / 3 = 1</answer>", CD, 0.1),  # false step
-    (
-        "<answer>Step 1: 1 + 2 = 3\nStep 2: 3 / 3 = 1\nStep 3: 3 - 2 = 1</answer>",
-        CD,
-        0.1,
-    ),  # 2 already used
+    # 2 already used
+    ("<answer>Step 1: 1 + 2 = 3\nStep 2: 3 / 3 = 1\nStep 3: 3 - 2 = 1</answer>", CD, 0.1),
     ("<answer>Step 1: 3 - 2 = 1</answer>", CD, 0.1),  # 1 unused (all required)
     ("<answer>(1 + 2) / 3 = 1</answer>", CD, 1.0),
     ("<answer>(1 + 2) / 3 = 2</answer>", CD, 0.1),
@@ -187,7 +175,8 @@ COUNTDOWN_TABLE = [  # (response, ground truth, reward)
 @pytest.mark.parametrize("response,gt,reward", COUNTDOWN_TABLE)
 def test_countdown_table(response, gt, reward):
     v = countdown_reward_fn(response, gt)
-    assert v["reward"] == reward and v["format_reward"] == (1.0 if reward else 0.0)
+    assert v["reward"] == reward
+    assert v["format_reward"] == (1.0 if reward else 0.0)
     assert v["answer_reward"] == (1.0 if reward == 1.0 else 0.0)
 
 
@@ -195,20 +184,17 @@ def test_countdown_subset_flag_and_exactness():
     sub = functools.partial(countdown_reward_fn, require_all=False)
     assert sub("<answer>3 - 2</answer>", CD)["reward"] == 1.0
     assert sub("<answer>Step 1: 3 - 2 = 1</answer>", CD)["reward"] == 1.0
-    assert _validate_numbers("1 + 2 + 3", [1, 2, 3], require_all=True) and not _validate_numbers(
-        "1 + 2", [1, 2, 3], require_all=True
-    )
+    assert _validate_numbers("1 + 2 + 3", [1, 2, 3], require_all=True)
+    assert not _validate_numbers("1 + 2", [1, 2, 3], require_all=True)
     # exact rationals: 8 / (3 - 8 / 3) == 24 exactly (float arithmetic gives 23.999999999999993)
-    assert (
-        countdown_reward_fn(
-            "<answer>8 / (3 - 8 / 3)</answer>", {"numbers": [8, 3, 8, 3], "target": 24}
-        )["reward"]
-        == 1.0
-    )
-    assert _evaluate_equation("1 / 0") is None and _evaluate_equation("2 x 3") is None
+    gt = {"numbers": [8, 3, 8, 3], "target": 24}
+    assert countdown_reward_fn("<answer>8 / (3 - 8 / 3)</answer>", gt)["reward"] == 1.0
+    assert _evaluate_equation("1 / 0") is None
+    assert _evaluate_equation("2 x 3") is None
 
 
-# ----------------------------------------------------------------------------- fixed defects (each failed before)
+# ----------------------------------------------------------------------------- fixed defects
+# each of these failed before its fix
 FIXED = [  # (reward name, response, ground truth, reward)
     ("r1_zero", R1("\\neg 5"), "5", 0.0),  # 16.4: math-verify dropped the negation
     ("r1_zero", R1("5 \\lor 6"), "6", 0.0),  # 16.4: ... and kept the last disjunct
@@ -218,12 +204,12 @@ FIXED = [  # (reward name, response, ground truth, reward)
     ("gsm8k", "<answer>1,0</answer>", "10", 0.0),  # 16.4: "1,0" is no thousands-separated number
     ("gsm8k", "<answer>12,34</answer>", "1234", 0.0),
     ("gsm8k", "<answer>1,234,567</answer>", "1234567", 1.0),
-    (
+    (  # 14.10
         "countdown",
         "<answer>Step 1: 3 / 2 = 3/2\nStep 2: 3/2 * 4 = 6</answer>",
         {"numbers": [3, 2, 4], "target": 6},
         1.0,
-    ),  # 14.10
+    ),
     (
         "countdown",
         "<answer>Step 1: 3 / 2 = 1.5\nStep 2: 4 * 1.5 = 6</answer>",
@@ -236,47 +222,38 @@ FIXED = [  # (reward name, response, ground truth, reward)
         {"numbers": [4, 3, 6, 2], "target": 9},
         1.0,
     ),
-    (
+    (  # reused
         "countdown",
         "<answer>Step 1: 3 / 2 = 3/2\nStep 2: 3/2 * 3/2 = 9/4</answer>",
         {"numbers": [3, 2], "target": "9/4"},
         0.1,
-    ),  # reused
+    ),
     (
         "countdown",
         "<answer>Step 1: 3 / 2 = 1.4\nStep 2: 1.4 * 4 = 5.6</answer>",
         {"numbers": [3, 2, 4], "target": "28/5"},
         0.1,
     ),
-    (
-        "countdown",
-        "<answer>03*5+7</answer>",
-        {"numbers": [3, 5, 7], "target": 22},
-        1.0,
-    ),  # 16.4: 03 reads as 3
+    ("countdown", "<answer>03*5+7</answer>", {"numbers": [3, 5, 7], "target": 22}, 1.0),  # 03 is 3
     ("countdown", "<answer>(1 + 2)\n/ 3</answer>", CD, 1.0),  # 16.4: a newline inside
     ("countdown", "<answer>\n(1 + 2)\n/ 3\n= 1\n</answer>", CD, 1.0),
-    (
-        "countdown",
-        "<answer>Step 1: 1 + 2 = 3\nStep 2: 3 / 3 = 1.</answer>",
-        CD,
-        1.0,
-    ),  # a closing period
+    ("countdown", "<answer>Step 1: 1 + 2 = 3\nStep 2: 3 / 3 = 1.</answer>", CD, 1.0),  # a period
     ("countdown_subset", "<answer>3 - 2</answer>", CD, 1.0),  # 15.7: seed 002's rule
     ("countdown_subset", "<answer>3 - 3 + 1</answer>", CD, 0.1),
-    (
+    (  # not 6/1 .5
         "countdown",
         "<answer>Step 1: 3 / 2 = 1.5\nStep 2: 6 / 1.5 = 4</answer>",
         {"numbers": [3, 2, 6], "target": 4},
         1.0,
-    ),  # not 6/1 .5
+    ),
     (
         "countdown",
         "<answer>Step 1: 3 / 2 = 1.5\nStep 2: 6 / 1.5 = 6</answer>",
         {"numbers": [3, 2, 6], "target": 6},
         0.1,
     ),
-    # 16: operators math-verify reads as their last operand (set operations, relations, a lone bar, logic symbols/words)
+    # 16: operators math-verify reads as their last operand (set operations, relations, a lone
+    # bar, logic symbols and words)
     ("r1_zero", R1("5 ∨ 6"), "6", 0.0),
     ("question_only", "\\boxed{5 ∧ 6}", "6", 0.0),
     ("r1_zero", R1("5 \\mid 6"), "6", 0.0),
@@ -292,73 +269,65 @@ FIXED = [  # (reward name, response, ground truth, reward)
     ("question_only", "\\boxed{(-\\infty, 2] \\cup (3, 5)}", "(-\\infty,2]\\cup(3,5)", 1.0),
     ("question_only", "\\boxed{[1, 2] \\cup [3, 4]}", "[3,4] \\cup [1,2]", 1.0),
     ("question_only", "\\boxed{x \\in [2, 5)}", "[2,5)", 1.0),
-    (
+    (  # ∪ is \cup
         "question_only",
         "\\boxed{(-\\infty, 2) ∪ (3, \\infty)}",
         "(-\\infty,2)\\cup(3,\\infty)",
         1.0,
-    ),  # ∪ is \cup
+    ),
     ("question_only", "\\boxed{5 ∪ 6}", "6", 0.0),
     ("question_only", "\\boxed{5 ∩ 6}", "6", 0.0),
-    (
-        "question_only",
-        "\\boxed{\\{x \\mid x > 2\\}}",
-        "\\{x | x > 2\\}",
-        1.0,
-    ),  # \mid is the bar of set-builder notation
+    # \mid is the bar of set-builder notation
+    ("question_only", "\\boxed{\\{x \\mid x > 2\\}}", "\\{x | x > 2\\}", 1.0),
 ]
 
 
 @pytest.mark.parametrize("name,response,gt,reward", FIXED)
 def test_fixed_defects(name, response, gt, reward):
     v = REWARD_FNS[name](response, gt)
-    assert v["reward"] == reward and v["answer_reward"] == float(reward == 1.0)
+    assert v["reward"] == reward
+    assert v["answer_reward"] == float(reward == 1.0)
 
 
 def test_seed_002_rule_as_countdown_subset():
     """Seed 002 §1.2-1.3 with its own spellings: the helpers by keyword, its reward examples."""
-    assert (
-        _validate_numbers(equation_str="(64 + 14) - 16", available_numbers=[64, 14, 16, 7]) is True
-    )
+    valid = _validate_numbers(equation_str="(64 + 14) - 16", available_numbers=[64, 14, 16, 7])
+    assert valid is True
     assert _validate_numbers(equation_str=(7 + 7) + 7, available_numbers=[7, 7, 65]) is False
     assert _validate_numbers(equation_str="10 + 9", available_numbers=[10, 8, 2]) is False
     assert _evaluate_equation(equation_str="(65 - 7) - 7") == 51.0
-    assert (
-        _evaluate_equation("2(3)") is None and _evaluate_equation("2 × 3") is None
-    )  # implicit mult., unicode
-    assert (
-        grader._extract_answer("<answer>1</answer> ... <answer> (79 - (60 - 17)) </answer>")
-        == "(79 - (60 - 17))"
-    )
-    reward_fn = lambda g, t: REWARD_FNS["countdown_subset"](g, t)["reward"]  # noqa: E731  (the seed returns a float)
+    assert _evaluate_equation("2(3)") is None  # implicit multiplication
+    assert _evaluate_equation("2 × 3") is None  # a unicode operator
+    answer = grader._extract_answer("<answer>1</answer> ... <answer> (79 - (60 - 17)) </answer>")
+    assert answer == "(79 - (60 - 17))"
+
+    def reward_fn(g, t):  # the seed returns a float
+        return REWARD_FNS["countdown_subset"](g, t)["reward"]
+
     ground_truth = {"numbers": [79, 17, 60], "target": 36}
     assert reward_fn("...thinking... <answer>(79 - (60 - 17))</answer>", ground_truth) == 1.0
     assert reward_fn("...thinking...<answer>(79 + 60) + 17</answer>", ground_truth) == 0.1
     assert reward_fn("...thinking...The final answer is 62.", ground_truth) == 0.0
     assert reward_fn("<answer>79 - 60 + 17</answer>", ground_truth) == 1.0
     assert reward_fn("<answer>79 - 43</answer>", ground_truth) == 0.1  # 43 is not available
-    assert (
-        REWARD_FNS["countdown"](
-            "<answer>(64 + 14) - 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62}
-        )["reward"]
-        == 0.1
-    )
-    assert (
-        reward_fn("<answer>(64 + 14) - 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62})
-        == 1.0
-    )
+    subset = {"numbers": [64, 14, 16, 7], "target": 62}  # 7 is left unused
+    assert REWARD_FNS["countdown"]("<answer>(64 + 14) - 16</answer>", subset)["reward"] == 0.1
+    assert reward_fn("<answer>(64 + 14) - 16</answer>", subset) == 1.0
 
 
 @pytest.mark.parametrize("rule", ["seed's reward_fn", "countdown (all numbers)"])
 def test_seed_002_reward_fn_verbatim(rule):
-    """Seed 002 §1.3's reward_fn, under its name and signature (a float, the subset rule), with the seed's asserts;
-    our default Countdown reward passes them too."""
+    """Seed 002 §1.3's reward_fn, under its name and signature (a float, the subset rule), with the
+    seed's asserts; our default Countdown reward passes them too."""
     from grader import reward_fn as seed_fn
 
-    ours = lambda generated_text, ground_truth: countdown_reward_fn(generated_text, ground_truth)[
-        "reward"
-    ]  # noqa: E731
-    reward_fn = seed_fn if rule == "seed's reward_fn" else ours
+    def ours(generated_text, ground_truth):
+        return countdown_reward_fn(generated_text, ground_truth)["reward"]
+
+    if rule == "seed's reward_fn":
+        reward_fn = seed_fn
+    else:
+        reward_fn = ours
     numbers = [79, 17, 60]
     target = 36
     ground_truth = {"numbers": numbers, "target": target}
@@ -371,16 +340,17 @@ def test_seed_002_reward_fn_verbatim(rule):
     # Example 3: No Answer Tag (Failed Format, R = 0.0)
     rollout = "...thinking...The final answer is 62."
     assert reward_fn(rollout, ground_truth) == 0.0
-    assert (
-        reward_fn(generated_text="<answer>79 - 43</answer>", ground_truth=ground_truth) == 0.1
-    )  # the seed's keywords
+    # the seed's keywords
+    assert reward_fn(generated_text="<answer>79 - 43</answer>", ground_truth=ground_truth) == 0.1
     assert type(reward_fn(rollout, ground_truth)) is float
     subset = reward_fn(
         "<answer>(64 + 14) - 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62}
     )
-    assert subset == (
-        1.0 if rule == "seed's reward_fn" else 0.1
-    )  # a subset: the seed's rule, or ours
+    # numbers left unused: right under the seed's rule, wrong under ours
+    if rule == "seed's reward_fn":
+        assert subset == 1.0
+    else:
+        assert subset == 0.1
 
 
 def test_bad_inputs_raise_clearly():
@@ -428,15 +398,18 @@ def test_adversarial_inputs_are_fast(name):
     fn = REWARD_FNS[name]
     fn(R1("x^2+1"), _gt_for(name))  # one-time sympy warm-up is not part of any verdict's bound
     for a in ADVERSARIAL:
-        for resp in (
+        responses = [
             R1(a),
             a,
             "Therefore, the final answer is: $\\boxed{" + a + "}$",
             "<answer>" + a + "</answer>" * 3,
-        ):
+        ]
+        for resp in responses:
             t = time.monotonic()
             v = fn(resp, _gt_for(name))
-            assert set(v) == KEYS and time.monotonic() - t <= 1.2, (name, a[:40])
+            elapsed = time.monotonic() - t
+            assert set(v) == KEYS, (name, a[:40])
+            assert elapsed <= 1.2, (name, a[:40])
 
 
 FRAGMENTS = [
@@ -488,8 +461,10 @@ def test_fuzz_no_exception_right_keys_bounded(parts, name):
     resp = "".join(parts)
     t = time.monotonic()
     v = REWARD_FNS[name](resp, _gt_for(name))
-    assert set(v) == KEYS and all(isinstance(x, float) for x in v.values())
-    assert time.monotonic() - t <= 1.2
+    elapsed = time.monotonic() - t
+    assert set(v) == KEYS
+    assert all(isinstance(x, float) for x in v.values())
+    assert elapsed <= 1.2
 
 
 def test_alarm_stops_sympy_and_leaks_nothing(monkeypatch):
@@ -510,46 +485,57 @@ def test_grade_batch_order_threads_and_stuck_helper():
     serial = [r1_zero_reward_fn(r, g) for r, g in zip(resps, gts)]
     assert grade_batch(r1_zero_reward_fn, resps, gts, workers=2) == serial
     assert grade_batch(r1_zero_reward_fn, resps, gts, workers=0) == serial
-    assert (
-        grade_batch(lambda r, g: r1_zero_reward_fn(r, g), resps[:3], gts[:3], workers=2)
-        == serial[:3]
-    )
-    out = []  # from a non-main thread (e.g. a Ray actor's worker thread)
-    th = threading.Thread(
-        target=lambda: out.append(grade_batch(r1_zero_reward_fn, resps, gts, workers=2))
-    )
-    th.start(), th.join(60)
+
+    def not_picklable(r, g):  # a local function: graded here, not in the pool
+        return r1_zero_reward_fn(r, g)
+
+    assert grade_batch(not_picklable, resps[:3], gts[:3], workers=2) == serial[:3]
+    out = []
+
+    def grade_in_thread():  # from a non-main thread (e.g. a Ray actor's worker thread)
+        out.append(grade_batch(r1_zero_reward_fn, resps, gts, workers=2))
+
+    th = threading.Thread(target=grade_in_thread)
+    th.start()
+    th.join(60)
     assert out == [serial]
-    # single verdicts from a thread run sympy in a pool worker
-    th = threading.Thread(
-        target=lambda: out.append(
-            (grader.math_equal("(y+1)^2", "y^2+2y+1"), grader.math_equal("y^3", "y^2"))
-        )
-    )
-    th.start(), th.join(60)
+
+    def verdicts_in_thread():  # single verdicts from a thread run sympy in a pool worker
+        equal = grader.math_equal("(y+1)^2", "y^2+2y+1")
+        not_equal = grader.math_equal("y^3", "y^2")
+        out.append((equal, not_equal))
+
+    th = threading.Thread(target=verdicts_in_thread)
+    th.start()
+    th.join(60)
     assert out[-1] == (True, False)
-    # a worker stuck in C code (no signal can interrupt pow) is killed; its item gets the zero verdict
+    # a worker stuck in C code (no signal can interrupt pow) is killed; its item gets the zero
+    # verdict
     t = time.monotonic()
     res = grade_batch(pow, [2, 3, 5, 7], [3, 10**8, 2, 2], workers=2)
-    assert res == [8, grader.ZERO, 25, 49] and time.monotonic() - t < 10
+    elapsed = time.monotonic() - t
+    assert res == [8, grader.ZERO, 25, 49]
+    assert elapsed < 10
     with pytest.raises(ValueError, match="grading item 1: ValueError: ground truth must be"):
         grade_batch(r1_zero_reward_fn, [R1("1")] * 2, ["1", {"bad": 1}], workers=1)
     assert grade_batch(r1_zero_reward_fn, resps, gts, workers=2) == serial  # the pool recovered
 
 
 def test_grade_batch_stuck_item_inside_a_chunk():
-    """A chunk that hits the time limit is graded again item by item: only the stuck item gets ZERO."""
-    bases, exps = list(range(16)), [2] * 16
-    bases[5], exps[5] = 3, 10**8
+    """A chunk that hits the time limit is graded again item by item: only the stuck item gets
+    ZERO."""
+    bases = list(range(16))
+    exps = [2] * 16
+    bases[5] = 3
+    exps[5] = 10**8  # stuck
     res = grade_batch(pow, bases, exps, workers=2)  # chunks of 2
-    assert res[5] == grader.ZERO and res[:5] + res[6:] == [b * b for b in bases[:5] + bases[6:]]
+    assert res[5] == grader.ZERO
+    assert res[:5] + res[6:] == [b * b for b in bases[:5] + bases[6:]]
 
 
 def test_grade_batch_in_a_daemonic_process():
-    """multiprocessing refuses children to a daemonic process (a Pool worker, a DataLoader worker) by default."""
+    """multiprocessing refuses children to a daemonic process (a Pool worker, a DataLoader worker)
+    by default."""
     with multiprocessing.get_context("spawn").Pool(1) as daemonic:
-        assert daemonic.apply(grade_batch, (pow, [2, 3, 5], [3, 10**8, 2]), {"workers": 1}) == [
-            8,
-            grader.ZERO,
-            25,
-        ]
+        res = daemonic.apply(grade_batch, (pow, [2, 3, 5], [3, 10**8, 2]), {"workers": 1})
+        assert res == [8, grader.ZERO, 25]

@@ -1,4 +1,5 @@
-"""plot.py: the dashboard of synthetic metrics.jsonl files shaped like grpo.py's and sft.py's rows (no model)."""
+"""plot.py: the dashboard of synthetic metrics.jsonl files shaped like grpo.py's and sft.py's rows
+(no model)."""
 
 import json
 import math
@@ -15,8 +16,10 @@ ALL_PANELS = [t for t, _, _ in plot.PANELS] + ["time split (total seconds)"]
 
 
 def grpo_rows(n_steps=4, opt_per_step=2, kl=True):
-    """grpo.py's layout: opt_per_step train rows per rollout step (rollout values repeated), eval every 2 steps."""
-    rows, opt = [], 0
+    """grpo.py's layout: opt_per_step train rows per rollout step (rollout values repeated), eval
+    every 2 steps."""
+    rows = []
+    opt = 0  # optimizer steps so far
     for s in range(n_steps):
         common = {
             "train/reward": 0.1 * s,
@@ -32,11 +35,8 @@ def grpo_rows(n_steps=4, opt_per_step=2, kl=True):
             "time/weight_sync": 0.1,
             "time/step": 3.85,
         }
-        common |= (
-            {"train/kl_ref": 0.01 * s, "train/kl_prev": 0.001, "train/mismatch_kl": 1e-6}
-            if kl
-            else {}
-        )
+        if kl:
+            common |= {"train/kl_ref": 0.01 * s, "train/kl_prev": 0.001, "train/mismatch_kl": 1e-6}
         for e in range(opt_per_step):
             opt += 1
             rows.append(
@@ -107,9 +107,8 @@ def write_run(path, rows, tail=""):
 
 
 def panels(fig):
-    return {
-        ax.get_title(): ax for ax in fig.axes if ax.get_title()
-    }  # a right-hand y axis has no title
+    """{title: axes}; a right-hand y axis has no title."""
+    return {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
 
 
 def test_series_averages_rows_sharing_x_and_skips_nan_none():
@@ -131,30 +130,24 @@ def test_grpo_run_writes_one_dashboard_with_every_panel(tmp_path):
     out = plot.plot_runs([run], os.path.join(run, "dashboard.png"))
     assert out == os.path.join(run, "dashboard.png")
     with open(out, "rb") as f:
-        assert f.read(8) == b"\x89PNG\r\n\x1a\n" and os.path.getsize(out) > 10_000
-    assert sorted(os.listdir(run)) == [
-        "dashboard.png",
-        "metrics.jsonl",
-    ]  # no tmp file left, no other PNGs
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert os.path.getsize(out) > 10_000
+    # no tmp file left, no other PNGs
+    assert sorted(os.listdir(run)) == ["dashboard.png", "metrics.jsonl"]
     fig = plot.build_figure([run])
-    assert (
-        list(panels(fig)) == ALL_PANELS and len(fig.axes) == len(ALL_PANELS) + 1
-    )  # + the truncation axis
+    assert list(panels(fig)) == ALL_PANELS
+    assert len(fig.axes) == len(ALL_PANELS) + 1  # + the truncation axis
     length = panels(fig)["response length (tokens) / truncation"]
     twin = next(ax for ax in fig.axes if not ax.get_title())
-    assert len(length.lines) == 2 and {line.get_label() for line in twin.lines} == {
-        "grpo_a train/truncation_rate",
-        "grpo_a eval/truncation_rate",
-    }
+    assert len(length.lines) == 2
+    right_labels = {line.get_label() for line in twin.lines}
+    assert right_labels == {"grpo_a train/truncation_rate", "grpo_a eval/truncation_rate"}
     loss = panels(fig)["loss"].lines
-    assert len(loss) == 1 and list(loss[0].get_ydata()) == [
-        0.5,
-        1.5,
-        2.5,
-        3.5,
-    ]  # 2 optimizer steps averaged
+    assert len(loss) == 1
+    assert list(loss[0].get_ydata()) == [0.5, 1.5, 2.5, 3.5]  # 2 optimizer steps averaged
     val = panels(fig)["validation (greedy)"].lines
-    assert all(line.get_marker() == "o" for line in val) and list(val[0].get_xdata()) == [0, 2]
+    assert all(line.get_marker() == "o" for line in val)
+    assert list(val[0].get_xdata()) == [0, 2]
     assert "grpo_a | step 3 | val acc 0.200 -> 0.400" in fig.legends[0].get_texts()[0].get_text()
 
 
@@ -165,12 +158,10 @@ def test_x_opt_step_keeps_every_optimizer_step(tmp_path):
 
 def test_time_split_counts_a_rollout_step_once():
     split = plot.time_split(grpo_rows(n_steps=4, opt_per_step=2))
-    assert (
-        split["time/generation"] == 4.0 and split["time/training"] == 8.0
-    )  # not x2 for the 2 rows per step
-    assert (
-        split["time/eval"] == 6.0 and "time/step" not in split
-    )  # time/step is the sum: not a phase
+    assert split["time/generation"] == 4.0  # not x2 for the 2 rows per step
+    assert split["time/training"] == 8.0
+    assert split["time/eval"] == 6.0
+    assert "time/step" not in split  # time/step is the sum: not a phase
     assert plot.time_split(sft_rows()) == {
         "time/step": 2.0,
         "time/weight_sync": 0.5,
@@ -201,28 +192,21 @@ def test_overlay_two_runs_skips_a_missing_key_for_that_run_only(tmp_path):
     p = panels(fig)
     assert list(p) == ALL_PANELS
     kl = p["KL to reference / previous policy"].lines
-    assert {line.get_label() for line in kl} == {
-        "a train/kl_ref",
-        "a train/kl_prev",
-    }  # run b logs no KL
-    assert [line.get_label() for line in p["KL engine vs trainer (mismatch)"].lines] == [
-        "a train/mismatch_kl"
-    ]
+    assert {line.get_label() for line in kl} == {"a train/kl_ref", "a train/kl_prev"}  # b has no KL
+    mismatch = p["KL engine vs trainer (mismatch)"].lines
+    assert [line.get_label() for line in mismatch] == ["a train/mismatch_kl"]
     reward = p["train reward"].lines
-    assert len(reward) == 6 and {line.get_color() for line in reward} == {
-        "C0",
-        "C1",
-    }  # colour = run
+    assert len(reward) == 6
+    assert {line.get_color() for line in reward} == {"C0", "C1"}  # colour = run
     assert [t.get_text().split(" |")[0] for t in fig.legends[0].get_texts()] == ["a", "b"]
-    assert [t.get_text() for t in p["time split (total seconds)"].get_yticklabels()] == ["a", "b"]
+    ticks = p["time split (total seconds)"].get_yticklabels()
+    assert [t.get_text() for t in ticks] == ["a", "b"]
     assert os.path.getsize(plot.plot_runs([a, b], str(tmp_path / "plots" / "ab.png"))) > 10_000
 
 
 def test_same_base_names_are_told_apart_by_path(tmp_path):
-    a, b = (
-        write_run(tmp_path / "x" / "run", sft_rows()),
-        write_run(tmp_path / "y" / "run", sft_rows()),
-    )
+    a = write_run(tmp_path / "x" / "run", sft_rows())
+    b = write_run(tmp_path / "y" / "run", sft_rows())
     assert [n for n, _ in plot.load_runs([a, b])] == [os.path.normpath(a), os.path.normpath(b)]
 
 
@@ -232,9 +216,7 @@ def test_truncated_last_line_is_dropped(tmp_path, capsys):
     )
     fig = plot.build_figure([run])
     assert max(panels(fig)["loss"].lines[0].get_xdata()) == 1
-    assert os.path.exists(
-        plot.plot_runs([run], run)
-    )  # a directory as out_path: <run>/dashboard.png
+    assert os.path.exists(plot.plot_runs([run], run))  # a directory as out_path
     assert os.path.exists(os.path.join(run, "dashboard.png"))
 
 
@@ -257,11 +239,13 @@ def cli(*argv):
 
 
 def test_cli_overlays_runs(tmp_path):
-    a, b = write_run(tmp_path / "a", grpo_rows()), write_run(tmp_path / "b", grpo_rows(n_steps=2))
+    a = write_run(tmp_path / "a", grpo_rows())
+    b = write_run(tmp_path / "b", grpo_rows(n_steps=2))
     out = tmp_path / "plots" / "sweep.png"
     proc = cli(a, b, "--out", str(out), "--x", "time/wall")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == str(out) and out.stat().st_size > 10_000
+    assert proc.stdout.strip() == str(out)
+    assert out.stat().st_size > 10_000
 
 
 @pytest.mark.parametrize(
@@ -275,19 +259,18 @@ def test_cli_overlays_runs(tmp_path):
 def test_cli_bad_input_is_one_line(tmp_path, argv, message):
     sft = write_run(tmp_path / "sft", sft_rows())
     proc = cli(*[s.format(tmp=tmp_path, sft=sft) for s in argv], "--out", str(tmp_path / "x.png"))
-    assert proc.returncode == 2 and message in proc.stderr
-    assert proc.stderr.startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert proc.stderr.startswith("error: ")
+    assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.png").exists()
 
 
 def test_nan_rows_do_not_break_a_panel(tmp_path):
     rows = grpo_rows(n_steps=2)
-    rows[0]["train/entropy"], rows[1]["train/entropy"] = (
-        float("nan"),
-        None,
-    )  # step 0 has no finite entropy
+    rows[0]["train/entropy"] = float("nan")  # step 0 has no finite entropy
+    rows[1]["train/entropy"] = None
     fig = plot.build_figure([write_run(tmp_path / "a", rows)])
-    ys = panels(fig)["token entropy"].lines[0].get_ydata()
-    assert list(panels(fig)["token entropy"].lines[0].get_xdata()) == [1] and not any(
-        map(math.isnan, ys)
-    )
+    entropy = panels(fig)["token entropy"].lines[0]
+    assert list(entropy.get_xdata()) == [1]
+    assert not any(map(math.isnan, entropy.get_ydata()))
