@@ -1,7 +1,22 @@
-"""What every root script shares: a bad value, path or size is one line on stderr ("error: ...", exit 2) before anything
-loads (Parser, check, typed flags, model dirs, hub ids), and no run loses or mixes data (--dry-run, --resume with the
-saved flags, run dirs claimed once, checkpoints swapped in whole, metrics.jsonl rows); plus the validation every trainer
-logs, precision (fp32 master weights + bf16 autocast, the one-GPU engine share) and a Ctrl-C that finishes the step."""
+"""What every root script shares, so that a bad input fails fast and no run loses or mixes data.
+
+- One-line errors: a bad value, path or size is one line on stderr ("error: ...", exit code 2)
+  before anything loads: `Parser`, `fail`, `check`, the typed flags (`positive_int`, ...), model
+  directories (`check_model_dir`) and hub ids (`check_hub_ids`).
+- Runs: `--dry-run` prints the effective flags; `--resume RUN` restores the run's saved flags
+  (`resume_from`); a run directory is claimed once (`claim_run_dir`); checkpoints are swapped in
+  whole (`save_checkpoint`), so a crash leaves one complete copy; metrics.jsonl rows are appended
+  one at a time and cut back to the checkpoint on resume (`restore_checkpoint`).
+- The validation every trainer logs (`greedy_eval`), precision (fp32 master weights + bf16
+  autocast, `resolve_precision`), the GPU share of a vLLM engine next to the policy
+  (`engine_share`), and a Ctrl-C that finishes the step before it stops (`finish_then_interrupt`).
+
+Not a script: the root scripts import it, e.g.
+
+    args = Parser(description="...").parse_args(argv)
+    check(args.batch_size % args.group_size == 0, "--batch-size must be a multiple of --group-size")
+    claim_run_dir(args.out, args.resume)
+"""
 
 import argparse
 import contextlib
@@ -39,24 +54,51 @@ def attempt(fn, *a, what=None, **kw):
     try:
         return fn(*a, **kw)
     except ValueError as e:
-        fail(f"{what}: {e}" if what else str(e))
+        message = str(e)
+        if what:
+            message = f"{what}: {e}"
+        fail(message)
 
 
 def check(cond, message):
-    """A derived-size / consistency check with a message naming the fix (not assert: survives python -O)."""
+    """A derived-size or consistency check whose message names the fix.
+
+    Not assert: it survives python -O.
+    """
     if not cond:
         fail(message)
 
 
 def _typed(name, convert, ok, what):
+    """An argparse type: convert(s), accepted when ok(value) holds, else "'s' is not <what>"."""
+
     def parse(s):
-        with contextlib.suppress(TypeError, ValueError):
-            if ok(v := convert(s)):
-                return v
+        try:
+            value = convert(s)
+            accepted = ok(value)
+        except (TypeError, ValueError):
+            accepted = False
+        if accepted:
+            return value
         raise argparse.ArgumentTypeError(f"{s!r} is not {what}")
 
     parse.__name__ = name  # argparse names the type in its message
     return parse
+
+
+def _writable_file_path(s):
+    """Not a directory, and its directory exists and is writable (checked before any work)."""
+    if os.path.isdir(s):
+        return False
+    return os.access(os.path.dirname(os.path.abspath(s)), os.W_OK)
+
+
+def _comma_ints(s):
+    return [int(x) for x in str(s).split(",")]
+
+
+def _all_positive(values):
+    return values and all(x > 0 for x in values)
 
 
 positive_int = _typed("positive_int", int, lambda v: v > 0, "an integer > 0")
@@ -70,77 +112,77 @@ nonneg_float = _typed(
 probability = _typed("probability", float, lambda v: 0 < v <= 1, "a probability in (0, 1]")
 fraction = _typed("fraction", float, lambda v: 0 <= v <= 1, "a fraction in [0, 1]")
 output_file = _typed(
-    "output_file",
-    str,
-    lambda s: (
-        not os.path.isdir(s)
-        and os.access(  # checked before any work
-            os.path.dirname(os.path.abspath(s)), os.W_OK
-        )
-    ),
-    "a file path in an existing, writable directory",
+    "output_file", str, _writable_file_path, "a file path in an existing, writable directory"
 )
 int_list = _typed(
-    "int_list",
-    lambda s: [int(x) for x in str(s).split(",")],
-    lambda v: v and all(x > 0 for x in v),
-    "a comma list of integers > 0 (e.g. 256,512,1024)",
+    "int_list", _comma_ints, _all_positive, "a comma list of integers > 0 (e.g. 256,512,1024)"
 )
 
 
 def existing_file(s):
     """argparse type: a readable, non-empty regular file."""
-    problem = (
-        "no such file"
-        if not os.path.exists(s)
-        else "is a directory, expected a file"
-        if not os.path.isfile(s)
-        else "file is empty"
-        if os.path.getsize(s) == 0
-        else None
-    )
-    if problem:
-        raise argparse.ArgumentTypeError(f"{s}: {problem}")
+    if not os.path.exists(s):
+        raise argparse.ArgumentTypeError(f"{s}: no such file")
+    if not os.path.isfile(s):
+        raise argparse.ArgumentTypeError(f"{s}: is a directory, expected a file")
+    if os.path.getsize(s) == 0:
+        raise argparse.ArgumentTypeError(f"{s}: file is empty")
     return s
 
 
 def data_path(s):
-    """argparse type for a task's data: "synthetic" (data.py's Countdown generator) or a non-empty file."""
-    return s if s == "synthetic" else existing_file(s)
+    """argparse type for a task's data: "synthetic" (data.py's Countdown generator) or a non-empty
+    file."""
+    if s == "synthetic":
+        return s
+    return existing_file(s)
 
 
-_HUB_IDS = {}  # flag -> hub id, checked when a run starts (claim_run_dir): a dry run or a bad flag needs no network
+# flag -> hub id, checked when a run starts (claim_run_dir): a dry run or a bad flag needs no
+# network
+_HUB_IDS = {}
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".safetensors.index.json")
+_TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model"}
+
+
+def _is_local_path(path):
+    """A path that exists, is absolute, starts with . or ~, or whose parent directory exists."""
+    if os.path.exists(path) or os.path.isabs(path):
+        return True
+    if path.startswith((".", "~")):
+        return True
+    return os.path.isdir(os.path.dirname(path) or ".")
 
 
 def check_model_dir(path, flag="--model"):
-    """A local model directory must be loadable: config.json naming a model_type, weights and a tokenizer. A hub id
-    (not local: a path that exists, is absolute, starts with ./ or ~/, or whose parent exists) waits: check_hub_ids."""
-    if not (
-        os.path.exists(path)
-        or os.path.isabs(path)
-        or path.startswith((".", "~"))
-        or os.path.isdir(os.path.dirname(path) or ".")
-    ):
+    """A local model directory must be loadable: config.json naming a model_type, weights and a
+    tokenizer. A hub id (anything that is not a local path, see _is_local_path) waits for
+    check_hub_ids."""
+    if not _is_local_path(path):
         _HUB_IDS[flag] = path
         return path
     _HUB_IDS.pop(flag, None)
     p = os.path.expanduser(path)
     if not os.path.isdir(p):
         fail(
-            f"{flag} {path}: no such directory (pass a model directory or a hub id like Qwen/Qwen2.5-Math-1.5B)"
+            f"{flag} {path}: no such directory "
+            f"(pass a model directory or a hub id like Qwen/Qwen2.5-Math-1.5B)"
         )
-    files, config = set(os.listdir(p)), os.path.join(p, "config.json")
+    files = set(os.listdir(p))
+    config = os.path.join(p, "config.json")
     if "config.json" not in files:
         fail(f"{flag} {path}: no config.json there; this is not a model directory")
-    if not any(
-        f.endswith((".safetensors", ".bin")) or f.endswith(".safetensors.index.json") for f in files
-    ):
+    weights = [f for f in files if f.endswith(_WEIGHT_SUFFIXES)]
+    if not weights:
         fail(
-            f"{flag} {path}: no weights (model.safetensors or pytorch_model.bin) — a broken or half-written checkpoint"
+            f"{flag} {path}: no weights (model.safetensors or pytorch_model.bin) "
+            f"— a broken or half-written checkpoint"
         )
-    if not files & {"tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model"}:
+    if not files & _TOKENIZER_FILES:
         fail(
-            f"{flag} {path}: no tokenizer files (tokenizer.json / tokenizer_config.json) next to the weights"
+            f"{flag} {path}: no tokenizer files (tokenizer.json / tokenizer_config.json) "
+            f"next to the weights"
         )
     check(
         read_json(config, "model_type"), f"{flag} {path}: {config} is not JSON naming a model_type"
@@ -149,57 +191,69 @@ def check_model_dir(path, flag="--model"):
 
 
 def check_hub_ids():
-    """Each hub id check_model_dir saw is in the local hub cache (offline use works) or served by the hub: one request,
-    no retries (online, an uncached model still downloads at load). Else one line now, not a traceback 30 s later."""
+    """Each hub id check_model_dir saw is in the local hub cache (offline use works) or served by
+    the hub: one request, no retries (online, an uncached model still downloads when it loads).
+    Else one line now, not a traceback 30 s later."""
     for flag, repo in list(_HUB_IDS.items()):
         from huggingface_hub import HfApi, try_to_load_from_cache
 
         del _HUB_IDS[flag]
         try:
-            if not isinstance(try_to_load_from_cache(repo, "config.json"), str):
-                HfApi().model_info(
-                    repo, timeout=10
-                )  # private / gated: needs `hf auth login`, as its load would
-        except (
-            Exception
-        ) as e:  # network, HTTP, offline-mode and id errors alike: one line, not swallowed
+            cached = try_to_load_from_cache(repo, "config.json")
+            if not isinstance(cached, str):
+                # private / gated: needs `hf auth login`, as its load would
+                HfApi().model_info(repo, timeout=10)
+        except Exception as e:  # network, HTTP, offline-mode and id errors alike: one line
+            lines = str(e).strip().splitlines()
+            first_line = ""
+            if lines:
+                first_line = lines[0]
             fail(
-                f"{flag} {repo}: not in the local hub cache and the hub does not serve it ({type(e).__name__}: "
-                f"{(str(e).strip().splitlines() or [''])[0][:150]}); pass a model directory or check the id/network"
+                f"{flag} {repo}: not in the local hub cache and the hub does not serve it "
+                f"({type(e).__name__}: {first_line[:150]}); "
+                f"pass a model directory or check the id/network"
             )
 
 
 # ----------------------------------------------------------------------------- resume and dry runs
 def resume_from(parser, argv, args, needs=()):
-    """--resume RUN: the run's complete checkpoint (an interrupted save recovered), checked for the files a
-    model and `needs` (optimizer.pt, ...) need, its saved flags restored into args (given ones override)."""
-    ckpt = find_checkpoint(
-        args.resume, repair=not getattr(args, "dry_run", False)
-    ) or fail(  # a dry run only looks
-        f"--resume {args.resume}: no complete checkpoint there (expected <run>/checkpoint/state.json)"
-    )
+    """--resume RUN: the run's complete checkpoint (an interrupted save recovered), checked for the
+    files a model and `needs` (optimizer.pt, ...) need, its saved flags restored into args (flags
+    given on this command line override them)."""
+    dry = getattr(args, "dry_run", False)
+    ckpt = find_checkpoint(args.resume, repair=not dry)  # a dry run only looks
+    if not ckpt:
+        fail(
+            f"--resume {args.resume}: no complete checkpoint there "
+            f"(expected <run>/checkpoint/state.json)"
+        )
     check_model_dir(ckpt, "--resume")  # a broken checkpoint names its missing file
     for f in needs:
         check(
             os.path.isfile(os.path.join(ckpt, f)),
             f"--resume {ckpt}: {f} is missing (a broken checkpoint)",
         )
-    state = read_json(os.path.join(ckpt, "state.json"), "step") or fail(
-        f"--resume {ckpt}: its state.json is corrupt"
-    )
-    read_metrics(
-        os.path.join(os.path.dirname(ckpt), "metrics.jsonl"), quiet=True
-    )  # a corrupt row: refused now
-    resume_args(parser, argv, args, {**state.get("args", {}), "out": os.path.dirname(ckpt)})
+    state = read_json(os.path.join(ckpt, "state.json"), "step")
+    if not state:
+        fail(f"--resume {ckpt}: its state.json is corrupt")
+    run_dir = os.path.dirname(ckpt)
+    read_metrics(os.path.join(run_dir, "metrics.jsonl"), quiet=True)  # a corrupt row: refused now
+    saved = {**state.get("args", {}), "out": run_dir}
+    resume_args(parser, argv, args, saved)
     args.resume = ckpt
     return args
 
 
 def read_json(path, key):
-    """The JSON object in a file if it parses and holds `key`, else None (missing, unreadable, corrupt or foreign)."""
-    with contextlib.suppress(OSError, ValueError), open(path) as f:
-        if isinstance(obj := json.load(f), dict) and key in obj:
-            return obj
+    """The JSON object in a file if it parses and holds `key`, else None (missing, unreadable,
+    corrupt or foreign)."""
+    try:
+        with open(path) as f:
+            obj = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if isinstance(obj, dict) and key in obj:
+        return obj
     return None
 
 
@@ -217,8 +271,9 @@ def explicit_dests(parser, argv):
 
 
 def resume_args(parser, argv, args, saved, keep=("resume", "dry_run")):
-    """Take every flag of a resumed run from `saved` (its args.json) unless given again on this command
-    line; print the overrides. Keys that are not this parser's flags (derived sizes) are ignored."""
+    """Take every flag of a resumed run from `saved` (its args.json) unless given again on this
+    command line; print the overrides. Keys that are not this parser's flags (derived sizes) are
+    ignored."""
     given = explicit_dests(parser, argv) | set(keep)
     dests = {a.dest for a in parser._actions if a.dest != "help"}
     overrides = []
@@ -227,16 +282,16 @@ def resume_args(parser, argv, args, saved, keep=("resume", "dry_run")):
             setattr(args, k, saved[k])
         elif getattr(args, k) != saved[k]:
             overrides.append(f"{k} {saved[k]!r} -> {getattr(args, k)!r}")
-    print(
-        "resume: restored the run's flags from its checkpoint"
-        + (f"; overriding {', '.join(overrides)}" if overrides else ""),
-        flush=True,
-    )
+    message = "resume: restored the run's flags from its checkpoint"
+    if overrides:
+        message += f"; overriding {', '.join(overrides)}"
+    print(message, flush=True)
     return args
 
 
 def dry_run(args):
-    """Print the effective configuration (argparse destination names as keys) as the last line; exit 0."""
+    """Print the effective configuration (argparse destination names as keys) as the last line;
+    exit 0."""
     print(json.dumps(vars(args), sort_keys=True, default=str), flush=True)
     sys.exit(0)
 
@@ -246,16 +301,19 @@ RUN_MARKERS = ("metrics.jsonl", "checkpoint", "checkpoint.tmp", "checkpoint.old"
 
 
 def claim_run_dir(out, resume=None, flag="--out"):
-    """Refuse an existing run without --resume; create `out` and check it is writable, before any work."""
+    """Refuse an existing run without --resume; create `out` and check it is writable, before any
+    work."""
     check_hub_ids()  # the run starts (a dry run never gets here): the hub ids too
     check(
         not os.path.exists(out) or os.path.isdir(out), f"{flag} {out}: is a file; pass a directory"
     )
-    held = [m for m in RUN_MARKERS if not resume and os.path.exists(os.path.join(out, m))]
+    held = []
+    if not resume:
+        held = [m for m in RUN_MARKERS if os.path.exists(os.path.join(out, m))]
     check(
         not held,
-        f"{flag} {out} already holds a run ({', '.join(held)}); pass --resume {out} to continue it, "
-        f"or choose a new {flag}",
+        f"{flag} {out} already holds a run ({', '.join(held)}); "
+        f"pass --resume {out} to continue it, or choose a new {flag}",
     )
     try:
         os.makedirs(out, exist_ok=True)
@@ -268,46 +326,56 @@ def claim_run_dir(out, resume=None, flag="--out"):
 
 
 def find_checkpoint(path, repair=True):
-    """The complete checkpoint (its dir, or None) of a run or checkpoint dir, recovering an interrupted swap: a copy is
-    complete when its state.json (written last) parses. repair=False (a dry run) only looks: nothing moves."""
+    """The complete checkpoint (its directory, or None) of a run or checkpoint directory.
+
+    An interrupted swap is recovered: a copy is complete when its state.json (written last)
+    parses. repair=False (a dry run) only looks: nothing moves.
+    """
     path = path.rstrip("/")  # a run directory, or its checkpoint directory
-    final = (
-        path
-        if os.path.basename(path).startswith("checkpoint")
-        else os.path.join(path, "checkpoint")
-    )
-    tmp, old = final + ".tmp", final + ".old"
-    if not os.path.exists(
-        os.path.join(final, "state.json")
-    ):  # a corrupt one there: resume_from names it
+    if os.path.basename(path).startswith("checkpoint"):
+        final = path
+    else:
+        final = os.path.join(path, "checkpoint")
+    tmp = final + ".tmp"
+    old = final + ".old"
+    # a corrupt state.json in final itself is not recovered here: resume_from names it
+    if not os.path.exists(os.path.join(final, "state.json")):
+        complete = None
         for cand in (tmp, old):  # tmp is newer than old: prefer it when it was finished
             if read_json(os.path.join(cand, "state.json"), "step"):
-                if not repair:
-                    return cand
-                shutil.rmtree(final, ignore_errors=True)
-                os.replace(cand, final)
-                print(
-                    f"resume: recovered {final} from an interrupted save ({os.path.basename(cand)})",
-                    flush=True,
-                )
+                complete = cand
                 break
-        else:
+        if complete is None:
             return None
-    for leftover in (tmp, old) if repair else ():
-        shutil.rmtree(leftover, ignore_errors=True)
+        if not repair:
+            return complete
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(complete, final)
+        print(
+            f"resume: recovered {final} from an interrupted save ({os.path.basename(complete)})",
+            flush=True,
+        )
+    if repair:
+        for leftover in (tmp, old):
+            shutil.rmtree(leftover, ignore_errors=True)
     return final
 
 
 def save_checkpoint(out_dir, write, marker="state.json", name="checkpoint", keep=()):
-    """Swap out_dir/<name> in whole: write(tmp_dir) fills a fresh tmp dir, `marker` last; checkpoint -> .old, tmp ->
-    checkpoint, .old removed: a crash leaves one complete copy. keep: globs of old files to carry (a model card)."""
+    """Swap out_dir/<name> in whole, so a crash leaves one complete copy.
+
+    write(tmp_dir) fills a fresh tmp directory, `marker` last; then checkpoint -> .old,
+    tmp -> checkpoint, and .old is removed. keep: globs of old files to carry over (a model card).
+    """
     final = os.path.join(out_dir, name)
-    tmp, old = final + ".tmp", final + ".old"
+    tmp = final + ".tmp"
+    old = final + ".old"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         os.makedirs(tmp)
-        for f in (f for pattern in keep for f in glob.glob(os.path.join(final, pattern))):
-            shutil.copy2(f, tmp)
+        for pattern in keep:
+            for f in glob.glob(os.path.join(final, pattern)):
+                shutil.copy2(f, tmp)
         write(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays behind
@@ -323,8 +391,9 @@ def save_checkpoint(out_dir, write, marker="state.json", name="checkpoint", keep
 
 
 def restore_checkpoint(ckpt, out_dir, through_step=False, **objects):
-    """Load each object from ckpt/<name>.pt (optimizer=...), cut out_dir/metrics.jsonl back to the checkpoint (later
-    steps, a truncated last line; through_step keeps its own step: sft.py's numbering). Returns state.json's dict."""
+    """Load each object from ckpt/<name>.pt (optimizer=...) and cut out_dir/metrics.jsonl back to
+    the checkpoint: later steps and a truncated last line go; through_step keeps the checkpoint's
+    own step (sft.py's numbering). Returns state.json's dict."""
     import torch
 
     import data
@@ -332,11 +401,14 @@ def restore_checkpoint(ckpt, out_dir, through_step=False, **objects):
     for name, obj in objects.items():
         obj.load_state_dict(torch.load(os.path.join(ckpt, f"{name}.pt"), map_location="cpu"))
     state = read_json(os.path.join(ckpt, "state.json"), "step")  # resume_from checked it
-    path, s = os.path.join(out_dir, "metrics.jsonl"), state["step"]
-    data.write_jsonl_atomic(
-        path, [r for r in read_metrics(path) if r["step"] < s or through_step and r["step"] == s]
-    )
-    print(f"resumed from {ckpt} at step {s}", flush=True)
+    path = os.path.join(out_dir, "metrics.jsonl")
+    step = state["step"]
+    kept = []
+    for r in read_metrics(path):
+        if r["step"] < step or (through_step and r["step"] == step):
+            kept.append(r)
+    data.write_jsonl_atomic(path, kept)
+    print(f"resumed from {ckpt} at step {step}", flush=True)
     return state
 
 
@@ -348,28 +420,28 @@ def jsonable(d):
 def save_model_checkpoint(
     out_dir, model, tokenizer, args, state, extra=None, name="checkpoint", keep=()
 ):
-    """out_dir/<name>/: HF weights + tokenizer + `extra` torch objects ({"optimizer.pt": ...}) + state.json
-    (the step counters and the run's flags, written last), swapped in whole by save_checkpoint."""
+    """out_dir/<name>/: HF weights + tokenizer + `extra` torch objects ({"optimizer.pt": ...}) +
+    state.json (the step counters and the run's flags, written last), swapped in whole by
+    save_checkpoint."""
     import torch
 
     import data
 
-    def write(
-        tmp,
-    ):  # state.json last and atomically: a crash mid-write leaves no half file that looks complete
+    def write(tmp):
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         for name, obj in (extra or {}).items():
             torch.save(obj, os.path.join(tmp, name))
-        data.write_json_atomic(
-            os.path.join(tmp, "state.json"), {**state, "args": jsonable(vars(args))}
-        )
+        # state.json last and atomically: a crash mid-write leaves no half file that looks complete
+        state_with_args = {**state, "args": jsonable(vars(args))}
+        data.write_json_atomic(os.path.join(tmp, "state.json"), state_with_args)
 
     return save_checkpoint(out_dir, write, name=name, keep=keep)
 
 
 def start_wandb(project, args, axes):
-    """A wandb run (None without a project) with the run's flags, each key pattern on its x-axis (seed 000 §4.3)."""
+    """A wandb run (None without a project) with the run's flags, each key pattern on its x-axis
+    (seed 000 §4.3)."""
     if not project:
         return None
     import wandb
@@ -390,17 +462,22 @@ def log_row(out_dir, row, wandb_run=None):
 
 
 def read_metrics(path, quiet=False):
-    """Rows of a metrics.jsonl; a truncated last line (a crash mid-append) is dropped, said unless quiet."""
+    """Rows of a metrics.jsonl; a truncated last line (a crash mid-append) is dropped, and said
+    unless quiet. A corrupt line before the last is a one-line error."""
     if not os.path.exists(path):
         return []
     with open(path, encoding="utf-8") as f:
-        lines = [(i, line) for i, line in enumerate(f.read().split("\n"), 1) if line.strip()]
+        text = f.read()
+    numbered = []  # (line number, line) of the non-blank lines
+    for i, line in enumerate(text.split("\n"), 1):
+        if line.strip():
+            numbered.append((i, line))
     rows = []
-    for k, (i, line) in enumerate(lines):
+    for k, (i, line) in enumerate(numbered):
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
-            if k < len(lines) - 1:
+            if k < len(numbered) - 1:
                 fail(f"{path}:{i}: corrupt line in the middle of the file; fix or remove it")
             if not quiet:
                 print(f"{path}: dropped a truncated last line (a crash mid-write)", flush=True)
@@ -409,40 +486,44 @@ def read_metrics(path, quiet=False):
 
 # ----------------------------------------------------------------------------- validation
 def greedy_eval(engine, rows, reward, max_tokens, min_tokens=0, workers=None):
-    """The validation every trainer logs: greedy answers to rows' prompts (and "stop" strings) on the engine's weights,
-    graded -> (eval/ metrics, sample rows). eval/accuracy = the fraction with answer reward 1, in every script."""
+    """The validation every trainer logs: greedy answers to the rows' prompts (stopped at their
+    "stop" strings) on the engine's weights, graded -> (eval/ metrics, sample rows).
+    eval/accuracy is the fraction with answer reward 1, in every script."""
     import grader
     import rollout
 
-    outs = [
-        o[0]
-        for o in rollout.generate(
-            engine,
-            [r["prompt"] for r in rows],
-            n=1,
-            temperature=0.0,
-            max_tokens=max_tokens,
-            min_tokens=min_tokens,
-            stop=rows[0]["stop"] if rows else [],
-        )
-    ]
-    gts = [r["ground_truth"] for r in rows]
-    dicts = grader.grade_batch(
-        grader.REWARD_FNS[reward], [o["text"] for o in outs], gts, workers=workers
+    prompts = [r["prompt"] for r in rows]
+    stop = []
+    if rows:
+        stop = rows[0]["stop"]
+    generations = rollout.generate(
+        engine,
+        prompts,
+        n=1,
+        temperature=0.0,
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        stop=stop,
     )
+    outs = [samples[0] for samples in generations]  # n=1: one sample per prompt
+    texts = [o["text"] for o in outs]
+    gts = [r["ground_truth"] for r in rows]
+    dicts = grader.grade_batch(grader.REWARD_FNS[reward], texts, gts, workers=workers)
+
     n = max(len(outs), 1)
-    metrics = {
-        f"eval/{k}": sum(d[k] for d in dicts) / n
-        for k in ("reward", "format_reward", "answer_reward")
-    } | {
-        "eval/accuracy": sum(d["answer_reward"] >= 1 for d in dicts) / n,
-        "eval/response_len": sum(len(o["token_ids"]) for o in outs) / n,
-        "eval/truncation_rate": sum(o["finish_reason"] == "length" for o in outs) / n,
-    }
-    return metrics, [
-        {"split": "eval", "prompt": r["prompt"], "response": o["text"], "ground_truth": g, **d}
-        for r, o, g, d in zip(rows, outs, gts, dicts)
-    ]
+    metrics = {}
+    for k in ("reward", "format_reward", "answer_reward"):
+        metrics[f"eval/{k}"] = sum(d[k] for d in dicts) / n
+    metrics["eval/accuracy"] = sum(1 for d in dicts if d["answer_reward"] >= 1) / n
+    metrics["eval/response_len"] = sum(len(o["token_ids"]) for o in outs) / n
+    metrics["eval/truncation_rate"] = sum(1 for o in outs if o["finish_reason"] == "length") / n
+
+    samples = []
+    for r, o, g, d in zip(rows, outs, gts, dicts):
+        samples.append(
+            {"split": "eval", "prompt": r["prompt"], "response": o["text"], "ground_truth": g, **d}
+        )
+    return metrics, samples
 
 
 # ----------------------------------------------------------------------------- precision
@@ -450,37 +531,59 @@ DTYPES = ("auto", "float32", "bfloat16")
 
 
 def resolve_precision(device, dtype="auto", pure_bf16=False):
-    """(weights' and AdamW's dtype, forward/backward dtype); auto: bf16 compute on CUDA, fp32 on CPU. bf16 keeps fp32
-    master weights (autocast): pure bf16 rounds away updates under half a bf16 step (lr 1e-5: any |w| >~ 0.004)."""
+    """(the weights' and AdamW's dtype, the forward/backward dtype).
+
+    auto: bf16 compute on CUDA, fp32 on CPU. bf16 compute keeps fp32 master weights (autocast):
+    pure bf16 (--pure-bf16) rounds away updates under half a bf16 step (at lr 1e-5: any
+    |w| >~ 0.004).
+    """
     import torch
 
-    compute = (
-        torch.bfloat16
-        if dtype == "bfloat16" or (dtype == "auto" and str(device).startswith("cuda"))
-        else torch.float32
-    )
-    return (compute if pure_bf16 else torch.float32), compute
+    on_cuda = str(device).startswith("cuda")
+    if dtype == "bfloat16" or (dtype == "auto" and on_cuda):
+        compute = torch.bfloat16
+    else:
+        compute = torch.float32
+    if pure_bf16:
+        return compute, compute
+    return torch.float32, compute
+
+
+def _dtype_bytes(dtype):
+    """Bytes per element of a torch dtype or its name ("bfloat16")."""
+    import torch
+
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    return torch.finfo(dtype).bits // 8
 
 
 def engine_share(args, policy=None, extra_models=0):
-    """vLLM's GPU fraction: 0.85 on its own GPU (seed 001) or with no policy beside it; on the policy's GPU what the
-    trainer leaves: weights + AdamW's two moments (+ extra_models frozen copies in the weights' dtype) stay resident,
-    gradients only while training (not with --sleep-engine); activations and the allocator get a 15% margin."""
+    """vLLM's GPU fraction (gpu_memory_utilization).
+
+    0.85 on its own GPU (seed 001) or with no policy beside it. On the policy's GPU, what the
+    trainer leaves: the weights and AdamW's two moments (+ extra_models frozen copies in the
+    weights' dtype) stay resident, gradients only while training (not with --sleep-engine);
+    activations and the allocator get a 15% margin.
+    """
     import torch
 
-    pol, eng = torch.device(args.policy_device), torch.device(args.vllm_device)
-    if policy is None or not (
-        pol.type == eng.type == "cuda" and (pol.index or 0) == (eng.index or 0)
-    ):
+    pol = torch.device(args.policy_device)
+    eng = torch.device(args.vllm_device)
+    if policy is None:
         return 0.85
-    w, c = (
-        torch.finfo(getattr(torch, d) if isinstance(d, str) else d).bits // 8
-        for d in (args.param_dtype, args.compute_dtype)
-    )
+    same_gpu = pol.type == eng.type == "cuda" and (pol.index or 0) == (eng.index or 0)
+    if not same_gpu:
+        return 0.85
+    w = _dtype_bytes(args.param_dtype)  # bytes per weight
     n = sum(p.numel() for p in policy.parameters())
-    resident, grads = n * 3 * w + w * n * int(extra_models), n * w
+    resident = n * 3 * w + w * n * int(extra_models)  # weights + 2 AdamW moments + frozen copies
+    grads = n * w
     total = torch.cuda.get_device_properties(pol).total_memory
-    share = 1 - (resident + (0 if args.sleep_engine else grads)) / total - 0.15
+    in_use = resident
+    if not args.sleep_engine:
+        in_use = resident + grads  # gradients are held only while training
+    share = 1 - in_use / total - 0.15
     check(
         share > 0.05,
         f"the policy needs {(resident + grads) / 2**30:.1f} GiB of this GPU's {total / 2**30:.1f}: "
@@ -494,22 +597,21 @@ def autocast(device, compute_dtype):
     """Context for forward/backward in compute_dtype over fp32 weights (a no-op when they match)."""
     import torch
 
-    return (
-        contextlib.nullcontext()
-        if compute_dtype == torch.float32
-        else torch.autocast(str(device).split(":")[0], compute_dtype)
-    )
+    if compute_dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(str(device).split(":")[0], compute_dtype)
 
 
 # ----------------------------------------------------------------------------- Ctrl-C
 @contextlib.contextmanager
 def finish_then_interrupt(what="this step"):
-    """Defer a first Ctrl-C until the block ends (then raise KeyboardInterrupt); a second one aborts now. A no-op
-    outside the main thread (only it receives signals) and where SIGINT is ignored (a nohup / background job)."""
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    ):
+    """Defer a first Ctrl-C until the block ends (then raise KeyboardInterrupt); a second one aborts
+    now. A no-op outside the main thread (only it receives signals) and where SIGINT is ignored (a
+    nohup / background job)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         yield
         return
     hits = []

