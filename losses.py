@@ -797,9 +797,8 @@ def grpo_microbatch_loss(
     meta = {}
     if ref_log_probs is not None:
         # "seq" is a monitoring estimator: the per-token penalty uses k3
-        kl = compute_kl(
-            policy_log_probs, ref_log_probs, kl_estimator.replace("seq", "k3")
-        )  # (B, T)
+        estimator = kl_estimator.replace("seq", "k3")
+        kl = compute_kl(policy_log_probs, ref_log_probs, estimator)  # (B, T)
         meta["kl"] = masked_mean(kl.detach(), response_mask)
         if kl_beta:
             per_token = per_token + kl_beta * kl

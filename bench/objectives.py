@@ -1,22 +1,25 @@
-"""Replay ONE frozen rollout batch of the embedded model through the objective menu of grpo.py and compare what
-each objective does with it: the loss, the per-token gradient weight as a function of response length (the
-length bias), and the cosine between every pair of parameter gradients. Prints one JSON object.
+"""Replay ONE frozen rollout batch of the embedded model through grpo.py's objective menu and
+compare what each objective does with it: the loss, the per-token gradient weight as a function of
+the response length (the length bias), and the cosine between every pair of parameter gradients.
+Prints one JSON object.
 
-The off-policy situation is emulated honestly, the way grpo.py meets it: the batch is sampled by the engine
-(mu = its sampled log-probs) at the initial weights theta_0; pi_old = the trainer's no-grad log-probs at theta_0;
-then ONE grpo.train_step (the demo's reinforce_with_baseline, its lr and AdamW) on this same batch gives theta_1,
-the policy of a second optimizer step on this batch (--epochs-per-rollout-batch 2, or a second train batch).
-Every objective's loss and gradient are taken at theta_1, so ratios pi / pi_old are not all 1. Each objective is
-the grpo.py command line that trains it (OBJECTIVES), resolved by grpo.parse_args: nothing is re-derived here.
+The off-policy situation is emulated honestly, the way grpo.py meets it: the batch is sampled by
+the engine (mu = its sampled log-probs) at the initial weights theta_0; pi_old = the trainer's
+no-grad log-probs at theta_0; then ONE grpo.train_step (the demo's reinforce_with_baseline, its lr
+and AdamW) on this same batch gives theta_1, the policy of a second optimizer step on this batch
+(--epochs-per-rollout-batch 2, or a second train batch). Every objective's loss and gradient are
+taken at theta_1, so the ratios pi / pi_old are not all 1. Each objective is the grpo.py command
+line that trains it (OBJECTIVES), resolved by grpo.parse_args: nothing is re-derived here.
 
-Per-token weight w = -(d loss / d log pi_t) / A_i x N (N = responses in the step), for the responses with a
-nonzero advantage: masked_mean reads 1/L (x ratio, x IS weight), Dr. GRPO's masked_normalize 1/max_tokens, DAPO's
-token norm N / N_tokens = 1 / mean length. length_exponent = slope of log(row-mean w) on log L (-1 vs 0).
+The per-token weight w = -(d loss / d log pi_t) / A_i x N (N = responses in the step), for the
+responses with a nonzero advantage: masked_mean reads 1/L (x ratio, x IS weight), Dr. GRPO's
+masked_normalize 1/max_tokens, DAPO's token norm N / N_tokens = 1 / mean length.
+length_exponent = the slope of log(row-mean w) on log L (-1 vs 0).
 
-  python bench/objectives.py                  # 64 responses (8 prompts x 8), <= 192 tokens, transformers engine
-  python bench/objectives.py --step-lr 0      # on-policy (pi = pi_old): the ratio losses collapse to REINFORCE
-  python bench/objectives.py --engine vllm    # the batch from the vLLM CPU engine (its kernels: real mismatch)
-  python bench/objectives.py --batch-file /tmp/objectives_batch.pt   # cache the frozen batch (reused if present)
+  python bench/objectives.py                # 64 responses (8 prompts x 8), <= 192 tokens, HF engine
+  python bench/objectives.py --step-lr 0    # on-policy (pi = pi_old): ratio losses = REINFORCE
+  python bench/objectives.py --engine vllm  # the batch from the vLLM CPU engine (a real mismatch)
+  python bench/objectives.py --batch-file /tmp/objectives_batch.pt  # cache the batch (reused)
 """
 
 import contextlib
@@ -37,44 +40,21 @@ import rollout  # noqa: E402,F401  (sets vLLM's environment before anything impo
 
 # name -> the grpo.py flags that train it (on top of the demo profile)
 OBJECTIVES = {
-    "grpo_clip": ["--loss", "grpo_clip"],
-    "grpo_no_clip": ["--loss", "grpo_no_clip"],
-    "dr_grpo": [
-        "--loss",
-        "grpo_clip",
-        "--no-std-norm",
-        "--length-norm",
-        "masked_normalize",
-    ],  # Liu et al. 2025
-    "dapo": [
-        "--loss",
-        "grpo_clip",
-        "--length-norm",
-        "token",
-        "--cliprange-high",
-        "0.28",
-    ],  # Yu et al. 2025
-    "gspo": ["--loss", "gspo"],  # grpo.py's default --cliprange 0.2
-    "gspo_paper_clip": [
-        "--loss",
-        "gspo",
-        "--cliprange",
-        "3e-4",
-        "--cliprange-high",
-        "4e-4",
-    ],  # Zheng et al. 2025
-    "reinforce_with_baseline": ["--loss", "reinforce_with_baseline"],
-    "grpo_clip_tis": ["--loss", "grpo_clip", "--rollout-is", "tis"],  # Yao et al. 2025, cap 2
-    "grpo_clip_tis_lag1": [
-        "--loss",
-        "grpo_clip",
-        "--rollout-is",
-        "tis",
-    ],  # grpo_ray.py async, one update stale
+    "grpo_clip": "--loss grpo_clip",
+    "grpo_no_clip": "--loss grpo_no_clip",
+    # Liu et al. 2025
+    "dr_grpo": "--loss grpo_clip --no-std-norm --length-norm masked_normalize",
+    # Yu et al. 2025
+    "dapo": "--loss grpo_clip --length-norm token --cliprange-high 0.28",
+    "gspo": "--loss gspo",  # grpo.py's default --cliprange 0.2
+    # Zheng et al. 2025
+    "gspo_paper_clip": "--loss gspo --cliprange 3e-4 --cliprange-high 4e-4",
+    "reinforce_with_baseline": "--loss reinforce_with_baseline",
+    "grpo_clip_tis": "--loss grpo_clip --rollout-is tis",  # Yao et al. 2025, cap 2
+    "grpo_clip_tis_lag1": "--loss grpo_clip --rollout-is tis",  # grpo_ray.py async, 1 update stale
 }
-LAGGED = {
-    "grpo_clip_tis_lag1"
-}  # train_step(lag=1): pi_old = the current policy (theta_1), mu = the engine (theta_0)
+# train_step(lag=1): pi_old = the current policy (theta_1), mu = the engine (theta_0)
+LAGGED = {"grpo_clip_tis_lag1"}
 BUCKETS = [1, 9, 17, 33, 65, 129, 257, 513]  # response-length bucket edges: [1, 8], [9, 16], ...
 
 
@@ -107,29 +87,38 @@ def parse():
         "--threads",
         type=common.positive_int,
         default=1,
-        help="torch threads: the numbers do not depend on it; 2 spin-wait behind other jobs on a shared box",
+        help="torch threads: the numbers do not depend on it; "
+        "2 spin-wait behind other jobs on a shared box",
     )
     p.add_argument("--quick", action="store_true", help="smoke size: 2 prompts x 8, <= 64 tokens")
     p.add_argument("--out", default=None, help="also write the JSON here")
     return p.parse_args()
 
 
-def grpo_args(a, *flags):
-    size = (
-        ["--rollout-batch-size", "16", "--train-batch-size", "16", "--max-tokens", "64"]
-        if a.quick
-        else []
-    )
+def grpo_args(a, flags=""):
+    """grpo.py's resolved args for this bench's engine, seed and size plus `flags`."""
+    size = []
+    if a.quick:
+        size = ["--rollout-batch-size", "16", "--train-batch-size", "16", "--max-tokens", "64"]
     args = grpo.parse_args(
-        ["--engine", a.engine, "--seed", str(a.seed), "--grader-workers", "0", *size, *flags]
+        [
+            "--engine",
+            a.engine,
+            "--seed",
+            str(a.seed),
+            "--grader-workers",
+            "0",
+            *size,
+            *flags.split(),
+        ]
     )
     grpo.setup_devices(args)
     return args
 
 
 def frozen_batch(a, args, policy):
-    """The scored rollout batch of step 0 (grpo.collect), from --batch-file if it is there (made by the same
-    engine, seed and size)."""
+    """The scored rollout batch of step 0 (grpo.collect), from --batch-file if it is there (made by
+    the same engine, seed and size)."""
     key = {"engine": a.engine, "seed": a.seed, "quick": a.quick}
     if a.batch_file and os.path.exists(a.batch_file):
         saved = torch.load(a.batch_file, weights_only=False)
@@ -147,8 +136,9 @@ def frozen_batch(a, args, policy):
 
 
 def objective_loss(logp, old, batch, tensors, args):
-    """The whole optimizer step's loss of one objective from log-probs (N, T), as grpo._updates computes it with
-    the step as a single microbatch (the sum over equal microbatches is the same). Returns (loss, meta, A (N,))."""
+    """The whole optimizer step's loss of one objective from log-probs (N, T), as grpo._updates
+    computes it with the step as a single microbatch (the sum over equal microbatches is the same).
+    Returns (loss, meta, A (N,))."""
     adv, _, _ = losses.compute_group_normalized_rewards(
         None,
         batch["responses"],
@@ -158,7 +148,8 @@ def objective_loss(logp, old, batch, tensors, args):
         args.std_norm,
         reward_dicts=batch["raw"].tolist(),
     )
-    mask, weights = tensors["response_mask"], None
+    mask = tensors["response_mask"]  # (N, T)
+    weights = None  # rollout IS weights (N, T)
     if args.rollout_is != "none":
         weights, _ = losses.compute_rollout_is(
             old,
@@ -169,7 +160,10 @@ def objective_loss(logp, old, batch, tensors, args):
             args.rollout_is_level,
             args.rollout_is_floor,
         )
-    n_tok = max(int(mask.sum()), 1)
+    if args.length_norm == "token":
+        normalize_constant = max(int(mask.sum()), 1)  # the step's response tokens
+    else:
+        normalize_constant = args.normalize_constant
     loss, meta = losses.grpo_microbatch_loss(
         logp,
         mask,
@@ -181,18 +175,21 @@ def objective_loss(logp, old, batch, tensors, args):
         cliprange=args.cliprange,
         cliprange_high=args.cliprange_high,
         length_norm=args.length_norm,
-        normalize_constant=n_tok if args.length_norm == "token" else args.normalize_constant,
+        normalize_constant=normalize_constant,
         is_weights=weights,
     )
     return loss, meta, adv
 
 
 def length_bias(g_tok, adv, mask):
-    """Per-token weight w = -g / A x N by response-length bucket, and the slope of log w on log L."""
-    N, L = len(adv), mask.sum(-1)  # L (N,)
-    rows = (adv.abs() > 1e-8) & (L > 0)
-    w = torch.where(mask, -g_tok / adv[:, None].where(rows[:, None], 1.0) * N, 0.0)  # (N, T)
-    row_w = w.sum(-1) / L.clamp(min=1)  # (N,) mean over the response's tokens
+    """The per-token weight w = -g / A x N by response-length bucket, and the slope of log w on
+    log L."""
+    N = len(adv)
+    L = mask.sum(-1)  # (N,)
+    rows = (adv.abs() > 1e-8) & (L > 0)  # (N,), the responses with a signal
+    safe_adv = adv[:, None].where(rows[:, None], 1.0)  # (N, 1)
+    w = torch.where(mask, -g_tok / safe_adv * N, 0.0)  # (N, T)
+    row_w = w.sum(-1) / L.clamp(min=1)  # (N,) the mean over the response's tokens
     out = {}
     for lo, hi in zip(BUCKETS, BUCKETS[1:]):
         sel = rows & (L >= lo) & (L < hi)
@@ -202,52 +199,62 @@ def length_bias(g_tok, adv, mask):
                 "per_token_weight": round(row_w[sel].mean().item(), 6),
             }
     fit = rows & (row_w > 0)
-    x, y = L[fit].double().log(), row_w[fit].double().log()
+    x = L[fit].double().log()
+    y = row_w[fit].double().log()
     if fit.sum() < 2 or x.std() == 0:
         return out, None  # one length: no slope
-    return out, round(
-        float(((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum()), 3
-    )
+    # the least-squares slope of y on x
+    slope = ((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum()
+    return out, round(float(slope), 3)
 
 
 def flat_grads(policy, tensors, args, ban_ids, g_toks):
-    """Parameter gradient of each objective, flattened: sum over the step's forwards of (d log pi / d theta)^T g_tok.
-    One forward per group (its prompt once with --shared-prefix), one backward per objective: the loss is a
-    function of the log-probs alone, so g_tok (N, T) carries it."""
+    """The parameter gradient of each objective, flattened: the sum over the step's forwards of
+    (d log pi / d theta)^T g_tok. One forward per group (its prompt once with --shared-prefix), one
+    backward per objective: the loss is a function of the log-probs alone, so g_tok (N, T) carries
+    it."""
     params = [p for p in policy.parameters() if p.requires_grad]
-    out = [torch.zeros(sum(p.numel() for p in params)) for _ in g_toks]
+    size = sum(p.numel() for p in params)
+    out = [torch.zeros(size) for _ in g_toks]  # (D,) each
     N = tensors["labels"].shape[0]
-    for s in range(0, N, args.micro_train_batch_size):
-        for rows, mb, L, P in grpo._forwards(
-            tensors, torch.arange(s, min(s + args.micro_train_batch_size, N)), args, "cpu"
-        ):
+    mbs = args.micro_train_batch_size
+    for s in range(0, N, mbs):
+        idx = torch.arange(s, min(s + mbs, N))
+        for rows, mb, L, P in grpo._forwards(tensors, idx, args, "cpu"):
             lp = losses.get_response_log_probs(
                 policy, **mb, temperature=args.temperature, ban_token_ids=ban_ids, prefix_len=P
             )["log_probs"]
             for k, g in enumerate(g_toks):
+                last = k == len(g_toks) - 1
                 gs = torch.autograd.grad(
-                    lp, params, g[rows, :L], retain_graph=k < len(g_toks) - 1, allow_unused=True
+                    lp, params, g[rows, :L], retain_graph=not last, allow_unused=True
                 )
-                out[k] += torch.cat(
-                    [
-                        (x if x is not None else torch.zeros_like(p)).reshape(-1)
-                        for x, p in zip(gs, params)
-                    ]
-                )
+                flat = []
+                for x, p in zip(gs, params):
+                    if x is None:  # a parameter this forward does not use
+                        x = torch.zeros_like(p)
+                    flat.append(x.reshape(-1))
+                out[k] += torch.cat(flat)
     return out
 
 
 def run(a):
-    t0, c0, times = time.perf_counter(), time.process_time(), {}
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    times = {}  # phase -> wall seconds
     base = grpo_args(a)
     torch.manual_seed(base.seed)
     policy, _ = grpo.load_policy(base.model, base)
     batch = frozen_batch(a, base, policy)
-    tensors, ban_ids = grpo.collate(batch, base), batch["ban_token_ids"]
+    tensors = grpo.collate(batch, base)
+    ban_ids = batch["ban_token_ids"]
     times["rollout"] = time.perf_counter() - t0
-    # theta_0: pi_old by the trainer's no-grad pass; then one real grpo.py update on this batch -> theta_1
+    # theta_0: pi_old by the trainer's no-grad pass; then one real grpo.py update on this batch
+    # gives theta_1
     old = grpo.batch_log_probs(policy, tensors, base, ban_ids)
-    lr = base.lr if a.step_lr is None else a.step_lr
+    lr = base.lr
+    if a.step_lr is not None:
+        lr = a.step_lr
     opt = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     (step,), _ = grpo.train_step(policy, opt, batch, base, 0)
     cur = grpo.batch_log_probs(policy, tensors, base, ban_ids)
@@ -255,6 +262,7 @@ def run(a):
     mask = tensors["response_mask"]
     ratio = (cur - old).exp()[mask]
     _, is_m = losses.compute_rollout_is(old, tensors["engine_log_probs"], mask, "tis")
+    lengths = mask.sum(-1)  # (N,)
     result = {
         "config": {
             "engine": base.engine,
@@ -265,7 +273,8 @@ def run(a):
             "shared_prefix": base.shared_prefix,
             "threads": torch.get_num_threads(),
             "load_avg_1m": os.getloadavg()[0],
-            "emulated_step": f"grpo.train_step {base.loss}, lr {lr}, AdamW (0.9, 0.95), on this batch",
+            "emulated_step": f"grpo.train_step {base.loss}, lr {lr}, AdamW (0.9, 0.95), "
+            "on this batch",
         },
         "batch": {
             "responses": len(batch["raw"]),
@@ -273,9 +282,9 @@ def run(a):
             "groups_with_signal": int((batch["raw"].view(-1, base.group_size).std(-1) > 0).sum()),
             "reward_mean": round(batch["raw"].mean().item(), 4),
             "response_len": {
-                "min": int(mask.sum(-1).min()),
-                "mean": round(mask.sum(-1).float().mean().item(), 1),
-                "max": int(mask.sum(-1).max()),
+                "min": int(lengths.min()),
+                "mean": round(lengths.float().mean().item(), 1),
+                "max": int(lengths.max()),
             },
         },
         "emulated_step": {"loss": step["train/loss"], "grad_norm": step["train/grad_norm"]},
@@ -288,16 +297,20 @@ def run(a):
         "engine_mismatch": {k: v for k, v in is_m.items() if k != "is_dropped_frac"},
         "objectives": {},
     }
-    g_toks, names = [], list(OBJECTIVES)
+    names = list(OBJECTIVES)
+    g_toks = []  # each objective's d loss / d log-probs, (N, T)
     for name in names:
-        args = grpo_args(a, *OBJECTIVES[name])
+        args = grpo_args(a, OBJECTIVES[name])
         logp = cur.clone().requires_grad_(True)
-        loss, meta, adv = objective_loss(logp, cur if name in LAGGED else old, batch, tensors, args)
+        pi_old = old
+        if name in LAGGED:
+            pi_old = cur
+        loss, meta, adv = objective_loss(logp, pi_old, batch, tensors, args)
         (g_tok,) = torch.autograd.grad(loss, logp)
         buckets, slope = length_bias(g_tok, adv, mask)
         g_toks.append(g_tok)
         result["objectives"][name] = {
-            "flags": " ".join(OBJECTIVES[name]),
+            "flags": OBJECTIVES[name],
             "loss": loss.item(),
             "clip_fraction": float(meta.get("clip_fraction", 0.0)),
             "length_exponent": slope,
@@ -309,23 +322,21 @@ def run(a):
     cos = (G @ G.t()) / (norms[:, None] * norms[None, :]).clamp(min=1e-30)  # (K, K)
     for name, n in zip(names, norms):
         result["objectives"][name]["grad_norm"] = n.item()
-    result["grad_cosine"] = {
-        x: {y: round(cos[i, j].item(), 4) for j, y in enumerate(names)} for i, x in enumerate(names)
-    }
+    result["grad_cosine"] = {}
+    for i, x in enumerate(names):
+        result["grad_cosine"][x] = {y: round(cos[i, j].item(), 4) for j, y in enumerate(names)}
     times["objectives"] = time.perf_counter() - t0 - sum(times.values())
-    result["time_s"] = {k: round(v, 1) for k, v in times.items()} | {
-        "total": round(time.perf_counter() - t0, 1),
-        "cpu_total": round(time.process_time() - c0, 1),
-    }
+    result["time_s"] = {k: round(v, 1) for k, v in times.items()}
+    result["time_s"]["total"] = round(time.perf_counter() - t0, 1)
+    result["time_s"]["cpu_total"] = round(time.process_time() - c0, 1)
     return result
 
 
 def main():
     a = parse()
     torch.set_num_threads(a.threads)
-    with contextlib.redirect_stdout(
-        sys.stderr
-    ):  # grpo.py's progress lines; stdout is the JSON alone
+    # grpo.py's progress lines go to stderr; stdout is the JSON alone
+    with contextlib.redirect_stdout(sys.stderr):
         result = run(a)
     print(json.dumps(result, indent=1))
     if a.out:

@@ -1,12 +1,14 @@
-"""bench/objectives.py and bench/grpo_step.py: each runs once as a subprocess at --quick size on the embedded
-model with the transformers engine and one thread (2 OpenMP threads stall on a busy 2-core box), and its JSON is
-checked: the keys the README's tables read, and the arithmetic that must hold whatever the timings.
+"""bench/objectives.py and bench/grpo_step.py: each runs once as a subprocess at --quick size on the
+embedded model with the transformers engine and one thread (2 OpenMP threads stall on a busy
+2-core box), and its JSON is checked: the keys the README's tables read, and the arithmetic that
+must hold whatever the timings.
 
-objectives.py runs with --step-lr 0, i.e. on-policy (pi = pi_old, every ratio 1), where the answers are known:
-the ratio losses with masked_mean give REINFORCE's gradient (cosine 1), the per-token weight is exactly 1/L for
-masked_mean, 1/max_tokens for Dr. GRPO and N/N_tokens for DAPO, and the bench's gradient of
-reinforce_with_baseline has the norm grpo.train_step measured for the same loss on the same weights. grpo_step.py's
-FLOP counter is checked in-process on the conftest tiny model (a shared prompt counts once, no-grad passes not at all).
+objectives.py runs with --step-lr 0, i.e. on-policy (pi = pi_old, every ratio 1), where the answers
+are known: the ratio losses with masked_mean give REINFORCE's gradient (cosine 1); the per-token
+weight is exactly 1/L for masked_mean, 1/max_tokens for Dr. GRPO and N/N_tokens for DAPO; and the
+bench's gradient of reinforce_with_baseline has the norm grpo.train_step measured for the same loss
+on the same weights. grpo_step.py's FLOP counter is checked in-process on the conftest tiny model
+(a shared prompt counts once, no-grad passes not at all).
 """
 
 import json
@@ -20,16 +22,8 @@ from conftest import ROOT
 
 
 def run_bench(name, *flags):
-    cmd = [
-        sys.executable,
-        os.path.join(ROOT, "bench", name),
-        "--quick",
-        "--engine",
-        "hf",
-        "--threads",
-        "1",
-        *flags,
-    ]
+    script = os.path.join(ROOT, "bench", name)
+    cmd = [sys.executable, script, "--quick", "--engine", "hf", "--threads", "1", *flags]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout)
@@ -42,7 +36,7 @@ def objectives():
 
 def test_objectives_keys_and_on_policy_gradients(objectives):
     r = objectives
-    assert {
+    sections = {
         "config",
         "batch",
         "emulated_step",
@@ -51,7 +45,8 @@ def test_objectives_keys_and_on_policy_gradients(objectives):
         "objectives",
         "grad_cosine",
         "time_s",
-    } <= set(r)
+    }
+    assert sections <= set(r)
     assert r["batch"]["groups_with_signal"] > 0, (
         "the quick batch has no reward variance: no gradient to compare"
     )
@@ -64,34 +59,32 @@ def test_objectives_keys_and_on_policy_gradients(objectives):
         "reinforce_with_baseline",
         "grpo_clip_tis",
     ]
-    assert set(names) <= set(r["objectives"]) and set(r["grad_cosine"]) == set(r["objectives"])
+    assert set(names) <= set(r["objectives"])
+    assert set(r["grad_cosine"]) == set(r["objectives"])
+    per_objective = {
+        "loss",
+        "grad_norm",
+        "clip_fraction",
+        "length_exponent",
+        "per_token_weight_by_length",
+    }
     for o in r["objectives"].values():
-        assert {
-            "loss",
-            "grad_norm",
-            "clip_fraction",
-            "length_exponent",
-            "per_token_weight_by_length",
-        } <= set(o)
-    assert (
-        r["ratio_pi_over_pi_old"]["min"] == r["ratio_pi_over_pi_old"]["max"] == 1.0
-    )  # lr 0: theta_1 = theta_0
+        assert per_objective <= set(o)
+    # lr 0: theta_1 = theta_0
+    assert r["ratio_pi_over_pi_old"]["min"] == r["ratio_pi_over_pi_old"]["max"] == 1.0
     cos = r["grad_cosine"]["reinforce_with_baseline"]
     for name in ("grpo_clip", "grpo_no_clip", "gspo", "grpo_clip_tis"):
         assert cos[name] == pytest.approx(1.0, abs=1e-4), name
     rwb = r["objectives"]["reinforce_with_baseline"]
     assert rwb["grad_norm"] == pytest.approx(r["emulated_step"]["grad_norm"], rel=1e-4)
     assert rwb["length_exponent"] == pytest.approx(-1.0, abs=1e-3)
-    for key, bucket in rwb[
-        "per_token_weight_by_length"
-    ].items():  # 1/L, averaged over the bucket's lengths
+    # 1/L, averaged over the bucket's lengths
+    for key, bucket in rwb["per_token_weight_by_length"].items():
         lo, hi = map(int, key.split("-"))
         assert 1 / hi - 1e-6 <= bucket["per_token_weight"] <= 1 / lo + 1e-6
-    max_tokens, n, n_tok = (
-        r["config"]["max_tokens"],
-        r["batch"]["responses"],
-        r["batch"]["response_tokens"],
-    )
+    max_tokens = r["config"]["max_tokens"]
+    n = r["batch"]["responses"]
+    n_tok = r["batch"]["response_tokens"]
     for bucket in r["objectives"]["dr_grpo"]["per_token_weight_by_length"].values():
         assert bucket["per_token_weight"] == pytest.approx(1 / max_tokens, rel=1e-4)
     for bucket in r["objectives"]["dapo"]["per_token_weight_by_length"].values():
@@ -100,7 +93,7 @@ def test_objectives_keys_and_on_policy_gradients(objectives):
 
 def test_grpo_step_keys_and_exactness():
     r = run_bench("grpo_step.py")
-    assert {
+    sections = {
         "config",
         "variants",
         "shared_prefix",
@@ -108,41 +101,44 @@ def test_grpo_step_keys_and_exactness():
         "flops",
         "seconds_per_step",
         "load_avg_1m",
-    } <= set(r)
+    }
+    assert sections <= set(r)
     assert set(r["variants"]) == {
         "shared_prefix_off",
         "shared_prefix_on",
         "old_log_probs_trainer",
         "old_log_probs_engine",
     }
+    per_variant = {
+        "train_step",
+        "old_log_probs",
+        "training",
+        "training_cpu",
+        "step",
+        "train_gflop_per_s",
+        "first_update",
+    }
     for v in r["variants"].values():
-        assert {
-            "train_step",
-            "old_log_probs",
-            "training",
-            "training_cpu",
-            "step",
-            "train_gflop_per_s",
-            "first_update",
-        } <= set(v)
+        assert per_variant <= set(v)
         assert v["train_gflops"] > 0
     sp = r["shared_prefix"]
     assert r["variants"]["shared_prefix_off"]["first_update"]["grad_norm"] > 0, (
         "no reward variance: nothing to compare"
     )
-    assert sp["first_update_equal"], sp  # the option is exact: same loss and grad norm
+    assert sp["first_update_equal"], sp  # the option is exact: the same loss and grad norm
     assert sp["train_tokens_ratio"] < 0.6  # each group's prompt ran once instead of G times
     assert {"training_ratio", "training_cpu_ratio", "step_ratio", "targets_met"} <= set(sp)
-    tr, en = r["variants"]["old_log_probs_trainer"], r["variants"]["old_log_probs_engine"]
-    assert en["train_tokens_run"] == tr["train_tokens_run"] and en["first_update"]["grad_norm"] > 0
-    assert (
-        r["flops"]["matmul_1024_gflop_per_s"] > 0
-        and "training_shared_prefix_on_vs_matmul" in r["flops"]
-    )
+    tr = r["variants"]["old_log_probs_trainer"]
+    en = r["variants"]["old_log_probs_engine"]
+    assert en["train_tokens_run"] == tr["train_tokens_run"]
+    assert en["first_update"]["grad_norm"] > 0
+    assert r["flops"]["matmul_1024_gflop_per_s"] > 0
+    assert "training_shared_prefix_on_vs_matmul" in r["flops"]
 
 
 def test_flop_counter_counts_the_forwards_that_ran_with_grad(tiny_model_dir):
-    """A shared prompt counts once (the hook sees the KV cache's length); no-grad passes do not count."""
+    """A shared prompt counts once (the hook sees the KV cache's length); no-grad passes do not
+    count."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -152,21 +148,19 @@ def test_flop_counter_counts_the_forwards_that_ran_with_grad(tiny_model_dir):
     import grpo_step
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    cfg, counter = model.config, grpo_step.count_training_flops(model)
-    linear = sum(
-        m.weight.numel() for m in model.base_model.modules() if isinstance(m, torch.nn.Linear)
-    )
-    W = linear + cfg.vocab_size * cfg.hidden_size  # + the (tied) lm_head
-    attn = (
-        4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim
-    )  # FLOPs per (query, key) pair, forward
+    cfg = model.config
+    counter = grpo_step.count_training_flops(model)
+    linears = [m for m in model.base_model.modules() if isinstance(m, torch.nn.Linear)]
+    # weights per token: the linear layers' and the (tied) lm_head's
+    W = sum(m.weight.numel() for m in linears) + cfg.vocab_size * cfg.hidden_size
+    # FLOPs per (query, key) pair, forward
+    attn = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim
     ids = torch.randint(1, 100, (4, 12), generator=torch.Generator().manual_seed(0))
     ids[:, :6] = ids[:1, :6]
     with torch.no_grad():
         losses.get_response_log_probs(model, ids[:, :-1], ids[:, 1:], prefix_len=5)
     assert counter["tokens"] == 0
-    losses.get_response_log_probs(
-        model, ids[:, :-1], ids[:, 1:], prefix_len=5
-    )  # prompt (1, 5), then (1, 4 x 6) packed on its cache
+    # the prompt (1, 5), then (1, 4 x 6) packed on its cache
+    losses.get_response_log_probs(model, ids[:, :-1], ids[:, 1:], prefix_len=5)
     assert counter["tokens"] == 5 + 4 * 6
     assert counter["flops"] == 3 * (2 * W * (5 + 24) + attn * (15 + 4 * (6 * 5 + 21)))
