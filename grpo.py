@@ -1,18 +1,29 @@
 """GRPO with verifiable rewards: the training loop of seed 000 §7 (Algorithm 2), one flat loop.
 
-Each step: collect (G engine samples per question -> grades -> group-normalised advantages) -> train_step (pi_old by
-a no-grad pass when a ratio needs it -> epochs x train batches x microbatches, clip, AdamW) -> log -> save -> weights
-into the engine; grpo_ray.py runs both in Ray actors. No --model: the offline demo. Departures from the seeds
-(PROFILES): trains on the engine's tokens, scored at its temperature and min_tokens ban; hub sizes: seed 001's
-256/256/128 (seed 000's starter sizes fail its own asserts); bf16 compute keeps fp32 master weights (--pure-bf16: the
-seeds' choice, which rounds most lr-1e-5 updates away); -A log pi on stale data is refused. Extras: README.
+Each step of `main`:
+  rollout + reward  `collect`: G engine samples per question -> grades -> group-normalised
+                    advantages
+  (eval)            every --eval-every steps, greedy, on the engine's weights
+  train             `train_step`: pi_old by a no-grad pass when a ratio needs it, then epochs x
+                    train batches x microbatches, gradient clipping, AdamW; log
+  save, sync        a checkpoint every --save-every steps; the new weights into the engine
+grpo_ray.py runs the same collect and train_step in Ray actors. Without --model this is the offline
+demo: the embedded model on CPU.
+
+Departures from the seeds (their settings, and ours, are in PROFILES):
+- trains on the engine's own tokens, scored at its temperature and with its min_tokens ban;
+- hub sizes are seed 001's 256/256/128 (seed 000's starter sizes fail its own asserts);
+- bf16 compute keeps fp32 master weights (--pure-bf16 is the seeds' choice, which rounds most
+  lr-1e-5 updates away);
+- -A log pi on stale data is refused.
+The extras (DAPO, rollout importance sampling, KL monitoring, ...) are in the README.
 
 Examples:
-  python grpo.py                                                       # offline CPU demo
-  python grpo.py --model Qwen/Qwen2.5-Math-1.5B --lr 3e-5               # seed 000, 2 GPUs
+  python grpo.py                                                  # offline CPU demo
+  python grpo.py --model Qwen/Qwen2.5-Math-1.5B --lr 3e-5         # seed 000, 2 GPUs
   python grpo.py --model Qwen/Qwen2.5-Math-1.5B --loss grpo_clip --epochs-per-rollout-batch 2 \\
-      --train-batch-size 128 --gradient-accumulation-steps 64           # off-policy
-  python grpo.py --model Qwen/Qwen3-1.7B --dry-run                      # print the effective settings
+      --train-batch-size 128 --gradient-accumulation-steps 64     # off-policy
+  python grpo.py --model Qwen/Qwen3-1.7B --dry-run                # print the effective settings
 """
 
 import math
@@ -29,39 +40,42 @@ import grader
 import losses
 import rollout as engines
 
-# One settings table: an unset flag takes its profile's value, "demo" (the embedded model, offline on CPU) or "hub"
-# (any other model), then its task's row; the README's settings table gives each entry's seed.
+# The settings table. An unset flag takes its value from the run's profile, "demo" (the embedded
+# model, offline on CPU) or "hub" (any other model), then from its task's row in TASK_PROFILES.
+# A comment names the seed a value comes from ("the seeds": 000 and 001 agree); the README's
+# settings table lists every entry.
 PROFILES = {
     "hub": dict(
-        lr=1e-5,
-        n_grpo_steps=200,
-        rollout_batch_size=256,
-        group_size=8,
-        train_batch_size=256,
-        gradient_accumulation_steps=128,
-        temperature=0.7,
-        min_tokens=4,
-        max_tokens=1024,
-        advantage_eps=1e-6,
-        loss="reinforce_with_baseline",
-        eval_every=10,
-        eval_n=1024,
+        lr=1e-5,  # the seeds
+        n_grpo_steps=200,  # seed 000 §7.2, seed 001 §5
+        rollout_batch_size=256,  # seed 001 (seed 000's 16 fails its own asserts)
+        group_size=8,  # the seeds
+        train_batch_size=256,  # seed 001 (seed 000: 64)
+        gradient_accumulation_steps=128,  # the seeds
+        temperature=0.7,  # seed 000 (seed 001: 1.0)
+        min_tokens=4,  # the seeds
+        max_tokens=1024,  # the seeds
+        advantage_eps=1e-6,  # the seeds
+        loss="reinforce_with_baseline",  # the seeds
+        eval_every=10,  # seed 001 §5: validate every 5-10 steps
+        eval_n=1024,  # seed 001 §5: on >= 1024 examples
         save_every=50,
-        train_n=0,
+        train_n=0,  # all the questions
         kl_estimator="k3",
     ),
+    # sized so that the embedded model trains in about 4 minutes on a CPU
     "demo": dict(
         lr=1e-4,
         n_grpo_steps=30,
         rollout_batch_size=64,
-        group_size=8,
+        group_size=8,  # the seeds
         train_batch_size=64,
         gradient_accumulation_steps=2,
         temperature=1.0,
-        min_tokens=4,
+        min_tokens=4,  # the seeds
         max_tokens=192,
-        advantage_eps=1e-6,
-        loss="reinforce_with_baseline",
+        advantage_eps=1e-6,  # the seeds
+        loss="reinforce_with_baseline",  # the seeds
         eval_every=5,
         eval_n=200,
         save_every=0,
@@ -70,10 +84,10 @@ PROFILES = {
     ),
 }
 TASK_PROFILES = {
-    "gsm8k": dict(temperature=1.0),
-    "math": dict(temperature=1.0),
-    "math500": dict(temperature=1.0),  # seed 001 §5
-    "keyword": dict(
+    "gsm8k": dict(temperature=1.0),  # seed 001 §5
+    "math": dict(temperature=1.0),  # gsm8k's (no seed runs GRPO on MATH)
+    "math500": dict(temperature=1.0),  # gsm8k's
+    "keyword": dict(  # seed 004 §3.1.2
         lr=5e-4,
         n_grpo_steps=100,
         group_size=4,
@@ -81,18 +95,23 @@ TASK_PROFILES = {
         max_tokens=60,
         advantage_eps=1e-8,
         loss="grpo_clip",
-        kl_estimator="seq",
-    ),  # seed 004 §3.1.2; Eq. 8 for KL monitoring
+        kl_estimator="seq",  # Eq. 8, for KL monitoring
+    ),
 }
 SEED_SPACE = 2**16  # --seed and step each index 16 bits of the sampling seed (see sample_seed)
 
 
 # ----------------------------------------------------------------------------- config
 def parse_args(argv=None):
+    """The flags, grouped as --help shows them; an unset flag comes from PROFILES (see resolve)."""
     p = common.Parser(
-        description="GRPO on a verifiable-reward task (seed 000 §7). Unset flags come from PROFILES."
+        description="GRPO on a verifiable-reward task (seed 000 §7). "
+        "Unset flags come from PROFILES."
     )
-    pos, nonneg, pfloat = common.positive_int, common.nonneg_int, common.positive_float
+    # argument types: each refuses a bad value in one line
+    pos = common.positive_int
+    nonneg = common.nonneg_int
+    pfloat = common.positive_float
     g = p.add_argument_group("model and data")  # --- model and data ---
     g.add_argument(
         "--model",
@@ -258,7 +277,7 @@ def parse_args(argv=None):
         "--dynamic-sampling-on",
         default="answer_reward",
         choices=["answer_reward", "reward"],
-        help="the score whose within-group variance keeps a group: accuracy (DAPO) or the total reward",
+        help="score whose within-group variance keeps a group: accuracy (DAPO) or the total reward",
     )
     g.add_argument(
         "--mask-truncated", action="store_true", help="truncated responses leave the loss (DAPO)"
@@ -334,7 +353,7 @@ def parse_args(argv=None):
         "--shared-prefix",
         action=common.argparse.BooleanOptionalAction,
         default=None,
-        help="run each group's prompt once for its G responses (exact); default on for a CPU policy",
+        help="run each group's prompt once for its G responses (exact); default: on for CPU",
     )
     g = p.add_argument_group("run")  # --- run ---
     g.add_argument(
@@ -369,94 +388,109 @@ def parse_args(argv=None):
 
 
 def resolve(args):
-    """Profile defaults, derived sizes and every consistency check (one line naming the fix), nothing loaded."""
-    args.profile = "demo" if data.is_embedded(args.model) else "hub"
-    args.frozen_models = (args.kl_beta > 0 or args.kl_every > 0) + (
-        args.kl_every > 0
-    )  # pi_init, pi_{t-1} (KL)
-    skip = (
-        args.resume and not args.frozen_models
-    )  # a resumed run loads its checkpoint; --model only as KL reference
-    args.model = args.model if skip else common.check_model_dir(args.model or data.EMBEDDED_MODEL)
-    for k, v in {**PROFILES[args.profile], **TASK_PROFILES.get(args.task, {})}.items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    """Profile defaults, derived sizes and every consistency check, each a one-line error naming
+    the fix. Nothing is loaded."""
+    if data.is_embedded(args.model):
+        args.profile = "demo"
+    else:
+        args.profile = "hub"
+    # frozen copies of the policy to keep: pi_init (the KL penalty's reference, or KL monitoring's)
+    # and pi_{t-1} (KL monitoring's previous policy)
+    args.frozen_models = 0
+    if args.kl_beta > 0 or args.kl_every > 0:
+        args.frozen_models += 1
+    if args.kl_every > 0:
+        args.frozen_models += 1
+    # a resumed run loads its checkpoint: its --model is needed only as the KL reference
+    resumed_without_kl = args.resume and not args.frozen_models
+    if not resumed_without_kl:
+        args.model = common.check_model_dir(args.model or data.EMBEDDED_MODEL)
+    defaults = {**PROFILES[args.profile], **TASK_PROFILES.get(args.task, {})}
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     task = data.task_defaults(args.task, args.model)
-    args.prompt, args.reward = args.prompt or task["prompt"], args.reward or task["reward"]
-    args.train_path, args.val_path = args.train_path or task["path"], args.val_path or task["path"]
-    common.attempt(
-        data.load_prompt, args.prompt, what=f"--prompt {args.prompt}"
-    )  # a missing prompt: one line now
+    args.prompt = args.prompt or task["prompt"]
+    args.reward = args.reward or task["reward"]
+    args.train_path = args.train_path or task["path"]
+    args.val_path = args.val_path or task["path"]
+    # a missing prompt: one line now, not a traceback once the model is loaded
+    common.attempt(data.load_prompt, args.prompt, what=f"--prompt {args.prompt}")
     args.normalize_constant = args.normalize_constant or float(args.max_tokens)
-    args.out = args.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))  # --resume: its run
+    if not args.out:  # (--resume has set it to its run)
+        args.out = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+
     # derived sizes (seed 000 §7.2's sanity asserts, each naming what to change)
-    c = common.check
-    c(
+    check = common.check
+    check(
         args.train_batch_size % args.gradient_accumulation_steps == 0,
         "--train-batch-size must be divisible by --gradient-accumulation-steps",
     )
     args.micro_train_batch_size = args.train_batch_size // args.gradient_accumulation_steps
-    c(
+    check(
         args.rollout_batch_size % args.group_size == 0,
         "--rollout-batch-size must be divisible by --group-size",
     )
     args.n_prompts_per_rollout_batch = args.rollout_batch_size // args.group_size
-    c(args.train_batch_size >= args.group_size, "--train-batch-size must be >= --group-size")
-    c(
+    check(args.train_batch_size >= args.group_size, "--train-batch-size must be >= --group-size")
+    check(
         args.rollout_batch_size % args.train_batch_size == 0,
         "--rollout-batch-size must be a multiple of --train-batch-size",
     )
     args.optimizer_steps_per_rollout_batch = (
         args.epochs_per_rollout_batch * args.rollout_batch_size // args.train_batch_size
     )
+    # every optimizer step after the first trains on data from an older policy
     args.off_policy = args.optimizer_steps_per_rollout_batch > 1
-    c(
+    check(
         not args.off_policy or args.loss in losses.RATIO_LOSSES,
-        f"--loss {args.loss} with {args.optimizer_steps_per_rollout_batch}"
-        f" optimizer steps per rollout batch trains -A log pi on data from an older policy, uncorrected: use --loss grpo_clip",
+        f"--loss {args.loss} with {args.optimizer_steps_per_rollout_batch} optimizer steps per"
+        " rollout batch trains -A log pi on data from an older policy, uncorrected:"
+        " use --loss grpo_clip",
     )
-    args.needs_old = (
-        args.loss in losses.RATIO_LOSSES or args.rollout_is != "none"
-    )  # (seed 000 asks on-policy too)
-    c(
+    # pi_old by a no-grad pass (seed 000 asks for it on-policy too)
+    args.needs_old = args.loss in losses.RATIO_LOSSES or args.rollout_is != "none"
+
+    # settings that contradict each other
+    check(
         not args.std_norm or args.group_size >= 2,
         "--std-norm needs --group-size >= 2 (or pass --no-std-norm)",
     )
-    c(
+    check(
         args.min_tokens <= args.max_tokens,
         f"--min-tokens {args.min_tokens} must be <= --max-tokens {args.max_tokens}",
     )
-    c(
+    check(
         args.overlong_buffer < args.max_tokens,
         f"--overlong-buffer {args.overlong_buffer} must be < --max-tokens {args.max_tokens}",
     )
-    c(
+    check(
         args.rollout_is == "none" or args.old_log_probs == "trainer",
         "--rollout-is needs the trainer's pi_old: drop --old-log-probs engine",
     )
-    c(
+    check(
         args.rollout_is_floor == 0 or args.rollout_is == "mis",
         "--rollout-is-floor is a bound of --rollout-is mis",
     )
-    c(
+    check(
         args.rollout_is_floor < args.rollout_is_cap,
         "--rollout-is-floor must be below --rollout-is-cap",
     )
-    c(
+    check(
         args.kl_beta == 0 or args.kl_estimator != "seq",
         "--kl-estimator seq is for monitoring; the penalty needs k1, k2 or k3",
     )
-    c(
+    check(
         args.sleep_engine is False or args.engine == "vllm",
         "--sleep-engine frees vLLM's GPU memory: use --engine vllm",
     )
-    c(
+    # sample_seed's blocks: 16 bits each for --seed and the step, 16 rounds of 2^20 seeds a step
+    check(
         args.seed < SEED_SPACE and args.n_grpo_steps < SEED_SPACE,
         f"--seed and --n-grpo-steps must be < {SEED_SPACE}",
     )
-    c(
-        args.dynamic_sampling_max_rounds < 16
-        and 2 * args.rollout_batch_size <= 2**20,  # sample_seed's blocks
+    check(
+        args.dynamic_sampling_max_rounds < 16 and 2 * args.rollout_batch_size <= 2**20,
         "--dynamic-sampling-max-rounds must be < 16 and --rollout-batch-size <= 2^19",
     )
     return args
@@ -464,25 +498,27 @@ def resolve(args):
 
 # ----------------------------------------------------------------------------- setup
 def setup_devices(args):
-    """Policy on cuda:0 and engine on cuda:1 with 2 GPUs (seed 000 layout); one GPU: shared; else CPU."""
+    """The policy on cuda:0 and the engine on cuda:1 with 2 GPUs (seed 000's layout); with one GPU
+    they share it; else CPU."""
     n_gpu = torch.cuda.device_count()
     args.policy_device = args.policy_device or ("cuda:0" if n_gpu else "cpu")
     args.vllm_device = args.vllm_device or ("cuda:1" if n_gpu > 1 else args.policy_device)
     args.param_dtype, args.compute_dtype = common.resolve_precision(
         args.policy_device, args.dtype, args.pure_bf16
     )
-    if (
-        args.shared_prefix is None
-    ):  # on CUDA the saving is the prompt's share of a long response: see the README
+    # on CUDA the saving is only the prompt's share of a long response: see the README
+    if args.shared_prefix is None:
         args.shared_prefix = args.policy_device == "cpu" and not args.gradient_checkpointing
     print(
-        f"devices: policy {args.policy_device} (weights {args.param_dtype}, compute {args.compute_dtype}), engine "
-        f"{args.engine} on {args.vllm_device} ({n_gpu} GPUs visible)"
+        f"devices: policy {args.policy_device} (weights {args.param_dtype}, compute "
+        f"{args.compute_dtype}), engine {args.engine} on {args.vllm_device} "
+        f"({n_gpu} GPUs visible)"
     )
 
 
 def load_data(args):
-    """(train rows, validation rows), each with its formatted "prompt"; one-line errors on missing/empty data."""
+    """(train rows, validation rows), each row with its formatted "prompt". Missing or empty data
+    is a one-line error."""
     train = common.attempt(
         data.load_task,
         args.task,
@@ -505,97 +541,111 @@ def load_data(args):
     )
     common.check(
         len(train) >= args.n_prompts_per_rollout_batch,
-        f"{len(train)} train questions < "
-        f"{args.n_prompts_per_rollout_batch} prompts per rollout batch: more data or a smaller --rollout-batch-size",
+        f"{len(train)} train questions < {args.n_prompts_per_rollout_batch} prompts per rollout"
+        " batch: more data or a smaller --rollout-batch-size",
     )
     common.check(len(val) > 0, "the validation set is empty: check --val-path")
     if args.train_path == "synthetic":
         print(
-            f"data: synthetic Countdown (data.generate_countdown), {len(train)} train / {len(val)} test problems"
+            f"data: synthetic Countdown (data.generate_countdown), {len(train)} train / "
+            f"{len(val)} test problems"
         )
     return train, val
 
 
 def load_policy(path, args, dtype=None):
-    """HF causal LM on args.policy_device in `dtype` (default: the master-weight dtype), dropout off: RL scores
-    pi_old, pi_ref and pi (training forwards too) with one function."""
+    """-> (HF causal LM on args.policy_device, its tokenizer). The model is in `dtype` (default:
+    the master-weight dtype) with dropout off: RL scores pi_old, pi_ref and pi (the training
+    forwards too) with one function."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    policy = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or args.param_dtype).to(
-        args.policy_device
-    )
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or args.param_dtype)
+    policy = policy.to(args.policy_device)
     if args.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
     policy.config.use_cache = False
-    tok, rows = AutoTokenizer.from_pretrained(path), policy.get_input_embeddings().weight.shape[0]
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    n_embeddings = policy.get_input_embeddings().weight.shape[0]
     common.check(
-        len(tok) <= rows,
-        f"{path}: the tokenizer has {len(tok)} tokens but the model only {rows} embeddings",
+        len(tokenizer) <= n_embeddings,
+        f"{path}: the tokenizer has {len(tokenizer)} tokens but the model only {n_embeddings}"
+        " embeddings",
     )
-    if args.shared_prefix and (
-        args.gradient_checkpointing or not losses.shared_prefix_works(policy)
-    ):
-        args.shared_prefix = False
-        print(
-            "notice: --shared-prefix off (gradient checkpointing, or this model's cache did not reproduce its log-probs)"
-        )
-    for m in policy.modules():
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.0
-        if isinstance(
-            getattr(m, "attention_dropout", None), float
-        ):  # HF attention modules keep a float
-            m.attention_dropout = 0.0
-    return policy.train(), tok
+    if args.shared_prefix:
+        if args.gradient_checkpointing or not losses.shared_prefix_works(policy):
+            args.shared_prefix = False
+            print(
+                "notice: --shared-prefix off (gradient checkpointing, or this model's cache did"
+                " not reproduce its log-probs)"
+            )
+    for module in policy.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        # HF attention modules keep their dropout as a float
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+    return policy.train(), tokenizer
 
 
 def build_learner(args):
-    """grpo.py's and each grpo_ray.py learner's (policy, tokenizer, AdamW, frozen pi_init, pi_{t-1} or None)."""
+    """The learner of grpo.py and of each grpo_ray.py learner actor: (policy, tokenizer, AdamW,
+    frozen pi_init or None, frozen pi_{t-1} or None)."""
     policy, tokenizer = load_policy(args.resume or args.model, args)
     optimizer = torch.optim.AdamW(
         policy.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95)
     )
-    if (
-        args.resume
-    ):  # every grpo_ray.py learner loads the one checkpoint: the group stays in lockstep
-        optimizer.load_state_dict(
-            torch.load(os.path.join(args.resume, "optimizer.pt"), map_location="cpu")
-        )
-    # in the policy's own weight dtype (fp32 master weights stay fp32), run under the same autocast: at step 0
-    # KL(pi || pi_init) and its gradient are exactly 0, not bf16 rounding
-    frozen = [
-        load_policy(args.model, args)[0].eval().requires_grad_(False)
-        for _ in range(args.frozen_models)
-    ]
-    return policy, tokenizer, optimizer, *(frozen + [None, None])[:2]
+    # every grpo_ray.py learner loads the one checkpoint: the group stays in lockstep
+    if args.resume:
+        saved = torch.load(os.path.join(args.resume, "optimizer.pt"), map_location="cpu")
+        optimizer.load_state_dict(saved)
+    # the frozen models keep the policy's own weight dtype (fp32 master weights stay fp32) and run
+    # under the same autocast: at step 0 KL(pi || pi_init) and its gradient are exactly 0, not
+    # bf16 rounding
+    frozen = []
+    for _ in range(args.frozen_models):
+        model = load_policy(args.model, args)[0]
+        frozen.append(model.eval().requires_grad_(False))
+    ref_model = None
+    prev_model = None
+    if len(frozen) >= 1:
+        ref_model = frozen[0]
+    if len(frozen) >= 2:
+        prev_model = frozen[1]
+    return policy, tokenizer, optimizer, ref_model, prev_model
 
 
 def make_engine(path, args, policy=None):
-    """rollout.init_engine for this run. One shared GPU: the engine's share leaves room for the policy."""
+    """rollout.init_engine for this run. On one shared GPU the engine's share leaves room for the
+    policy."""
     from transformers import AutoConfig
 
-    max_len = min(getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 4096), 4096)
-    kw = dict(max_model_len=max_len) if args.engine == "vllm" else {}
+    config = AutoConfig.from_pretrained(path)
+    max_len = min(getattr(config, "max_position_embeddings", 4096), 4096)
+    kw = {}
+    if args.engine == "vllm":
+        kw["max_model_len"] = max_len
     if args.engine == "vllm" and args.vllm_device.startswith("cuda"):
-        kw.update(
-            gpu_memory_utilization=args.gpu_memory_utilization
-            or common.engine_share(args, policy, extra_models=args.frozen_models),
-            enable_sleep_mode=args.sleep_engine,
-        )
+        share = args.gpu_memory_utilization
+        if not share:
+            share = common.engine_share(args, policy, extra_models=args.frozen_models)
+        kw["gpu_memory_utilization"] = share
+        kw["enable_sleep_mode"] = args.sleep_engine
     return engines.init_engine(args.engine, path, device=args.vllm_device, seed=args.seed, **kw)
 
 
 # ----------------------------------------------------------------------------- rollout / reward
 def sample_seed(args, step, rnd=0):
-    """First seed of step `step`, round `rnd`: disjoint 2^20-seed blocks (generate uses [seed, seed + prompts x G))."""
+    """The first sampling seed of step `step`, round `rnd`. Each (step, round) owns a block of
+    2^20 seeds, disjoint from all others; a generate call uses [seed, seed + prompts x G)."""
     return ((args.seed * SEED_SPACE + step) * 16 + rnd) * 2**20
 
 
 def rollout(engine, rows, args, seed):
-    """G samples of each row's prompt -> batch: dict of group-major lists (N = rows x G)."""
+    """G samples of each row's prompt -> batch: a dict of group-major lists (N = rows x G)."""
+    prompts = [row["prompt"] for row in rows]
     outs = engines.generate(
         engine,
-        [r["prompt"] for r in rows],
+        prompts,
         n=args.group_size,
         temperature=args.temperature,
         seed=seed,
@@ -604,108 +654,144 @@ def rollout(engine, rows, args, seed):
         min_tokens=args.min_tokens,
         stop=rows[0]["stop"],
     )
-    flat = [(r, o) for r, os_ in zip(rows, outs) for o in os_]  # group-major: G per prompt
-    keys = {
-        "prompts": "prompt",
-        "ground_truths": "ground_truth",
-        "responses": "text",
-        "prompt_ids": "prompt_token_ids",
-        "response_ids": "token_ids",
-        "engine_logprobs": "logprobs",
-    }  # batch key -> the row's or the sample's
-    return {k: [o[v] if v in o else r[v] for r, o in flat] for k, v in keys.items()} | {
-        "truncated": [o["finish_reason"] == "length" for _, o in flat]
+    batch = {
+        "prompts": [],
+        "ground_truths": [],
+        "responses": [],
+        "prompt_ids": [],
+        "response_ids": [],
+        "engine_logprobs": [],
+        "truncated": [],
     }
-
-
-def score(batch, args):
-    """Grade every response (+ DAPO's overlong penalty); batch["rewards"] = the reward dicts, batch["raw"] (N,)."""
-    dicts = grader.grade_batch(
-        grader.REWARD_FNS[args.reward],
-        batch["responses"],
-        batch["ground_truths"],
-        workers=args.grader_workers,
-    )
-    raw = torch.tensor([d["reward"] for d in dicts], dtype=torch.float32)  # (N,)
-    if args.overlong_buffer:  # 0 up to max - buffer tokens, then linear down to -1 at max_tokens
-        n = torch.tensor([len(r) for r in batch["response_ids"]], dtype=torch.float32)
-        raw += ((args.max_tokens - args.overlong_buffer - n) / args.overlong_buffer).clamp(
-            -1.0, 0.0
-        )
-    batch["rewards"], batch["raw"] = dicts, raw
+    for row, samples in zip(rows, outs):
+        for sample in samples:  # group-major: a prompt's G samples one after the other
+            batch["prompts"].append(row["prompt"])
+            batch["ground_truths"].append(row["ground_truth"])
+            batch["responses"].append(sample["text"])
+            batch["prompt_ids"].append(sample["prompt_token_ids"])
+            batch["response_ids"].append(sample["token_ids"])
+            batch["engine_logprobs"].append(sample["logprobs"])
+            batch["truncated"].append(sample["finish_reason"] == "length")
     return batch
 
 
+def score(batch, args):
+    """Grade every response, with DAPO's overlong penalty if asked. Sets batch["rewards"] (the
+    reward dicts) and batch["raw"] (N,), the total rewards; returns the batch."""
+    reward_fn = grader.REWARD_FNS[args.reward]
+    dicts = grader.grade_batch(
+        reward_fn, batch["responses"], batch["ground_truths"], workers=args.grader_workers
+    )
+    raw = torch.tensor([d["reward"] for d in dicts], dtype=torch.float32)  # (N,)
+    if args.overlong_buffer:
+        # 0 up to max_tokens - buffer tokens, then linear down to -1 at max_tokens
+        lengths = [len(ids) for ids in batch["response_ids"]]
+        n = torch.tensor(lengths, dtype=torch.float32)  # (N,)
+        left = args.max_tokens - args.overlong_buffer - n  # (N,) below 0 inside the buffer
+        raw += (left / args.overlong_buffer).clamp(-1.0, 0.0)
+    batch["rewards"] = dicts
+    batch["raw"] = raw
+    return batch
+
+
+def _drop_flat_groups(part, n_groups, room, args):
+    """DAPO's dynamic-sampling filter on a scored batch of n_groups groups: keeps the first `room`
+    groups whose score varies within the group (DAPO: the accuracy). -> (the kept groups as a
+    batch, the number of flat groups)."""
+    G = args.group_size
+    if args.dynamic_sampling_on == "answer_reward":
+        answer_rewards = [d["answer_reward"] for d in part["rewards"]]
+        signal = torch.tensor(answer_rewards, dtype=torch.float32)  # (N,)
+    else:
+        signal = part["raw"]  # (N,) the total reward, length shaping included
+    keep = []  # the varied groups' rows
+    n_flat = 0
+    for g in range(n_groups):
+        group = signal[g * G : (g + 1) * G]
+        if group.max() > group.min():
+            keep.extend(range(g * G, (g + 1) * G))
+        else:
+            n_flat += 1
+    keep = keep[: room * G]
+    kept = {}
+    for key, values in part.items():
+        if torch.is_tensor(values):
+            kept[key] = values[keep]
+        else:
+            kept[key] = [values[j] for j in keep]
+    return kept, n_flat
+
+
 def collect(engine, train_rows, args, step, shard=(0, 1)):
-    """Rollout + reward phases of a step -> (scored batch with advantages, metrics). --dynamic-sampling (DAPO) drops
-    flat groups and samples fresh prompts for up to --dynamic-sampling-max-rounds rounds, then trains what it has.
-    shard (i, n): generator i of n (grpo_ray.py) takes its part of the prompts and seeds; joined in order = one batch."""
-    (i, n), G, total = shard, args.group_size, args.n_prompts_per_rollout_batch
-    start, rng = (
-        i * total // n,
-        random.Random(f"{sample_seed(args, step)}-{i}"),
-    )  # extra rounds: this shard's own draws
-    rows = random.Random(sample_seed(args, step)).sample(train_rows, total)[
-        start : (i + 1) * total // n
-    ]
-    want, batch, sampled, t0, t_grade, t_round0 = len(rows), None, 0, time.perf_counter(), 0.0, None
+    """The rollout and reward phases of a step -> (scored batch with advantages, metrics).
+
+    --dynamic-sampling (DAPO) drops the groups whose score does not vary and samples fresh prompts
+    to fill their place, for up to --dynamic-sampling-max-rounds more rounds; then it trains what
+    it has. shard (i, n): generator i of n (grpo_ray.py) takes its part of the step's prompts and
+    seeds; the n parts joined in order are one batch.
+    """
+    i, n = shard
+    G = args.group_size
+    total = args.n_prompts_per_rollout_batch  # the step's prompts, over all shards
+    start = i * total // n  # this shard's first prompt
+    end = (i + 1) * total // n
+    chosen = random.Random(sample_seed(args, step)).sample(train_rows, total)
+    rows = chosen[start:end]
+    rng = random.Random(f"{sample_seed(args, step)}-{i}")  # extra rounds: this shard's own draws
+    n_rounds = 1
+    if args.dynamic_sampling:
+        n_rounds += args.dynamic_sampling_max_rounds
+
+    want = len(rows)  # groups this shard trains on
+    batch = None  # the groups kept so far
+    flat = None  # the last round's groups, unfiltered (trained if no group varies)
+    sampled = 0  # prompts sampled, over all rounds
     n_flat = 0  # sampled groups dropped for no variance (--dynamic-sampling)
-    for rnd in range(1 + args.dynamic_sampling_max_rounds * args.dynamic_sampling):
-        part, t1 = (
-            rollout(engine, rows, args, sample_seed(args, step, rnd) + 2 * start * G),
-            time.perf_counter(),
-        )
-        part, sampled, t_grade = (
-            score(part, args),
-            sampled + len(rows),
-            t_grade + time.perf_counter() - t1,
-        )
-        if (
-            args.dynamic_sampling
-        ):  # keep the groups with variance (DAPO: of accuracy), up to the batch size
-            if args.dynamic_sampling_on == "answer_reward":
-                signal = torch.tensor(
-                    [d["answer_reward"] for d in part["rewards"]], dtype=torch.float32
-                )
-            else:
-                signal = part["raw"]  # the total reward, length shaping included
-            varied = [
-                g
-                for g in range(len(rows))
-                if signal[g * G : (g + 1) * G].max() > signal[g * G : (g + 1) * G].min()
-            ]
-            n_flat += len(rows) - len(varied)
-            have = 0 if batch is None else len(batch["raw"]) // G
-            keep = [g * G + j for g in varied for j in range(G)][: (want - have) * G]
-            flat, part = (
-                part,
-                {
-                    k: (v[keep] if torch.is_tensor(v) else [v[i] for i in keep])
-                    for k, v in part.items()
-                },
-            )
-        batch = (
-            part
-            if batch is None
-            else {
-                k: (torch.cat([batch[k], v]) if torch.is_tensor(v) else batch[k] + v)
-                for k, v in part.items()
-            }
-        )
-        t_round0 = t_round0 or time.perf_counter() - t0
+    t0 = time.perf_counter()
+    t_grade = 0.0
+    t_round0 = None  # the first round's time: the rest is dynamic sampling's extra
+    for rnd in range(n_rounds):
+        # a shard uses at most 2 x its prompts x G seeds of the round's block (a later round
+        # samples up to twice the prompts it misses): shard i's part starts at 2 x start x G
+        part = rollout(engine, rows, args, sample_seed(args, step, rnd) + 2 * start * G)
+        t1 = time.perf_counter()
+        part = score(part, args)
+        sampled += len(rows)
+        t_grade = t_grade + time.perf_counter() - t1
+        if args.dynamic_sampling:
+            # keep the groups with variance, up to the batch size
+            have = 0
+            if batch is not None:
+                have = len(batch["raw"]) // G
+            flat = part
+            part, n_dropped = _drop_flat_groups(flat, len(rows), want - have, args)
+            n_flat += n_dropped
+        if batch is None:
+            batch = part
+        else:
+            joined = {}
+            for key, values in part.items():
+                if torch.is_tensor(values):
+                    joined[key] = torch.cat([batch[key], values])
+                else:
+                    joined[key] = batch[key] + values
+            batch = joined
+        if t_round0 is None:
+            t_round0 = time.perf_counter() - t0
         missing = want - len(batch["raw"]) // G
         if not args.dynamic_sampling or missing <= 0:
             break
-        rows = rng.sample(
-            train_rows, min(len(train_rows), 2 * missing)
-        )  # oversample: some groups come out flat
-    if (
-        len(batch["raw"]) == 0
-    ):  # nothing to learn from this step: a batch of flat groups (zero advantage)
+        # oversample: some of the groups come out flat
+        rows = rng.sample(train_rows, min(len(train_rows), 2 * missing))
+    if len(batch["raw"]) == 0:
+        # nothing to learn from in this step: train a batch's worth of flat groups (zero advantage)
         print(
-            f"notice: step {step}: no group with reward variance in {sampled} prompts (--dynamic-sampling)"
+            f"notice: step {step}: no group with reward variance in {sampled} prompts"
+            " (--dynamic-sampling)"
         )
         batch = {k: v[: want * G] for k, v in flat.items()}
+
+    # advantages: group-normalised rewards
     batch["advantages"], _, meta = losses.compute_group_normalized_rewards(
         None,
         batch["responses"],
@@ -715,53 +801,54 @@ def collect(engine, train_rows, args, step, shard=(0, 1)):
         args.std_norm,
         reward_dicts=batch["raw"].tolist(),
     )
-    batch["raw_rewards"], batch["ban_token_ids"] = (
-        batch["raw"],
-        engines.min_tokens_banned_ids(engine) if args.min_tokens else [],
-    )
-    lens, d = [len(r) for r in batch["response_ids"]], batch["rewards"]
-    m = {
+    batch["raw_rewards"] = batch["raw"]
+    if args.min_tokens:
+        batch["ban_token_ids"] = engines.min_tokens_banned_ids(engine)  # the trainer bans them too
+    else:
+        batch["ban_token_ids"] = []
+
+    lengths = [len(ids) for ids in batch["response_ids"]]
+    rewards = batch["rewards"]
+    metrics = {
         "train/reward": meta["mean"],
-        "train/format_reward": fmean([x["format_reward"] for x in d]),
-        "train/answer_reward": fmean([x["answer_reward"] for x in d]),
+        "train/format_reward": fmean([d["format_reward"] for d in rewards]),
+        "train/answer_reward": fmean([d["answer_reward"] for d in rewards]),
         "train/zero_var_frac": meta["frac_groups_zero_std"],
-        "train/response_len_mean": fmean(lens),
-        "train/response_len_max": max(lens),
+        "train/response_len_mean": fmean(lengths),
+        "train/response_len_max": max(lengths),
         "train/truncation_rate": fmean(batch["truncated"]),
         "time/generation": time.perf_counter() - t0 - t_grade,
         "time/grading": t_grade,
     }
     if args.dynamic_sampling:
-        m.update(
-            {
-                "train/dynamic_filtered_frac": n_flat / sampled,
-                "train/dynamic_prompts_sampled": sampled,
-                "time/dynamic_extra_generation": time.perf_counter() - t0 - t_round0,
-            }
-        )
-    return batch, m
+        metrics["train/dynamic_filtered_frac"] = n_flat / sampled
+        metrics["train/dynamic_prompts_sampled"] = sampled
+        metrics["time/dynamic_extra_generation"] = time.perf_counter() - t0 - t_round0
+    return batch, metrics
 
 
 def collate(batch, args, pad_id=0):
-    """Right-padded engine token ids: input_ids / labels / response_mask / engine_log_probs / ban_mask (N, T),
-    lengths (N,). ban_mask marks the first --min-tokens response positions (stop tokens banned there)."""
-    seqs = [p + r for p, r in zip(batch["prompt_ids"], batch["response_ids"])]
-    N, T = len(seqs), max(map(len, seqs)) - 1
+    """The engine's token ids, right-padded, as tensors: input_ids, labels, response_mask,
+    engine_log_probs and ban_mask (N, T); lengths, group and prompt_len (N,). ban_mask marks the
+    first --min-tokens response positions (stop tokens are banned there)."""
+    prompt_ids = batch["prompt_ids"]
+    response_ids = batch["response_ids"]
+    seqs = [p + r for p, r in zip(prompt_ids, response_ids)]
+    N = len(seqs)
+    T = max(map(len, seqs)) - 1  # label positions: a sequence predicts all but its first token
     ids = torch.full((N, T + 1), pad_id, dtype=torch.long)  # (N, T+1)
-    mask, ban = (
-        torch.zeros(N, T, dtype=torch.bool),
-        torch.zeros(N, T, dtype=torch.bool),
-    )  # (N, T) over labels
-    eng = torch.zeros(N, T)
-    for i, (p, r, lp) in enumerate(
-        zip(batch["prompt_ids"], batch["response_ids"], batch["engine_logprobs"])
-    ):
+    mask = torch.zeros(N, T, dtype=torch.bool)  # (N, T) over labels: the response tokens
+    ban = torch.zeros(N, T, dtype=torch.bool)  # (N, T) over labels: the first --min-tokens
+    eng = torch.zeros(N, T)  # (N, T) over labels: the engine's log-probs
+    for i in range(N):
+        p = prompt_ids[i]
+        r = response_ids[i]
         ids[i, : len(p) + len(r)] = torch.tensor(p + r)
         s = len(p) - 1  # label s is the first response token
         mask[i, s : s + len(r)] = True
         ban[i, s : s + min(len(r), args.min_tokens)] = True
-        eng[i, s : s + len(r)] = torch.tensor(lp, dtype=torch.float32)
-    if args.mask_truncated:  # DAPO overlong filtering: truncated responses leave the loss
+        eng[i, s : s + len(r)] = torch.tensor(batch["engine_logprobs"][i], dtype=torch.float32)
+    if args.mask_truncated:  # DAPO's overlong filtering: truncated responses leave the loss
         mask[torch.tensor(batch["truncated"], dtype=torch.bool)] = False
     return {
         "input_ids": ids[:, :-1],
@@ -771,159 +858,174 @@ def collate(batch, args, pad_id=0):
         "ban_mask": ban,
         "lengths": torch.tensor([len(s) - 1 for s in seqs]),
         "group": torch.arange(N) // args.group_size,
-        "prompt_len": torch.tensor([len(p) for p in batch["prompt_ids"]]),
+        "prompt_len": torch.tensor([len(p) for p in prompt_ids]),
     }
 
 
 def _forwards(tensors, idx, args, device):
-    """Microbatch rows idx as forward passes (rows, tensors trimmed to their longest L on device + the rows' lengths,
-    L, prefix_len P): one per group with --shared-prefix (its prompt once; its last token predicts each response's first)."""
-    groups = (
-        [idx[tensors["group"][idx] == g] for g in tensors["group"][idx].unique()]
-        if args.shared_prefix
-        else [idx]
-    )
-    for rows in groups:
-        L, P = (
-            int(tensors["lengths"][rows].max()),
-            int(tensors["prompt_len"][rows].min()) - 1 if len(rows) > 1 else 0,
-        )
-        mb = {k: tensors[k][rows, :L].to(device) for k in ("input_ids", "labels", "ban_mask")} | {
-            "lengths": tensors["lengths"][rows]
-        }
-        yield rows, mb, L, P * (args.shared_prefix and P < L)
+    """The forward passes of microbatch rows `idx` (a tensor of row numbers). Yields, for each:
+    (rows, mb, L, P) with mb the rows' input_ids, labels and ban_mask trimmed to their longest
+    length L and moved to `device`, plus their lengths; P is the shared prefix's length.
+
+    Without --shared-prefix this is one pass, P = 0. With it, one pass per group: its prompt runs
+    once, and the prompt's last token predicts each response's first (P = the prompt's length - 1;
+    0 for a single row, or when the prefix would be the whole pass).
+    """
+    if args.shared_prefix:
+        group_of = tensors["group"][idx]  # (len(idx),)
+        passes = []
+        for g in group_of.unique():
+            passes.append(idx[group_of == g])
+    else:
+        passes = [idx]
+    for rows in passes:
+        L = int(tensors["lengths"][rows].max())
+        P = 0
+        if args.shared_prefix and len(rows) > 1:
+            prefix = int(tensors["prompt_len"][rows].min()) - 1
+            if prefix < L:
+                P = prefix
+        mb = {}
+        for key in ("input_ids", "labels", "ban_mask"):
+            mb[key] = tensors[key][rows, :L].to(device)  # (rows, L)
+        mb["lengths"] = tensors["lengths"][rows]
+        yield rows, mb, L, P
 
 
 # ----------------------------------------------------------------------------- log-probs / train
 def _shard(rows, dp):
     """This learner's contiguous part of `rows` (all of them without data parallelism)."""
-    return (
-        rows
-        if dp is None
-        else rows[
-            dp["rank"] * len(rows) // dp["world"] : (dp["rank"] + 1) * len(rows) // dp["world"]
-        ]
-    )
+    if dp is None:
+        return rows
+    start = dp["rank"] * len(rows) // dp["world"]
+    end = (dp["rank"] + 1) * len(rows) // dp["world"]
+    return rows[start:end]
 
 
 def batch_log_probs(model, tensors, args, ban_ids, dp=None):
-    """(N, T) label log-probs under `model` at the sampling temperature, no grad; dp: shard per learner, then summed."""
+    """(N, T) label log-probs under `model` at the sampling temperature, no grad. With dp each
+    learner scores its shard of the rows, and the results are summed."""
     N, T = tensors["labels"].shape
-    out, dev, was_training, rows = (
-        torch.zeros(N, T),
-        next(model.parameters()).device,
-        model.training,
-        _shard(torch.arange(N), dp),
-    )
+    out = torch.zeros(N, T)  # (N, T)
+    device = next(model.parameters()).device
+    was_training = model.training
+    rows = _shard(torch.arange(N), dp)
+    mbs = args.micro_train_batch_size
     model.eval()
-    with torch.inference_mode(), common.autocast(dev, args.compute_dtype):
-        for s in range(0, len(rows), args.micro_train_batch_size):
-            for idx, mb, L, P in _forwards(
-                tensors, rows[s : s + args.micro_train_batch_size], args, dev
-            ):
-                out[idx, :L] = (
-                    losses.get_response_log_probs(
-                        model,
-                        **mb,
-                        temperature=args.temperature,
-                        ban_token_ids=ban_ids,
-                        prefix_len=P,
-                    )["log_probs"]
-                    .float()
-                    .cpu()
+    with torch.inference_mode(), common.autocast(device, args.compute_dtype):
+        for start in range(0, len(rows), mbs):
+            for idx, mb, L, P in _forwards(tensors, rows[start : start + mbs], args, device):
+                result = losses.get_response_log_probs(
+                    model,
+                    **mb,
+                    temperature=args.temperature,
+                    ban_token_ids=ban_ids,
+                    prefix_len=P,
                 )
+                out[idx, :L] = result["log_probs"].float().cpu()  # (rows, L)
     model.train(was_training)
     out = out.clone()  # a normal tensor: inference tensors cannot enter autograd later
-    return out if dp is None else dp["reduce"](out, "sum")
+    if dp is None:
+        return out
+    return dp["reduce"](out, "sum")
 
 
 def train_step(
     policy, optimizer, batch, args, step, ref_model=None, prev_model=None, lag=0, dp=None
 ):
-    """One scored rollout batch -> (history: one dict per optimizer step, the step's metrics): pi_old (reference,
-    previous policy for KL) by no-grad passes, then epochs x train batches x microbatches. lag: updates the policy
-    is ahead of the batch's generator (grpo_ray.py); a stale batch takes pi_old from the engine unless --rollout-is
-    corrects it. prev_model holds pi_{t-1}, refreshed here. dp (grpo_ray.py's M learners): {"rank", "world",
-    "reduce": in-place all-reduce(tensor, op)}: each runs 1/M of every row set, gradients and metrics are summed."""
-    t0, ban_ids, tensors, m = time.perf_counter(), batch["ban_token_ids"], collate(batch, args), {}
+    """One scored rollout batch -> (history: one dict per optimizer step, the step's metrics).
+
+    First the no-grad passes: pi_old, and the reference and previous policies for the KL; then
+    _updates (epochs x train batches x microbatches). lag: how many updates the policy is ahead of
+    the batch's generator (grpo_ray.py); a stale batch takes pi_old from the engine unless
+    --rollout-is corrects it. prev_model holds pi_{t-1} and is refreshed here. dp (grpo_ray.py's M
+    learners): {"rank", "world", "reduce": in-place all-reduce(tensor, op)}; each learner runs 1/M
+    of every set of rows, and the gradients and metrics are summed.
+    """
+    t0 = time.perf_counter()
+    ban_ids = batch["ban_token_ids"]
+    tensors = collate(batch, args)
+    metrics = {}
+    mask = tensors["response_mask"]  # (N, T)
+    engine_log_probs = tensors["engine_log_probs"]  # (N, T) mu, the sampling distribution
     do_kl = bool(args.kl_every) and step % args.kl_every == 0
+    # pi_old from the engine: when asked, or on a stale batch that no importance sampling corrects
     engine_old = args.old_log_probs == "engine" or (lag > 0 and args.rollout_is == "none")
     need_cur = do_kl or (not engine_old and (args.needs_old or lag > 0))
-    cur = (
-        batch_log_probs(policy, tensors, args, ban_ids, dp) if need_cur else None
-    )  # pi_t, the policy before this step
-    old = tensors["engine_log_probs"] if engine_old else cur
-    mask, weights = tensors["response_mask"], None
-    if cur is not None:  # engine-trainer mismatch (kernels, precision; staleness when lag > 0)
-        weights, is_m = losses.compute_rollout_is(
+    cur = None  # (N, T) pi_t, the policy before this step
+    if need_cur:
+        cur = batch_log_probs(policy, tensors, args, ban_ids, dp)
+    if engine_old:
+        old = engine_log_probs
+    else:
+        old = cur
+    weights = None
+    if cur is not None:
+        # the engine-trainer mismatch (kernels, precision; staleness when lag > 0)
+        weights, is_metrics = losses.compute_rollout_is(
             cur,
-            tensors["engine_log_probs"],
+            engine_log_probs,
             mask,
             args.rollout_is,
             args.rollout_is_cap,
             args.rollout_is_level,
             args.rollout_is_floor,
         )
-        m.update({f"train/{k}": v for k, v in is_m.items()})
-        m["train/logprob_mismatch"] = losses.masked_mean(
-            (cur - tensors["engine_log_probs"]).abs(), mask
-        ).item()
+        for key, value in is_metrics.items():
+            metrics[f"train/{key}"] = value
+        mismatch = losses.masked_mean((cur - engine_log_probs).abs(), mask)
+        metrics["train/logprob_mismatch"] = mismatch.item()
         if args.rollout_is == "none":
-            weights = None
-    ref = (
-        batch_log_probs(ref_model, tensors, args, ban_ids, dp)
-        if (args.kl_beta or do_kl) and ref_model is not None
-        else None
-    )
+            weights = None  # measured, not applied
+    ref = None  # (N, T) pi_init
+    if (args.kl_beta or do_kl) and ref_model is not None:
+        ref = batch_log_probs(ref_model, tensors, args, ban_ids, dp)
     if do_kl:
-        m["train/kl_ref"] = losses.kl_divergence(
-            cur, ref, tensors["response_mask"], args.kl_estimator
-        ).item()
+        kl_ref = losses.kl_divergence(cur, ref, mask, args.kl_estimator)
+        metrics["train/kl_ref"] = kl_ref.item()
         if prev_model is not None and getattr(prev_model, "holds_step", None) == step - 1:
-            prev = batch_log_probs(prev_model, tensors, args, ban_ids, dp)
-            m["train/kl_prev"] = losses.kl_divergence(
-                cur, prev, tensors["response_mask"], args.kl_estimator
-            ).item()
-            if (
-                lag == 1
-            ):  # prev generated this batch: split the mismatch into kernel and staleness parts
-                m["train/mismatch_kernel_kl"] = losses.kl_divergence(
-                    tensors["engine_log_probs"], prev, mask, "k3"
-                ).item()  # KL(mu || pi_prev)
-                m["train/mismatch_staleness_kl"] = losses.kl_divergence(
-                    prev, cur, mask, "k3"
-                ).item()
+            prev = batch_log_probs(prev_model, tensors, args, ban_ids, dp)  # (N, T) pi_{t-1}
+            kl_prev = losses.kl_divergence(cur, prev, mask, args.kl_estimator)
+            metrics["train/kl_prev"] = kl_prev.item()
+            if lag == 1:
+                # pi_{t-1} generated this batch: split the mismatch into kernel and staleness
+                # parts, KL(mu || pi_{t-1}) and KL(pi_{t-1} || pi_t)
+                kernel = losses.kl_divergence(engine_log_probs, prev, mask, "k3")
+                staleness = losses.kl_divergence(prev, cur, mask, "k3")
+                metrics["train/mismatch_kernel_kl"] = kernel.item()
+                metrics["train/mismatch_staleness_kl"] = staleness.item()
     if prev_model is not None and args.kl_every and (step + 1) % args.kl_every == 0:
-        prev_model.load_state_dict(
-            policy.state_dict()
-        )  # pi_t, the previous policy of the next step
+        prev_model.load_state_dict(policy.state_dict())  # pi_t, the next step's previous policy
         prev_model.holds_step = step
-    m["time/old_log_probs"], t1 = time.perf_counter() - t0, time.perf_counter()
+    metrics["time/old_log_probs"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
     history = _updates(policy, optimizer, batch, tensors, mask, old, ref, weights, args, step, dp)
-    return history, m | {"time/training": time.perf_counter() - t1}
+    metrics["time/training"] = time.perf_counter() - t1
+    return history, metrics
 
 
 def _updates(policy, optimizer, batch, tensors, mask, old, ref, weights, args, step, dp=None):
-    """epochs x train batches of --train-batch-size x microbatches of --micro-train-batch-size (the last ones
-    may be smaller: each microbatch's loss is scaled by its share of the step's rows). One dict per step."""
-    N, dev, ban_ids = len(batch["advantages"]), args.policy_device, batch["ban_token_ids"]
-    gen, params, history = (
-        torch.Generator().manual_seed(sample_seed(args, step)),
-        [p for p in policy.parameters() if p.requires_grad],
-        [],
-    )
+    """The optimizer steps on one rollout batch: epochs x train batches of --train-batch-size rows
+    x microbatches of --micro-train-batch-size rows. The last ones may be smaller: each forward's
+    loss is scaled by its share of the optimizer step's rows. -> one metrics dict per step."""
+    N = len(batch["advantages"])
+    device = args.policy_device
+    ban_ids = batch["ban_token_ids"]
+    mbs = args.micro_train_batch_size
+    gen = torch.Generator().manual_seed(sample_seed(args, step))  # off-policy shuffles
+    params = [p for p in policy.parameters() if p.requires_grad]
+    history = []
     for epoch in range(args.epochs_per_rollout_batch):
-        # on-policy the order is free: microbatches of similar lengths pad less (groups stay whole for --shared-prefix)
-        order = (
-            torch.randperm(N, generator=gen)
-            if args.off_policy
-            else torch.arange(N)
-            if args.shared_prefix
-            else torch.argsort(tensors["lengths"], stable=True)
-        )
+        if args.off_policy:
+            order = torch.randperm(N, generator=gen)  # off-policy: shuffle each epoch
+        elif args.shared_prefix:
+            order = torch.arange(N)  # on-policy the order is free: keep groups whole
+        else:
+            order = torch.argsort(tensors["lengths"], stable=True)  # similar lengths pad less
         for b in range(0, N, args.train_batch_size):
-            rows = order[b : b + args.train_batch_size]
-            h = {
+            rows = order[b : b + args.train_batch_size]  # this optimizer step's rows
+            # the step's metrics: token-weighted sums and the ratio's extremes
+            totals = {
                 "loss": 0.0,
                 "entropy": 0.0,
                 "clip_fraction": 0.0,
@@ -931,163 +1033,188 @@ def _updates(policy, optimizer, batch, tensors, mask, old, ref, weights, args, s
                 "ratio_min": math.inf,
                 "ratio_max": -math.inf,
             }
-            n_tok = max(
-                int(mask[rows].sum()), 1
-            )  # DAPO token norm: the tokens of the whole optimizer step
+            n_tok = max(int(mask[rows].sum()), 1)  # DAPO token norm: the whole step's tokens
             mine = _shard(rows, dp)
-            for idx, mb, L, P in (
-                f
-                for s in range(0, len(mine), args.micro_train_batch_size)
-                for f in _forwards(tensors, mine[s : s + args.micro_train_batch_size], args, dev)
-            ):
-                share = len(idx) / len(rows)  # this forward's part of the optimizer step's loss
-                with common.autocast(dev, args.compute_dtype):
-                    out = losses.get_response_log_probs(
-                        policy,
-                        **mb,
-                        return_token_entropy=True,
-                        temperature=args.temperature,
-                        ban_token_ids=ban_ids,
-                        prefix_len=P,
+            for start in range(0, len(mine), mbs):
+                for idx, mb, L, P in _forwards(tensors, mine[start : start + mbs], args, device):
+                    share = len(idx) / len(rows)  # this forward's part of the step's loss
+                    with common.autocast(device, args.compute_dtype):
+                        out = losses.get_response_log_probs(
+                            policy,
+                            **mb,
+                            return_token_entropy=True,
+                            temperature=args.temperature,
+                            ban_token_ids=ban_ids,
+                            prefix_len=P,
+                        )
+                    mb_mask = mask[idx, :L].to(device)  # (rows, L)
+                    raw_rewards = batch["raw_rewards"][idx].to(device)  # (rows,)
+                    advantages = batch["advantages"][idx].to(device)  # (rows,)
+                    mb_old = None
+                    if old is not None:
+                        mb_old = old[idx, :L].to(device)  # (rows, L)
+                    if args.length_norm == "token":
+                        normalize_constant = n_tok
+                    else:
+                        normalize_constant = args.normalize_constant
+                    mb_ref = None
+                    if ref is not None and args.kl_beta:
+                        mb_ref = ref[idx, :L].to(device)  # (rows, L)
+                    mb_weights = None
+                    if weights is not None:
+                        mb_weights = weights[idx, :L].to(device)  # (rows, L)
+                    loss, meta = losses.grpo_microbatch_train_step(
+                        out["log_probs"],
+                        mb_mask,
+                        1 / share,
+                        args.loss,
+                        raw_rewards=raw_rewards,
+                        advantages=advantages,
+                        old_log_probs=mb_old,
+                        cliprange=args.cliprange,
+                        cliprange_high=args.cliprange_high,
+                        length_norm=args.length_norm,
+                        normalize_constant=normalize_constant,
+                        ref_log_probs=mb_ref,
+                        kl_beta=args.kl_beta,
+                        kl_estimator=args.kl_estimator,
+                        is_weights=mb_weights,
                     )
-                mbm = mask[idx, :L].to(dev)
-                loss, meta = losses.grpo_microbatch_train_step(
-                    out["log_probs"],
-                    mbm,
-                    1 / share,
-                    args.loss,
-                    raw_rewards=batch["raw_rewards"][idx].to(dev),
-                    advantages=batch["advantages"][idx].to(dev),
-                    old_log_probs=None if old is None else old[idx, :L].to(dev),
-                    cliprange=args.cliprange,
-                    cliprange_high=args.cliprange_high,
-                    length_norm=args.length_norm,
-                    normalize_constant=n_tok
-                    if args.length_norm == "token"
-                    else args.normalize_constant,
-                    ref_log_probs=ref[idx, :L].to(dev)
-                    if (ref is not None and args.kl_beta)
-                    else None,
-                    kl_beta=args.kl_beta,
-                    kl_estimator=args.kl_estimator,
-                    is_weights=None if weights is None else weights[idx, :L].to(dev),
-                )
-                tok = (
-                    float(mbm.sum()) / n_tok
-                )  # token averages over the whole step, whatever the forwards' split
-                h["loss"] += loss.item()
-                h["entropy"] += (
-                    losses.masked_mean(out["token_entropy"].detach(), mbm).nan_to_num().item() * tok
-                )
-                h["clip_fraction"] += float(meta.get("clip_fraction", 0.0)) * tok
-                if "ratio_mean" in meta:
-                    h["ratio_mean"] += meta["ratio_mean"].nan_to_num(1.0).item() * tok
-                    h["ratio_min"], h["ratio_max"] = (
-                        min(h["ratio_min"], meta["ratio_min"].item()),
-                        max(h["ratio_max"], meta["ratio_max"].item()),
-                    )
-            if (
-                dp is not None
-            ):  # the step's gradient and metrics are the sums of every learner's part
-                _reduce(params, h, dp)
+                    # token averages over the whole step, whatever the forwards' split
+                    tok = float(mb_mask.sum()) / n_tok
+                    entropy = losses.masked_mean(out["token_entropy"].detach(), mb_mask)
+                    totals["loss"] += loss.item()
+                    totals["entropy"] += entropy.nan_to_num().item() * tok
+                    totals["clip_fraction"] += float(meta.get("clip_fraction", 0.0)) * tok
+                    if "ratio_mean" in meta:
+                        totals["ratio_mean"] += meta["ratio_mean"].nan_to_num(1.0).item() * tok
+                        totals["ratio_min"] = min(totals["ratio_min"], meta["ratio_min"].item())
+                        totals["ratio_max"] = max(totals["ratio_max"], meta["ratio_max"].item())
+            if dp is not None:
+                _reduce(params, totals, dp)  # the step's gradient and metrics: every learner's part
             grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            if (
-                h["ratio_min"] == math.inf
-            ):  # no ratio in the loss (on-policy by construction), or no token: pi_old is pi
-                h.update(ratio_mean=1.0, ratio_min=1.0, ratio_max=1.0)
-            history.append(
-                {f"train/{k}": v for k, v in h.items()}
-                | {"train/grad_norm": grad_norm.item(), "train/epoch": epoch, "train/lr": args.lr}
-            )
+            if totals["ratio_min"] == math.inf:
+                # no ratio in the loss (on-policy by construction), or no token: pi_old is pi
+                totals.update(ratio_mean=1.0, ratio_min=1.0, ratio_max=1.0)
+            row = {}
+            for key, value in totals.items():
+                row[f"train/{key}"] = value
+            row["train/grad_norm"] = grad_norm.item()
+            row["train/epoch"] = epoch
+            row["train/lr"] = args.lr
+            history.append(row)
     return history
 
 
-def _reduce(params, h, dp):
-    """All-reduce the accumulated gradients (one flat buffer) and the step's metric sums / extremes over learners."""
-    flat = dp["reduce"](
-        torch.cat(
-            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
-        ),
-        "sum",
-    )
-    for p, g in zip(params, flat.split([p.numel() for p in params])):
+def _reduce(params, totals, dp):
+    """All-reduce over the learners: the accumulated gradients (as one flat buffer), then the
+    step's metric sums and its ratio extremes."""
+    grads = []
+    for p in params:
+        if p.grad is None:
+            grads.append(torch.zeros_like(p).reshape(-1))
+        else:
+            grads.append(p.grad.reshape(-1))
+    flat = dp["reduce"](torch.cat(grads), "sum")
+    sizes = [p.numel() for p in params]
+    for p, g in zip(params, flat.split(sizes)):
         p.grad = g.view_as(p).clone()
-    keys = ("loss", "entropy", "clip_fraction", "ratio_mean")
-    h.update(
-        zip(
-            keys,
-            dp["reduce"](torch.tensor([h[k] for k in keys], dtype=torch.float64), "sum").tolist(),
-        )
-    )
-    h["ratio_min"], h["ratio_max"] = (
-        dp["reduce"](torch.tensor(h[k]), op).item()
-        for k, op in (("ratio_min", "min"), ("ratio_max", "max"))
-    )
+    keys = ["loss", "entropy", "clip_fraction", "ratio_mean"]
+    sums = torch.tensor([totals[k] for k in keys], dtype=torch.float64)
+    sums = dp["reduce"](sums, "sum").tolist()
+    for key, value in zip(keys, sums):
+        totals[key] = value
+    totals["ratio_min"] = dp["reduce"](torch.tensor(totals["ratio_min"]), "min").item()
+    totals["ratio_max"] = dp["reduce"](torch.tensor(totals["ratio_max"]), "max").item()
 
 
 def step_rows(step, opt_step, batch, history, metrics, step_s, weight_sync_s, wall_s):
-    """One GRPO step's metric rows (one per optimizer step) for grpo.py and grpo_ray.py: metrics = collect's | train_step's."""
-    n_tok = sum(len(r) for r in batch["response_ids"])
-    row = metrics | {
-        "time/weight_sync": weight_sync_s,
-        "time/step": step_s,
-        "time/wall": wall_s,
-        "time/tokens_per_s": n_tok / max(step_s, 1e-9),
-        "time/gen_tokens_per_s": n_tok / max(metrics["time/generation"], 1e-9),
-    }
-    return [{"step": step, "opt_step": opt_step + i + 1} | row | h for i, h in enumerate(history)]
+    """One GRPO step's metric rows, one per optimizer step, for grpo.py and grpo_ray.py: metrics
+    (collect's and train_step's) and the step's times, then each optimizer step's history row."""
+    n_tok = sum(len(ids) for ids in batch["response_ids"])  # the step's generated tokens
+    shared = dict(metrics)
+    shared["time/weight_sync"] = weight_sync_s
+    shared["time/step"] = step_s
+    shared["time/wall"] = wall_s
+    shared["time/tokens_per_s"] = n_tok / max(step_s, 1e-9)
+    shared["time/gen_tokens_per_s"] = n_tok / max(metrics["time/generation"], 1e-9)
+    rows = []
+    for i, h in enumerate(history):
+        row = {"step": step, "opt_step": opt_step + i + 1}
+        row.update(shared)
+        row.update(h)
+        rows.append(row)
+    return rows
 
 
 # ----------------------------------------------------------------------------- eval / io
-LINE = (
-    "loss +.4f reward .3f answer_reward .2f response_len_mean .1f truncation_rate .2f entropy .3f grad_norm .3f "
-    "clip_fraction .3f kl_ref .2e kl_prev .2e generation .1f training .1f tokens_per_s .0f".split()
-)  # (name, format)
+# The per-step stdout line: (name, format) of each metric it shows, from train/ or time/
+STEP_LINE = [
+    ("loss", "+.4f"),
+    ("reward", ".3f"),
+    ("answer_reward", ".2f"),
+    ("response_len_mean", ".1f"),
+    ("truncation_rate", ".2f"),
+    ("entropy", ".3f"),
+    ("grad_norm", ".3f"),
+    ("clip_fraction", ".3f"),
+    ("kl_ref", ".2e"),
+    ("kl_prev", ".2e"),
+    ("generation", ".1f"),
+    ("training", ".1f"),
+    ("tokens_per_s", ".0f"),
+]
 
 
 def step_line(step, args, row):
-    """The per-step stdout line: the LINE keys present in the row (train/ or time/)."""
-    return f"step {step + 1}/{args.n_grpo_steps} | " + " | ".join(
-        f"{n} {row[p + n]:{f}}"
-        for n, f in zip(LINE[::2], LINE[1::2])
-        for p in ("train/", "time/")
-        if p + n in row
-    )
+    """The per-step stdout line: the STEP_LINE metrics that the row has."""
+    parts = []
+    for name, fmt in STEP_LINE:
+        for prefix in ("train/", "time/"):
+            key = prefix + name
+            if key in row:
+                parts.append(f"{name} {row[key]:{fmt}}")
+    return f"step {step + 1}/{args.n_grpo_steps} | " + " | ".join(parts)
 
 
 def _eval_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_run):
+    """Greedy validation on the engine's weights: logs the eval/ row and prints its line, then
+    writes rollouts/step_NNNN.jsonl (32 validation samples, then the first 2 train groups of
+    `batch` when given). -> the seconds it took (not counted as step time)."""
     t0 = time.perf_counter()
     metrics, samples = common.greedy_eval(
         engine, val_rows, args.reward, args.max_tokens, args.min_tokens, args.grader_workers
     )
-    common.log_row(
-        args.out,
-        {
-            "step": step,
-            "opt_step": state["opt_step"],
-            "time/wall": time.perf_counter() - t_run,
-            "time/eval": time.perf_counter() - t0,
-        }
-        | metrics,
-        wandb_run,
-    )
+    row = {
+        "step": step,
+        "opt_step": state["opt_step"],
+        "time/wall": time.perf_counter() - t_run,
+        "time/eval": time.perf_counter() - t0,
+    }
+    common.log_row(args.out, row | metrics, wandb_run)
     print(
-        f"eval step {step} | accuracy {metrics['eval/accuracy']:.3f} | reward {metrics['eval/reward']:.3f} | "
-        f"format {metrics['eval/format_reward']:.3f} | len {metrics['eval/response_len']:.1f}",
+        f"eval step {step} | accuracy {metrics['eval/accuracy']:.3f} | "
+        f"reward {metrics['eval/reward']:.3f} | format {metrics['eval/format_reward']:.3f} | "
+        f"len {metrics['eval/response_len']:.1f}",
         flush=True,
     )
-    train = (
-        []
-        if batch is None
-        else [
-            {"split": "train", "prompt": p, "response": r, "ground_truth": g, **d}
-            for p, r, g, d in zip(
-                batch["prompts"], batch["responses"], batch["ground_truths"], batch["rewards"]
+    train = []
+    if batch is not None:
+        columns = zip(
+            batch["prompts"], batch["responses"], batch["ground_truths"], batch["rewards"]
+        )
+        for prompt, response, ground_truth, rewards in columns:
+            train.append(
+                {
+                    "split": "train",
+                    "prompt": prompt,
+                    "response": response,
+                    "ground_truth": ground_truth,
+                    **rewards,
+                }
             )
-        ]
-    )
     data.write_jsonl_atomic(
         os.path.join(args.out, "rollouts", f"step_{step:04d}.jsonl"),
         samples[:32] + train[: 2 * args.group_size],
@@ -1105,50 +1232,56 @@ def main(args):
     if args.dry_run:
         common.dry_run(args)  # the effective settings as one JSON line; nothing loaded
     torch.manual_seed(args.seed)
-    common.claim_run_dir(
-        args.out, args.resume
-    )  # an existing run needs --resume; checked writable first
+    common.claim_run_dir(args.out, args.resume)  # an existing run needs --resume; checked writable
     train_rows, val_rows = load_data(args)
     policy, tokenizer, optimizer, ref_model, prev_model = build_learner(args)
     state = {"step": 0, "opt_step": 0, "wall": 0.0}
     if args.resume:
-        state = {
-            k: v for k, v in common.restore_checkpoint(args.resume, args.out).items() if k in state
-        }
+        saved = common.restore_checkpoint(args.resume, args.out)
+        state = {k: v for k, v in saved.items() if k in state}
     engine = make_engine(args.resume or args.model, args, policy)
     data.write_json_atomic(os.path.join(args.out, "args.json"), common.jsonable(vars(args)))
-    wandb_run = common.start_wandb(
-        args.wandb, args, {"train/*": "opt_step", "eval/*": "step"}
-    )  # eval: its own x
+    axes = {"train/*": "opt_step", "eval/*": "step"}  # eval has its own x axis
+    wandb_run = common.start_wandb(args.wandb, args, axes)
+    if args.off_policy:
+        policy_kind = "off-policy"
+    else:
+        policy_kind = "on-policy"
     print(
-        f"{len(train_rows)} train / {len(val_rows)} val questions | {args.n_prompts_per_rollout_batch} prompts x "
-        f"{args.group_size} samples | {args.optimizer_steps_per_rollout_batch} optimizer steps per rollout batch "
-        f"({'off' if args.off_policy else 'on'}-policy) | {args.profile} profile | out {args.out}",
+        f"{len(train_rows)} train / {len(val_rows)} val questions | "
+        f"{args.n_prompts_per_rollout_batch} prompts x {args.group_size} samples | "
+        f"{args.optimizer_steps_per_rollout_batch} optimizer steps per rollout batch "
+        f"({policy_kind}) | {args.profile} profile | out {args.out}",
         flush=True,
     )
-    t_run, sync_s, dirty, interrupted = time.perf_counter() - state["wall"], 0.0, False, False
+    t_run = time.perf_counter() - state["wall"]  # a resumed run's clock goes on
+    sync_s = 0.0  # the last weight sync: counted in the next step's time
+    dirty = False  # inside a step's updates: nothing consistent to save
+    interrupted = False
     os.makedirs(os.path.join(args.out, "rollouts"), exist_ok=True)
     try:
-        for step in tqdm(
+        steps = tqdm(
             range(state["step"], args.n_grpo_steps), initial=state["step"], total=args.n_grpo_steps
-        ):
+        )
+        for step in steps:
             t_step = time.perf_counter()
-            # --- rollout + reward / advantage: G samples per question from the engine (it holds pi_step) ---
+            # --- rollout + reward / advantage: G samples per question from the engine, which
+            # holds pi_step ---
             batch, metrics = collect(engine, train_rows, args, step)
             # --- eval: greedy on the engine's weights, the policy after `step` updates ---
             if args.eval_every and step % args.eval_every == 0:
-                t_step += _eval_and_dump(
+                eval_s = _eval_and_dump(
                     engine, val_rows, args, step, state, t_run, batch, wandb_run
-                )  # not step time
+                )
+                t_step += eval_s  # not step time
             if args.sleep_engine:
-                engines.sleep_engine(
-                    engine
-                )  # one shared GPU: the engine's weights and KV cache leave it
-            # --- old log-probs, then train (epochs x train batches x microbatches); log. A first Ctrl-C lets
-            # this finish, so the saved weights, optimizer and step counter always agree ---
+                # one shared GPU: the engine's weights and KV cache leave it while training
+                engines.sleep_engine(engine)
+            # --- old log-probs, then train (epochs x train batches x microbatches); log. A first
+            # Ctrl-C lets this finish, so the saved weights, optimizer and step counter agree ---
             with common.finish_then_interrupt("this step's updates"):
                 dirty = True
-                history, train_m = train_step(
+                history, train_metrics = train_step(
                     policy, optimizer, batch, args, step, ref_model, prev_model
                 )
                 rows = step_rows(
@@ -1156,7 +1289,7 @@ def main(args):
                     state["opt_step"],
                     batch,
                     history,
-                    metrics | train_m,
+                    metrics | train_metrics,
                     time.perf_counter() - t_step + sync_s,
                     sync_s,
                     time.perf_counter() - t_run,
@@ -1164,9 +1297,9 @@ def main(args):
                 for row in rows:
                     common.log_row(args.out, row, wandb_run)
                     tqdm.write(step_line(step, args, row))
-                state.update(
-                    step=step + 1, opt_step=rows[-1]["opt_step"], wall=time.perf_counter() - t_run
-                )
+                state["step"] = step + 1
+                state["opt_step"] = rows[-1]["opt_step"]
+                state["wall"] = time.perf_counter() - t_run
                 dirty = False
             # --- save ---
             if args.save_every and (step + 1) % args.save_every == 0:
@@ -1179,18 +1312,17 @@ def main(args):
                     {"optimizer.pt": optimizer.state_dict()},
                 )
             # --- sync weights into the engine for the next rollout ---
-            sync_s = (
-                engines.wake_engine(engine, policy)
-                if args.sleep_engine
-                else engines.load_policy_into_vllm(policy, engine)
-            )
+            if args.sleep_engine:
+                sync_s = engines.wake_engine(engine, policy)  # wakes it, then pushes the weights
+            else:
+                sync_s = engines.load_policy_into_vllm(policy, engine)
     except KeyboardInterrupt:
         interrupted = True
         if dirty:
             raise SystemExit(
-                f"\naborted inside step {state['step']}'s updates: nothing saved; --resume {args.out} "
-                f"restarts from the last checkpoint"
-            )
+                f"\naborted inside step {state['step']}'s updates: nothing saved; "
+                f"--resume {args.out} restarts from the last checkpoint"
+            ) from None
         print(
             f"\ninterrupted: saving checkpoint and plots (resume restarts at step {state['step']})"
         )
