@@ -1,29 +1,33 @@
 """Best-of-N test-time scaling (seed 001 §3.3): pass@k, Best@k and maj@k from one pass of N samples.
 
-One generation pass draws N samples per prompt (default T=1.0) with per-token log-probs, grades them
-and saves everything to DIR/generations.jsonl; `--from-generations FILE` recomputes the metrics from
-such a file without a model. Metrics are exact expectations over a uniformly random k-subset of a
-prompt's n samples (not "the first k"), averaged over prompts, computed in closed form with exact
-fractions (c = correct samples; correct = answer_reward == 1, the accuracy of every script):
+One generation pass draws N samples per prompt (default T=1.0) with per-token log-probs, grades
+them and saves everything to DIR/generations.jsonl; `--from-generations FILE` recomputes the
+metrics from such a file without a model. Metrics are exact expectations over a uniformly random
+k-subset of a prompt's n samples (not "the first k"), averaged over prompts, computed in closed
+form with exact fractions (c = correct samples; correct = answer_reward == 1, the accuracy of
+every script):
   pass@k = 1 - C(n-c, k) / C(n, k)                                      (Chen et al. 2021)
   Best@k : sort samples by mean token log-prob (descending, ties by sample index); the sample of
            rank i is the pick iff it is in the subset and no better-ranked one is, which has
            probability C(n-1-i, k-1) / C(n, k); Best@k = sum_i correct_i * that.
-  maj@k  : samples vote with their normalised answer (see `answer`); samples with no answer do not
-           vote, a subset with no votes scores 0, a tie at the top is split evenly among the tied
-           answers; an answer is correct if any sample carrying it is correct. Counted exactly by
-           a small DP over the other answers' vote counts (see `maj_at_k`).
+  maj@k  : samples vote with their normalised answer (see `answer`); samples with no answer do
+           not vote, a subset with no votes scores 0, a tie at the top is split evenly among the
+           tied answers; an answer is correct if any sample carrying it is correct. Counted
+           exactly by a small DP over the other answers' vote counts (see `maj_at_k`).
   oracle gap = pass@k - Best@k (what a perfect verifier would add over likelihood selection).
-Best@1 == pass@1 == mean accuracy over all samples, exactly (asserted). Data, prompt, grader, engine
-and --out checks are eval_zero_shot.py's, and sample 0 of prompt i is drawn with seed + i as it draws
-its one sample, so `first_sample_accuracy` is exactly its accuracy at the same --seed/--temperature/
---max-tokens (tested). Departure: the seed draws N samples per N; we draw --n once and average over
-k-subsets (unbiased, lower variance). Log-probs are of the sampled (temperature-scaled) distribution,
-as rollout.generate returns them; at T=1, the model's.
+Best@1 == pass@1 == mean accuracy over all samples, exactly (asserted).
+
+Data, prompt, grader, engine and --out checks are eval_zero_shot.py's, and sample 0 of prompt i
+is drawn with seed + i as that script draws its one sample, so `first_sample_accuracy` is exactly
+its accuracy at the same --seed/--temperature/--max-tokens (tested). Departure: the seed draws N
+samples per N; we draw --n once and average over k-subsets (unbiased, lower variance). Log-probs
+are of the sampled (temperature-scaled) distribution, as rollout.generate returns them; at T=1,
+the model's.
 
 Examples:
-  python best_of_n.py                                       # embedded model, synthetic Countdown
-  python best_of_n.py --model Qwen/Qwen3-0.6B --task gsm8k --data gsm8k_test.jsonl --n 16 --ns 1,4,8,16
+  python best_of_n.py                              # embedded model, synthetic Countdown
+  python best_of_n.py --model Qwen/Qwen3-0.6B --task gsm8k --data gsm8k_test.jsonl --n 16 \\
+      --ns 1,4,8,16
   python best_of_n.py --from-generations runs/bon_gsm8k/generations.jsonl --ns 1,2,4,8,16
 """
 
@@ -59,7 +63,7 @@ from eval_zero_shot import (
 from grader import REWARD_FNS, grade_batch, last_boxed
 
 
-# ----------------------------------------------------------------------------- estimators
+# --------------------------------------------------------------------------------------- estimators
 def pass_at_k(n, c, k):
     """P(at least one of a random k-subset of n samples, c of them correct, is correct)."""
     return 1 - Fraction(comb(n - c, k), comb(n, k))
@@ -68,32 +72,39 @@ def pass_at_k(n, c, k):
 def best_at_k(correct, scores, k):
     """P(the highest-scoring sample of a random k-subset is correct); ties go to the lower index."""
     n = len(correct)
-    order = sorted(range(n), key=lambda j: (-scores[j], j))
-    return Fraction(
-        sum(comb(n - 1 - i, k - 1) for i, j in enumerate(order) if correct[j]), comb(n, k)
-    )
+    order = sorted(range(n), key=lambda j: (-scores[j], j))  # best first
+    picked = 0  # k-subsets whose best sample is correct
+    for i, j in enumerate(order):
+        if correct[j]:
+            picked += comb(n - 1 - i, k - 1)  # j is in the subset, the i better ones are not
+    return Fraction(picked, comb(n, k))
 
 
 def maj_at_k(answers, correct, k):
     """Expected correctness of the plurality answer of a random k-subset (answers: str or None)."""
-    n, m0 = len(answers), sum(a is None for a in answers)
-    size = Counter(a for a in answers if a is not None)
+    n = len(answers)
+    m0 = len([a for a in answers if a is None])  # samples with no answer: they do not vote
+    size = Counter(a for a in answers if a is not None)  # answer -> samples carrying it
     good = {a for a, ok in zip(answers, correct) if ok and a is not None}
     total = Fraction(0)
     for g in good:
         others = [m for a, m in size.items() if a != g]
         for x in range(1, min(k, size[g]) + 1):  # g gets x votes; every other answer gets <= x
-            ways = {
-                (0, 0): 1
-            }  # (votes drawn from other answers, how many of them tie at x) -> count
+            # (votes drawn from other answers, how many of those answers tie g at x) -> count
+            ways = {(0, 0): 1}
             for m in others:
                 nxt = {}
                 for (s, t), w in ways.items():
-                    for y in range(0, min(m, x, k - x - s) + 1):
-                        key = (s + y, t + (y == x))
+                    for y in range(0, min(m, x, k - x - s) + 1):  # this answer gets y votes
+                        ties = t
+                        if y == x:
+                            ties = t + 1
+                        key = (s + y, ties)
                         nxt[key] = nxt.get(key, 0) + w * comb(m, y)
                 ways = nxt
-            for (s, t), w in ways.items():  # the rest of the subset comes from answer-less samples
+            # the rest of the subset comes from answer-less samples; g tied with t other answers
+            # wins 1 / (t + 1) of the time
+            for (s, t), w in ways.items():
                 total += Fraction(comb(size[g], x) * w * comb(m0, k - x - s), t + 1)
     return total / comb(n, k)
 
@@ -116,33 +127,55 @@ def answer(text):
         return a or None
 
 
+def _mean(values):
+    """The exact mean of per-prompt values (Fractions or ints)."""
+    return sum(values, Fraction(0)) / len(values)
+
+
 def metrics(rows, ks):
-    """pass@k / Best@k / maj@k / oracle gap for every k, from generation rows with graded samples."""
-    per = []  # per prompt: (correct flags, mean token log-probs, normalised answers)
+    """pass@k, Best@k, maj@k and the oracle gap for every k, from rows of graded samples."""
+    prompts = []  # per prompt: correct flags, mean token log-probs, normalised answers
     for r in rows:
-        s = r["samples"]
-        per.append(
-            (
-                [x["answer_reward"] >= 1 for x in s],
-                [
-                    sum(x["logprobs"]) / len(x["logprobs"]) if x["logprobs"] else float("-inf")
-                    for x in s
-                ],
-                [x["answer"] for x in s],
-            )
-        )
-    mean = lambda f: sum((f(*q) for q in per), Fraction(0)) / len(per)  # noqa: E731
-    acc = mean(lambda ok, sc, a: Fraction(sum(ok), len(ok)))
-    best1, pass1 = (
-        mean(lambda ok, sc, a: best_at_k(ok, sc, 1)),
-        mean(lambda ok, sc, a: pass_at_k(len(ok), sum(ok), 1)),
-    )
+        correct = []
+        scores = []
+        answers = []
+        for x in r["samples"]:
+            correct.append(x["answer_reward"] >= 1)
+            if x["logprobs"]:
+                scores.append(sum(x["logprobs"]) / len(x["logprobs"]))
+            else:
+                scores.append(float("-inf"))  # an empty response is never the pick
+            answers.append(x["answer"])
+        prompts.append({"correct": correct, "scores": scores, "answers": answers})
+
+    accuracy = []  # per prompt
+    first_sample = []
+    best_at_1 = []
+    pass_at_1 = []
+    for q in prompts:
+        n = len(q["correct"])
+        c = q["correct"].count(True)
+        accuracy.append(Fraction(c, n))
+        first_sample.append(1 if q["correct"][0] else 0)
+        best_at_1.append(best_at_k(q["correct"], q["scores"], 1))
+        pass_at_1.append(pass_at_k(n, c, 1))
+    acc = _mean(accuracy)
+    best1 = _mean(best_at_1)
+    pass1 = _mean(pass_at_1)
     assert best1 == pass1 == acc, f"Best@1 {best1} != pass@1 {pass1} != accuracy {acc}"
+
     out = []
     for k in ks:
-        p = mean(lambda ok, sc, a: pass_at_k(len(ok), sum(ok), k))
-        b = mean(lambda ok, sc, a: best_at_k(ok, sc, k))
-        m = mean(lambda ok, sc, a: maj_at_k(a, ok, k))
+        pass_k = []  # per prompt
+        best_k = []
+        maj_k = []
+        for q in prompts:
+            pass_k.append(pass_at_k(len(q["correct"]), q["correct"].count(True), k))
+            best_k.append(best_at_k(q["correct"], q["scores"], k))
+            maj_k.append(maj_at_k(q["answers"], q["correct"], k))
+        p = _mean(pass_k)
+        b = _mean(best_k)
+        m = _mean(maj_k)
         out.append(
             {
                 "k": k,
@@ -152,16 +185,20 @@ def metrics(rows, ks):
                 "oracle_gap": float(p - b),
             }
         )
-    tokens = [x["num_tokens"] for r in rows for x in r["samples"]]
+    tokens = []
+    for r in rows:
+        for x in r["samples"]:
+            tokens.append(x["num_tokens"])
     return {
         "accuracy": float(acc),
-        "first_sample_accuracy": float(mean(lambda ok, sc, a: ok[0])),
+        "first_sample_accuracy": float(_mean(first_sample)),
         "mean_tokens": sum(tokens) / len(tokens),
         "rows": out,
     }
 
 
 def plot(result, path, title):
+    """pass@k, Best@k and maj@k against k (log scale) as a PNG at `path` (written atomically)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -171,25 +208,36 @@ def plot(result, path, title):
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for key in ["pass@k", "best@k", "maj@k"]:
         ax.plot(ks, [r[key] for r in result["rows"]], marker="o", label=key)
-    ax.set_xscale("log", base=2), ax.set_xticks(ks, [str(k) for k in ks]), ax.legend()
-    ax.set(xlabel="k (samples)", ylabel="accuracy", title=title), fig.tight_layout()
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.legend()
+    ax.set(xlabel="k (samples)", ylabel="accuracy", title=title)
+    fig.tight_layout()
     fig.savefig(path + ".tmp", format="png", dpi=120)
     os.replace(path + ".tmp", path)
 
 
-# ----------------------------------------------------------------------------- generations.jsonl
+# -------------------------------------------------------------------------------- generations.jsonl
 SAMPLE_FIELDS = ("answer_reward", "logprobs", "answer", "num_tokens")  # what `metrics` reads
 
 
+def _is_number(v):
+    """An int or a float, not a bool."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def read_generations(path):
-    """Rows of a best_of_n.py generations.jsonl; every sample must carry the fields `metrics` reads."""
+    """Rows of a best_of_n.py generations.jsonl; every sample must carry the fields `metrics`
+    reads."""
     try:
         rows = read_jsonl(path)
     except ValueError as e:
         fail(str(e))
     check(rows, f"--from-generations {path}: no rows")
     for i, r in enumerate(rows, 1):
-        samples = r.get("samples") if isinstance(r, dict) else None
+        samples = None
+        if isinstance(r, dict):
+            samples = r.get("samples")
         check(
             isinstance(samples, list) and samples,
             f'{path}: row {i} has no "samples" list; not a best_of_n.py generations.jsonl',
@@ -200,15 +248,14 @@ def read_generations(path):
                     isinstance(x, dict) and key in x,
                     f"{path}: row {i} sample {j}: missing field {key!r}",
                 )
-            num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
             check(
-                num(x["answer_reward"])
+                _is_number(x["answer_reward"])
                 and isinstance(x["num_tokens"], int)
                 and isinstance(x["logprobs"], list)
-                and all(map(num, x["logprobs"]))
+                and all(map(_is_number, x["logprobs"]))
                 and isinstance(x["answer"], (str, type(None))),
-                f"{path}: row {i} sample {j}: need a number answer_reward, an int num_tokens, a list of "
-                f"numbers logprobs and a string/null answer",
+                f"{path}: row {i} sample {j}: need a number answer_reward, an int num_tokens, "
+                f"a list of numbers logprobs and a string/null answer",
             )
     return rows
 
@@ -232,10 +279,8 @@ def parse_args(argv=None):
         default=None,
         help="re-score this generations.jsonl (no model); writes next to it unless --out",
     )
-    # --- data ---
-    add_data_flags(
-        p
-    )  # --task --data --split --prompt --reward --limit --data-seed, as eval_zero_shot.py
+    # --- data: --task --data --split --prompt --reward --limit --data-seed, as eval_zero_shot ---
+    add_data_flags(p)
     # --- sampling ---
     p.add_argument("--n", type=positive_int, default=16, help="samples per prompt")
     p.add_argument(
@@ -258,7 +303,8 @@ def parse_args(argv=None):
         "--seed",
         type=nonneg_int,
         default=0,
-        help="engine seed; sample j of prompt i uses seed + j*P + i (P prompts): sample 0 = eval_zero_shot's",
+        help="engine seed; sample j of prompt i uses seed + j*P + i (P prompts): "
+        "sample 0 = eval_zero_shot's",
     )
     # --- output ---
     p.add_argument(
@@ -280,16 +326,13 @@ def parse_args(argv=None):
     )
     args = p.parse_args(argv)
     args.ns = sorted(set(args.ns))
-    if (
-        args.from_generations
-    ):  # re-scoring next to the file replaces its metrics: allowed without --overwrite
+    if args.from_generations:
         here = os.path.dirname(os.path.abspath(args.from_generations))
         args.out = args.out or here
-        check_out(
-            args.out,
-            [] if os.path.abspath(args.out) == here else ["best_of_n.json"],
-            args.overwrite,
-        )
+        results = ["best_of_n.json"]  # what --out may hold only with --overwrite
+        if os.path.abspath(args.out) == here:
+            results = []  # re-scoring next to the file replaces its metrics: no --overwrite needed
+        check_out(args.out, results, args.overwrite)
         return args
     check(args.ns[-1] <= args.n, f"--ns values must be in 1..--n ({args.n}), got {args.ns}")
     resolve_task(args)
@@ -301,11 +344,13 @@ def parse_args(argv=None):
 
 
 def generate_rows(args):
-    """One pass of args.n samples per prompt, graded; returns the rows written to generations.jsonl."""
+    """One pass of args.n samples per prompt, graded; returns the rows written to
+    generations.jsonl."""
     examples, stop = load_examples(args)
     prompts = [ex["prompt"] for ex in examples]
     print(
-        f"{len(prompts)} prompts x {args.n} samples | max_tokens {args.max_tokens} | temperature {args.temperature}"
+        f"{len(prompts)} prompts x {args.n} samples | max_tokens {args.max_tokens} | "
+        f"temperature {args.temperature}"
     )
     llm = start_engine(args, prompts, args.max_tokens)
     import rollout
@@ -320,13 +365,17 @@ def generate_rows(args):
         stop=stop,
         seed=args.seed,
     )
-    flat = [o for per_prompt in outs for o in per_prompt]
-    gts = [ex["ground_truth"] for ex in examples for _ in range(args.n)]
-    rewards = grade_batch(
-        REWARD_FNS[args.reward], [o["text"] for o in flat], gts, workers=args.workers
-    )
-    samples = [
-        {
+    # graded in one flat batch: prompt 0's samples, then prompt 1's, ...
+    flat = []
+    truths = []
+    for per_prompt, ex in zip(outs, examples):
+        flat += per_prompt
+        truths += [ex["ground_truth"]] * args.n
+    texts = [o["text"] for o in flat]
+    rewards = grade_batch(REWARD_FNS[args.reward], texts, truths, workers=args.workers)
+    samples = []
+    for o, r in zip(flat, rewards):
+        sample = {
             "response": o["text"],
             "answer": answer(o["text"]),
             **r,
@@ -334,25 +383,25 @@ def generate_rows(args):
             "finish_reason": o["finish_reason"],
             "logprobs": o["logprobs"],
         }
-        for o, r in zip(flat, rewards)
-    ]
-    return [
-        {
+        samples.append(sample)
+    rows = []
+    for i, (p, ex) in enumerate(zip(prompts, examples)):
+        row = {
             "index": i,
             "prompt": p,
             "ground_truth": ex["ground_truth"],
             "samples": samples[i * args.n : (i + 1) * args.n],
         }
-        for i, (p, ex) in enumerate(zip(prompts, examples))
-    ]
+        rows.append(row)
+    return rows
 
 
 def main(argv=None):
     args = parse_args(argv)
-    print(
-        f"re-scoring {args.from_generations}" if args.from_generations else describe(args),
-        flush=True,
-    )
+    if args.from_generations:
+        print(f"re-scoring {args.from_generations}", flush=True)
+    else:
+        print(describe(args), flush=True)
     if args.dry_run:
         dry_run(args)
     if args.from_generations:
@@ -365,22 +414,25 @@ def main(argv=None):
     else:
         rows = generate_rows(args)
         write_jsonl_atomic(os.path.join(args.out, "generations.jsonl"), rows)
-    # --- metrics, plot, JSON (all recomputed from the rows, so --from-generations reproduces them) ---
+
+    # --- metrics, plot, JSON (all recomputed from the rows, so --from-generations reproduces
+    # them) ---
     result = {**metrics(rows, args.ns), "num_prompts": len(rows)}
     for r in result["rows"]:
         print(
-            f"k {r['k']:>3} | pass@k {r['pass@k']:.4f} | best@k {r['best@k']:.4f} | maj@k {r['maj@k']:.4f}"
-            f" | oracle_gap {r['oracle_gap']:.4f}"
+            f"k {r['k']:>3} | pass@k {r['pass@k']:.4f} | best@k {r['best@k']:.4f} | "
+            f"maj@k {r['maj@k']:.4f} | oracle_gap {r['oracle_gap']:.4f}"
         )
     path = os.path.join(args.out, "best_of_n.json")
     write_json_atomic(path, {"args": vars(args), **result})
-    title = (
-        args.from_generations
-        or f"{os.path.basename(args.model.rstrip('/'))} {args.task} T={args.temperature}"
-    )
+    title = args.from_generations
+    if not title:
+        model_name = os.path.basename(args.model.rstrip("/"))
+        title = f"{model_name} {args.task} T={args.temperature}"
     plot(result, os.path.join(args.out, "best_of_n.png"), title[-60:])
     print(
-        f"accuracy (mean over all samples = pass@1) {result['accuracy']:.4f} | wrote {path} and best_of_n.png"
+        f"accuracy (mean over all samples = pass@1) {result['accuracy']:.4f} | "
+        f"wrote {path} and best_of_n.png"
     )
 
 

