@@ -1,19 +1,25 @@
-"""Benchmark grpo_ray.py's schedules on one machine: samples/s, step time and device-seconds per mode, the
-sync/async speedup, the scale-out grid (N generators x M data-parallel learners), weight-transfer latency (object
-store vs Ray Direct Transport over gloo) and one Gantt timeline PNG with a panel per mode. Prints one JSON object.
+"""Benchmark grpo_ray.py's schedules (placement, sync / async, scale-out) on one machine.
 
-  python bench/ray_modes.py                              # embedded model, 8 steps per mode (~10 min on 2 idle cores)
-  python bench/ray_modes.py --modes '' --scale 1x1,2x1,1x2,2x2 --transfer-reps 0   # the scale-out grid only
-  python bench/ray_modes.py --steps 16 --max-tokens 64   # any grpo.py / grpo_ray.py flag passes through
+Measures samples/s, step time and device-seconds per mode, the sync/async speedup, the scale-out
+grid (N generators x M data-parallel learners), the weight-transfer latency (object store vs Ray
+Direct Transport over gloo) and draws one Gantt timeline PNG with a panel per mode. Prints one JSON
+object.
 
-Every mode processes the same samples (--steps rollout batches of --rollout-batch-size). Actors are built once
-per actor layout and reset between modes; wall time starts after the initial eval (warm engines). Modes:
-colocated-k1 (on-policy), colocated-k4 (4 GRPO-Clip steps per sync), disaggregated-sync, disaggregated-async-s1,
-and --scale's NxM points (disaggregated-async-s1 with N engines and M learners). device_s = wall x actors.
-Honest about small machines: the actors' "devices" here are processes sharing the same CPU cores (cpu_count is
-in the JSON), so extra engines and learners add processes, not compute: on 2 cores the scale grid measures the
-mechanics' overhead (sharding, one weight put read N times, the learners' gloo all-reduce), not a speedup. On a
-GPU cluster each actor has its own device and the same command measures the scaling.
+Every mode processes the same samples (--steps rollout batches of --rollout-batch-size). Actors are
+built once per actor layout and reset between modes; wall time starts after the initial eval (warm
+engines). Modes: colocated-k1 (on-policy), colocated-k4 (4 GRPO-Clip steps per sync),
+disaggregated-sync, disaggregated-async-s1, and --scale's NxM points (disaggregated-async-s1 with N
+engines and M learners). device_s = wall x actors.
+
+Honest about small machines: the actors' "devices" here are processes sharing the same CPU cores
+(cpu_count is in the JSON), so extra engines and learners add processes, not compute: on 2 cores the
+scale grid measures the mechanics' overhead (sharding, one weight put read N times, the learners'
+gloo all-reduce), not a speedup. On a GPU cluster each actor has its own device and the same command
+measures the scaling.
+
+  python bench/ray_modes.py        # the embedded model, 8 steps per mode (~10 min on 2 idle cores)
+  python bench/ray_modes.py --modes '' --scale 1x1,2x1,1x2,2x2 --transfer-reps 0   # scale grid only
+  python bench/ray_modes.py --steps 16 --max-tokens 64   # any grpo.py / grpo_ray.py flag too
 """
 
 import argparse
@@ -27,11 +33,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import ray  # noqa: E402
 
-import grpo_ray
+import grpo_ray  # noqa: E402
 import plot  # noqa: E402
 
-# <= ~4k prompt tokens per rollout batch: a seeded request split by vLLM's chunked prefill crashes the CPU
-# sampler ("CPU Generator does not use offset"), and the tiny tokenizers spend ~700 tokens on a countdown prompt.
+# <= ~4k prompt tokens per rollout batch: a seeded request split by vLLM's chunked prefill crashes
+# the CPU sampler ("CPU Generator does not use offset"), and the tiny tokenizers spend ~700 tokens
+# on a countdown prompt.
 SIZES = {
     "--rollout-batch-size": "32",
     "--group-size": "8",
@@ -39,8 +46,9 @@ SIZES = {
     "--gradient-accumulation-steps": "2",
     "--max-tokens": "128",
     "--loss": "grpo_clip",  # seed 004's loss, all modes
+    # logical CPUs of the local cluster: room for the largest actor layout (2 x 2 + spare)
     "--num-cpus": "8",
-}  # logical CPUs of the local cluster: room for the largest actor layout (2 x 2 + spare)
+}
 MODES = {
     "colocated-k1": ["--placement", "colocated"],
     "colocated-k4": ["--placement", "colocated", "--steps-per-rollout", "4"],
@@ -50,20 +58,23 @@ MODES = {
 
 
 def received_bytes(worker, pushed):
-    """Runs in the generator (__ray_call__): the bytes Ray resolved for a push, nothing loaded into the engine."""
+    """Runs in the generator (__ray_call__): the bytes Ray resolved for a push, nothing loaded into
+    the engine."""
     return sum(v.numel() * v.element_size() for v in pushed["weights"].values())
 
 
 def transfer_latency(actors, transport, reps):
-    """Seconds from get_weights to the generator holding the tensors (no engine load), median of reps."""
-    opts = {"tensor_transport": transport} if transport else {}
+    """Seconds from get_weights to the generator holding the tensors (no engine load), median of
+    reps."""
+    opts = {}
+    if transport:
+        opts = {"tensor_transport": transport}
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         pushed = actors["learner"][0].get_weights.options(**opts).remote(clone=bool(transport))
-        n_bytes = ray.get(
-            actors["generator"][0].__ray_call__.remote(received_bytes, pushed), timeout=300
-        )
+        probe = actors["generator"][0].__ray_call__.remote(received_bytes, pushed)
+        n_bytes = ray.get(probe, timeout=300)
         times.append(time.perf_counter() - t0)
         del pushed
     return {"median_s": statistics.median(times), "bytes": n_bytes}
@@ -95,52 +106,50 @@ def main():
         default=os.path.join(ROOT, "runs", "ray_modes"),
         help="run dirs, timeline.png, summary.json",
     )
-    a, rest = p.parse_known_args()
+    a, rest = p.parse_known_args()  # rest: grpo.py / grpo_ray.py flags
     assert a.steps % 4 == 0, "--steps must be a multiple of 4 (colocated-k4 syncs every 4 batches)"
-    for k, v in SIZES.items():  # unless given: 4 prompts x 8 samples, <= 128 new tokens, GRPO-Clip
-        rest += [] if k in rest else [k, v]
-    flags = [
-        "--n-grpo-steps",
-        str(a.steps),
-        "--eval-every",
-        "0",
-        "--eval-n",
-        "8",
-        "--kl-every",
-        "0",
-    ] + rest
-    modes = {m: MODES[m] for m in a.modes.split(",") if m}
-    for nm in (x for x in a.scale.split(",") if x):
+    # unless given: 4 prompts x 8 samples, <= 128 new tokens, GRPO-Clip
+    for k, v in SIZES.items():
+        if k not in rest:
+            rest += [k, v]
+    flags = ["--n-grpo-steps", str(a.steps), "--eval-every", "0", "--eval-n", "8"]
+    flags += ["--kl-every", "0"]
+    flags += rest
+
+    modes = {}  # name -> its flags
+    for m in a.modes.split(","):
+        if m:
+            modes[m] = MODES[m]
+    for nm in a.scale.split(","):
+        if not nm:
+            continue
         n, m = nm.split("x")
-        modes[f"async-N{n}M{m}"] = MODES["disaggregated-async-s1"] + [
-            "--num-generators",
-            n,
-            "--num-learners",
-            m,
-        ]
+        scale_flags = ["--num-generators", n, "--num-learners", m]
+        modes[f"async-N{n}M{m}"] = MODES["disaggregated-async-s1"] + scale_flags
+
+    model = "embedded models/countdown-tiny"
+    if "--model" in rest:
+        model = rest[rest.index("--model") + 1]
     result = {
-        "model": rest[rest.index("--model") + 1]
-        if "--model" in rest
-        else "embedded models/countdown-tiny",
+        "model": model,
         "cpu_count": os.cpu_count(),
         "steps": a.steps,
         "loadavg_1m_start": os.getloadavg()[0],
     }
-    runs, actors, layout = [], None, None
+
+    # --- one run per mode, on one actor set per layout ---
+    runs = []  # (mode, timeline) for the Gantt chart
+    actors = None
+    layout = None  # (placement, N, M) of the actors built
     for mode, mode_flags in modes.items():
         args = grpo_ray.parse_args(flags + mode_flags + ["--out", os.path.join(a.out, mode)])
         grpo_ray.init_ray(args)
-        if (
-            args.placement,
-            args.num_generators,
-            args.num_learners,
-        ) != layout:  # one actor set per layout
+        mode_layout = (args.placement, args.num_generators, args.num_learners)
+        if mode_layout != layout:
             if actors:
                 grpo_ray.kill_actors(actors)
-            actors, layout = (
-                grpo_ray.build_actors(args),
-                (args.placement, args.num_generators, args.num_learners),
-            )
+            actors = grpo_ray.build_actors(args)
+            layout = mode_layout
         else:
             ray.get([x.reset.remote(args) for x in actors["all"]], timeout=args.timeout_s)
         summary = grpo_ray.run(args, actors)
@@ -149,6 +158,7 @@ def main():
             runs.append((mode, json.load(f)))
     if actors:
         grpo_ray.kill_actors(actors)
+
     wall = {m: result[m]["wall_s"] for m in modes}
     if "disaggregated-sync" in wall and "disaggregated-async-s1" in wall:
         result["speedup_async_vs_sync"] = (
@@ -156,33 +166,29 @@ def main():
         )
     if "colocated-k1" in wall and "disaggregated-async-s1" in wall:
         result["speedup_async_vs_colocated"] = wall["colocated-k1"] / wall["disaggregated-async-s1"]
-    if a.transfer_reps:  # Problem 9: gloo RDT needs HF-engine actors (vLLM owns torch.distributed)
-        args = grpo_ray.parse_args(
-            flags
-            + [
-                "--placement",
-                "disaggregated",
-                "--engine",
-                "hf",
-                "--weight-sync",
-                "gloo",
-                "--out",
-                os.path.join(a.out, "transfer"),
-            ]
-        )
+
+    # --- Problem 9: weight-transfer latency; gloo RDT needs HF-engine actors (vLLM owns
+    # torch.distributed) ---
+    if a.transfer_reps:
+        pair_flags = ["--placement", "disaggregated", "--engine", "hf", "--weight-sync", "gloo"]
+        pair_flags += ["--out", os.path.join(a.out, "transfer")]
+        args = grpo_ray.parse_args(flags + pair_flags)
         grpo_ray.init_ray(args)
         pair = grpo_ray.build_actors(args)
         result["weight_transfer"] = {
-            t or "object_store": transfer_latency(pair, t, a.transfer_reps) for t in (None, "gloo")
+            "object_store": transfer_latency(pair, None, a.transfer_reps),
+            "gloo": transfer_latency(pair, "gloo", a.transfer_reps),
         }
         grpo_ray.kill_actors(pair)
+
     if runs:
         plot.plot_timeline(runs, os.path.join(a.out, "timeline.png"))
         result["timeline_png"] = os.path.join(a.out, "timeline.png")
     result["loadavg_1m_end"] = os.getloadavg()[0]
     with open(os.path.join(a.out, "summary.json"), "w") as f:
         json.dump(result, f, indent=1)
-    ray.shutdown()  # flush the actors' forwarded log lines first: the JSON is the last line of stdout
+    # flush the actors' forwarded log lines first: the JSON is the last line of stdout
+    ray.shutdown()
     print(json.dumps(result))
 
 

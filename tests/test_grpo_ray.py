@@ -1,14 +1,18 @@
-"""grpo_ray.py on a real local Ray cluster (CPU, tiny model, keyword task built here).
+"""grpo_ray.py on a real local Ray cluster (CPU, the tiny model, a keyword task built here).
 
-Covers: colocated k=1 (with KL monitoring) and k=2 (stale batches take pi_old from the engine of version v),
-then --resume, with a second (vLLM) generator fed by the same pushes; disaggregated sync and async (vLLM
-generator, object store; async with TIS, the mismatch split into kernel and staleness parts); async over Ray
-Direct Transport (gloo, HF engine); engine and learner weights equal after the final sync; both trainers log
-grpo.py's keys; the staleness bound and the overlap read from recorded lags and timestamps; a killed generator
-ends the run with a clear error naming it. Scale-out (HF engines): 2 generators x 2 data-parallel learners,
-async: shards joined in order at one version per step, one weight put per version, the M = 2 gradient equal to
-one learner's on the same batch, --resume, a dead learner named. Ray starts once per module; each actor set is
-built once and reused across runs through reset().
+Covers:
+- colocated k=1 (with KL monitoring) and k=2 (stale batches take pi_old from the engine of version
+  v), then --resume, with a second (vLLM) generator fed by the same pushes;
+- disaggregated sync and async (vLLM generator, object store; async with TIS, the mismatch split
+  into kernel and staleness parts), and async over Ray Direct Transport (gloo, HF engine);
+- engine and learner weights equal after the final sync; both trainers log grpo.py's keys; the
+  staleness bound and the overlap read from the recorded lags and timestamps; a killed generator
+  ends the run with a clear error naming it;
+- scale-out (HF engines): 2 generators x 2 data-parallel learners, async: shards joined in order at
+  one version per step, one weight put per version, the M = 2 gradient equal to one learner's on
+  the same batch, --resume, a dead learner named.
+
+Ray starts once per module; each actor set is built once and reused across runs through reset().
 """
 
 import copy
@@ -34,28 +38,11 @@ import grpo  # noqa: E402
 import grpo_ray  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Whole words the tiny random model emits often (digits, symbols, merges of its BPE corpus): groups get
-# reward variance, so the advantages are non-zero and the policy really moves.
-WORDS = [str(i) for i in range(10)] + [
-    "<",
-    "=",
-    "+",
-    "-",
-    "and",
-    "the",
-    "The",
-    "in",
-    "at",
-    "be",
-    "e",
-    "b",
-    "I",
-    "k",
-    "answer",
-    "User",
-    "equ",
-    "ers",
-]
+# Whole words the tiny random model emits often (digits, symbols, merges of its BPE corpus): groups
+# get reward variance, so the advantages are non-zero and the policy really moves.
+SYMBOLS = ["<", "=", "+", "-"]
+MERGES = ["and", "the", "The", "in", "at", "be", "e", "b", "I", "k", "answer", "User", "equ", "ers"]
+WORDS = [str(i) for i in range(10)] + SYMBOLS + MERGES
 SMALL = (
     "--task keyword --n-grpo-steps 3 --rollout-batch-size 8 --group-size 4 --train-batch-size 8 "
     "--gradient-accumulation-steps 2 --max-tokens 16 --min-tokens 2 --eval-n 2 --eval-every 0 "
@@ -90,26 +77,17 @@ STEP_KEYS = [
 
 @pytest.fixture(scope="module")
 def make_args(tiny_model_dir, tmp_path_factory):
+    """make_args(*flags): grpo_ray's args for SMALL + the tiny model, the keyword file and a fresh
+    --out, then the flags."""
     tmp = tmp_path_factory.mktemp("grpo_ray")
     kw = tmp / "keywords.txt"
     kw.write_text("\n".join(WORDS))
     counter = iter(range(1000))
 
     def make(*flags):
-        return grpo_ray.parse_args(
-            SMALL
-            + [
-                "--model",
-                tiny_model_dir,
-                "--train-path",
-                str(kw),
-                "--val-path",
-                str(kw),
-                "--out",
-                str(tmp / f"run{next(counter)}"),
-            ]
-            + list(flags)
-        )
+        data = ["--model", tiny_model_dir, "--train-path", str(kw), "--val-path", str(kw)]
+        out = ["--out", str(tmp / f"run{next(counter)}")]
+        return grpo_ray.parse_args(SMALL + data + out + list(flags))
 
     return make
 
@@ -122,59 +100,66 @@ def cluster(make_args):
 
 
 def start(actors, args):
+    """Reset the actors for a new run with args; returns args."""
     ray.get([a.reset.remote(args) for a in actors["all"]], timeout=300)
     return args
 
 
 def read(args, name):
+    """A JSON file of the run, or the rows of a JSON-lines one."""
     with open(os.path.join(args.out, name)) as f:
-        return json.load(f) if name.endswith(".json") else [json.loads(line) for line in f]
+        if name.endswith(".json"):
+            return json.load(f)
+        return [json.loads(line) for line in f]
+
+
+def logged_steps(args):
+    """The run's step rows (eval rows have no ray/lag)."""
+    return [r for r in read(args, "metrics.jsonl") if "ray/lag" in r]
 
 
 def resolved(args):
-    a = grpo_ray.copy.copy(args)
+    """A copy of args with its devices resolved, as inside an actor."""
+    a = copy.copy(args)
     grpo.setup_devices(a)
     return a
 
 
 def assert_synced(gen_actor, args):
-    """The engine's sampled log-probs equal the saved final policy's on the same tokens (weights match), and
-    differ from the initial model's when some group had reward variance (training moved them)."""
+    """The engine's sampled log-probs equal the saved final policy's on the same tokens (weights
+    match), and differ from the initial model's when some group had reward variance (training moved
+    them)."""
     gen = ray.get(gen_actor.generate.remote(10_000), timeout=120)
-    assert (
-        gen["version"]
-        == args.n_grpo_steps
-        == json.load(open(os.path.join(args.out, "checkpoint", "state.json")))["step"]
-    )
+    saved = read(args, os.path.join("checkpoint", "state.json"))
+    assert gen["version"] == args.n_grpo_steps == saved["step"]
     a = resolved(args)
     tensors = grpo.collate(gen["batch"], a)
-    mask, engine, ban = (
-        tensors["response_mask"],
-        tensors["engine_log_probs"],
-        gen["batch"]["ban_token_ids"],
-    )
-    final = grpo.batch_log_probs(
-        grpo.load_policy(os.path.join(args.out, "checkpoint"), a)[0], tensors, a, ban
-    )
+    mask = tensors["response_mask"]
+    engine = tensors["engine_log_probs"]
+    ban = gen["batch"]["ban_token_ids"]
+    final_policy = grpo.load_policy(os.path.join(args.out, "checkpoint"), a)[0]
+    final = grpo.batch_log_probs(final_policy, tensors, a, ban)
     assert (final - engine).abs()[mask].max() < 2e-3
-    if any(r["train/zero_var_frac"] < 1 for r in read(args, "metrics.jsonl") if "ray/lag" in r):
+    if any(r["train/zero_var_frac"] < 1 for r in logged_steps(args)):
         init = grpo.batch_log_probs(grpo.load_policy(args.model, a)[0], tensors, a, ban)
         assert (init - engine).abs()[mask].max() > 1e-2
 
 
-# Probes that run inside an actor (Ray's __ray_call__ hands them the actor's instance): shipped by value, since
-# the workers cannot import this test module.
+# Probes that run inside an actor (Ray's __ray_call__ hands them the actor's instance): shipped by
+# value, since the workers cannot import this test module.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def received_bytes(worker, pushed):
-    """Transfer-only probe: the bytes of a pushed state dict once Ray resolved it in the generator, nothing loaded."""
+    """Transfer-only probe: the bytes of a pushed state dict once Ray resolved it in the generator,
+    nothing loaded."""
     return sum(v.numel() * v.element_size() for v in pushed["weights"].values())
 
 
 def wait_dead(actor, timeout=60):
-    """Block until Ray reports the killed actor dead. ray.kill is asynchronous: a call sent right after it may
-    still run on the live actor (CI saw exactly that), so poll rather than expect the first call to fail."""
+    """Block until Ray reports the killed actor dead. ray.kill is asynchronous: a call sent right
+    after it may still run on the live actor (CI saw exactly that), so poll rather than expect the
+    first call to fail."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
@@ -187,84 +172,81 @@ def wait_dead(actor, timeout=60):
     raise AssertionError(f"actor still alive {timeout} s after ray.kill")
 
 
+def no_reduce(t, op):
+    """A learner group's reduce made the identity: each learner keeps its own share's sums."""
+    return t
+
+
 def gradient(worker, gen, mode="group", **flags):
-    """The gradient BEFORE clipping (--max-grad-norm inf; flags override other settings) of every optimizer step
-    train_step takes on gen (flattened, concatenated) and its history; nothing moves (SGD at lr 0). mode: "group" =
-    this learner in its group (all-reduced), "alone" = one learner on the whole batch, "local" = this learner's share
-    only (the group's reduce made the identity)."""
-    params, grads, args = list(worker.policy.parameters()), [], copy.copy(worker.args)
+    """The gradient BEFORE clipping (--max-grad-norm inf; flags override other settings) of every
+    optimizer step train_step takes on gen (flattened, concatenated) and its history; nothing moves
+    (SGD at lr 0). mode: "group" = this learner in its group (all-reduced), "alone" = one learner on
+    the whole batch, "local" = this learner's share only (the group's reduce made the identity)."""
+    params = list(worker.policy.parameters())
+    grads = []
+    args = copy.copy(worker.args)
     vars(args).update(max_grad_norm=math.inf, **flags)
     probe = torch.optim.SGD(params, lr=0.0)
-    probe.register_step_pre_hook(
-        lambda *_: grads.append(torch.cat([p.grad.flatten() for p in params]))
-    )
-    dp = {
-        "group": worker.dp,
-        "alone": None,
-        "local": worker.dp and dict(worker.dp, reduce=lambda t, op: t),
-    }[mode]
+
+    def keep_gradient(*_):
+        grads.append(torch.cat([p.grad.flatten() for p in params]))
+
+    probe.register_step_pre_hook(keep_gradient)
+    if mode == "group":
+        dp = worker.dp
+    elif mode == "alone":
+        dp = None
+    elif mode == "local":
+        dp = worker.dp
+        if dp:
+            dp = dict(dp, reduce=no_reduce)
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
     history, _ = grpo.train_step(worker.policy, probe, gen["batch"], args, gen["step"], dp=dp)
     return torch.cat(grads), history
 
 
 def test_eval_and_save_fall_on_the_first_push_past_each_multiple():
-    assert [v for v in range(4, 41, 4) if grpo_ray.due(10, v, 4)] == [
-        12,
-        20,
-        32,
-        40,
-    ]  # k = 4, --eval-every 10
-    assert [v for v in range(1, 11) if grpo_ray.due(5, v, 1)] == [5, 10] and not grpo_ray.due(
-        0, 4, 4
-    )
+    # k = 4, --eval-every 10
+    assert [v for v in range(4, 41, 4) if grpo_ray.due(10, v, 4)] == [12, 20, 32, 40]
+    # k = 1, --eval-every 5; --eval-every 0: never
+    assert [v for v in range(1, 11) if grpo_ray.due(5, v, 1)] == [5, 10]
+    assert not grpo_ray.due(0, 4, 4)
+
+
+# (flags, a substring of the one-line error)
+BAD_MODES = [
+    ("--async", "disaggregated"),
+    ("--steps-per-rollout 2", "multiple"),
+    ("--steps-per-rollout 2 --n-grpo-steps 4 --loss reinforce_with_baseline", "grpo_clip"),
+    ("--placement disaggregated --async --loss no_baseline", "grpo_clip"),
+    ("--placement disaggregated --weight-sync gloo", "engine hf"),
+    ("--placement disaggregated --async --max-staleness 0", "integer > 0"),
+    ("--num-learners 2", "--placement disaggregated"),  # vLLM owns torch.distributed
+    (
+        "--placement disaggregated --engine hf --weight-sync gloo --num-generators 2",
+        "object_store",
+    ),
+    ("--num-generators 3", "whole group"),  # 8 samples / group 4 = 2 prompts
+    ("--placement disaggregated --num-learners 2 --num-cpus 2", "--num-cpus"),
+]
 
 
 def test_parse_args_rejects_bad_modes(make_args, capsys):
-    for flags, msg in [
-        (["--async"], "disaggregated"),
-        (["--steps-per-rollout", "2"], "multiple"),
-        (
-            [
-                "--steps-per-rollout",
-                "2",
-                "--n-grpo-steps",
-                "4",
-                "--loss",
-                "reinforce_with_baseline",
-            ],
-            "grpo_clip",
-        ),
-        (["--placement", "disaggregated", "--async", "--loss", "no_baseline"], "grpo_clip"),
-        (["--placement", "disaggregated", "--weight-sync", "gloo"], "engine hf"),
-        (["--placement", "disaggregated", "--async", "--max-staleness", "0"], "integer > 0"),
-        (["--num-learners", "2"], "--placement disaggregated"),  # vLLM owns torch.distributed
-        (
-            [
-                "--placement",
-                "disaggregated",
-                "--engine",
-                "hf",
-                "--weight-sync",
-                "gloo",
-                "--num-generators",
-                "2",
-            ],
-            "object_store",
-        ),
-        (["--num-generators", "3"], "whole group"),  # 8 samples / group 4 = 2 prompts
-        (["--placement", "disaggregated", "--num-learners", "2", "--num-cpus", "2"], "--num-cpus"),
-    ]:
+    for flags, msg in BAD_MODES:
         with pytest.raises(SystemExit):
-            make_args(*flags)
+            make_args(*flags.split())
         err = capsys.readouterr().err
         assert err.startswith("error:") and msg in err, (flags, err)
 
 
 def test_join_shards_concatenates_in_order_and_weights_metrics():
-    """Two shards of one step: rows in shard order, the engine's banned ids once, metrics as over the joined batch
-    (means by rows, the filtered fraction by prompts sampled, max of *_max and of the parallel times)."""
+    """Two shards of one step: rows in shard order, the engine's banned ids once, metrics as over
+    the joined batch (means by rows, the filtered fraction by prompts sampled, max of *_max and of
+    the parallel times)."""
 
-    def shard(i, n, version=3):  # n rows of shard i; rewards i, lengths 10 * (i + 1)
+    def shard(i, n, version=3):
+        """n rows of shard i; rewards i, lengths 10 * (i + 1)."""
         batch = {
             "prompts": [f"p{i}"] * n,
             "raw": torch.full((n,), float(i)),
@@ -285,65 +267,55 @@ def test_join_shards_concatenates_in_order_and_weights_metrics():
             "spans": [{"actor": f"generator {i}"}],
         }
 
-    g = grpo_ray.join_shards(
-        [shard(0, 4), shard(1, 12)]
-    )  # groups of 4: 1 kept of 2 sampled, 3 kept of 6
-    assert (
-        g["batch"]["prompts"] == ["p0"] * 4 + ["p1"] * 12
-        and g["batch"]["raw"].tolist() == [0.0] * 4 + [1.0] * 12
-    )
-    assert (
-        g["batch"]["ban_token_ids"] == [7, 9]
-        and (g["step"], g["version"]) == (5, 3)
-        and len(g["spans"]) == 2
-    )
+    # groups of 4: 1 kept of 2 sampled, 3 kept of 6
+    g = grpo_ray.join_shards([shard(0, 4), shard(1, 12)])
+    assert g["batch"]["prompts"] == ["p0"] * 4 + ["p1"] * 12
+    assert g["batch"]["raw"].tolist() == [0.0] * 4 + [1.0] * 12
+    assert g["batch"]["ban_token_ids"] == [7, 9]
+    assert (g["step"], g["version"]) == (5, 3)
+    assert len(g["spans"]) == 2
     m = g["metrics"]
-    assert (
-        m["train/reward"] == pytest.approx(g["batch"]["raw"].mean().item())
-        and m["train/response_len_max"] == 20
-    )
-    assert m["time/generation"] == 5.0 and m["train/dynamic_prompts_sampled"] == 8
-    assert m["train/dynamic_filtered_frac"] == pytest.approx(
-        1 - 4 / 8
-    )  # 4 groups kept of 8 sampled
+    assert m["train/reward"] == pytest.approx(g["batch"]["raw"].mean().item())
+    assert m["train/response_len_max"] == 20
+    assert m["time/generation"] == 5.0
+    assert m["train/dynamic_prompts_sampled"] == 8
+    # 4 groups kept of 8 sampled
+    assert m["train/dynamic_filtered_frac"] == pytest.approx(1 - 4 / 8)
     with pytest.raises(SystemExit):  # shards of one step from two policy versions
         grpo_ray.join_shards([shard(0, 4), shard(1, 4, version=2)])
 
 
 @pytest.mark.parametrize("case", ["blank val", "hub Countdown"])
 def test_bad_data_fails_in_one_line_before_ray_starts(make_args, tmp_path, case):
-    """grpo.load_data runs on the driver before Ray, an actor or a model starts: one line naming the flag, no Ray
-    session, no run directory (it was an actor's traceback some 30 s in, with a misleading --resume hint)."""
+    """grpo.load_data runs on the driver before Ray, an actor or a model starts: one line naming the
+    flag, no Ray session, no run directory (it was an actor's traceback some 30 s in, with a
+    misleading --resume hint)."""
     if case == "hub Countdown" and importlib.util.find_spec("datasets"):
         pytest.skip("datasets is installed: the hub set would load")
-    kw, blank = make_args(), tmp_path / "blank.txt"
+    args = make_args()
+    blank = tmp_path / "blank.txt"
     blank.write_text("\n\n")
-    data, needle = {
-        "blank val": (
-            ["--train-path", kw.train_path, "--val-path", str(blank)],
-            "check --val-path",
-        ),
-        "hub Countdown": (["--task", "countdown"], "`datasets` package is not installed"),
-    }[case]
-    cmd = [
-        sys.executable,
-        os.path.join(ROOT, "grpo_ray.py"),
-        *SMALL,
-        "--model",
-        kw.model,
-        "--engine",
-        "hf",
-        *data,
-    ]
-    proc = subprocess.run(
-        cmd + ["--out", str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
+    if case == "blank val":
+        data = ["--train-path", args.train_path, "--val-path", str(blank)]
+        needle = "check --val-path"
+    else:
+        data = ["--task", "countdown"]
+        needle = "`datasets` package is not installed"
+    script = os.path.join(ROOT, "grpo_ray.py")
+    cmd = [sys.executable, script, *SMALL, "--model", args.model, "--engine", "hf", *data]
+    cmd += ["--out", str(tmp_path / "o")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     one_line_error(proc, needle)
-    assert "ray:" not in proc.stdout and not os.path.exists(tmp_path / "o")
+    assert "ray:" not in proc.stdout
+    assert not os.path.exists(tmp_path / "o")
+
+
+def sleep_a_minute():
+    time.sleep(60)
 
 
 def test_bounded_get_names_the_phase(cluster):
-    slow = ray.remote(num_cpus=0)(lambda: time.sleep(60)).remote()
+    slow = ray.remote(num_cpus=0)(sleep_a_minute).remote()
     t0 = time.time()
     with pytest.raises(RuntimeError, match="probe did not finish within --timeout-s 0.5s"):
         grpo_ray.get(slow, "probe", SimpleNamespace(timeout_s=0.5, ray_tmp="/tmp"))
@@ -353,60 +325,57 @@ def test_bounded_get_names_the_phase(cluster):
 
 @requires_vllm
 def test_colocated_on_policy_then_k_steps(cluster, make_args):
-    args = make_args(
-        "--kl-every", "1", "--num-generators", "2", "--seed", "1"
-    )  # seed 1: batch 0 has a signal
+    # seed 1: batch 0 has a signal
+    args = make_args("--kl-every", "1", "--num-generators", "2", "--seed", "1")
     actors = grpo_ray.build_actors(args)
     try:
         summary = grpo_ray.run(args, actors)
-        rows = [r for r in read(args, "metrics.jsonl") if "ray/lag" in r]
-        assert [r["step"] for r in rows] == [0, 1, 2] and summary["lags"] == [0, 0, 0]
+        rows = logged_steps(args)
+        assert [r["step"] for r in rows] == [0, 1, 2]
+        assert summary["lags"] == [0, 0, 0]
         assert all(set(STEP_KEYS) <= set(r) for r in rows), set(STEP_KEYS) - set(rows[0])
         assert rows[0]["time/step"] <= rows[0]["time/wall"] + 1e-3, (
             "step 0's time/step counted the first eval"
         )
-        assert all(r["train/kl_ref"] >= 0 for r in rows) and all(
-            r["train/kl_prev"] >= 0 for r in rows[1:]
-        )
+        assert all(r["train/kl_ref"] >= 0 for r in rows)
+        assert all(r["train/kl_prev"] >= 0 for r in rows[1:])
         assert any(r["train/zero_var_frac"] < 1 for r in rows), (
             "no reward variance: the policy cannot move"
         )
-        assert summary["devices"] == 2 and summary["samples"] == 24 and summary["samples_per_s"] > 0
+        assert summary["devices"] == 2
+        assert summary["samples"] == 24
+        assert summary["samples_per_s"] > 0
         assert {"generate", "score", "train", "weight_sync"} <= set(summary["phase_mean_s"])
-        assert {
-            (s["actor"], s["step"]) for s in read(args, "timeline.json") if s["phase"] == "generate"
-        } == {(a, t) for a in ("colocated", "generator 1") for t in range(3)}
+        generated = set()
+        for s in read(args, "timeline.json"):
+            if s["phase"] == "generate":
+                generated.add((s["actor"], s["step"]))
+        assert generated == {(a, t) for a in ("colocated", "generator 1") for t in range(3)}
         assert os.path.getsize(os.path.join(args.out, "timeline.png")) > 0
         assert os.path.exists(os.path.join(args.out, "checkpoint", "model.safetensors"))
-        for gen in actors[
-            "generator"
-        ]:  # the colocated engine by an in-process copy, generator 1 from the put
+        # the colocated engine synced by an in-process copy, generator 1 from the put
+        for gen in actors["generator"]:
             assert_synced(gen, args)
-        # Problem 7 B: k=2 batches from version v, the second one stale (pi_old = the engine's, version v)
-        args = start(
-            actors,
-            make_args(
-                "--steps-per-rollout",
-                "2",
-                "--loss",
-                "grpo_clip",
-                "--n-grpo-steps",
-                "4",
-                "--num-generators",
-                "2",
-            ),
-        )
+
+        # Problem 7 B: k=2 batches from version v, the second one stale (pi_old = the engine's,
+        # version v)
+        flags = "--steps-per-rollout 2 --loss grpo_clip --n-grpo-steps 4 --num-generators 2"
+        args = start(actors, make_args(*flags.split()))
         summary = grpo_ray.run(args, actors)
         assert summary["lags"] == [0, 1, 0, 1]
-        rows = [r for r in read(args, "metrics.jsonl") if "ray/lag" in r]
+        rows = logged_steps(args)
         assert [r["ray/gen_version"] for r in rows] == [0, 0, 2, 2]
         assert_synced(actors["generator"][1], args)
+
         # --resume: the run's flags and checkpoint, two more batches, rows of earlier steps kept
         resumed = start(actors, grpo_ray.parse_args(["--resume", args.out, "--n-grpo-steps", "6"]))
-        assert resumed.steps_per_rollout == 2 and resumed.lr == args.lr and resumed.out == args.out
+        assert resumed.steps_per_rollout == 2
+        assert resumed.lr == args.lr
+        assert resumed.out == args.out
         summary = grpo_ray.run(resumed, actors)
-        rows = [r for r in read(resumed, "metrics.jsonl") if "ray/lag" in r]
-        assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5] and summary["lags"] == [0, 1]
+        rows = logged_steps(resumed)
+        assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5]
+        assert summary["lags"] == [0, 1]
         assert_synced(actors["generator"][0], resumed)
     finally:
         grpo_ray.kill_actors(actors)
@@ -420,30 +389,30 @@ def disaggregated(cluster, make_args):
 
 
 def spans(args, phase, actor=None):
-    return {
-        s["step"]: s
-        for s in read(args, "timeline.json")
-        if s["phase"] == phase and actor in (None, s["actor"])
-    }
+    """{step: span} of one phase in the run's timeline (of one actor, if given)."""
+    by_step = {}
+    for s in read(args, "timeline.json"):
+        if s["phase"] == phase and actor in (None, s["actor"]):
+            by_step[s["step"]] = s
+    return by_step
 
 
 @requires_vllm
 def test_disaggregated_sync(disaggregated, make_args):
     args = start(disaggregated, make_args("--placement", "disaggregated", "--eval-every", "1"))
     summary = grpo_ray.run(args, disaggregated)
-    assert summary["lags"] == [0, 0, 0] and summary["devices"] == 2
-    # time/step excludes validation, as in grpo.py: the steps' times add up to the wall clock less the evals
+    assert summary["lags"] == [0, 0, 0]
+    assert summary["devices"] == 2
+    # time/step excludes validation, as in grpo.py: the steps' times add up to the wall clock less
+    # the evals
     rows = read(args, "metrics.jsonl")
-    steps, evals = (
-        [r for r in rows if "ray/lag" in r],
-        [r for r in rows if "time/eval" in r],
-    )  # evals at 0, 1, 2, 3
+    steps = [r for r in rows if "ray/lag" in r]
+    evals = [r for r in rows if "time/eval" in r]  # evals at 0, 1, 2, 3
     mid_run_evals = sum(r["time/eval"] for r in evals[1:3])
-    assert (
-        len(evals) == 4
-        and sum(r["time/step"] for r in steps) <= steps[-1]["time/wall"] - mid_run_evals + 1e-3
-    )
-    gen, train = spans(args, "generate"), spans(args, "train")
+    assert len(evals) == 4
+    assert sum(r["time/step"] for r in steps) <= steps[-1]["time/wall"] - mid_run_evals + 1e-3
+    gen = spans(args, "generate")
+    train = spans(args, "train")
     sync = spans(args, "weight_sync", "generator 0")
     assert all(gen[t + 1]["t0"] >= train[t]["t1"] for t in range(2)), "sync: no overlap"
     assert all(gen[t + 1]["t0"] >= sync[t]["t1"] for t in range(2)), (
@@ -454,57 +423,39 @@ def test_disaggregated_sync(disaggregated, make_args):
 
 @requires_vllm
 def test_disaggregated_async_staleness_and_overlap(disaggregated, make_args):
-    args = start(
-        disaggregated,
-        make_args(
-            "--placement",
-            "disaggregated",
-            "--async",
-            "--loss",
-            "grpo_clip",
-            "--rollout-is",
-            "tis",
-            "--kl-every",
-            "1",
-            "--seed",
-            "4",
-        ),
-    )  # 4: batch 0 has a signal
+    flags = "--placement disaggregated --async --loss grpo_clip --rollout-is tis --kl-every 1"
+    flags += " --seed 4"  # seed 4: batch 0 has a signal
+    args = start(disaggregated, make_args(*flags.split()))
     summary = grpo_ray.run(args, disaggregated)
-    assert summary["lags"] == [0, 1, 1] and summary["max_lag"] <= args.max_staleness
-    rows = [r for r in read(args, "metrics.jsonl") if "ray/lag" in r]
-    for r in (
-        rows
-    ):  # TIS on every batch; the stale ones split their mismatch into kernel and staleness parts
+    assert summary["lags"] == [0, 1, 1]
+    assert summary["max_lag"] <= args.max_staleness
+    rows = logged_steps(args)
+    # TIS on every batch; the stale ones split their mismatch into kernel and staleness parts
+    for r in rows:
         assert {"train/is_weight_mean", "train/is_weight_max", "train/mismatch_kl"} <= set(r)
-    assert all(
-        r["train/mismatch_kernel_kl"] < 1e-5 and r["train/mismatch_staleness_kl"] >= 0
-        for r in rows[1:]
-    )
+    for r in rows[1:]:
+        assert r["train/mismatch_kernel_kl"] < 1e-5
+        assert r["train/mismatch_staleness_kl"] >= 0
     assert rows[0]["train/zero_var_frac"] < 1, (
         "step 0 did not move the policy: the lag-1 checks below would be vacuous"
     )
-    assert (
-        max(r["train/mismatch_staleness_kl"] for r in rows[1:]) > 1e-6
-    )  # the policy moved: a stale batch's grew
-    for r in rows[
-        1:
-    ]:  # with --rollout-is a stale batch's pi_old is the current policy (mu's staleness goes into the
-        assert r["ray/lag"] == 1 and r["train/ratio_mean"] == pytest.approx(
-            1.0, abs=1e-5
-        )  # IS weights), so ratio 1
-        assert r["train/ratio_min"] == pytest.approx(1.0, abs=1e-4) and r[
-            "train/ratio_max"
-        ] == pytest.approx(1.0, abs=1e-4)
-    gen, train, sync = (
-        spans(args, "generate"),
-        spans(args, "train"),
-        spans(args, "weight_sync", "generator 0"),
-    )
+    # the policy moved: a stale batch's staleness KL grew
+    assert max(r["train/mismatch_staleness_kl"] for r in rows[1:]) > 1e-6
+    # with --rollout-is a stale batch's pi_old is the current policy (mu's staleness goes into the
+    # IS weights), so the ratio is 1
+    for r in rows[1:]:
+        assert r["ray/lag"] == 1
+        assert r["train/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+        assert r["train/ratio_min"] == pytest.approx(1.0, abs=1e-4)
+        assert r["train/ratio_max"] == pytest.approx(1.0, abs=1e-4)
+    gen = spans(args, "generate")
+    train = spans(args, "train")
+    sync = spans(args, "weight_sync", "generator 0")
     # Batch 1 needs only version 0, so it runs on the generator while the learner trains batch 0.
     assert gen[1]["t0"] < train[0]["t1"], "async: generation 1 should start before train 0 ends"
-    # Later steps: batch t+1 never waits for train t's weights (whether it also overlaps train t in wall
-    # time depends on how long a weight load takes against a train step, so that is not asserted).
+    # Later steps: batch t+1 never waits for train t's weights (whether it also overlaps train t in
+    # wall time depends on how long a weight load takes against a train step, so that is not
+    # asserted).
     assert all(gen[t + 1]["t0"] < sync[t]["t0"] for t in range(2)), (
         "async: generation t+1 waited for train t"
     )
@@ -513,18 +464,21 @@ def test_disaggregated_async_staleness_and_overlap(disaggregated, make_args):
 
 @requires_vllm
 def test_ctrl_c_saves_the_logged_steps_and_resume_continues(disaggregated, make_args, ctrl_c):
-    """A real SIGINT to the driver mid-run (after step 1 is logged, wherever the driver then is: waiting for a
-    rollout, or inside a train step, which finishes first): exit 130, a checkpoint at exactly the steps logged,
-    and --resume continues with no step lost or repeated."""
-    args = start(
-        disaggregated, make_args("--placement", "disaggregated", "--n-grpo-steps", "5000")
-    )  # ~15 ms each
-    metrics, done = os.path.join(args.out, "metrics.jsonl"), threading.Event()
+    """A real SIGINT to the driver mid-run (after step 1 is logged, wherever the driver then is:
+    waiting for a rollout, or inside a train step, which finishes first): exit 130, a checkpoint at
+    exactly the steps logged, and --resume continues with no step lost or repeated."""
+    # ~15 ms a step
+    args = make_args("--placement", "disaggregated", "--n-grpo-steps", "5000")
+    args = start(disaggregated, args)
+    metrics = os.path.join(args.out, "metrics.jsonl")
+    done = threading.Event()
 
-    def interrupt():  # a stray signal after run() would hit another test: only while it runs
-        while not (
-            os.path.exists(metrics) and '"step": 1,' in open(metrics).read()
-        ) and not done.wait(0.05):
+    def step_1_logged():
+        return os.path.exists(metrics) and '"step": 1,' in open(metrics).read()
+
+    def interrupt():
+        # a stray signal after run() would hit another test: only while it runs
+        while not step_1_logged() and not done.wait(0.05):
             pass
         if not done.is_set():
             os.kill(os.getpid(), signal.SIGINT)
@@ -536,28 +490,23 @@ def test_ctrl_c_saves_the_logged_steps_and_resume_continues(disaggregated, make_
     finally:
         done.set()
     assert e.value.code == 130
-    saved = json.load(open(os.path.join(args.out, "checkpoint", "state.json")))
-    rows = [r for r in read(args, "metrics.jsonl") if "ray/lag" in r]
-    assert [r["step"] for r in rows] == list(range(saved["step"])) and 2 <= saved["step"] < 5000
+    saved = read(args, os.path.join("checkpoint", "state.json"))
+    rows = logged_steps(args)
+    assert [r["step"] for r in rows] == list(range(saved["step"]))
+    assert 2 <= saved["step"] < 5000
     assert saved["opt_step"] == rows[-1]["opt_step"]
-    resumed = start(
-        disaggregated,
-        grpo_ray.parse_args(["--resume", args.out, "--n-grpo-steps", str(saved["step"] + 2)]),
-    )
+    argv = ["--resume", args.out, "--n-grpo-steps", str(saved["step"] + 2)]
+    resumed = start(disaggregated, grpo_ray.parse_args(argv))
     grpo_ray.run(resumed, disaggregated)
-    assert [r["step"] for r in read(resumed, "metrics.jsonl") if "ray/lag" in r] == list(
-        range(saved["step"] + 2)
-    )
+    assert [r["step"] for r in logged_steps(resumed)] == list(range(saved["step"] + 2))
     assert_synced(disaggregated["generator"][0], resumed)
 
 
 @requires_vllm
-def test_killed_generator_raises_not_hangs(
-    disaggregated, make_args
-):  # the last user of `disaggregated`: kills it
-    args = start(
-        disaggregated, make_args("--placement", "disaggregated", "--async", "--n-grpo-steps", "200")
-    )
+def test_killed_generator_raises_not_hangs(disaggregated, make_args):
+    # the last user of `disaggregated`: it kills its generator
+    args = make_args("--placement", "disaggregated", "--async", "--n-grpo-steps", "200")
+    args = start(disaggregated, args)
     failure = {}
 
     def drive():
@@ -569,11 +518,12 @@ def test_killed_generator_raises_not_hangs(
     thread = threading.Thread(target=drive, daemon=True)
     thread.start()
     metrics = os.path.join(args.out, "metrics.jsonl")
+
+    def a_step_logged():
+        return os.path.exists(metrics) and "ray/lag" in open(metrics).read()
+
     deadline = time.time() + 120
-    while (
-        not (os.path.exists(metrics) and "ray/lag" in open(metrics).read())
-        and time.time() < deadline
-    ):
+    while not a_step_logged() and time.time() < deadline:
         time.sleep(0.2)
     assert thread.is_alive() and "ray/lag" in open(metrics).read(), (
         "the run should be mid-way (200 steps)"
@@ -584,39 +534,26 @@ def test_killed_generator_raises_not_hangs(
     assert not thread.is_alive(), "driver hung after the generator died"
     assert isinstance(failure.get("error"), RuntimeError), failure
     msg = str(failure["error"])  # one line: which actor, Ray's error type, how to go on
-    assert (
-        "generator 0 died during" in msg
-        and "ActorDiedError" in msg
-        and f"--resume {args.out}" in msg
-        and "\n" not in msg
-    )
+    assert "generator 0 died during" in msg
+    assert "ActorDiedError" in msg
+    assert f"--resume {args.out}" in msg
+    assert "\n" not in msg
     assert time.time() - t0 < 60
 
 
 def test_async_over_ray_direct_transport_gloo(cluster, make_args):
-    flags = (
-        "--placement",
-        "disaggregated",
-        "--engine",
-        "hf",
-        "--weight-sync",
-        "gloo",
-        "--async",
-        "--loss",
-        "grpo_clip",
-    )
-    args = make_args(*flags)
+    flags = "--placement disaggregated --engine hf --weight-sync gloo --async --loss grpo_clip"
+    args = make_args(*flags.split())
     actors = grpo_ray.build_actors(args)
     try:
         summary = grpo_ray.run(args, actors)
-        assert summary["weight_sync"] == "gloo" and summary["lags"] == [0, 1, 1]
+        assert summary["weight_sync"] == "gloo"
+        assert summary["lags"] == [0, 1, 1]
         assert_synced(actors["generator"][0], args)
-        pushed = (
-            actors["learner"][0].get_weights.options(tensor_transport="gloo").remote(clone=True)
-        )
-        n_bytes = ray.get(
-            actors["generator"][0].__ray_call__.remote(received_bytes, pushed), timeout=60
-        )
+        learner = actors["learner"][0]
+        pushed = learner.get_weights.options(tensor_transport="gloo").remote(clone=True)
+        probe = actors["generator"][0].__ray_call__.remote(received_bytes, pushed)
+        n_bytes = ray.get(probe, timeout=60)
         policy = grpo.load_policy(args.model, resolved(args))[0]
         assert n_bytes == sum(p.numel() * p.element_size() for p in policy.state_dict().values())
     finally:
@@ -624,95 +561,54 @@ def test_async_over_ray_direct_transport_gloo(cluster, make_args):
 
 
 def test_cli_smoke_joins_the_cluster(cluster, make_args, tmp_path):
-    """The script end to end as a subprocess, joining this module's cluster through --address: colocated with a
-    second generator and a second learner (the colocated actor is generator 0 and learner rank 0; HF engine)."""
+    """The script end to end as a subprocess, joining this module's cluster through --address:
+    colocated with a second generator and a second learner (the colocated actor is generator 0 and
+    learner rank 0; HF engine)."""
     args = make_args()
-    cmd = [
-        sys.executable,
-        os.path.join(ROOT, "grpo_ray.py"),
-        "--address",
-        ray.get_runtime_context().gcs_address,
-        "--engine",
-        "hf",
-        "--n-grpo-steps",
-        "2",
-        "--out",
-        str(tmp_path / "cli"),
-        "--num-generators",
-        "2",
-        "--num-learners",
-        "2",
-        "--placement-strategy",
-        "spread",
-    ]
-    cmd += [
-        x
-        for pair in [
-            ("--model", args.model),
-            ("--train-path", args.train_path),
-            ("--val-path", args.val_path),
-        ]
-        for x in pair
-    ] + SMALL[SMALL.index("--rollout-batch-size") : SMALL.index("--num-cpus")]
-    proc = subprocess.run(
-        cmd + ["--task", "keyword"], cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
+    cmd = [sys.executable, os.path.join(ROOT, "grpo_ray.py")]
+    cmd += ["--address", ray.get_runtime_context().gcs_address, "--engine", "hf"]
+    cmd += ["--n-grpo-steps", "2", "--out", str(tmp_path / "cli")]
+    cmd += ["--num-generators", "2", "--num-learners", "2", "--placement-strategy", "spread"]
+    cmd += ["--model", args.model, "--train-path", args.train_path, "--val-path", args.val_path]
+    cmd += SMALL[SMALL.index("--rollout-batch-size") : SMALL.index("--num-cpus")]
+    cmd += ["--task", "keyword"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert (
-        summary["mode"] == "colocated-k1-N2M2" and summary["steps"] == 2 and summary["devices"] == 3
-    )
-    for name in (
-        "summary.json",
-        "timeline.png",
-        "metrics.jsonl",
-        "checkpoint",
-        "dashboard.png",
-        "args.json",
-    ):
+    assert summary["mode"] == "colocated-k1-N2M2"
+    assert summary["steps"] == 2
+    assert summary["devices"] == 3
+    outputs = ["summary.json", "timeline.png", "metrics.jsonl", "checkpoint", "dashboard.png"]
+    for name in outputs + ["args.json"]:
         assert os.path.exists(tmp_path / "cli" / name), name
 
 
 def test_generators_and_learners_scale_out(cluster, make_args):
-    """2 generators x 2 data-parallel learners, async (HF engines): shards joined in order at one version per step,
-    one weight put per version read by both engines, learners in lockstep, the M = 2 gradient equal to one
-    learner's on the same batch, --resume with N = M = 2, and a dead learner named in one line."""
-    args = make_args(
-        "--placement",
-        "disaggregated",
-        "--engine",
-        "hf",
-        "--async",
-        "--loss",
-        "grpo_clip",
-        "--num-generators",
-        "2",
-        "--num-learners",
-        "2",
-        "--seed",
-        "2",  # seed 2: batch 0 has a signal
-        "--placement-strategy",
-        "spread",
-    )
+    """2 generators x 2 data-parallel learners, async (HF engines): shards joined in order at one
+    version per step, one weight put per version read by both engines, learners in lockstep, the
+    M = 2 gradient equal to one learner's on the same batch, --resume with N = M = 2, and a dead
+    learner named in one line."""
+    flags = (
+        "--placement disaggregated --engine hf --async --loss grpo_clip --num-generators 2 "
+        "--num-learners 2 --seed 2 --placement-strategy spread"
+    )  # seed 2: batch 0 has a signal
+    args = make_args(*flags.split())
     actors = grpo_ray.build_actors(args)
     try:
         assert ray.util.placement_group_table(actors["pg"])["strategy"] == "SPREAD"
         summary = grpo_ray.run(args, actors)
-        assert (
-            summary["lags"] == [0, 1, 1]
-            and summary["devices"] == 4
-            and summary["mode"].endswith("-N2M2")
-        )
-        rows = [r for r in read(args, "metrics.jsonl") if "ray/lag" in r]
+        assert summary["lags"] == [0, 1, 1]
+        assert summary["devices"] == 4
+        assert summary["mode"].endswith("-N2M2")
+        rows = logged_steps(args)
         assert [r["ray/gen_version"] for r in rows] == [0, 0, 1]
         assert any(r["train/zero_var_frac"] < 1 for r in rows), (
             "no reward variance: the lockstep check would be vacuous"
         )
         timeline = read(args, "timeline.json")
-        by = {
-            p: sorted((s["actor"], s["step"]) for s in timeline if s["phase"] == p)
-            for p in ("generate", "weight_sync", "get_weights")
-        }
+        by = {}  # phase -> sorted (actor, step) of its spans
+        for phase in ("generate", "weight_sync", "get_weights"):
+            by[phase] = sorted((s["actor"], s["step"]) for s in timeline if s["phase"] == phase)
         assert by["generate"] == [(f"generator {i}", t) for i in range(2) for t in range(3)]
         assert by["weight_sync"] == [(f"generator {i}", t) for i in range(2) for t in range(3)]
         assert by["get_weights"] == [("learner 0", t) for t in range(3)], (
@@ -724,64 +620,63 @@ def test_generators_and_learners_scale_out(cluster, make_args):
         )
         for gen in actors["generator"]:
             assert_synced(gen, args)
-        # shards of a step joined in order: the step's prompts in collect's sampling order, each G times
-        a, G = resolved(args), args.group_size
-        shards = ray.get(
-            [g.generate.remote(7, (i, 2)) for i, g in enumerate(actors["generator"])], timeout=120
-        )
-        joined = grpo_ray.join_shards(shards)
-        drawn = random.Random(grpo.sample_seed(a, 7)).sample(
-            grpo.load_data(a)[0], args.n_prompts_per_rollout_batch
-        )
+
+        # shards of a step joined in order: the step's prompts in collect's sampling order, each G
+        # times
+        a = resolved(args)
+        G = args.group_size
+        generating = [g.generate.remote(7, (i, 2)) for i, g in enumerate(actors["generator"])]
+        joined = grpo_ray.join_shards(ray.get(generating, timeout=120))
+        rng = random.Random(grpo.sample_seed(a, 7))
+        drawn = rng.sample(grpo.load_data(a)[0], args.n_prompts_per_rollout_batch)
         assert joined["batch"]["prompts"] == [r["prompt"] for r in drawn for _ in range(G)]
-        # gradient: the group's all-reduced gradient equals one learner's on the same batch, unclipped (a factor M
-        # would hide behind the clip), with the seed's norm and with DAPO's (the whole step's token count across
-        # shards); advantages forced non-zero; grpo_clip: the sharded no-grad pi_old pass is in it too
+
+        # gradient: the group's all-reduced gradient equals one learner's on the same batch,
+        # unclipped (a factor M would hide behind the clip), with the seed's norm and with DAPO's
+        # (the whole step's token count across shards); advantages forced non-zero; grpo_clip: the
+        # sharded no-grad pi_old pass is in it too
         joined["batch"]["advantages"] = torch.linspace(-1.0, 1.0, len(joined["batch"]["raw"]))
         ref = ray.put(joined)
         for flags in ({}, {"length_norm": "token"}):
-            (g_a, h_a), (g_b, h_b) = ray.get(
-                [x.__ray_call__.remote(gradient, ref, **flags) for x in actors["learner"]],
-                timeout=120,
-            )
-            g_1, h_1 = ray.get(
-                actors["learner"][0].__ray_call__.remote(gradient, ref, "alone", **flags),
-                timeout=120,
-            )
-            assert torch.equal(g_a, g_b) and g_1.norm() > 0
+            in_group = [x.__ray_call__.remote(gradient, ref, **flags) for x in actors["learner"]]
+            (g_a, h_a), (g_b, h_b) = ray.get(in_group, timeout=120)
+            alone = actors["learner"][0].__ray_call__.remote(gradient, ref, "alone", **flags)
+            g_1, h_1 = ray.get(alone, timeout=120)
+            assert torch.equal(g_a, g_b)
+            assert g_1.norm() > 0
             assert ((g_a - g_1).norm() / g_1.norm()).item() <= 1e-6, (
                 f"M = 2 gradient differs from one learner's {flags}"
             )
             for k in ("train/loss", "train/grad_norm"):
-                assert [h[k] for h in h_a] == pytest.approx([h[k] for h in h_1], rel=1e-6), (
-                    k,
-                    flags,
-                )
-            # ... and each learner really ran only its half: the two local losses are parts of the whole
-            parts = [
-                ray.get(x.__ray_call__.remote(gradient, ref, "local", **flags), timeout=120)[1][0][
-                    "train/loss"
-                ]
-                for x in actors["learner"]
-            ]
-            assert (
-                sum(parts) == pytest.approx(h_1[0]["train/loss"], rel=1e-5, abs=1e-7)
-                and min(map(abs, parts)) > 0
-            )
+                expected = pytest.approx([h[k] for h in h_1], rel=1e-6)
+                assert [h[k] for h in h_a] == expected, (k, flags)
+            # ... and each learner really ran only its half: the two local losses are parts of
+            # the whole
+            parts = []
+            for x in actors["learner"]:
+                local = x.__ray_call__.remote(gradient, ref, "local", **flags)
+                _, history = ray.get(local, timeout=120)
+                parts.append(history[0]["train/loss"])
+            assert sum(parts) == pytest.approx(h_1[0]["train/loss"], rel=1e-5, abs=1e-7)
+            assert min(abs(p) for p in parts) > 0
+
         # --resume: the run's flags (N, M included) and checkpoint, on the same actors
         resumed = start(actors, grpo_ray.parse_args(["--resume", args.out, "--n-grpo-steps", "5"]))
         assert (resumed.num_generators, resumed.num_learners) == (2, 2)
         summary = grpo_ray.run(resumed, actors)
-        rows = [r for r in read(resumed, "metrics.jsonl") if "ray/lag" in r]
-        assert [r["step"] for r in rows] == [0, 1, 2, 3, 4] and summary["lags"] == [0, 1]
+        rows = logged_steps(resumed)
+        assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+        assert summary["lags"] == [0, 1]
         assert_synced(actors["generator"][1], resumed)
+
         # a dead learner: its peer's collective fails too, the death is what gets reported
         ray.kill(actors["learner"][1])
         wait_dead(actors["learner"][1])
         with pytest.raises(
             RuntimeError, match=r"learner 1 died during probe \(ActorDiedError"
         ) as e:
-            grpo_ray.get([x.train.remote(ref) for x in actors["learner"]], "probe", resumed, actors)
+            training = [x.train.remote(ref) for x in actors["learner"]]
+            grpo_ray.get(training, "probe", resumed, actors)
         assert "\n" not in str(e.value)
     finally:
         grpo_ray.kill_actors(actors)
