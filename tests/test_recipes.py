@@ -1,9 +1,12 @@
-"""The README's recipes, checked: every command of its recipe table runs with --dry-run and its effective
-settings match the README's settings tables (where the command does not set the flag itself); then every
-recipe row runs end to end (STAND_INS) with the hub id replaced by a local tiny model of the same family
-(Qwen2 for Qwen2.5-Math, Qwen3 for Qwen3), on data the test writes, for one to four tiny steps: the hub
-profile, the seeds' prompts and graders and the device logic a GPU user's run takes, before anyone pays for
-a GPU. A stand-in's saved configuration is checked against the settings tables and against each row's flags.
+"""The README's recipes, checked.
+
+Every command of its recipe table runs with --dry-run, and its effective settings match the README's
+settings tables (where the command does not set the flag itself). Then every recipe row runs end to
+end (STAND_INS) with the hub id replaced by a local tiny model of the same family (Qwen2 for
+Qwen2.5-Math, Qwen3 for Qwen3), on data the test writes, for one to four tiny steps: the hub
+profile, the seeds' prompts and graders and the device logic a GPU user's run takes, before anyone
+pays for a GPU. A stand-in's saved configuration is checked against the settings tables and against
+each row's flags.
 """
 
 import json
@@ -49,42 +52,34 @@ def recipes():
 
 def write_data(path, task):
     """A small valid data file for `task` (what the recipe's file would hold)."""
-    rows = {
-        "countdown": [{"numbers": [3, 4, 5], "target": 17}, {"numbers": [2, 9, 6], "target": 12}]
-        * 4,
-        "gsm8k": [
-            {
-                "question": f"Tom has {i} apples and buys 3. How many?",
-                "answer": f"{i} + 3 = {i + 3}\n#### {i + 3}",
-            }
-            for i in range(8)
-        ],
-        "math": [
-            {
-                "problem": f"What is ${i} + 1$?",
-                "answer": str(i + 1),
-                "solution": f"$\\boxed{{{i + 1}}}$",
-            }
-            for i in range(8)
-        ],
-        "sft": [
-            {
-                "prompt": f"What is {i} + 1? Answer:",
-                "response": f" {i + 1}. The final answer is: $\\boxed{{{i + 1}}}$",
-            }
-            for i in range(8)
-        ],
-    }
     if task == "keyword":
-        # numbers, which the embedded model writes often (reward variance); ~10% of words hash to the test split
-        open(path, "w").write(
-            "\n".join(["apple", "river", "the", "and"] + [str(i) for i in range(100)])
-        )
+        # numbers, which the embedded model writes often (reward variance); ~10% of words hash to
+        # the test split
+        words = ["apple", "river", "the", "and"] + [str(i) for i in range(100)]
+        with open(path, "w") as f:
+            f.write("\n".join(words))
         return
+    rows = []
+    if task == "countdown":
+        rows = [{"numbers": [3, 4, 5], "target": 17}, {"numbers": [2, 9, 6], "target": 12}] * 4
+    elif task == "gsm8k":
+        for i in range(8):
+            question = f"Tom has {i} apples and buys 3. How many?"
+            rows.append({"question": question, "answer": f"{i} + 3 = {i + 3}\n#### {i + 3}"})
+    elif task in ("math500", "math"):
+        for i in range(8):
+            problem = f"What is ${i} + 1$?"
+            solution = f"$\\boxed{{{i + 1}}}$"
+            rows.append({"problem": problem, "answer": str(i + 1), "solution": solution})
+    elif task == "sft":
+        for i in range(8):
+            response = f" {i + 1}. The final answer is: $\\boxed{{{i + 1}}}$"
+            rows.append({"prompt": f"What is {i} + 1? Answer:", "response": response})
+    else:
+        raise KeyError(task)
     with open(path, "w") as f:
-        f.writelines(
-            json.dumps(r) + "\n" for r in rows["math" if task in ("math500", "math") else task]
-        )
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
 
 
 def task_of(argv, flag):
@@ -93,7 +88,9 @@ def task_of(argv, flag):
         return "sft"
     if argv[0] == "sft.py":
         return argv[argv.index("--eval-task") + 1]
-    return argv[argv.index("--task") + 1] if "--task" in argv else "countdown"
+    if "--task" in argv:
+        return argv[argv.index("--task") + 1]
+    return "countdown"
 
 
 def localise(argv, tmp):
@@ -143,79 +140,89 @@ def expect_grpo(cfg, given):
     """The grpo settings table's value for every flag the command leaves to the profile."""
     header, *rows = table("settings:grpo")
     col = header.index(cfg["profile"])
-    task_col = (
-        header.index("keyword")
-        if cfg["task"] == "keyword"
-        else header.index("gsm8k, math, math500")
-        if cfg["task"] in ("gsm8k", "math", "math500")
-        else None
-    )
+    task_col = None  # a task's own column overrides the profile's where it has a value
+    if cfg["task"] == "keyword":
+        task_col = header.index("keyword")
+    elif cfg["task"] in ("gsm8k", "math", "math500"):
+        task_col = header.index("gsm8k, math, math500")
     out = {}
     for row in rows:
         dest = re.search(r"`--([a-z-]+)`", row[2]).group(1).replace("-", "_")
-        if dest in given or ("countdown task" in row[2] and cfg["task"] != "countdown"):
+        if dest in given:
             continue
-        cell = row[task_col] if task_col is not None and row[task_col] else row[col]
+        if "countdown task" in row[2] and cfg["task"] != "countdown":
+            continue
+        cell = row[col]
+        if task_col is not None and row[task_col]:
+            cell = row[task_col]
         out[dest] = value(cell)
     return out
 
 
 def bon_temperature():
-    """best_of_n.py's sampling temperature, as the sentence under the eval_zero_shot table states it."""
-    return float(
-        re.search(
-            r"`best_of_n.py` uses .*? samples at `--temperature ([0-9.]+)`", README, re.S
-        ).group(1)
-    )
+    """best_of_n.py's sampling temperature, as the sentence under the eval_zero_shot table states
+    it."""
+    sentence = r"`best_of_n.py` uses .*? samples at `--temperature ([0-9.]+)`"
+    return float(re.search(sentence, README, re.S).group(1))
 
 
 def expect_eval(cfg, given):
-    """The eval_zero_shot table's row for the task (the embedded model's Countdown row apart); best_of_n shares
-    the prompt, reward and max tokens, and samples at its own temperature (bon_temperature)."""
+    """The eval_zero_shot table's row for the task (the embedded model's Countdown row apart);
+    best_of_n shares the prompt, reward and max tokens, and samples at its own temperature
+    (bon_temperature)."""
     header, *rows = table("settings:eval_zero_shot")
-    key = (
-        "countdown, embedded model"
-        if cfg["task"] == "countdown" and "countdown-tiny" in cfg["model"]
-        else cfg["task"]
-    )
-    name = lambda r: r[0].split(" (")[0]  # noqa: E731
-    row = next(
-        r for r in rows if name(r) == key or (key in name(r).split(", ") and "embedded" not in r[0])
-    )
+    key = cfg["task"]
+    if cfg["task"] == "countdown" and "countdown-tiny" in cfg["model"]:
+        key = "countdown, embedded model"
+
+    def matches(r):
+        name = r[0].split(" (")[0]  # "gsm8k (seed 001)" -> "gsm8k"
+        return name == key or (key in name.split(", ") and "embedded" not in r[0])
+
+    row = next(r for r in rows if matches(r))
     out = {"prompt": row[2], "reward": row[3], "max_tokens": value(row[4])}
-    out["temperature"] = value(row[5]) if "n" not in cfg else bon_temperature()  # "n": best_of_n
+    if "n" in cfg:  # "n": best_of_n
+        out["temperature"] = bon_temperature()
+    else:
+        out["temperature"] = value(row[5])
     return {k: v for k, v in out.items() if k not in given}
 
 
 def expect_sft(cfg, given):
-    """The sft table's column for the model. A row whose flag cell is `--eval-task T` is the grader a validation on
-    task T uses (eval_reward; its cell, or the seed value where the cell is empty)."""
+    """The sft table's column for the model. A row whose flag cell is `--eval-task T` is the grader
+    a validation on task T uses (eval_reward; its cell, or the seed value where the cell is
+    empty)."""
     header, *rows = table("settings:sft")
-    col = (
-        header.index("embedded model")
-        if "countdown-tiny" in cfg["model"]
-        else header.index("hub model")
-    )
+    if "countdown-tiny" in cfg["model"]:
+        col = header.index("embedded model")
+    else:
+        col = header.index("hub model")
     out = {}
     for row in rows:
         dest, task = re.search(r"`--([a-z-]+) ?([a-z0-9_]*)`", row[2]).groups()
-        if (
-            task
-        ):  # a validation grader: applies when the run validates on that task, whoever chose it
+        dest = dest.replace("-", "_")
+        # a validation grader: applies when the run validates on that task, whoever chose it
+        if task:
             if cfg["eval_task"] == task and cfg["eval_n"]:
                 out["eval_reward"] = value(row[col] or row[1])
-        elif row[col] and dest.replace("-", "_") not in given:
-            out[dest.replace("-", "_")] = value(row[col])
+        elif row[col] and dest not in given:
+            out[dest] = value(row[col])
     return out
 
 
 def check_tables(label, script, cfg, given):
-    """An effective configuration agrees with the README's settings tables on every flag `given` leaves open."""
-    expect = {"grpo.py": expect_grpo, "grpo_ray.py": expect_grpo, "sft.py": expect_sft}.get(
-        script, expect_eval
-    )
-    for k, v in expect(cfg, given).items():
-        got = cfg[k][0] if isinstance(cfg[k], list) and len(cfg[k]) == 1 else cfg[k]
+    """An effective configuration agrees with the README's settings tables on every flag `given`
+    leaves open."""
+    if script in ("grpo.py", "grpo_ray.py"):
+        expected = expect_grpo(cfg, given)
+    elif script == "sft.py":
+        expected = expect_sft(cfg, given)
+    else:
+        expected = expect_eval(cfg, given)
+    for k, v in expected.items():
+        got = cfg[k]
+        if isinstance(got, list) and len(got) == 1:  # a one-value sweep (--max-tokens 512)
+            got = got[0]
         assert same(got, v), f"{label}: {k} = {got!r}, the README's table says {v!r}"
 
 
@@ -223,7 +230,8 @@ def check_tables(label, script, cfg, given):
 def test_recipe_dry_run_matches_the_settings_tables(label, argv, tmp_path):
     proc = run(localise(argv, str(tmp_path)) + ["--dry-run"], str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    check_tables(label, argv[0], json.loads(proc.stdout.strip().splitlines()[-1]), explicit(argv))
+    cfg = json.loads(proc.stdout.strip().splitlines()[-1])  # dry_run's last line
+    check_tables(label, argv[0], cfg, explicit(argv))
     assert not {"out", "runs"} & set(os.listdir(tmp_path)), "a dry run created its output directory"
 
 
@@ -232,62 +240,34 @@ def test_every_script_has_a_recipe():
 
 
 # ----------------------------------------------------------------------------- stand-ins
-GRPO_TINY = [
-    "--rollout-batch-size",
-    "4",
-    "--group-size",
-    "2",
-    "--train-batch-size",
-    "4",
-    "--gradient-accumulation-steps",
-    "2",
-    "--max-tokens",
-    "12",
-    "--eval-n",
-    "2",
-    "--eval-every",
-    "0",
-    "--grader-workers",
-    "0",
-]
+# the stand-ins' sizes: one to four tiny steps or a handful of prompts
+GRPO_TINY = (
+    "--rollout-batch-size 4 --group-size 2 --train-batch-size 4 --gradient-accumulation-steps 2 "
+    "--max-tokens 12 --eval-n 2 --eval-every 0 --grader-workers 0"
+).split()
 TINY = {
-    "grpo.py": ["--n-grpo-steps", "1"]
-    + GRPO_TINY,  # 2 prompts x 2 samples: the countdown prompt is 600 tokens
-    "grpo_ray.py": ["--n-grpo-steps", "4", "--timeout-s", "300"]
-    + GRPO_TINY,  # 4: a --steps-per-rollout 4 cycle
-    "eval_zero_shot.py": ["--limit", "4", "--max-tokens", "12", "--workers", "1"],
-    "best_of_n.py": [
-        "--limit",
-        "2",
-        "--n",
-        "4",
-        "--ns",
-        "1,2,4",
-        "--max-tokens",
-        "12",
-        "--workers",
-        "1",
-    ],
-    "sft.py": [
-        "--n-examples",
-        "4",
-        "--batch-size",
-        "2",
-        "--gradient-accumulation-steps",
-        "1",
-        "--steps",
-        "1",
-        "--eval-n",
-        "2",
-        "--eval-max-tokens",
-        "8",
-        "--eval-every",
-        "1",
-    ],
+    # 2 prompts x 2 samples: the countdown prompt is 600 tokens
+    "grpo.py": ["--n-grpo-steps", "1"] + GRPO_TINY,
+    # 4 steps: a --steps-per-rollout 4 cycle
+    "grpo_ray.py": ["--n-grpo-steps", "4", "--timeout-s", "300"] + GRPO_TINY,
+    "eval_zero_shot.py": "--limit 4 --max-tokens 12 --workers 1".split(),
+    "best_of_n.py": "--limit 2 --n 4 --ns 1,2,4 --max-tokens 12 --workers 1".split(),
+    "sft.py": (
+        "--n-examples 4 --batch-size 2 --gradient-accumulation-steps 1 --steps 1 --eval-n 2 "
+        "--eval-max-tokens 8 --eval-every 1"
+    ).split(),
 }
-# Every recipe row, each in exactly one stand-in: (row label prefixes, engine, flags the stand-in adds). Rows that
-# differ in flags that do not clash run as one command carrying all their flags; the sizes TINY sets (--max-tokens
-# 256 vs 512 too) are the stand-in's own. vLLM where a GPU user's path differs most (the hub-profile eval and GRPO).
+# Every recipe row, each in exactly one stand-in: (row label prefixes, engine, flags the stand-in
+# adds). Rows that differ in flags that do not clash run as one command carrying all their flags;
+# the sizes TINY sets (--max-tokens 256 vs 512 too) are the stand-in's own. vLLM where a GPU user's
+# path differs most (the hub-profile eval and GRPO).
+GRPO_COUNTDOWN_ROWS = (
+    "GRPO on Countdown, one lr",
+    "baselines",
+    "length normalisation",
+    "group std normalisation",
+)
+RAY_ROWS = ("keyword-inclusion GRPO on Ray", "KL drift", "colocated, k steps per rollout")
 STAND_INS = [
     (("embedded model, offline: zero-shot",), "hf", []),
     (("embedded model, offline: Best-of-N",), "hf", []),
@@ -297,21 +277,13 @@ STAND_INS = [
     (("Best-of-N at 1/4/8/16",), "hf", []),
     (("SFT, one size",), "hf", []),
     (("embedded model from scratch",), "hf", ["--countdown-n", "32"]),
-    (
-        (
-            "GRPO on Countdown, one lr",
-            "baselines",
-            "length normalisation",
-            "group std normalisation",
-        ),
-        "vllm",
-        [],
-    ),
+    (GRPO_COUNTDOWN_ROWS, "vllm", []),
     (("off-policy, one (E, B)", "prompt ablation"), "hf", []),
     (("no-clip ablation",), "hf", []),
     (("Countdown Dr. GRPO at 512", "Countdown GRPO at 256"), "hf", []),
-    (("keyword-inclusion GRPO on Ray", "KL drift", "colocated, k steps per rollout"), "hf", []),
-    # NCCL needs GPUs: Problem 9's Ray Direct Transport runs over gloo here (the same code path but the backend)
+    (RAY_ROWS, "hf", []),
+    # NCCL needs GPUs: Problem 9's Ray Direct Transport runs over gloo here (the same code path but
+    # the backend)
     (
         ("disaggregated async", "weight transfer over Ray Direct Transport"),
         "hf",
@@ -323,15 +295,19 @@ ALIASES = {"async": "async_mode"}  # flag -> argparse destination where the two 
 
 def pairs(argv):
     """[(flag, value or None)] of a command's flags, in order."""
-    return [
-        (a, b if b is not None and not b.startswith("--") else None)
-        for a, b in zip(argv, argv[1:] + [None])
-        if a.startswith("--")
-    ]
+    out = []
+    for a, b in zip(argv, argv[1:] + [None]):
+        if not a.startswith("--"):
+            continue
+        if b is not None and b.startswith("--"):
+            b = None  # a switch: the next word is the next flag
+        out.append((a, b))
+    return out
 
 
 def stand_in(prefixes, extra):
-    """The rows' commands merged into one (their flags' union; a clash outside the stand-in's own flags fails)."""
+    """The rows' commands merged into one (their flags' union; a clash outside the stand-in's own
+    flags fails)."""
     rows = [next(r for r in recipes() if r[0].startswith(p)) for p in prefixes]
     own = {f for f, _ in pairs(TINY[rows[0][1][0]] + extra)} | {"--out", "--save-dir"}
     argv = list(rows[0][1])
@@ -342,23 +318,32 @@ def stand_in(prefixes, extra):
             assert flag in own or have.get(flag, val) == val, (
                 f"{label}: {flag} {val} clashes with {have[flag]}"
             )
-            argv += [] if flag in have else [flag] + ([val] if val is not None else [])
+            if flag in have:
+                continue
+            argv.append(flag)
+            if val is not None:
+                argv.append(val)
     return rows, argv
 
 
 def saved_config(out):
+    """The run's saved flags: args.json, or the "args" of a summary the evaluators write."""
     for name, key in (("args.json", None), ("summary.json", "args"), ("best_of_n.json", "args")):
-        if os.path.exists(os.path.join(out, name)):
-            cfg = json.load(open(os.path.join(out, name)))
-            return cfg[key] if key else cfg
+        path = os.path.join(out, name)
+        if os.path.exists(path):
+            with open(path) as f:
+                cfg = json.load(f)
+            if key:
+                return cfg[key]
+            return cfg
     raise AssertionError(f"no saved configuration in {out}: {os.listdir(out)}")
 
 
 def test_every_recipe_row_has_one_stand_in():
+    prefixes = [p for ps, _, _ in STAND_INS for p in ps]
     for label, _ in recipes():
-        assert sum(label.startswith(p) for ps, _, _ in STAND_INS for p in ps) == 1, (
-            f"{label}: not in one stand-in"
-        )
+        matches = [p for p in prefixes if label.startswith(p)]
+        assert len(matches) == 1, f"{label}: not in one stand-in"
 
 
 @pytest.mark.parametrize("prefixes,engine,extra", STAND_INS, ids=[s[0][0] for s in STAND_INS])
@@ -366,65 +351,60 @@ def test_recipe_runs_end_to_end_on_a_stand_in(
     prefixes, engine, extra, tiny_qwen2_dir, tiny_qwen3_dir, tmp_path
 ):
     rows, argv = stand_in(prefixes, extra)
-    argv, hub = localise(argv, str(tmp_path)), "--model" in argv
-    if (
-        hub
-    ):  # the hub id -> a tiny local model of its family (Qwen2 for Qwen2.5-Math, Qwen3 for Qwen3)
+    hub = "--model" in argv
+    argv = localise(argv, str(tmp_path))
+    # the hub id -> a tiny local model of its family (Qwen2 for Qwen2.5-Math, Qwen3 for Qwen3)
+    if hub:
         i = argv.index("--model") + 1
-        argv[i] = tiny_qwen2_dir if "Qwen2" in argv[i] else tiny_qwen3_dir
-    if (
-        "--out" not in argv
-    ):  # the embedded-model recipes write to runs/<name> under the working directory
+        if "Qwen2" in argv[i]:
+            argv[i] = tiny_qwen2_dir
+        else:
+            argv[i] = tiny_qwen3_dir
+    if "--out" not in argv:  # the embedded-model recipes write to runs/<name> under the working dir
         argv += ["--out", str(tmp_path / "out" / "run")]
     cmd = argv + TINY[argv[0]] + extra + ["--engine", engine]
     proc = run(cmd, str(tmp_path))
     assert proc.returncode == 0, f"{prefixes}\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}"
     out = argv[argv.index("--out") + 1]
     cfg = saved_config(out)
-    check_tables(
-        prefixes[0], argv[0], cfg, explicit(cmd)
-    )  # every flag no row and no stand-in size sets
+    check_tables(prefixes[0], argv[0], cfg, explicit(cmd))  # every flag no row and no size sets
+
     # and every row's own flags reached the run
-    own = (
-        {f for f, _ in pairs(TINY[argv[0]] + extra)}
-        | set(DATA_FLAGS)
-        | {"--model", "--out", "--save-dir"}
-    )
+    own = {f for f, _ in pairs(TINY[argv[0]] + extra)}
+    own |= set(DATA_FLAGS) | {"--model", "--out", "--save-dir"}
     for label, row in rows:
         for flag, val in pairs(row[1:]):
-            if flag not in own:
-                name = flag[2:].removeprefix("no-").replace("-", "_")
-                got, v = (
-                    cfg[ALIASES.get(name, name)],
-                    (not flag.startswith("--no-") if val is None else value(val)),
-                )
-                assert same(got, v), f"{label}: {flag} {val or ''} ran as {got!r}"
+            if flag in own:
+                continue
+            name = flag[2:].removeprefix("no-").replace("-", "_")
+            got = cfg[ALIASES.get(name, name)]
+            if val is None:  # a switch: --x is True, --no-x False
+                want = not flag.startswith("--no-")
+            else:
+                want = value(val)
+            assert same(got, want), f"{label}: {flag} {val or ''} ran as {got!r}"
+
     if hub and argv[0] in ("grpo.py", "grpo_ray.py"):  # the hub profile, trained
         assert cfg["profile"] == "hub"
     if argv[0] in ("grpo.py", "grpo_ray.py"):
-        metrics = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            metrics = [json.loads(line) for line in f]
         assert any("train/loss" in m for m in metrics)
-        assert any("train/kl_ref" in m for m in metrics) == (
-            cfg["kl_every"] > 0
-        )  # KL drift only when asked
+        # KL drift only when asked
+        assert any("train/kl_ref" in m for m in metrics) == (cfg["kl_every"] > 0)
     if argv[0] == "grpo_ray.py":  # the schedule and transport asked for
-        summary = json.load(open(os.path.join(out, "summary.json")))
-        assert (summary["mode"], summary["weight_sync"], summary["steps"]) == (
-            cfg["mode"],
-            cfg["weight_sync"],
-            4,
-        )
-    if argv[0] == "eval_zero_shot.py":
-        n = len(cfg["max_tokens"]) * 4
-        assert (
-            sum(1 for _ in open(os.path.join(out, "generations.jsonl"))) == n
-        )  # --limit 4 per max-tokens value
-    if (
-        argv[0] == "sft.py" and cfg["eval_task"] == "math"
-    ):  # MATH validation graded by question_only, and it ran
+        with open(os.path.join(out, "summary.json")) as f:
+            summary = json.load(f)
+        assert summary["mode"] == cfg["mode"]
+        assert summary["weight_sync"] == cfg["weight_sync"]
+        assert summary["steps"] == 4
+    if argv[0] == "eval_zero_shot.py":  # --limit 4 per max-tokens value
+        with open(os.path.join(out, "generations.jsonl")) as f:
+            assert sum(1 for _ in f) == len(cfg["max_tokens"]) * 4
+    if argv[0] == "sft.py" and cfg["eval_task"] == "math":
+        # MATH validation graded by question_only, and it ran
         assert cfg["eval_reward"] == "question_only"
-        assert any(
-            "eval/accuracy" in json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))
-        )
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            assert any("eval/accuracy" in json.loads(line) for line in f)
     if argv[0] == "best_of_n.py":
         assert cfg["temperature"] == bon_temperature() == 1.0

@@ -1,6 +1,7 @@
-"""Issue 16's probes, run as the commands a user types: each bad input is refused with exactly one `error:` line on
-stderr and a non-zero exit, fast (before any model loads: the model directories here hold junk weights, so a load
-would end in a traceback), and no run loses data (checkpoints written whole, no temp files left behind)."""
+"""Issue 16's probes, run as the commands a user types: each bad input is refused with exactly one
+`error:` line on stderr and a non-zero exit, fast (before any model loads: the model directories
+here hold junk weights, so a load would end in a traceback), and no run loses data (checkpoints
+written whole, no temp files left behind)."""
 
 import json
 import os
@@ -16,40 +17,31 @@ from conftest import ROOT, one_line_error
 
 
 def run(script, *args, timeout=60, fast=20):
+    """Run a root script; it must finish within `fast` seconds (refused before a model loads)."""
+    argv = [sys.executable, os.path.join(ROOT, script)] + [str(a) for a in args]
     t0 = time.time()
-    r = subprocess.run(
-        [sys.executable, os.path.join(ROOT, script), *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=timeout,
-    )
-    assert time.time() - t0 < fast, (
-        script,
-        args,
-        time.time() - t0,
-        r.stderr[-500:],
-    )  # refused before a model loads
+    r = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    took = time.time() - t0
+    assert took < fast, (script, args, took, r.stderr[-500:])
     return r
 
 
 def fake_model(d, config='{"model_type": "qwen2"}'):
     """A directory that passes for a model until something loads it (its weights are junk)."""
     os.makedirs(d, exist_ok=True)
-    for name, text in (
-        ("config.json", config),
-        ("model.safetensors", "junk"),
-        ("tokenizer.json", "{}"),
-    ):
+    files = [("config.json", config), ("model.safetensors", "junk"), ("tokenizer.json", "{}")]
+    for name, text in files:
         with open(os.path.join(d, name), "w") as f:
             f.write(text)
     return str(d)
 
 
 def fake_run(d, state='{"step": 1, "args": {}}', metrics='{"step": 0}\n{"step": 1}\n'):
-    """A run directory with a checkpoint as grpo.py / sft.py / grpo_ray.py leave it (junk weights and optimizer)."""
+    """A run directory with a checkpoint as grpo.py / sft.py / grpo_ray.py leave it (junk weights
+    and optimizer)."""
     ckpt = fake_model(d / "checkpoint")
-    for name, text in (("optimizer.pt", "junk"), ("scheduler.pt", "junk"), ("state.json", state)):
+    files = [("optimizer.pt", "junk"), ("scheduler.pt", "junk"), ("state.json", state)]
+    for name, text in files:
         with open(os.path.join(ckpt, name), "w") as f:
             f.write(text)
     (d / "metrics.jsonl").write_text(metrics)
@@ -68,8 +60,9 @@ def test_junk_model_config_refused(script, config, tmp_path):
 
 @pytest.mark.parametrize("script", ["grpo.py", "eval_zero_shot.py", "best_of_n.py"])
 def test_unreachable_hub_id_is_one_line(script, tmp_path):
-    """Offline here (online: the hub answers 404): one line, not from_pretrained's retries and a 60-line traceback 30 s
-    later. Only a run that starts asks the hub: dry runs of hub models stay offline (test_grpo, test_recipes)."""
+    """Offline here (online: the hub answers 404): one line, not from_pretrained's retries and a
+    60-line traceback 30 s later. Only a run that starts asks the hub: dry runs of hub models stay
+    offline (test_grpo, test_recipes)."""
     extra = []
     if script != "grpo.py":  # the evaluators load their data first, then ask for the model
         (tmp_path / "q.jsonl").write_text('{"question": "1 + 1?", "answer": "2 #### 2"}\n')
@@ -79,13 +72,12 @@ def test_unreachable_hub_id_is_one_line(script, tmp_path):
 
 
 def test_resume_asks_the_hub_only_for_a_model_it_loads(tmp_path):
-    """A resumed grpo run loads its checkpoint; its saved hub --model loads (and is checked) only as a KL reference,
-    so resuming on an offline node without that model cached works."""
+    """A resumed grpo run loads its checkpoint; its saved hub --model loads (and is checked) only as
+    a KL reference, so resuming on an offline node without that model cached works."""
     import grpo
 
-    run_dir = fake_run(
-        tmp_path / "run", state='{"step": 1, "args": {"model": "nosuchorg-8c1f/none"}}'
-    )
+    state = '{"step": 1, "args": {"model": "nosuchorg-8c1f/none"}}'
+    run_dir = fake_run(tmp_path / "run", state=state)
     grpo.parse_args(["--resume", run_dir])
     common.check_hub_ids()  # nothing to ask
     grpo.parse_args(["--resume", run_dir, "--kl-every", "1"])
@@ -93,13 +85,11 @@ def test_resume_asks_the_hub_only_for_a_model_it_loads(tmp_path):
         common.check_hub_ids()
 
 
-# ----------------------------------------------------------------------------- resume and checkpoints
+# --------------------------------------------------------------------------- resume and checkpoints
 @pytest.mark.parametrize("script", ["grpo.py", "sft.py", "grpo_ray.py"])
 def test_corrupt_state_json_on_resume(script, tmp_path):
-    one_line_error(
-        run(script, "--resume", fake_run(tmp_path / "run", state='{"step": 1, "ar')),
-        "state.json is corrupt",
-    )
+    run_dir = fake_run(tmp_path / "run", state='{"step": 1, "ar')
+    one_line_error(run(script, "--resume", run_dir), "state.json is corrupt")
 
 
 @pytest.mark.parametrize("script", ["grpo.py", "sft.py"])
@@ -114,17 +104,20 @@ def test_grpo_ray_refuses_an_existing_run_without_resume(tmp_path):
 
 
 def test_half_written_state_json_is_not_a_complete_checkpoint(tmp_path):
-    """A crash between a swap's two renames leaves checkpoint.old and checkpoint.tmp; a tmp whose state.json was cut
-    short is not the complete copy (the older one is), and state.json itself is written whole or not at all."""
+    """A crash between a swap's two renames leaves checkpoint.old and checkpoint.tmp; a tmp whose
+    state.json was cut short is not the complete copy (the older one is), and state.json itself is
+    written whole or not at all."""
     run_dir = tmp_path / "run"
-    for name, state in (("checkpoint.old", '{"step": 1}'), ("checkpoint.tmp", '{"step": 2, "ar')):
+    copies = [("checkpoint.old", '{"step": 1}'), ("checkpoint.tmp", '{"step": 2, "ar')]
+    for name, state in copies:
         (run_dir / name).mkdir(parents=True)
         (run_dir / name / "state.json").write_text(state)
     path = common.find_checkpoint(str(run_dir))
-    assert json.load(open(os.path.join(path, "state.json")))["step"] == 1 and sorted(
-        os.listdir(run_dir)
-    ) == ["checkpoint"]
-    code = f"""if True:  # killed while state.json is serialised (kill -9, power loss: no cleanup runs)
+    with open(os.path.join(path, "state.json")) as f:
+        assert json.load(f)["step"] == 1
+    assert sorted(os.listdir(run_dir)) == ["checkpoint"]
+    # killed while state.json is serialised (kill -9, power loss: no cleanup runs)
+    code = f"""if True:
         import argparse, os, common
         class Bomb(dict):
             def items(self):
@@ -132,31 +125,22 @@ def test_half_written_state_json_is_not_a_complete_checkpoint(tmp_path):
         class Model:
             def save_pretrained(self, d):
                 open(os.path.join(d, "model.safetensors"), "w").write("w")
-        common.save_model_checkpoint({str(run_dir)!r}, Model(), Model(), argparse.Namespace(), {{"step": 2, "z": Bomb(a=1)}})
+        state = {{"step": 2, "z": Bomb(a=1)}}
+        common.save_model_checkpoint(
+            {str(run_dir)!r}, Model(), Model(), argparse.Namespace(), state
+        )
     """
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 9
-    assert os.listdir(run_dir / "checkpoint.tmp") == [
-        "model.safetensors"
-    ]  # no state.json: not taken for complete
-    assert (
-        common.find_checkpoint(str(run_dir)) == str(run_dir / "checkpoint")
-        and not (run_dir / "checkpoint.tmp").exists()
-    )
+    # no state.json: not taken for complete
+    assert os.listdir(run_dir / "checkpoint.tmp") == ["model.safetensors"]
+    assert common.find_checkpoint(str(run_dir)) == str(run_dir / "checkpoint")
+    assert not (run_dir / "checkpoint.tmp").exists()
 
 
 # ----------------------------------------------------------------------------- sft sizes
 def test_sft_max_seq_len_below_every_example(tmp_path):
-    r = run(
-        "sft.py",
-        "--max-seq-len",
-        "5",
-        "--countdown-n",
-        "16",
-        "--eval-n",
-        "0",
-        "--out",
-        tmp_path / "out",
-    )
+    flags = ["--max-seq-len", "5", "--countdown-n", "16", "--eval-n", "0"]
+    r = run("sft.py", *flags, "--out", tmp_path / "out")
     one_line_error(r, "only 0 pairs fit --max-seq-len 5: raise it to at least")
     assert "--batch-size" not in r.stderr
 
@@ -165,20 +149,11 @@ def test_sft_max_seq_len_below_every_example(tmp_path):
 @pytest.mark.parametrize("out", ["adir", "nodir/x.json"])
 def test_kissing_construct_checks_out_before_computing(out, tmp_path):
     (tmp_path / "adir").mkdir()
-    r = run(
-        "kissing.py",
-        "construct",
-        "--method",
-        "shell-search",
-        "--seconds",
-        "30",
-        "--out",
-        tmp_path / out,
-    )
+    flags = ["--method", "shell-search", "--seconds", "30", "--out", tmp_path / out]
+    r = run("kissing.py", "construct", *flags)
     one_line_error(r, "--out")
-    assert os.listdir(tmp_path) == ["adir"] and not os.listdir(tmp_path / "adir"), (
-        "a failed write left a file behind"
-    )
+    assert os.listdir(tmp_path) == ["adir"], "a failed write left a file behind"
+    assert not os.listdir(tmp_path / "adir"), "a failed write left a file behind"
 
 
 def closed_port():
@@ -187,39 +162,32 @@ def closed_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize(
-    "argv,needle",
-    [
-        (
-            "--llm {url} --model m --resume --out-dir {tmp}/log",
-            "is not a search log",
-        ),  # a corrupt log
-        ("--llm {url} --model m --out-dir {tmp}/afile", "--out-dir"),  # a file, not a directory
-        ("--llm local:{tmp}/notmodel --engine hf --out-dir {tmp}/out", "no config.json"),
-    ],
-)
+SEARCH_BAD_INPUTS = [
+    # a corrupt log
+    ("--llm {url} --model m --resume --out-dir {tmp}/log", "is not a search log"),
+    # a file, not a directory
+    ("--llm {url} --model m --out-dir {tmp}/afile", "--out-dir"),
+    # a local model directory without a model
+    ("--llm local:{tmp}/notmodel --engine hf --out-dir {tmp}/out", "no config.json"),
+]
+
+
+@pytest.mark.parametrize("argv,needle", SEARCH_BAD_INPUTS)
 def test_kissing_search_bad_inputs(argv, needle, tmp_path):
     (tmp_path / "log").mkdir()
     (tmp_path / "log" / "conversation_log.json").write_text('{"args": {"mode": "refine"}, "entr')
     (tmp_path / "afile").write_text("x")
     (tmp_path / "notmodel").mkdir()
-    argv = argv.format(url=f"openai:http://127.0.0.1:{closed_port()}/v1", tmp=tmp_path).split()
+    url = f"openai:http://127.0.0.1:{closed_port()}/v1"
+    argv = argv.format(url=url, tmp=tmp_path).split()
     one_line_error(run("kissing.py", "search", *argv), needle)
 
 
 def test_kissing_search_stops_when_its_server_is_gone(tmp_path):
-    """An unreachable server: the client's retries, then one line and a non-zero exit; no error text is evaluated."""
-    r = run(
-        "kissing.py",
-        "search",
-        "--llm",
-        f"openai:http://127.0.0.1:{closed_port()}/v1",
-        "--model",
-        "m",
-        "--iters",
-        "2",
-        "--out-dir",
-        tmp_path,
-    )
+    """An unreachable server: the client's retries, then one line and a non-zero exit; no error
+    text is evaluated."""
+    url = f"openai:http://127.0.0.1:{closed_port()}/v1"
+    flags = ["--llm", url, "--model", "m", "--iters", "2", "--out-dir", tmp_path]
+    r = run("kissing.py", "search", *flags)
     one_line_error(r, "3 calls failed in a row")
     assert not (tmp_path / "conversation_log.json").exists()
