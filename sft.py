@@ -1,16 +1,25 @@
-"""Supervised finetuning (seed 000 §4, Algorithm 1) with periodic greedy validation through the rollout engine.
+"""Supervised finetuning (seed 000 §4, Algorithm 1), validated greedily through the rollout engine.
 
-Each step: --batch-size pairs in --gradient-accumulation-steps length-sorted microbatches (losses.sft_microbatch_train_step:
-summed response NLL / --normalize-constant), AdamW, warmup + cosine, clip; fp32 master weights, bf16 autocast on CUDA.
-Every --eval-every steps the engine gets the weights and greedy answers to held-out problems are graded (2048 tokens,
-seed 000 §3.2); eval rows carry "eval_step" too (the seed's two wandb axes). Departures: `--data countdown` (synthetic
-Countdown, search-trace answers) and `--init-config tiny` (fresh BPE + random small model: see models/countdown-tiny).
+Each optimizer step takes --batch-size pairs in --gradient-accumulation-steps microbatches, sorted
+by length so they pad little. The loss is losses.sft_microbatch_train_step's: the response's summed
+NLL divided by --normalize-constant. Then AdamW with linear warmup and cosine decay, and gradient
+clipping. Weights stay fp32 (master weights) under bf16 autocast on CUDA.
+
+Every --eval-every steps the engine receives the weights and greedily answers held-out problems,
+which are graded (2048 tokens, seed 000 §3.2). Eval rows carry "eval_step" too: the seed's two
+wandb axes.
+
+Departures from the seed: `--data countdown` trains on synthetic Countdown problems answered by a
+search trace, and `--init-config tiny` starts from a fresh BPE tokenizer and a random small model
+(see models/countdown-tiny).
 
 Examples:
-  python sft.py --model Qwen/Qwen2.5-Math-1.5B --data MATH/sft.jsonl --n-examples 512 --eval-task math500 \\
-      --eval-path MATH/validation.jsonl --batch-size 32 --gradient-accumulation-steps 16 --lr 2e-5 --out runs/sft512
-  python sft.py --init-config tiny --data countdown --out runs/countdown-tiny --save-dir models/countdown-tiny
-  python sft.py --resume runs/countdown-tiny --steps 1200    # the run's flags, weights and optimizer state
+  python sft.py --model Qwen/Qwen2.5-Math-1.5B --data MATH/sft.jsonl --n-examples 512 \\
+      --eval-task math500 --eval-path MATH/validation.jsonl --batch-size 32 \\
+      --gradient-accumulation-steps 16 --lr 2e-5 --out runs/sft512
+  python sft.py --init-config tiny --data countdown --out runs/countdown-tiny \\
+      --save-dir models/countdown-tiny
+  python sft.py --resume runs/countdown-tiny --steps 1200  # the run's flags, weights, optimizer
 """
 
 import functools
@@ -38,14 +47,19 @@ from losses import (
 )
 
 FAMILIES = ("llama", "qwen2", "qwen3")
-# GPT-2's split: a number with its leading space is one pre-token, so frequent numbers become single tokens
+# GPT-2's split: a number with its leading space is one pre-token, so frequent numbers become
+# single tokens
 NUMBER_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 
 
 def parse_args(argv=None):
-    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    if argv is None:
+        argv = sys.argv[1:]
+    else:
+        argv = [str(a) for a in argv]
     p = common.Parser(description=__doc__.split("\n")[0])
-    g = p.add_argument_group("model")  # --- model ---
+
+    g = p.add_argument_group("model")
     g.add_argument(
         "--model", default=data.EMBEDDED_MODEL, help="HF model dir or hub id to start from"
     )
@@ -85,7 +99,8 @@ def parse_args(argv=None):
         action="store_true",
         help="run a microbatch's shared prompt once (exact)",
     )
-    g = p.add_argument_group("data")  # --- data ---
+
+    g = p.add_argument_group("data")
     g.add_argument(
         "--data",
         default="countdown",
@@ -117,7 +132,8 @@ def parse_args(argv=None):
         default=1024,
         help="drop pairs longer than this many tokens",
     )
-    g = p.add_argument_group("optimisation")  # --- optimisation ---
+
+    g = p.add_argument_group("optimisation")
     g.add_argument("--lr", type=positive_float, default=2e-5, help="peak learning rate")
     g.add_argument("--min-lr-frac", type=fraction, default=0.1, help="cosine decays to lr * this")
     g.add_argument(
@@ -163,7 +179,8 @@ def parse_args(argv=None):
         action="store_true",
         help="bf16 weights + AdamW state: half the memory, updates < half a bf16 step lost",
     )
-    g = p.add_argument_group("eval")  # --- eval ---
+
+    g = p.add_argument_group("eval")
     g.add_argument(
         "--eval-every",
         type=nonneg_int,
@@ -195,7 +212,8 @@ def parse_args(argv=None):
         help="default 2048; 128 for the embedded model",
     )
     g.add_argument("--wandb", default=None, help="wandb project name (off when omitted)")
-    g = p.add_argument_group("systems")  # --- systems ---
+
+    g = p.add_argument_group("systems")
     g.add_argument(
         "--engine", choices=rollout.ENGINES, default="vllm", help="rollout engine for validation"
     )
@@ -218,7 +236,8 @@ def parse_args(argv=None):
         action="store_true",
         help="shared GPU: free the engine between validations",
     )
-    g = p.add_argument_group("run")  # --- run ---
+
+    g = p.add_argument_group("run")
     g.add_argument(
         "--out", default=None, help="run dir (args.json, metrics.jsonl, rollouts/, checkpoint/)"
     )
@@ -244,6 +263,7 @@ def parse_args(argv=None):
     g.add_argument(
         "--dry-run", action="store_true", help="print the effective configuration as JSON and exit"
     )
+
     args = p.parse_args(argv)
     if args.resume:
         common.resume_from(p, argv, args, needs=("optimizer.pt", "scheduler.pt"))
@@ -254,11 +274,18 @@ def parse_args(argv=None):
 
 
 def resolve(args):
-    """Defaults that depend on other flags, derived sizes, and the checks that need no model (one-line errors)."""
+    """Defaults that depend on other flags, derived sizes, and the checks that need no model.
+
+    Each check is a one-line error that names the fix.
+    """
     tiny = args.init_config == "tiny"
-    model = data.EMBEDDED_MODEL if tiny else args.model  # a tiny init is the embedded kind of model
+    model = args.model
+    if tiny:
+        model = data.EMBEDDED_MODEL  # a tiny init is the embedded kind of model
+
+    # --- checks ---
     check(
-        args.n_examples == "all" or args.n_examples.isdigit() and int(args.n_examples) > 0,
+        args.n_examples == "all" or (args.n_examples.isdigit() and int(args.n_examples) > 0),
         f"--n-examples {args.n_examples}: pass 'all' or an integer > 0",
     )
     check(
@@ -275,34 +302,44 @@ def resolve(args):
         not tiny or args.hidden_size % 64 == 0,
         f"--hidden-size {args.hidden_size}: use a multiple of 64 (head_dim 64)",
     )
-    for flag, path, keyword in (
+    # (flag, its value, the keyword it may hold instead of a file)
+    files = [
         ("--data", args.data, "countdown"),
         ("--eval-path", args.eval_path, "synthetic"),
-    ):
+    ]
+    for flag, path, keyword in files:
         check(
-            path in (None, keyword) or os.path.isfile(path) and os.path.getsize(path),
+            path in (None, keyword) or (os.path.isfile(path) and os.path.getsize(path)),
             f"{flag} {path}: no such file, or an empty one",
         )
     if not tiny and not args.resume:
         common.check_model_dir(args.model)
-    args.prompt = args.prompt or (
-        data.task_defaults("countdown", model)["prompt"] if args.data == "countdown" else None
-    )
-    args.eval_task = args.eval_task or ("countdown" if args.data == "countdown" else None)
+
+    # --- training data and validation defaults (data.task_defaults) ---
+    if not args.prompt:
+        args.prompt = None  # an empty --prompt is no prompt
+        if args.data == "countdown":
+            args.prompt = data.task_defaults("countdown", model)["prompt"]
+    if not args.eval_task and args.data == "countdown":
+        args.eval_task = "countdown"
     args.eval_reward = None
     if args.eval_task and args.eval_n:
         defaults = data.task_defaults(args.eval_task, model)
-        args.eval_prompt, args.eval_reward = (
-            args.eval_prompt or defaults["prompt"],
-            defaults["reward"],
-        )
+        args.eval_prompt = args.eval_prompt or defaults["prompt"]
+        args.eval_reward = defaults["reward"]
         args.eval_path = args.eval_path or defaults["path"]
-    args.eval_max_tokens = args.eval_max_tokens or (
-        128 if data.is_embedded(model) and args.eval_task == "countdown" else 2048
-    )
+    if not args.eval_max_tokens:
+        if data.is_embedded(model) and args.eval_task == "countdown":
+            args.eval_max_tokens = 128  # the embedded model answers in ~50 tokens
+        else:
+            args.eval_max_tokens = 2048  # seed 000 §3.2
+
+    # --- devices and precision ---
     n_gpu = torch.cuda.device_count()
-    args.policy_device = args.policy_device or ("cuda:0" if n_gpu else "cpu")
-    args.vllm_device = args.vllm_device or ("cuda:1" if n_gpu > 1 else args.policy_device)
+    if not args.policy_device:
+        args.policy_device = "cuda:0" if n_gpu else "cpu"
+    if not args.vllm_device:
+        args.vllm_device = "cuda:1" if n_gpu > 1 else args.policy_device
     check(
         not args.sleep_engine or torch.device(args.vllm_device) == torch.device(args.policy_device),
         "--sleep-engine is for an engine that shares the policy's GPU; drop it",
@@ -312,79 +349,92 @@ def resolve(args):
         not args.pure_bf16 or compute == torch.bfloat16,
         "--pure-bf16 needs bf16 compute: add --dtype bfloat16",
     )
-    args.param_dtype, args.compute_dtype = str(weights).split(".")[-1], str(compute).split(".")[-1]
+    args.param_dtype = str(weights).split(".")[-1]  # "torch.float32" -> "float32"
+    args.compute_dtype = str(compute).split(".")[-1]
     check(
         not args.wandb or importlib.util.find_spec("wandb"),
         "--wandb needs the wandb package (pip install wandb)",
     )
+
+    # --- run directory ---
     args.out = args.out or os.path.join("runs", time.strftime("sft-%Y%m%d-%H%M%S"))
     args.save_dir = args.save_dir or os.path.join(args.out, "model")
     return args
 
 
-# ----------------------------------------------------------------------------- countdown traces
+# --------------------------------------------------------------------------------- countdown traces
 def _steps(x, y):
-    """The exact one-step results of x and y, in a fixed order: x + y, x * y, larger - smaller, larger / smaller."""
+    """The exact one-step results of x and y, in a fixed order: x + y, x * y, larger - smaller,
+    larger / smaller (when it divides)."""
     hi, lo = max(x, y), min(x, y)
     out = [(f"{x} + {y}", x + y), (f"{x} * {y}", x * y), (f"{hi} - {lo}", hi - lo)]
-    return out + [(f"{hi} / {lo}", hi // lo)] if lo > 1 and hi % lo == 0 else out
+    if lo > 1 and hi % lo == 0:
+        out.append((f"{hi} / {lo}", hi // lo))
+    return out
 
 
 def countdown_attempts(numbers, target):
-    """[(text, answer expression, hit)]: each first step in order, finished by the second step nearest the target."""
+    """[(text, answer expression, hit)]: each first step in order, finished by the second step
+    nearest the target."""
     out = []
     for i, j in ((0, 1), (0, 2), (1, 2)):
-        c = numbers[3 - i - j]
+        c = numbers[3 - i - j]  # the number the first step leaves out
         for t1, x in _steps(numbers[i], numbers[j]):
             t2, y = min(_steps(x, c), key=lambda s: abs(s[1] - target))
             left, op, _ = t2.split()
-            expr = f"({t1}) {op} {c}" if left == str(x) else f"{c} {op} ({t1})"
+            # the second step writes the larger operand first: x may be on either side
+            if left == str(x):
+                expr = f"({t1}) {op} {c}"
+            else:
+                expr = f"{c} {op} ({t1})"
             out.append((f"{t1} = {x}, {t2} = {y}", expr, y == target))
     return out
 
 
 def countdown_trace(numbers, target, give_up=0.0, rng=random):
-    """A search trace: attempts in order, each checked against the target until one hits, e.g. (target 30)
-    ' 10 + 1 = 11, 11 * 3 = 33 vs 30 no. 10 * 1 = 10, 10 * 3 = 30 vs 30 yes. </think> <answer> (10 * 1) * 3 </answer>'.
-    Restating the target lets a tiny model compare two adjacent numbers instead of recalling the prompt's.
-    With probability give_up it answers the first (missed) attempt."""
+    """A search trace: attempts in order, each checked against the target until one hits. For
+    target 30:
+      ' 10 + 1 = 11, 11 * 3 = 33 vs 30 no. 10 * 1 = 10, 10 * 3 = 30 vs 30 yes. </think>
+      <answer> (10 * 1) * 3 </answer>' (one line).
+    Restating the target lets a tiny model compare two adjacent numbers instead of recalling the
+    prompt's. With probability give_up it answers the first (missed) attempt."""
     assert len(numbers) == 3, "countdown_trace searches 3-number problems (data.py's default)"
     said = []
     for k, (text, expr, hit) in enumerate(countdown_attempts(numbers, target)):
-        said.append(f"{text} vs {target} {'yes' if hit else 'no'}.")
+        verdict = "yes" if hit else "no"
+        said.append(f"{text} vs {target} {verdict}.")
         if hit or (k == 0 and rng.random() < give_up):
             return f" {' '.join(said)} </think> <answer> {expr} </answer>"
     raise ValueError(f"{numbers} cannot reach {target}")
 
 
-# ----------------------------------------------------------------------------- tiny models from scratch
+# ------------------------------------------------------------------------- tiny models from scratch
 def tiny_model(family, vocab_size, hidden_size=256, num_layers=3, init_std=0.02, seed=0, **config):
-    """A random causal LM of `family` (FAMILIES): head_dim 64 (vLLM-CPU needs it), tied embeddings, HF's init; for
-    init_std != 0.02 every matrix is redrawn from N(0, init_std) (the test models: 0.2, so greedy outputs vary)."""
+    """A random causal LM of `family` (FAMILIES): head_dim 64 (vLLM-CPU needs it), tied
+    embeddings, HF's init. For init_std != 0.02 every matrix is redrawn from N(0, init_std) (the
+    test models use 0.2, so that greedy outputs vary)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    settings = {
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "intermediate_size": 3 * hidden_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": hidden_size // 64,
+        "num_key_value_heads": hidden_size // 64,
+        "head_dim": 64,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": True,
+        "rope_theta": 10000.0,
+    }
+    settings.update(config)  # the caller's settings win
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(
-        AutoConfig.for_model(
-            family,
-            **{
-                "vocab_size": vocab_size,
-                "hidden_size": hidden_size,
-                "intermediate_size": 3 * hidden_size,
-                "num_hidden_layers": num_layers,
-                "num_attention_heads": hidden_size // 64,
-                "num_key_value_heads": hidden_size // 64,
-                "head_dim": 64,
-                "max_position_embeddings": 2048,
-                "tie_word_embeddings": True,
-                "rope_theta": 10000.0,
-                **config,
-            },
-        )
-    )
-    with torch.no_grad():
-        for p in [p for p in model.parameters() if p.dim() > 1 and init_std != 0.02]:
-            p.normal_(0.0, init_std)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **settings))
+    if init_std != 0.02:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() > 1:
+                    p.normal_(0.0, init_std)
     return model
 
 
@@ -399,10 +449,12 @@ def build_tiny_model(
     init_std=0.02,
     **config,
 ):
-    """A byte-level BPE trained on `corpus` (None: 400 Countdown SFT pairs) + tiny_model, saved in out_dir (vocab
-    rounded up to 64s as vLLM pads it). GPT-2's split makes whole numbers tokens (' 15': a lookup, not digit
-    arithmetic); transformers reloads any qwen2 checkpoint with Qwen2's pipeline (one digit a pre-token), so
-    qwen2/qwen3 get that pipeline before saving and reload unchanged."""
+    """A byte-level BPE trained on `corpus` (None: 400 Countdown SFT pairs) and a tiny_model, saved
+    in out_dir; returns out_dir. The vocabulary is rounded up to a multiple of 64, as vLLM pads it.
+
+    GPT-2's split makes whole numbers tokens (' 15' is a lookup, not digit arithmetic).
+    transformers reloads any qwen2 checkpoint with Qwen2's pipeline (one digit a pre-token), so
+    qwen2/qwen3 get that pipeline before saving, and reload unchanged."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
 
@@ -414,36 +466,32 @@ def build_tiny_model(
         ]
     )
     tok.decoder = decoders.ByteLevel()
-    corpus = corpus or [
-        r["prompt"] + countdown_trace(**r["ground_truth"])
-        for r in data.load_task(
+    if not corpus:
+        rows = data.load_task(
             "countdown", "train", path="synthetic", limit=400, seed=seed, prompt="r1_zero"
         )
-    ]
-    tok.train_from_iterator(
-        corpus,
-        trainer=trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            special_tokens=["<|endoftext|>"],
-            show_progress=False,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            max_token_length=64,
-        ),
+        corpus = [r["prompt"] + countdown_trace(**r["ground_truth"]) for r in rows]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        max_token_length=64,
     )
+    tok.train_from_iterator(corpus, trainer=trainer)
     if family != "llama":
         qwen = Qwen2Tokenizer().backend_tokenizer
-        tok.normalizer, tok.pre_tokenizer, tok.decoder = (
-            qwen.normalizer,
-            qwen.pre_tokenizer,
-            qwen.decoder,
-        )
+        tok.normalizer = qwen.normalizer
+        tok.pre_tokenizer = qwen.pre_tokenizer
+        tok.decoder = qwen.decoder
     tok = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>"
     )
     tok.save_pretrained(out_dir)
-    tiny_model(
+    padded_vocab = 64 * math.ceil(len(tok) / 64)
+    model = tiny_model(
         family,
-        64 * math.ceil(len(tok) / 64),
+        padded_vocab,
         hidden_size,
         num_layers,
         init_std,
@@ -452,11 +500,12 @@ def build_tiny_model(
         bos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
         **config,
-    ).save_pretrained(out_dir)
+    )
+    model.save_pretrained(out_dir)
     return out_dir
 
 
-# ----------------------------------------------------------------------------- data / model / engine
+# ---------------------------------------------------------------------------- data / model / engine
 def subset(rows, n, seed):
     """First n of a seed-determined permutation (so smaller subsets are nested in larger ones)."""
     if n == "all":
@@ -471,25 +520,25 @@ def subset(rows, n, seed):
 
 
 def load_data(args):
-    """(SFT pairs [{"prompt", "response"}], validation rows with "prompt" and "stop"); one-line errors."""
+    """(SFT pairs [{"prompt", "response"}], validation rows with "prompt" and "stop").
+
+    Bad files, prompts and tasks stop with one-line errors."""
     if args.data == "countdown":  # synthetic problems answered by a search trace
         rng = random.Random(f"trace-{args.seed}")
-        pairs = [
-            {
-                "prompt": r["prompt"],
-                "response": countdown_trace(**r["ground_truth"], give_up=args.give_up, rng=rng),
-            }
-            for r in common.attempt(
-                data.load_task,
-                "countdown",
-                "train",
-                path="synthetic",
-                limit=args.countdown_n,
-                seed=args.seed,
-                prompt=args.prompt,
-                what="--prompt",
-            )
-        ]
+        problems = common.attempt(
+            data.load_task,
+            "countdown",
+            "train",
+            path="synthetic",
+            limit=args.countdown_n,
+            seed=args.seed,
+            prompt=args.prompt,
+            what="--prompt",
+        )
+        pairs = []
+        for r in problems:
+            trace = countdown_trace(**r["ground_truth"], give_up=args.give_up, rng=rng)
+            pairs.append({"prompt": r["prompt"], "response": trace})
     else:
         pairs = common.attempt(data.load_sft_jsonl, args.data, what="--data")
     check(pairs, f"--data {args.data}: no pairs in it")
@@ -510,20 +559,20 @@ def load_data(args):
 
 def fit_pairs(rows, tokenizer, args):
     """Pairs within --max-seq-len, each with its token count "n_tokens"."""
-    lens = [
-        len(tokenizer(r["prompt"])["input_ids"])
-        + len(tokenizer(r["response"], add_special_tokens=False)["input_ids"])
-        for r in rows
-    ]
+    lens = []
+    for r in rows:
+        prompt_ids = tokenizer(r["prompt"])["input_ids"]
+        response_ids = tokenizer(r["response"], add_special_tokens=False)["input_ids"]
+        lens.append(len(prompt_ids) + len(response_ids))
     keep = [dict(r, n_tokens=n) for r, n in zip(rows, lens) if n <= args.max_seq_len]
     print(
-        f"{len(keep)}/{len(rows)} pairs within --max-seq-len {args.max_seq_len}, mean {sum(lens) / len(lens):.0f} tokens"
+        f"{len(keep)}/{len(rows)} pairs within --max-seq-len {args.max_seq_len}, "
+        f"mean {sum(lens) / len(lens):.0f} tokens"
     )
-    fix = (
-        f"raise it or lower --batch-size to at most {len(keep)}"
-        if keep
-        else f"raise it to at least {min(lens)}"
-    )
+    if keep:
+        fix = f"raise it or lower --batch-size to at most {len(keep)}"
+    else:
+        fix = f"raise it to at least {min(lens)}"
     check(
         len(keep) >= args.batch_size,
         f"only {len(keep)} pairs fit --max-seq-len {args.max_seq_len}: {fix}",
@@ -531,59 +580,64 @@ def fit_pairs(rows, tokenizer, args):
     return keep
 
 
-# ----------------------------------------------------------------------------- train / eval
+# ------------------------------------------------------------------------------------- train / eval
 def lr_lambda(step, total, warmup, min_frac):
     """Linear warmup to 1, then cosine to min_frac at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
     progress = min(1.0, max(0, step - warmup) / max(1, total - warmup))
-    return (
-        (step + 1) / warmup
-        if step < warmup
-        else min_frac + (1 - min_frac) * 0.5 * (1 + math.cos(math.pi * progress))
-    )
+    return min_frac + (1 - min_frac) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def train_step(model, tokenizer, optimizer, scheduler, pairs, args):
-    """One optimizer step over `pairs`, sorted by length into microbatches (little padding). -> train/ metrics."""
+    """One optimizer step over `pairs`, sorted by length into microbatches (little padding).
+
+    Returns the step's train/ and time/ metrics."""
     t0 = time.perf_counter()
     pairs = sorted(pairs, key=lambda r: r["n_tokens"])
-    loss_sum, nll_tok, ent_tok, n_tok = 0.0, 0.0, 0.0, 0
+    loss_sum = 0.0  # the microbatches' losses, as backpropagated
+    nll_tok = 0.0  # summed response NLL per token, weighted by each microbatch's tokens
+    ent_tok = 0.0  # mean token entropy, weighted the same way
+    n_tok = 0  # response tokens in the step
     for m in range(0, len(pairs), args.micro_batch_size):
         mb = pairs[m : m + args.micro_batch_size]
-        batch = tokenize_prompt_and_output(
-            [r["prompt"] for r in mb], [r["response"] for r in mb], tokenizer
-        )
-        input_ids, labels, mask = (
-            batch[k].to(args.policy_device) for k in ("input_ids", "labels", "response_mask")
-        )
-        # --shared-prefix: the rows' common prompt prefix (the template) runs once, up to the first response label
-        P = (
-            min(
-                int((input_ids == input_ids[:1]).all(0).long().cumprod(0).sum()),
-                int(mask.long().argmax(-1).min()),
-            )
-            if args.shared_prefix and len(mb) > 1
-            else 0
-        )
-        with common.autocast(
-            args.policy_device, getattr(torch, args.compute_dtype)
-        ):  # fp32 weights, bf16 matmuls
+        prompts = [r["prompt"] for r in mb]
+        responses = [r["response"] for r in mb]
+        batch = tokenize_prompt_and_output(prompts, responses, tokenizer)
+        input_ids = batch["input_ids"].to(args.policy_device)  # (B, T)
+        labels = batch["labels"].to(args.policy_device)  # (B, T)
+        mask = batch["response_mask"].to(args.policy_device)  # (B, T)
+        # --shared-prefix: the rows' common prompt prefix (the template) runs once, up to the
+        # first response label
+        P = 0
+        if args.shared_prefix and len(mb) > 1:
+            same_column = (input_ids == input_ids[:1]).all(0)  # (T,) every row equals row 0
+            shared = int(same_column.long().cumprod(0).sum())  # leading columns all rows share
+            first_label = int(mask.long().argmax(-1).min())  # earliest response token of a row
+            P = min(shared, first_label)
+        prefix_len = 0
+        if P > 1:
+            prefix_len = P
+        # (B,) each row's length up to its last response token: the padding after it is not run
+        lengths = mask.shape[1] - mask.flip(-1).long().argmax(-1)
+        # fp32 weights, bf16 matmuls
+        with common.autocast(args.policy_device, getattr(torch, args.compute_dtype)):
             out = get_response_log_probs(
                 model,
                 input_ids,
                 labels,
                 return_token_entropy=True,
-                prefix_len=P * (P > 1),
-                lengths=mask.shape[1] - mask.flip(-1).long().argmax(-1),
-            )  # padding not run
+                prefix_len=prefix_len,
+                lengths=lengths,
+            )
+        # backward, outside autocast
         loss, meta = sft_microbatch_train_step(
             out["log_probs"], mask, args.gradient_accumulation_steps, args.normalize_constant
-        )  # backward, outside autocast
-        k = int(meta["num_response_tokens"])
-        loss_sum, nll_tok, n_tok = (
-            loss_sum + float(loss),
-            nll_tok + float(meta["nll_per_token"]) * k,
-            n_tok + k,
         )
+        k = int(meta["num_response_tokens"])
+        loss_sum = loss_sum + float(loss)
+        nll_tok = nll_tok + float(meta["nll_per_token"]) * k
+        n_tok = n_tok + k
         ent_tok += float(masked_mean(out["token_entropy"].detach(), mask)) * k
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm))
     lr = scheduler.get_last_lr()[0]
@@ -602,8 +656,57 @@ def train_step(model, tokenizer, optimizer, scheduler, pairs, args):
     }
 
 
+def make_engine(src, args, tokenizer, model, val_rows):
+    """The validation engine, loaded from `src` on --vllm-device (asleep with --sleep-engine)."""
+    engine_kw = {}
+    if args.engine != "hf":
+        # a context that fits the longest prompt and the budget
+        longest = max(len(tokenizer(r["prompt"])["input_ids"]) for r in val_rows)
+        engine_kw["max_model_len"] = longest + args.eval_max_tokens
+        share = args.gpu_memory_utilization or common.engine_share(args, model)
+        engine_kw["gpu_memory_utilization"] = share
+        sleep_mode = args.sleep_engine and args.vllm_device.startswith("cuda")
+        engine_kw["enable_sleep_mode"] = sleep_mode
+    llm = rollout.init_engine(
+        args.engine, src, device=args.vllm_device, seed=args.seed, **engine_kw
+    )
+    if args.sleep_engine:
+        rollout.sleep_engine(llm)  # not needed until the first validation
+    return llm
+
+
+def validate(llm, model, val_rows, args, done, n_evals, t_run, wandb_run):
+    """Validation number n_evals after `done` steps: the policy's weights into the engine, greedy
+    answers graded, one eval/ row logged and printed, the first 32 samples in rollouts/."""
+    t0 = time.perf_counter()
+    if args.sleep_engine:
+        push_s = rollout.wake_engine(llm, model)
+    else:
+        push_s = rollout.load_policy_into_vllm(model, llm)
+    metrics, samples = common.greedy_eval(llm, val_rows, args.eval_reward, args.eval_max_tokens)
+    if args.sleep_engine:
+        rollout.sleep_engine(llm)  # its memory goes back to training until the next validation
+    row = {
+        "step": done,
+        "eval_step": n_evals,
+        **metrics,
+        "time/weight_sync": push_s,
+        "time/eval": time.perf_counter() - t0,
+        "time/wall": time.perf_counter() - t_run,
+    }
+    common.log_row(args.out, row, wandb_run)
+    print(
+        f"eval {n_evals} @ step {done} | accuracy {metrics['eval/accuracy']:.3f} | "
+        f"format {metrics['eval/format_reward']:.3f} | {time.perf_counter() - t0:.1f}s",
+        flush=True,
+    )
+    path = os.path.join(args.out, "rollouts", f"step_{done:04d}.jsonl")
+    data.write_jsonl_atomic(path, samples[:32])
+
+
 def save_checkpoint(args, model, tokenizer, optimizer, scheduler, step):
-    """<out>/checkpoint: common.save_model_checkpoint's layout (as grpo.py's), plus the lr schedule's position."""
+    """<out>/checkpoint: common.save_model_checkpoint's layout (as grpo.py's), plus the lr
+    schedule's position."""
     return common.save_model_checkpoint(
         args.out,
         model,
@@ -614,21 +717,24 @@ def save_checkpoint(args, model, tokenizer, optimizer, scheduler, step):
     )
 
 
-# ----------------------------------------------------------------------------- main
+# --------------------------------------------------------------------------------------------- main
 def main(argv=None):
     args = parse_args(argv)
     common.claim_run_dir(args.out, args.resume)
     torch.manual_seed(args.seed)
+
     # --- data (before any model loads: a bad file fails in a second) ---
     pairs, val_rows = load_data(args)
+
     # --- model, optimizer, resume ---
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = args.resume or args.model
     if args.init_config == "tiny" and not args.resume:
+        corpus = [r["prompt"] + r["response"] for r in pairs]
         src = build_tiny_model(
             os.path.join(args.out, "init"),
-            [r["prompt"] + r["response"] for r in pairs],
+            corpus,
             args.family,
             args.hidden_size,
             args.layers,
@@ -637,22 +743,25 @@ def main(argv=None):
         )
     tokenizer = AutoTokenizer.from_pretrained(src)
     pairs = fit_pairs(pairs, tokenizer, args)
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, args.param_dtype)).to(
-        args.policy_device
-    )
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, args.param_dtype))
+    model = model.to(args.policy_device)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if args.shared_prefix and not shared_prefix_works(model):
         args.shared_prefix = False
         print(
-            "notice: --shared-prefix off: this model's KV cache did not reproduce its plain log-probs"
+            "notice: --shared-prefix off: "
+            "this model's KV cache did not reproduce its plain log-probs"
         )
+    n_params = sum(p.numel() for p in model.parameters())
     print(
-        f"model {src}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params on {args.policy_device} | "
-        f"weights {args.param_dtype}, compute {args.compute_dtype} | engine {args.engine} on {args.vllm_device}"
+        f"model {src}: {n_params / 1e6:.2f}M params on {args.policy_device} | "
+        f"weights {args.param_dtype}, compute {args.compute_dtype} | "
+        f"engine {args.engine} on {args.vllm_device}"
     )
     steps = args.steps or math.ceil(args.epochs * len(pairs) / args.batch_size)
-    order = []  # pair indices of every step, a function of (seed, step): a resumed run continues the same order
+    # pair indices of every step, a function of (seed, step): a resumed run continues the same order
+    order = []
     for epoch in range(math.ceil(steps * args.batch_size / len(pairs))):
         perm = list(range(len(pairs)))
         random.Random(f"{args.seed}-{epoch}").shuffle(perm)
@@ -661,136 +770,84 @@ def main(argv=None):
         model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay
     )
     warmup = max(1, int(args.warmup_frac * steps))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        functools.partial(lr_lambda, total=steps, warmup=warmup, min_frac=args.min_lr_frac),
-    )
-    start = (
-        common.restore_checkpoint(
+    schedule = functools.partial(lr_lambda, total=steps, warmup=warmup, min_frac=args.min_lr_frac)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    start = 0
+    if args.resume:
+        state = common.restore_checkpoint(
             args.resume, args.out, True, optimizer=optimizer, scheduler=scheduler
-        )["step"]
-        if args.resume
-        else 0
-    )
-    n_evals = sum(
-        "eval_step" in r for r in common.read_metrics(os.path.join(args.out, "metrics.jsonl"))
-    )
+        )
+        start = state["step"]
+    logged = common.read_metrics(os.path.join(args.out, "metrics.jsonl"))
+    n_evals = len([r for r in logged if "eval_step" in r])  # a resumed run continues the count
+
     # --- eval engine: loads the starting weights from disk, later receives pushes ---
     llm = None
     if val_rows:
-        kw = (
-            {}
-            if args.engine == "hf"
-            else {  # a context that fits the longest prompt and the budget
-                "max_model_len": max(len(tokenizer(r["prompt"])["input_ids"]) for r in val_rows)
-                + args.eval_max_tokens,
-                "gpu_memory_utilization": args.gpu_memory_utilization
-                or common.engine_share(args, model),
-                "enable_sleep_mode": args.sleep_engine and args.vllm_device.startswith("cuda"),
-            }
-        )
-        llm = rollout.init_engine(args.engine, src, device=args.vllm_device, seed=args.seed, **kw)
-        if args.sleep_engine:
-            rollout.sleep_engine(llm)  # not needed until the first validation
+        llm = make_engine(src, args, tokenizer, model, val_rows)
     wandb_run = common.start_wandb(
         args.wandb, args, {"train/*": "step", "time/*": "step", "eval/*": "eval_step"}
     )
-    data.write_json_atomic(
-        os.path.join(args.out, "args.json"), common.jsonable(vars(args))
-    )  # the run starts here
+    # the run starts here
+    data.write_json_atomic(os.path.join(args.out, "args.json"), common.jsonable(vars(args)))
     print(
-        f"{len(pairs)} pairs, {steps} steps of {args.batch_size} ({args.gradient_accumulation_steps} microbatches), "
-        f"warmup {warmup}, {len(val_rows)} validation problems | out {args.out}"
+        f"{len(pairs)} pairs, {steps} steps of {args.batch_size} "
+        f"({args.gradient_accumulation_steps} microbatches), warmup {warmup}, "
+        f"{len(val_rows)} validation problems | out {args.out}"
     )
 
-    t_run, done, in_step = time.perf_counter(), start, False
+    t_run = time.perf_counter()
+    done = start  # optimizer steps finished
+    in_step = False  # inside an optimizer step: a second Ctrl-C there saves nothing
     try:
         for step in range(start, steps):
-            # --- train: one optimizer step; a first Ctrl-C waits for its end, so what is saved is consistent ---
+            # --- train: one optimizer step; a first Ctrl-C waits for its end, so what is saved
+            # is consistent ---
             with common.finish_then_interrupt("this optimizer step"):
                 in_step = True
-                row = train_step(
-                    model,
-                    tokenizer,
-                    optimizer,
-                    scheduler,
-                    [
-                        pairs[i]
-                        for i in order[step * args.batch_size : (step + 1) * args.batch_size]
-                    ],
-                    args,
-                )
+                first = step * args.batch_size
+                batch = [pairs[i] for i in order[first : first + args.batch_size]]
+                row = train_step(model, tokenizer, optimizer, scheduler, batch, args)
                 done = step + 1
-                common.log_row(
-                    args.out,
-                    {"step": done, **row, "time/wall": time.perf_counter() - t_run},
-                    wandb_run,
-                )
+                step_row = {"step": done, **row, "time/wall": time.perf_counter() - t_run}
+                common.log_row(args.out, step_row, wandb_run)
                 in_step = False
             print(
-                f"step {done}/{steps} | loss {row['train/loss']:.4f} | nll/tok {row['train/nll_per_token']:.4f} | "
-                f"grad {row['train/grad_norm']:.3f} | ent {row['train/entropy']:.3f} | lr {row['train/lr']:.2e} | "
-                f"{row['train/tokens_per_s']:.0f} tok/s",
+                f"step {done}/{steps} | loss {row['train/loss']:.4f} | "
+                f"nll/tok {row['train/nll_per_token']:.4f} | "
+                f"grad {row['train/grad_norm']:.3f} | ent {row['train/entropy']:.3f} | "
+                f"lr {row['train/lr']:.2e} | {row['train/tokens_per_s']:.0f} tok/s",
                 flush=True,
             )
+
             # --- eval (greedy, on the engine after a push) ---
-            if llm is not None and (
-                done == steps or (args.eval_every and done % args.eval_every == 0)
-            ):
-                t0, n_evals = time.perf_counter(), n_evals + 1
-                push_s = (
-                    rollout.wake_engine(llm, model)
-                    if args.sleep_engine
-                    else rollout.load_policy_into_vllm(model, llm)
-                )
-                metrics, samples = common.greedy_eval(
-                    llm, val_rows, args.eval_reward, args.eval_max_tokens
-                )
-                if args.sleep_engine:
-                    rollout.sleep_engine(
-                        llm
-                    )  # its memory goes back to training until the next validation
-                common.log_row(
-                    args.out,
-                    {
-                        "step": done,
-                        "eval_step": n_evals,
-                        **metrics,
-                        "time/weight_sync": push_s,
-                        "time/eval": time.perf_counter() - t0,
-                        "time/wall": time.perf_counter() - t_run,
-                    },
-                    wandb_run,
-                )
-                print(
-                    f"eval {n_evals} @ step {done} | accuracy {metrics['eval/accuracy']:.3f} | format "
-                    f"{metrics['eval/format_reward']:.3f} | {time.perf_counter() - t0:.1f}s",
-                    flush=True,
-                )
-                data.write_jsonl_atomic(
-                    os.path.join(args.out, "rollouts", f"step_{done:04d}.jsonl"), samples[:32]
-                )
+            eval_now = done == steps or (args.eval_every and done % args.eval_every == 0)
+            if llm is not None and eval_now:
+                n_evals += 1
+                validate(llm, model, val_rows, args, done, n_evals, t_run, wandb_run)
+
             # --- save ---
             if done == steps or (args.save_every and done % args.save_every == 0):
                 save_checkpoint(args, model, tokenizer, optimizer, scheduler, done)
     except KeyboardInterrupt:
-        if (
-            in_step
-        ):  # a second Ctrl-C mid-step: the weights may be half-updated, so nothing is saved
+        if in_step:
+            # a second Ctrl-C mid-step: the weights may be half-updated, so nothing is saved
             raise SystemExit(
-                f"\naborted inside step {done + 1}: nothing saved; --resume {args.out} restarts from the last checkpoint"
-            )
+                f"\naborted inside step {done + 1}: nothing saved; "
+                f"--resume {args.out} restarts from the last checkpoint"
+            ) from None
         print(
-            f"\ninterrupted after step {done}: saving the checkpoint; continue with --resume {args.out}",
+            f"\ninterrupted after step {done}: saving the checkpoint; "
+            f"continue with --resume {args.out}",
             flush=True,
         )
         save_checkpoint(args, model, tokenizer, optimizer, scheduler, done)
         plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
         sys.exit(130)
+
+    # --- the final model: a hand-written model card in --save-dir stays ---
     if start < steps or not os.path.isdir(args.save_dir):
-        path = os.path.normpath(
-            args.save_dir
-        )  # the final model: a hand-written model card there stays
+        path = os.path.normpath(args.save_dir)
         common.save_model_checkpoint(
             os.path.dirname(path) or ".",
             model,

