@@ -286,6 +286,13 @@ def resume_args(parser, argv, args, saved, keep=("resume", "dry_run")):
     if overrides:
         message += f"; overriding {', '.join(overrides)}"
     print(message, flush=True)
+    # flags added since the run was saved: it resumes with their defaults, which may change what it
+    # does (say which, so a changed default is never silent)
+    newer = []
+    for k in sorted(dests - set(saved) - given):
+        newer.append(f"{k}={getattr(args, k)!r}")
+    if newer:
+        print(f"notice: the saved run predates {', '.join(newer)} (their defaults)", flush=True)
     return args
 
 

@@ -248,7 +248,7 @@ def parse_args(argv=None):
         "--rollout-is-cap",
         type=pfloat,
         default=2.0,
-        help="TIS truncation / MIS cap: rho > C gets weight 0",
+        help="C: TIS weighs min(rho, C); MIS weighs rho where rho <= C, else 0",
     )
     g.add_argument(
         "--rollout-is-floor",
@@ -265,7 +265,7 @@ def parse_args(argv=None):
     g.add_argument(
         "--dynamic-sampling",
         action="store_true",
-        help="drop equal-reward groups, resample to fill (DAPO)",
+        help="drop groups with no variance in --dynamic-sampling-on, resample to fill (DAPO)",
     )
     g.add_argument(
         "--dynamic-sampling-max-rounds",
@@ -783,11 +783,12 @@ def collect(engine, train_rows, args, step, shard=(0, 1)):
             break
         # oversample: some of the groups come out flat
         rows = rng.sample(train_rows, min(len(train_rows), 2 * missing))
-    if len(batch["raw"]) == 0:
+    nothing_varied = len(batch["raw"]) == 0
+    if nothing_varied:
         # nothing to learn from in this step: train a batch's worth of flat groups (zero advantage)
         print(
-            f"notice: step {step}: no group with reward variance in {sampled} prompts"
-            " (--dynamic-sampling)"
+            f"notice: step {step}: no group with {args.dynamic_sampling_on} variance in {sampled}"
+            " prompts (--dynamic-sampling)"
         )
         batch = {k: v[: want * G] for k, v in flat.items()}
 
@@ -801,6 +802,10 @@ def collect(engine, train_rows, args, step, shard=(0, 1)):
         args.std_norm,
         reward_dicts=batch["raw"].tolist(),
     )
+    if nothing_varied:
+        # the groups may still differ in what the filter ignores (format, the length penalty):
+        # that is not signal, so their advantages are zero, as the filter's flat groups are
+        batch["advantages"] = torch.zeros_like(batch["advantages"])
     batch["raw_rewards"] = batch["raw"]
     if args.min_tokens:
         batch["ban_token_ids"] = engines.min_tokens_banned_ids(engine)  # the trainer bans them too

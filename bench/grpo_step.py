@@ -189,7 +189,7 @@ def setup(a):
         v.shared_prefix = v.shared_prefix and args.shared_prefix
     kl = []  # the reference model and the previous policy, frozen
     for _ in range(2):
-        model, _ = grpo.load_policy(args.model, args, dtype=args.compute_dtype)
+        model, _ = grpo.load_policy(args.model, args)  # the policy's weight dtype, as build_learner
         kl.append(model.eval().requires_grad_(False))
     engine = grpo.make_engine(args.model, args, policy)
     batch, cm = grpo.collect(engine, train_rows, args, 0)

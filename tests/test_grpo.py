@@ -552,7 +552,7 @@ def test_dynamic_sampling_with_no_variance_anywhere_trains_one_flat_batch(
     assert len(batch["raw"]) == args.rollout_batch_size
     assert not batch["advantages"].any()
     assert m["train/dynamic_filtered_frac"] == 1.0
-    assert "no group with reward variance" in capsys.readouterr().out
+    assert "no group with answer_reward variance" in capsys.readouterr().out
 
 
 def scripted_rewards(monkeypatch, rewards):
@@ -589,9 +589,12 @@ def test_dynamic_sampling_filters_on_accuracy_by_default(live, monkeypatch, caps
     unformatted = {"reward": 0.0, "format_reward": 0.0, "answer_reward": 0.0}
     scripted_rewards(monkeypatch, [formatted, unformatted] * 1000)
     args = make(live, "--dynamic-sampling", "--dynamic-sampling-max-rounds", "1")
-    _, m = grpo.collect(live["engine"], live["rows"], args, 1)
+    batch, m = grpo.collect(live["engine"], live["rows"], args, 1)
     assert m["train/dynamic_filtered_frac"] == 1.0
-    assert "no group with reward variance" in capsys.readouterr().out
+    assert "no group with answer_reward variance" in capsys.readouterr().out
+    # the fallback trains nothing the filter calls signal: format differences get no advantage
+    assert batch["raw"].view(-1, args.group_size).std(1).min() > 0
+    assert not batch["advantages"].any()
     scripted_rewards(monkeypatch, [formatted, unformatted] * 1000)
     args = make(live, "--dynamic-sampling", "--dynamic-sampling-on", "reward")
     batch, m = grpo.collect(live["engine"], live["rows"], args, 1)
@@ -949,3 +952,19 @@ def test_common_checkpoint_swap_recovery(tmp_path):
     assert sorted(os.listdir(run)) == ["checkpoint"]
     (run / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n{"ste')
     assert common.read_metrics(str(run / "metrics.jsonl")) == [{"step": 0}, {"step": 1}]
+
+
+def test_resume_names_the_flags_a_saved_run_predates(capsys):
+    """A run saved before a flag existed resumes with that flag's default: the notice says which,
+    so a changed default (e.g. --dynamic-sampling-on) is never silent. Given flags are not."""
+    parser = common.Parser()
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--dynamic-sampling-on", default="answer_reward")
+    parser.add_argument("--rollout-is-floor", type=float, default=0.0)
+    argv = ["--rollout-is-floor", "0.5"]
+    args = parser.parse_args(argv)
+    common.resume_args(parser, argv, args, {"lr": 3e-4})
+    out = capsys.readouterr().out
+    assert args.lr == 3e-4
+    assert "notice: the saved run predates dynamic_sampling_on='answer_reward'" in out
+    assert "rollout_is_floor" not in out
