@@ -812,9 +812,22 @@ def collect(engine, train_rows, args, step, shard=(0, 1)):
     else:
         batch["ban_token_ids"] = []
 
+    metrics = batch_metrics(batch, meta)
+    metrics["time/generation"] = time.perf_counter() - t0 - t_grade
+    metrics["time/grading"] = t_grade
+    if args.dynamic_sampling:
+        metrics["train/dynamic_filtered_frac"] = n_flat / sampled
+        metrics["train/dynamic_prompts_sampled"] = sampled
+        metrics["time/dynamic_extra_generation"] = time.perf_counter() - t0 - t_round0
+    return batch, metrics
+
+
+def batch_metrics(batch, meta):
+    """The scored batch summarised: rewards, their group spread, response lengths. meta is
+    compute_group_normalized_rewards' metadata of the batch's rewards."""
     lengths = [len(ids) for ids in batch["response_ids"]]
     rewards = batch["rewards"]
-    metrics = {
+    return {
         "train/reward": meta["mean"],
         "train/format_reward": fmean([d["format_reward"] for d in rewards]),
         "train/answer_reward": fmean([d["answer_reward"] for d in rewards]),
@@ -822,14 +835,7 @@ def collect(engine, train_rows, args, step, shard=(0, 1)):
         "train/response_len_mean": fmean(lengths),
         "train/response_len_max": max(lengths),
         "train/truncation_rate": fmean(batch["truncated"]),
-        "time/generation": time.perf_counter() - t0 - t_grade,
-        "time/grading": t_grade,
     }
-    if args.dynamic_sampling:
-        metrics["train/dynamic_filtered_frac"] = n_flat / sampled
-        metrics["train/dynamic_prompts_sampled"] = sampled
-        metrics["time/dynamic_extra_generation"] = time.perf_counter() - t0 - t_round0
-    return batch, metrics
 
 
 def collate(batch, args, pad_id=0):
