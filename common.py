@@ -296,10 +296,13 @@ def resume_args(parser, argv, args, saved, keep=("resume", "dry_run")):
     return args
 
 
-def dry_run(args):
-    """Print the effective configuration (argparse destination names as keys) as the last line;
-    exit 0."""
-    print(json.dumps(vars(args), sort_keys=True, default=str), flush=True)
+def dry_run(args, runtime=None):
+    """Print the effective configuration (argparse destination names as keys, and the runtime
+    record under "runtime" when there is one) as the last line; exit 0."""
+    settings = dict(vars(args))
+    if runtime is not None:
+        settings["runtime"] = runtime
+    print(json.dumps(settings, sort_keys=True, default=str), flush=True)
     sys.exit(0)
 
 
@@ -565,7 +568,9 @@ def _dtype_bytes(dtype):
     return torch.finfo(dtype).bits // 8
 
 
-def engine_share(args, policy=None, extra_models=0):
+def engine_share(
+    policy_device, vllm_device, param_dtype, sleep_engine, policy=None, extra_models=0
+):
     """vLLM's GPU fraction (gpu_memory_utilization).
 
     0.85 on its own GPU (seed 001) or with no policy beside it. On the policy's GPU, what the
@@ -575,20 +580,20 @@ def engine_share(args, policy=None, extra_models=0):
     """
     import torch
 
-    pol = torch.device(args.policy_device)
-    eng = torch.device(args.vllm_device)
+    pol = torch.device(policy_device)
+    eng = torch.device(vllm_device)
     if policy is None:
         return 0.85
     same_gpu = pol.type == eng.type == "cuda" and (pol.index or 0) == (eng.index or 0)
     if not same_gpu:
         return 0.85
-    w = _dtype_bytes(args.param_dtype)  # bytes per weight
+    w = _dtype_bytes(param_dtype)  # bytes per weight
     n = sum(p.numel() for p in policy.parameters())
     resident = n * 3 * w + w * n * int(extra_models)  # weights + 2 AdamW moments + frozen copies
     grads = n * w
     total = torch.cuda.get_device_properties(pol).total_memory
     in_use = resident
-    if not args.sleep_engine:
+    if not sleep_engine:
         in_use = resident + grads  # gradients are held only while training
     share = 1 - in_use / total - 0.15
     check(

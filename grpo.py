@@ -443,13 +443,13 @@ def resolve(args):
     # every optimizer step after the first trains on data from an older policy
     args.off_policy = args.optimizer_steps_per_rollout_batch > 1
     check(
-        not args.off_policy or args.loss in losses.RATIO_LOSSES,
+        not args.off_policy or losses.LOSSES[args.loss].needs_old,
         f"--loss {args.loss} with {args.optimizer_steps_per_rollout_batch} optimizer steps per"
         " rollout batch trains -A log pi on data from an older policy, uncorrected:"
-        " use --loss grpo_clip",
+        f" use a loss with a ratio ({', '.join(losses.RATIO_LOSSES)})",
     )
     # pi_old by a no-grad pass (seed 000 asks for it on-policy too)
-    args.needs_old = args.loss in losses.RATIO_LOSSES or args.rollout_is != "none"
+    args.needs_old = losses.LOSSES[args.loss].needs_old or args.rollout_is != "none"
 
     # settings that contradict each other
     check(
@@ -497,23 +497,42 @@ def resolve(args):
 
 
 # ----------------------------------------------------------------------------- setup
-def setup_devices(args):
-    """The policy on cuda:0 and the engine on cuda:1 with 2 GPUs (seed 000's layout); with one GPU
-    they share it; else CPU."""
+def setup_runtime(args):
+    """The runtime record: what this process decides from the flags and its own GPUs (a Ray actor
+    sees only its own), kept apart from args and saved as runtime.json. The policy on cuda:0 and
+    the engine on cuda:1 with 2 GPUs (seed 000's layout); with one GPU they share it; else CPU.
+    load_policy may turn shared_prefix off for a model whose cache does not reproduce its
+    log-probs."""
     n_gpu = torch.cuda.device_count()
-    args.policy_device = args.policy_device or ("cuda:0" if n_gpu else "cpu")
-    args.vllm_device = args.vllm_device or ("cuda:1" if n_gpu > 1 else args.policy_device)
-    args.param_dtype, args.compute_dtype = common.resolve_precision(
-        args.policy_device, args.dtype, args.pure_bf16
-    )
+    policy_device = args.policy_device
+    if policy_device is None:
+        policy_device = "cpu"
+        if n_gpu:
+            policy_device = "cuda:0"
+    vllm_device = args.vllm_device
+    if vllm_device is None:
+        vllm_device = policy_device
+        if n_gpu > 1:
+            vllm_device = "cuda:1"
+    param_dtype, compute_dtype = common.resolve_precision(policy_device, args.dtype, args.pure_bf16)
     # on CUDA the saving is only the prompt's share of a long response: see the README
-    if args.shared_prefix is None:
-        args.shared_prefix = args.policy_device == "cpu" and not args.gradient_checkpointing
+    shared_prefix = args.shared_prefix
+    if shared_prefix is None:
+        shared_prefix = policy_device == "cpu"
+    if args.gradient_checkpointing:
+        shared_prefix = False  # the shared prefix needs the KV cache
     print(
-        f"devices: policy {args.policy_device} (weights {args.param_dtype}, compute "
-        f"{args.compute_dtype}), engine {args.engine} on {args.vllm_device} "
-        f"({n_gpu} GPUs visible)"
+        f"devices: policy {policy_device} (weights {param_dtype}, compute {compute_dtype}), "
+        f"engine {args.engine} on {vllm_device} ({n_gpu} GPUs visible)"
     )
+    return {
+        "policy_device": policy_device,
+        "vllm_device": vllm_device,
+        "param_dtype": param_dtype,
+        "compute_dtype": compute_dtype,
+        "shared_prefix": shared_prefix,
+        "gpus_visible": n_gpu,
+    }
 
 
 def load_data(args):
@@ -553,14 +572,15 @@ def load_data(args):
     return train, val
 
 
-def load_policy(path, args, dtype=None):
-    """-> (HF causal LM on args.policy_device, its tokenizer). The model is in `dtype` (default:
-    the master-weight dtype) with dropout off: RL scores pi_old, pi_ref and pi (the training
-    forwards too) with one function."""
+def load_policy(path, args, runtime, dtype=None):
+    """-> (HF causal LM on the runtime's policy device, its tokenizer). The model is in `dtype`
+    (default: the master-weight dtype) with dropout off: RL scores pi_old, pi_ref and pi (the
+    training forwards too) with one function. A model whose KV cache does not reproduce its
+    log-probs turns the runtime's shared_prefix off."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    policy = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or args.param_dtype)
-    policy = policy.to(args.policy_device)
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or runtime["param_dtype"])
+    policy = policy.to(runtime["policy_device"])
     if args.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
     policy.config.use_cache = False
@@ -571,13 +591,9 @@ def load_policy(path, args, dtype=None):
         f"{path}: the tokenizer has {len(tokenizer)} tokens but the model only {n_embeddings}"
         " embeddings",
     )
-    if args.shared_prefix:
-        if args.gradient_checkpointing or not losses.shared_prefix_works(policy):
-            args.shared_prefix = False
-            print(
-                "notice: --shared-prefix off (gradient checkpointing, or this model's cache did"
-                " not reproduce its log-probs)"
-            )
+    if runtime["shared_prefix"] and not losses.shared_prefix_works(policy):
+        runtime["shared_prefix"] = False
+        print("notice: --shared-prefix off (this model's cache did not reproduce its log-probs)")
     for module in policy.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
@@ -587,10 +603,11 @@ def load_policy(path, args, dtype=None):
     return policy.train(), tokenizer
 
 
-def build_learner(args):
-    """The learner of grpo.py and of each grpo_ray.py learner actor: (policy, tokenizer, AdamW,
-    frozen pi_init or None, frozen pi_{t-1} or None)."""
-    policy, tokenizer = load_policy(args.resume or args.model, args)
+def build_learner(args, runtime):
+    """The learner of grpo.py and of each grpo_ray.py learner actor: {"policy", "tokenizer",
+    "optimizer" (AdamW), "ref_model" (frozen pi_init or None), "prev_model" (frozen pi_{t-1} or
+    None)}."""
+    policy, tokenizer = load_policy(args.resume or args.model, args, runtime)
     optimizer = torch.optim.AdamW(
         policy.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95)
     )
@@ -603,18 +620,23 @@ def build_learner(args):
     # bf16 rounding
     frozen = []
     for _ in range(args.frozen_models):
-        model = load_policy(args.model, args)[0]
+        model = load_policy(args.model, args, runtime)[0]
         frozen.append(model.eval().requires_grad_(False))
-    ref_model = None
-    prev_model = None
+    learner = {
+        "policy": policy,
+        "tokenizer": tokenizer,
+        "optimizer": optimizer,
+        "ref_model": None,
+        "prev_model": None,
+    }
     if len(frozen) >= 1:
-        ref_model = frozen[0]
+        learner["ref_model"] = frozen[0]
     if len(frozen) >= 2:
-        prev_model = frozen[1]
-    return policy, tokenizer, optimizer, ref_model, prev_model
+        learner["prev_model"] = frozen[1]
+    return learner
 
 
-def make_engine(path, args, policy=None):
+def make_engine(path, args, runtime, policy=None):
     """rollout.init_engine for this run. On one shared GPU the engine's share leaves room for the
     policy."""
     from transformers import AutoConfig
@@ -624,13 +646,21 @@ def make_engine(path, args, policy=None):
     kw = {}
     if args.engine == "vllm":
         kw["max_model_len"] = max_len
-    if args.engine == "vllm" and args.vllm_device.startswith("cuda"):
+    device = runtime["vllm_device"]
+    if args.engine == "vllm" and device.startswith("cuda"):
         share = args.gpu_memory_utilization
         if not share:
-            share = common.engine_share(args, policy, extra_models=args.frozen_models)
+            share = common.engine_share(
+                runtime["policy_device"],
+                device,
+                runtime["param_dtype"],
+                args.sleep_engine,
+                policy,
+                extra_models=args.frozen_models,
+            )
         kw["gpu_memory_utilization"] = share
         kw["enable_sleep_mode"] = args.sleep_engine
-    return engines.init_engine(args.engine, path, device=args.vllm_device, seed=args.seed, **kw)
+    return engines.init_engine(args.engine, path, device=device, seed=args.seed, **kw)
 
 
 # ----------------------------------------------------------------------------- rollout / reward
@@ -694,24 +724,28 @@ def score(batch, args):
     return batch
 
 
-def _drop_flat_groups(part, n_groups, room, args):
-    """DAPO's dynamic-sampling filter on a scored batch of n_groups groups: keeps the first `room`
-    groups whose score varies within the group (DAPO: the accuracy). -> (the kept groups as a
-    batch, the number of flat groups)."""
-    G = args.group_size
+def varied_groups(batch, args):
+    """(n_groups,) bool: does the --dynamic-sampling-on score vary within each group of G rows?
+    (DAPO: the accuracy.)"""
     if args.dynamic_sampling_on == "answer_reward":
-        answer_rewards = [d["answer_reward"] for d in part["rewards"]]
+        answer_rewards = [d["answer_reward"] for d in batch["rewards"]]
         signal = torch.tensor(answer_rewards, dtype=torch.float32)  # (N,)
     else:
-        signal = part["raw"]  # (N,) the total reward, length shaping included
+        signal = batch["raw"]  # (N,) the total reward, length shaping included
+    grouped = signal.view(-1, args.group_size)  # (n_groups, G)
+    return grouped.amax(dim=1) > grouped.amin(dim=1)
+
+
+def _drop_flat_groups(part, room, args):
+    """DAPO's dynamic-sampling filter on a scored batch: keeps the first `room` groups whose score
+    varies within the group. -> (the kept groups as a batch, the number of flat groups)."""
+    G = args.group_size
+    varied = varied_groups(part, args).tolist()
     keep = []  # the varied groups' rows
-    n_flat = 0
-    for g in range(n_groups):
-        group = signal[g * G : (g + 1) * G]
-        if group.max() > group.min():
+    for g, group_varies in enumerate(varied):
+        if group_varies:
             keep.extend(range(g * G, (g + 1) * G))
-        else:
-            n_flat += 1
+    n_flat = varied.count(False)
     keep = keep[: room * G]
     kept = {}
     for key, values in part.items():
@@ -723,7 +757,9 @@ def _drop_flat_groups(part, n_groups, room, args):
 
 
 def collect(engine, train_rows, args, step, shard=(0, 1)):
-    """The rollout and reward phases of a step -> (scored batch with advantages, metrics).
+    """The rollout and reward phases of a step -> (scored batch, this shard's stats: its seconds
+    of generation, grading and extra rounds, prompts sampled, flat groups dropped). `summarize`
+    turns the joined batch into advantages and metrics.
 
     --dynamic-sampling (DAPO) drops the groups whose score does not vary and samples fresh prompts
     to fill their place, for up to --dynamic-sampling-max-rounds more rounds; then it trains what
@@ -764,7 +800,7 @@ def collect(engine, train_rows, args, step, shard=(0, 1)):
             if batch is not None:
                 have = len(batch["raw"]) // G
             flat = part
-            part, n_dropped = _drop_flat_groups(flat, len(rows), want - have, args)
+            part, n_dropped = _drop_flat_groups(flat, want - have, args)
             n_flat += n_dropped
         if batch is None:
             batch = part
@@ -783,51 +819,46 @@ def collect(engine, train_rows, args, step, shard=(0, 1)):
             break
         # oversample: some of the groups come out flat
         rows = rng.sample(train_rows, min(len(train_rows), 2 * missing))
-    nothing_varied = len(batch["raw"]) == 0
-    if nothing_varied:
-        # nothing to learn from in this step: train a batch's worth of flat groups (zero advantage)
+    if len(batch["raw"]) == 0:
+        # nothing to learn from in this step: train a batch's worth of flat groups (summarize
+        # gives them zero advantages)
         print(
             f"notice: step {step}: no group with {args.dynamic_sampling_on} variance in {sampled}"
             " prompts (--dynamic-sampling)"
         )
         batch = {k: v[: want * G] for k, v in flat.items()}
-
-    # advantages: group-normalised rewards
-    batch["advantages"], _, meta = losses.compute_group_normalized_rewards(
-        None,
-        batch["responses"],
-        batch["ground_truths"],
-        G,
-        args.advantage_eps,
-        args.std_norm,
-        reward_dicts=batch["raw"].tolist(),
-    )
-    if nothing_varied:
-        # the groups may still differ in what the filter ignores (format, the length penalty):
-        # that is not signal, so their advantages are zero, as the filter's flat groups are
-        batch["advantages"] = torch.zeros_like(batch["advantages"])
-    batch["raw_rewards"] = batch["raw"]
     if args.min_tokens:
         batch["ban_token_ids"] = engines.min_tokens_banned_ids(engine)  # the trainer bans them too
     else:
         batch["ban_token_ids"] = []
+    stats = {
+        "generation_s": time.perf_counter() - t0 - t_grade,
+        "grading_s": t_grade,
+        "extra_rounds_s": time.perf_counter() - t0 - t_round0,
+        "prompts_sampled": sampled,
+        "groups_flat": n_flat,
+    }
+    return batch, stats
 
-    metrics = batch_metrics(batch, meta)
-    metrics["time/generation"] = time.perf_counter() - t0 - t_grade
-    metrics["time/grading"] = t_grade
+
+def summarize(batch, shard_stats, args):
+    """The one place where a step's scored batch (all its shards joined) is summarised: sets
+    batch["advantages"] (N,) and returns the step's rollout metrics. shard_stats: collect's stats
+    of each shard (one for grpo.py; the shards ran side by side, so a time is their longest). A
+    new metric is one line here."""
+    adv, meta = losses.group_normalized_advantages(
+        batch["raw"], args.group_size, args.advantage_eps, args.std_norm
+    )
     if args.dynamic_sampling:
-        metrics["train/dynamic_filtered_frac"] = n_flat / sampled
-        metrics["train/dynamic_prompts_sampled"] = sampled
-        metrics["time/dynamic_extra_generation"] = time.perf_counter() - t0 - t_round0
-    return batch, metrics
-
-
-def batch_metrics(batch, meta):
-    """The scored batch summarised: rewards, their group spread, response lengths. meta is
-    compute_group_normalized_rewards' metadata of the batch's rewards."""
+        # a group the filter calls flat is in the batch only when a shard found nothing to learn
+        # from: it may still differ in what the filter ignores (format, the length penalty), which
+        # is not signal, so its advantages are zero
+        varied = varied_groups(batch, args).repeat_interleave(args.group_size)  # (N,)
+        adv = torch.where(varied, adv, 0.0)
+    batch["advantages"] = adv
     lengths = [len(ids) for ids in batch["response_ids"]]
     rewards = batch["rewards"]
-    return {
+    metrics = {
         "train/reward": meta["mean"],
         "train/format_reward": fmean([d["format_reward"] for d in rewards]),
         "train/answer_reward": fmean([d["answer_reward"] for d in rewards]),
@@ -835,7 +866,16 @@ def batch_metrics(batch, meta):
         "train/response_len_mean": fmean(lengths),
         "train/response_len_max": max(lengths),
         "train/truncation_rate": fmean(batch["truncated"]),
+        "time/generation": max(s["generation_s"] for s in shard_stats),
+        "time/grading": max(s["grading_s"] for s in shard_stats),
     }
+    if args.dynamic_sampling:
+        sampled = sum(s["prompts_sampled"] for s in shard_stats)
+        flat = sum(s["groups_flat"] for s in shard_stats)
+        metrics["train/dynamic_filtered_frac"] = flat / sampled
+        metrics["train/dynamic_prompts_sampled"] = sampled
+        metrics["time/dynamic_extra_generation"] = max(s["extra_rounds_s"] for s in shard_stats)
+    return metrics
 
 
 def collate(batch, args, pad_id=0):
@@ -873,16 +913,16 @@ def collate(batch, args, pad_id=0):
     }
 
 
-def _forwards(tensors, idx, args, device):
+def _forwards(tensors, idx, shared_prefix, device):
     """The forward passes of microbatch rows `idx` (a tensor of row numbers). Yields, for each:
     (rows, mb, L, P) with mb the rows' input_ids, labels and ban_mask trimmed to their longest
     length L and moved to `device`, plus their lengths; P is the shared prefix's length.
 
-    Without --shared-prefix this is one pass, P = 0. With it, one pass per group: its prompt runs
+    Without shared_prefix this is one pass, P = 0. With it, one pass per group: its prompt runs
     once, and the prompt's last token predicts each response's first (P = the prompt's length - 1;
     0 for a single row, or when the prefix would be the whole pass).
     """
-    if args.shared_prefix:
+    if shared_prefix:
         group_of = tensors["group"][idx]  # (len(idx),)
         passes = []
         for g in group_of.unique():
@@ -892,7 +932,7 @@ def _forwards(tensors, idx, args, device):
     for rows in passes:
         L = int(tensors["lengths"][rows].max())
         P = 0
-        if args.shared_prefix and len(rows) > 1:
+        if shared_prefix and len(rows) > 1:
             prefix = int(tensors["prompt_len"][rows].min()) - 1
             if prefix < L:
                 P = prefix
@@ -913,7 +953,7 @@ def _shard(rows, dp):
     return rows[start:end]
 
 
-def batch_log_probs(model, tensors, args, ban_ids, dp=None):
+def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None):
     """(N, T) label log-probs under `model` at the sampling temperature, no grad. With dp each
     learner scores its shard of the rows, and the results are summed."""
     N, T = tensors["labels"].shape
@@ -922,10 +962,13 @@ def batch_log_probs(model, tensors, args, ban_ids, dp=None):
     was_training = model.training
     rows = _shard(torch.arange(N), dp)
     mbs = args.micro_train_batch_size
+    shared_prefix = runtime["shared_prefix"]
     model.eval()
-    with torch.inference_mode(), common.autocast(device, args.compute_dtype):
+    with torch.inference_mode(), common.autocast(device, runtime["compute_dtype"]):
         for start in range(0, len(rows), mbs):
-            for idx, mb, L, P in _forwards(tensors, rows[start : start + mbs], args, device):
+            for idx, mb, L, P in _forwards(
+                tensors, rows[start : start + mbs], shared_prefix, device
+            ):
                 result = losses.get_response_log_probs(
                     model,
                     **mb,
@@ -941,36 +984,52 @@ def batch_log_probs(model, tensors, args, ban_ids, dp=None):
     return dp["reduce"](out, "sum")
 
 
-def train_step(
-    policy, optimizer, batch, args, step, ref_model=None, prev_model=None, lag=0, dp=None
-):
+def loss_settings(args):
+    """The loss's hyperparameters (losses.LossSettings), one line per field, from the flags."""
+    return losses.LossSettings(
+        loss=args.loss,
+        cliprange=args.cliprange,
+        cliprange_high=args.cliprange_high,
+        length_norm=args.length_norm,
+        normalize_constant=args.normalize_constant,
+        kl_beta=args.kl_beta,
+        kl_estimator=args.kl_estimator,
+    )
+
+
+def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
     """One scored rollout batch -> (history: one dict per optimizer step, the step's metrics).
 
     First the no-grad passes: pi_old, and the reference and previous policies for the KL; then
-    _updates (epochs x train batches x microbatches). lag: how many updates the policy is ahead of
-    the batch's generator (grpo_ray.py); a stale batch takes pi_old from the engine unless
-    --rollout-is corrects it. prev_model holds pi_{t-1} and is refreshed here. dp (grpo_ray.py's M
-    learners): {"rank", "world", "reduce": in-place all-reduce(tensor, op)}; each learner runs 1/M
-    of every set of rows, and the gradients and metrics are summed.
+    _updates (epochs x train batches x microbatches). learner: build_learner's dict. lag: how many
+    updates the policy is ahead of the batch's generator (grpo_ray.py); a stale batch takes pi_old
+    from the engine unless --rollout-is corrects it. The previous policy is refreshed here. dp
+    (grpo_ray.py's M learners): {"rank", "world", "reduce": in-place all-reduce(tensor, op)}; each
+    learner runs 1/M of every set of rows, and the gradients and metrics are summed.
     """
     t0 = time.perf_counter()
+    policy = learner["policy"]
+    ref_model = learner["ref_model"]
+    prev_model = learner["prev_model"]
     ban_ids = batch["ban_token_ids"]
-    tensors = collate(batch, args)
+    tensors = collate(batch, args)  # and below, the per-token inputs of the loss
     metrics = {}
     mask = tensors["response_mask"]  # (N, T)
     engine_log_probs = tensors["engine_log_probs"]  # (N, T) mu, the sampling distribution
     do_kl = bool(args.kl_every) and step % args.kl_every == 0
-    # pi_old from the engine: when asked, or on a stale batch that no importance sampling corrects
-    engine_old = args.old_log_probs == "engine" or (lag > 0 and args.rollout_is == "none")
-    need_cur = do_kl or (not engine_old and (args.needs_old or lag > 0))
-    cur = None  # (N, T) pi_t, the policy before this step
-    if need_cur:
-        cur = batch_log_probs(policy, tensors, args, ban_ids, dp)
-    if engine_old:
-        old = engine_log_probs
-    else:
-        old = cur
-    weights = None
+    stale = lag > 0
+    # pi_old from the engine when asked, or for a stale batch that no importance sampling corrects
+    # (the engine is the only holder of that policy); else from a no-grad pass of the policy
+    old_from_engine = args.old_log_probs == "engine" or (stale and args.rollout_is == "none")
+    # pi_t, the policy before this step: for the KL monitor, and as the trainer's pi_old
+    score_policy = do_kl or (not old_from_engine and (args.needs_old or stale))
+    cur = None  # (N, T) pi_t
+    if score_policy:
+        cur = batch_log_probs(policy, tensors, args, runtime, ban_ids, dp)
+    if old_from_engine:
+        tensors["old_log_probs"] = engine_log_probs
+    elif cur is not None:
+        tensors["old_log_probs"] = cur
     if cur is not None:
         # the engine-trainer mismatch (kernels, precision; staleness when lag > 0)
         weights, is_metrics = losses.compute_rollout_is(
@@ -986,16 +1045,18 @@ def train_step(
             metrics[f"train/{key}"] = value
         mismatch = losses.masked_mean((cur - engine_log_probs).abs(), mask)
         metrics["train/logprob_mismatch"] = mismatch.item()
-        if args.rollout_is == "none":
-            weights = None  # measured, not applied
+        if args.rollout_is != "none":  # else measured, not applied
+            tensors["is_weights"] = weights
     ref = None  # (N, T) pi_init
     if (args.kl_beta or do_kl) and ref_model is not None:
-        ref = batch_log_probs(ref_model, tensors, args, ban_ids, dp)
+        ref = batch_log_probs(ref_model, tensors, args, runtime, ban_ids, dp)
+    if args.kl_beta:
+        tensors["ref_log_probs"] = ref
     if do_kl:
         kl_ref = losses.kl_divergence(cur, ref, mask, args.kl_estimator)
         metrics["train/kl_ref"] = kl_ref.item()
         if prev_model is not None and getattr(prev_model, "holds_step", None) == step - 1:
-            prev = batch_log_probs(prev_model, tensors, args, ban_ids, dp)  # (N, T) pi_{t-1}
+            prev = batch_log_probs(prev_model, tensors, args, runtime, ban_ids, dp)  # pi_{t-1}
             kl_prev = losses.kl_divergence(cur, prev, mask, args.kl_estimator)
             metrics["train/kl_prev"] = kl_prev.item()
             if lag == 1:
@@ -1010,18 +1071,30 @@ def train_step(
         prev_model.holds_step = step
     metrics["time/old_log_probs"] = time.perf_counter() - t0
     t1 = time.perf_counter()
-    history = _updates(policy, optimizer, batch, tensors, mask, old, ref, weights, args, step, dp)
+    history = _updates(learner, batch, tensors, args, runtime, step, dp)
     metrics["time/training"] = time.perf_counter() - t1
     return history, metrics
 
 
-def _updates(policy, optimizer, batch, tensors, mask, old, ref, weights, args, step, dp=None):
+def _rows(tensors, key, idx, L, device):
+    """tensors[key]'s rows idx, cut to L columns, on device: (rows, L); None if there is no key."""
+    if key not in tensors:
+        return None
+    return tensors[key][idx, :L].to(device)
+
+
+def _updates(learner, batch, tensors, args, runtime, step, dp=None):
     """The optimizer steps on one rollout batch: epochs x train batches of --train-batch-size rows
     x microbatches of --micro-train-batch-size rows. The last ones may be smaller: each forward's
     loss is scaled by its share of the optimizer step's rows. -> one metrics dict per step."""
+    policy = learner["policy"]
+    optimizer = learner["optimizer"]
     N = len(batch["advantages"])
-    device = args.policy_device
+    device = runtime["policy_device"]
+    shared_prefix = runtime["shared_prefix"]
     ban_ids = batch["ban_token_ids"]
+    mask = tensors["response_mask"]  # (N, T)
+    settings = loss_settings(args)
     mbs = args.micro_train_batch_size
     gen = torch.Generator().manual_seed(sample_seed(args, step))  # off-policy shuffles
     params = [p for p in policy.parameters() if p.requires_grad]
@@ -1029,27 +1102,24 @@ def _updates(policy, optimizer, batch, tensors, mask, old, ref, weights, args, s
     for epoch in range(args.epochs_per_rollout_batch):
         if args.off_policy:
             order = torch.randperm(N, generator=gen)  # off-policy: shuffle each epoch
-        elif args.shared_prefix:
+        elif shared_prefix:
             order = torch.arange(N)  # on-policy the order is free: keep groups whole
         else:
             order = torch.argsort(tensors["lengths"], stable=True)  # similar lengths pad less
         for b in range(0, N, args.train_batch_size):
             rows = order[b : b + args.train_batch_size]  # this optimizer step's rows
-            # the step's metrics: token-weighted sums and the ratio's extremes
-            totals = {
-                "loss": 0.0,
-                "entropy": 0.0,
-                "clip_fraction": 0.0,
-                "ratio_mean": 0.0,
-                "ratio_min": math.inf,
-                "ratio_max": -math.inf,
-            }
+            # the step's metrics: sums over its forwards (token-weighted but the loss), and the
+            # ratio's extremes
+            sums = {"loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
+            ratio_min = math.inf
+            ratio_max = -math.inf
             n_tok = max(int(mask[rows].sum()), 1)  # DAPO token norm: the whole step's tokens
             mine = _shard(rows, dp)
             for start in range(0, len(mine), mbs):
-                for idx, mb, L, P in _forwards(tensors, mine[start : start + mbs], args, device):
-                    share = len(idx) / len(rows)  # this forward's part of the step's loss
-                    with common.autocast(device, args.compute_dtype):
+                for idx, mb, L, P in _forwards(
+                    tensors, mine[start : start + mbs], shared_prefix, device
+                ):
+                    with common.autocast(device, runtime["compute_dtype"]):
                         out = losses.get_response_log_probs(
                             policy,
                             **mb,
@@ -1059,59 +1129,46 @@ def _updates(policy, optimizer, batch, tensors, mask, old, ref, weights, args, s
                             prefix_len=P,
                         )
                     mb_mask = mask[idx, :L].to(device)  # (rows, L)
-                    raw_rewards = batch["raw_rewards"][idx].to(device)  # (rows,)
-                    advantages = batch["advantages"][idx].to(device)  # (rows,)
-                    mb_old = None
-                    if old is not None:
-                        mb_old = old[idx, :L].to(device)  # (rows, L)
-                    if args.length_norm == "token":
-                        normalize_constant = n_tok
-                    else:
-                        normalize_constant = args.normalize_constant
-                    mb_ref = None
-                    if ref is not None and args.kl_beta:
-                        mb_ref = ref[idx, :L].to(device)  # (rows, L)
-                    mb_weights = None
-                    if weights is not None:
-                        mb_weights = weights[idx, :L].to(device)  # (rows, L)
-                    loss, meta = losses.grpo_microbatch_train_step(
+                    share = len(idx) / len(rows)  # this forward's part of the step's rows
+                    loss, meta = losses.grpo_microbatch_loss(
                         out["log_probs"],
                         mb_mask,
-                        1 / share,
-                        args.loss,
-                        raw_rewards=raw_rewards,
-                        advantages=advantages,
-                        old_log_probs=mb_old,
-                        cliprange=args.cliprange,
-                        cliprange_high=args.cliprange_high,
-                        length_norm=args.length_norm,
-                        normalize_constant=normalize_constant,
-                        ref_log_probs=mb_ref,
-                        kl_beta=args.kl_beta,
-                        kl_estimator=args.kl_estimator,
-                        is_weights=mb_weights,
+                        batch["advantages"][idx].to(device),
+                        batch["raw"][idx].to(device),
+                        settings,
+                        old_log_probs=_rows(tensors, "old_log_probs", idx, L, device),
+                        ref_log_probs=_rows(tensors, "ref_log_probs", idx, L, device),
+                        is_weights=_rows(tensors, "is_weights", idx, L, device),
+                        gradient_accumulation_steps=1 / share,
+                        step_tokens=n_tok,
                     )
+                    loss.backward()
                     # token averages over the whole step, whatever the forwards' split
                     tok = float(mb_mask.sum()) / n_tok
                     entropy = losses.masked_mean(out["token_entropy"].detach(), mb_mask)
-                    totals["loss"] += loss.item()
-                    totals["entropy"] += entropy.nan_to_num().item() * tok
-                    totals["clip_fraction"] += float(meta.get("clip_fraction", 0.0)) * tok
+                    sums["loss"] += loss.item()
+                    sums["entropy"] += entropy.nan_to_num().item() * tok
+                    sums["clip_fraction"] += float(meta.get("clip_fraction", 0.0)) * tok
                     if "ratio_mean" in meta:
-                        totals["ratio_mean"] += meta["ratio_mean"].nan_to_num(1.0).item() * tok
-                        totals["ratio_min"] = min(totals["ratio_min"], meta["ratio_min"].item())
-                        totals["ratio_max"] = max(totals["ratio_max"], meta["ratio_max"].item())
+                        sums["ratio_mean"] += meta["ratio_mean"].nan_to_num(1.0).item() * tok
+                        ratio_min = min(ratio_min, meta["ratio_min"].item())
+                        ratio_max = max(ratio_max, meta["ratio_max"].item())
             if dp is not None:
-                _reduce(params, totals, dp)  # the step's gradient and metrics: every learner's part
+                # the step's gradient and metrics: every learner's part
+                ratio_min, ratio_max = _reduce(params, sums, ratio_min, ratio_max, dp)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            if totals["ratio_min"] == math.inf:
+            if ratio_min == math.inf:
                 # no ratio in the loss (on-policy by construction), or no token: pi_old is pi
-                totals.update(ratio_mean=1.0, ratio_min=1.0, ratio_max=1.0)
+                sums["ratio_mean"] = 1.0
+                ratio_min = 1.0
+                ratio_max = 1.0
             row = {}
-            for key, value in totals.items():
+            for key, value in sums.items():
                 row[f"train/{key}"] = value
+            row["train/ratio_min"] = ratio_min
+            row["train/ratio_max"] = ratio_max
             row["train/grad_norm"] = grad_norm.item()
             row["train/epoch"] = epoch
             row["train/lr"] = args.lr
@@ -1119,9 +1176,9 @@ def _updates(policy, optimizer, batch, tensors, mask, old, ref, weights, args, s
     return history
 
 
-def _reduce(params, totals, dp):
-    """All-reduce over the learners: the accumulated gradients (as one flat buffer), then the
-    step's metric sums and its ratio extremes."""
+def _reduce(params, sums, ratio_min, ratio_max, dp):
+    """All-reduce over the learners: the accumulated gradients (as one flat buffer), the step's
+    metric sums (in place), and the ratio's extremes. -> (ratio_min, ratio_max) over all."""
     grads = []
     for p in params:
         if p.grad is None:
@@ -1132,13 +1189,14 @@ def _reduce(params, totals, dp):
     sizes = [p.numel() for p in params]
     for p, g in zip(params, flat.split(sizes)):
         p.grad = g.view_as(p).clone()
-    keys = ["loss", "entropy", "clip_fraction", "ratio_mean"]
-    sums = torch.tensor([totals[k] for k in keys], dtype=torch.float64)
-    sums = dp["reduce"](sums, "sum").tolist()
-    for key, value in zip(keys, sums):
-        totals[key] = value
-    totals["ratio_min"] = dp["reduce"](torch.tensor(totals["ratio_min"]), "min").item()
-    totals["ratio_max"] = dp["reduce"](torch.tensor(totals["ratio_max"]), "max").item()
+    keys = list(sums)
+    values = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
+    values = dp["reduce"](values, "sum").tolist()
+    for key, value in zip(keys, values):
+        sums[key] = value
+    ratio_min = dp["reduce"](torch.tensor(ratio_min), "min").item()
+    ratio_max = dp["reduce"](torch.tensor(ratio_max), "max").item()
+    return ratio_min, ratio_max
 
 
 def step_rows(step, opt_step, batch, history, metrics, step_s, weight_sync_s, wall_s):
@@ -1161,6 +1219,38 @@ def step_rows(step, opt_step, batch, history, metrics, step_s, weight_sync_s, wa
 
 
 # ----------------------------------------------------------------------------- eval / io
+# The keys every step row has, in grpo.py and grpo_ray.py (which adds ray/*). Others depend on the
+# flags: the rollout-IS and mismatch keys when pi_old is scored, kl_* with --kl-every, dynamic_*
+# with --dynamic-sampling. The README's glossary explains each.
+STEP_KEYS = [
+    "step",
+    "opt_step",
+    "train/loss",
+    "train/entropy",
+    "train/clip_fraction",
+    "train/ratio_mean",
+    "train/ratio_min",
+    "train/ratio_max",
+    "train/grad_norm",
+    "train/epoch",
+    "train/lr",
+    "train/reward",
+    "train/format_reward",
+    "train/answer_reward",
+    "train/zero_var_frac",
+    "train/response_len_mean",
+    "train/response_len_max",
+    "train/truncation_rate",
+    "time/generation",
+    "time/grading",
+    "time/old_log_probs",
+    "time/training",
+    "time/weight_sync",
+    "time/step",
+    "time/wall",
+    "time/tokens_per_s",
+    "time/gen_tokens_per_s",
+]
 # The per-step stdout line: (name, format) of each metric it shows, from train/ or time/
 STEP_LINE = [
     ("loss", "+.4f"),
@@ -1239,19 +1329,21 @@ def main(args):
 
     import plot
 
-    setup_devices(args)
+    runtime = setup_runtime(args)
     if args.dry_run:
-        common.dry_run(args)  # the effective settings as one JSON line; nothing loaded
+        common.dry_run(args, runtime)  # the effective settings as one JSON line; nothing loaded
     torch.manual_seed(args.seed)
     common.claim_run_dir(args.out, args.resume)  # an existing run needs --resume; checked writable
     train_rows, val_rows = load_data(args)
-    policy, tokenizer, optimizer, ref_model, prev_model = build_learner(args)
+    learner = build_learner(args, runtime)
+    policy = learner["policy"]
     state = {"step": 0, "opt_step": 0, "wall": 0.0}
     if args.resume:
         saved = common.restore_checkpoint(args.resume, args.out)
         state = {k: v for k, v in saved.items() if k in state}
-    engine = make_engine(args.resume or args.model, args, policy)
+    engine = make_engine(args.resume or args.model, args, runtime, policy)
     data.write_json_atomic(os.path.join(args.out, "args.json"), common.jsonable(vars(args)))
+    data.write_json_atomic(os.path.join(args.out, "runtime.json"), common.jsonable(runtime))
     axes = {"train/*": "opt_step", "eval/*": "step"}  # eval has its own x axis
     wandb_run = common.start_wandb(args.wandb, args, axes)
     if args.off_policy:
@@ -1278,7 +1370,8 @@ def main(args):
             t_step = time.perf_counter()
             # --- rollout + reward / advantage: G samples per question from the engine, which
             # holds pi_step ---
-            batch, metrics = collect(engine, train_rows, args, step)
+            batch, stats = collect(engine, train_rows, args, step)
+            metrics = summarize(batch, [stats], args)
             # --- eval: greedy on the engine's weights, the policy after `step` updates ---
             if args.eval_every and step % args.eval_every == 0:
                 eval_s = _eval_and_dump(
@@ -1292,9 +1385,7 @@ def main(args):
             # Ctrl-C lets this finish, so the saved weights, optimizer and step counter agree ---
             with common.finish_then_interrupt("this step's updates"):
                 dirty = True
-                history, train_metrics = train_step(
-                    policy, optimizer, batch, args, step, ref_model, prev_model
-                )
+                history, train_metrics = train_step(learner, batch, args, runtime, step)
                 rows = step_rows(
                     step,
                     state["opt_step"],
@@ -1317,10 +1408,10 @@ def main(args):
                 common.save_model_checkpoint(
                     args.out,
                     policy,
-                    tokenizer,
+                    learner["tokenizer"],
                     args,
                     state,
-                    {"optimizer.pt": optimizer.state_dict()},
+                    {"optimizer.pt": learner["optimizer"].state_dict()},
                 )
             # --- sync weights into the engine for the next rollout ---
             if args.sleep_engine:
@@ -1341,7 +1432,12 @@ def main(args):
         _eval_and_dump(engine, val_rows, args, args.n_grpo_steps, state, t_run, None, wandb_run)
     state["wall"] = time.perf_counter() - t_run
     path = common.save_model_checkpoint(
-        args.out, policy, tokenizer, args, state, {"optimizer.pt": optimizer.state_dict()}
+        args.out,
+        policy,
+        learner["tokenizer"],
+        args,
+        state,
+        {"optimizer.pt": learner["optimizer"].state_dict()},
     )
     plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
     print(f"checkpoint {path} | dashboard + metrics in {args.out} | {state['wall']:.0f}s")

@@ -29,7 +29,6 @@ mismatch together; timestamps are each actor's own clock.
       --async --loss grpo_clip --num-generators 6 --num-learners 2    # 8 GPUs, on any nodes
 """
 
-import copy
 import datetime
 import json
 import math
@@ -158,17 +157,19 @@ def resolve(args):
         (k == 1 or colocated) and not (args.async_mode and colocated),
         "--steps-per-rollout > 1 needs --placement colocated, --async disaggregated",
     )
+    ratio_losses = ", ".join(losses.RATIO_LOSSES)
     common.check(
-        k == 1 or args.loss in losses.RATIO_LOSSES,
-        f"--steps-per-rollout {k} trains on stale batches: pass --loss grpo_clip",
+        k == 1 or losses.LOSSES[args.loss].needs_old,
+        f"--steps-per-rollout {k} trains on stale batches: pass a --loss with a ratio "
+        f"({ratio_losses})",
     )
     common.check(
         args.n_grpo_steps % k == 0,
         f"--n-grpo-steps {args.n_grpo_steps} must be a multiple of --steps-per-rollout {k}",
     )
     common.check(
-        not args.async_mode or args.loss in losses.RATIO_LOSSES,
-        "--async trains on stale batches: pass --loss grpo_clip",
+        not args.async_mode or losses.LOSSES[args.loss].needs_old,
+        f"--async trains on stale batches: pass a --loss with a ratio ({ratio_losses})",
     )
     common.check(
         args.weight_sync == "object_store" or (not colocated and N == M == 1),
@@ -250,44 +251,45 @@ class Worker:
 
     def __init__(self, args, name, generator, learner):
         self.name = name
-        self.generator = generator  # holds a rollout engine
-        self.learner = learner  # holds a policy and its optimizer
+        self.is_generator = generator  # holds a rollout engine
+        self.is_learner = learner  # holds a policy and its optimizer
+        self.learner = None  # grpo.build_learner's dict
         self.engine = None
         self.reset(args)
 
     def reset(self, args):
         """(Re)start a run on this actor: flags, data, start weights and version (the tests and the
         bench reuse actors across runs)."""
-        args = copy.copy(args)
         self.args = args
         torch.manual_seed(args.seed)
         # inside the actor: Ray has set CUDA_VISIBLE_DEVICES to its own GPU(s)
-        grpo.setup_devices(args)
+        self.runtime = grpo.setup_runtime(args)
         path, saved = _start(args)
         self.version = saved["step"]  # batches the learner trained on
         self.engine_version = saved["step"]  # the version of the engine's weights
         # the learner first: a colocated engine's memory share is sized from the policy beside it
-        if self.learner:
-            self.policy, self.tokenizer, self.optimizer, self.ref, self.prev = grpo.build_learner(
-                args
-            )
-        if self.generator:
+        beside = None  # colocated: the policy in this actor
+        if self.is_learner:
+            self.learner = grpo.build_learner(args, self.runtime)
+            beside = self.learner["policy"]
+        if self.is_generator:
             self.train_rows, self.val_rows = grpo.load_data(args)
             if self.engine is None:
-                beside = None  # colocated: the policy in this actor
-                if self.learner:
-                    beside = self.policy
-                self.engine = grpo.make_engine(path, args, beside)
+                self.engine = grpo.make_engine(path, args, self.runtime, beside)
             else:  # a reused actor: its engine takes the new run's start weights
-                policy = grpo.load_policy(path, args)[0]
+                policy = grpo.load_policy(path, args, self.runtime)[0]
                 rollout.load_policy_into_vllm(policy.state_dict(), self.engine)
         return os.getpid()
+
+    def runtime_record(self):
+        """What this actor decided at run time (grpo.setup_runtime, after loading its models)."""
+        return self.runtime
 
     def generate(self, step, shard=(0, 1)):
         """This engine's shard (i, n) of step `step`'s rollout batch, graded (grpo.collect)."""
         t0 = time.time()
-        batch, metrics = grpo.collect(self.engine, self.train_rows, self.args, step, shard)
-        t_gen = t0 + metrics["time/generation"]  # collect times generation and grading apart
+        batch, stats = grpo.collect(self.engine, self.train_rows, self.args, step, shard)
+        t_gen = t0 + stats["generation_s"]  # collect times generation and grading apart
         spans = [
             _span(self.name, "generate", t0, step, t_gen),
             _span(self.name, "score", t_gen, step),
@@ -296,7 +298,7 @@ class Worker:
             "step": step,
             "version": self.engine_version,
             "batch": batch,
-            "metrics": metrics,
+            "stats": stats,
             "spans": spans,
         }
 
@@ -336,7 +338,7 @@ class Worker:
 
     def init_dp(self, address, rank, world):
         """Join the data-parallel learner group: this process's default torch.distributed group."""
-        dev = self.args.policy_device
+        dev = self.runtime["policy_device"]
         dist = torch.distributed
         if dev.startswith("cuda"):
             backend = "nccl"
@@ -367,15 +369,7 @@ class Worker:
         step = gen["step"]
         lag = self.version - gen["version"]
         history, metrics = grpo.train_step(
-            self.policy,
-            self.optimizer,
-            gen["batch"],
-            self.args,
-            step,
-            self.ref,
-            self.prev,
-            lag,
-            self.dp,
+            self.learner, gen["batch"], self.args, self.runtime, step, lag, self.dp
         )
         self.version += 1
         t_old = t0 + metrics["time/old_log_probs"]
@@ -395,11 +389,11 @@ class Worker:
     def save(self, out_dir, state):
         return common.save_model_checkpoint(
             out_dir,
-            self.policy,
-            self.tokenizer,
+            self.learner["policy"],
+            self.learner["tokenizer"],
             self.args,
             state,
-            {"optimizer.pt": self.optimizer.state_dict()},
+            {"optimizer.pt": self.learner["optimizer"].state_dict()},
         )
 
     def get_weights(self, clone=False):
@@ -407,7 +401,7 @@ class Worker:
         keeps a reference to the tensors it sends, not a copy)."""
         t0 = time.time()
         weights = {}
-        for name, tensor in self.policy.state_dict().items():
+        for name, tensor in self.learner["policy"].state_dict().items():
             if clone:
                 weights[name] = tensor.detach().clone()
             else:
@@ -419,7 +413,8 @@ class Worker:
 
     def sync(self):
         """Colocated: the policy into this actor's own engine, an in-process copy (no transport)."""
-        return self.set_weights({"weights": self.policy.state_dict(), "spans": []}, self.version)
+        weights = self.learner["policy"].state_dict()
+        return self.set_weights({"weights": weights, "spans": []}, self.version)
 
 
 # ----------------------------------------------------------------------------- driver
@@ -562,10 +557,9 @@ def kill_actors(actors):
 
 def join_shards(shards):
     """One step's rollout batch from its generators' shards, in shard order: lists and tensors
-    concatenated, collect's metrics combined (see below). All shards must share one policy
-    version."""
+    concatenated, each shard's stats kept in a list (grpo.summarize reads them). All shards must
+    share one policy version."""
     versions = sorted({s["version"] for s in shards})
-    n_rows = [len(s["batch"]["raw"]) for s in shards]
     common.check(
         len(versions) == 1,
         f"step {shards[0]['step']}: its shards come from policy versions {versions}, not one",
@@ -582,22 +576,6 @@ def join_shards(shards):
             for s in shards:
                 batch[key] += s["batch"][key]
 
-    # The metrics by their key: the maximum of *_max keys and of the times (the shards ran in
-    # parallel), the sum of the prompts sampled, else a mean weighted by rows (the filtered fraction
-    # by prompts sampled).
-    metrics = {}
-    for key in shards[0]["metrics"]:
-        values = [s["metrics"][key] for s in shards]
-        if key.endswith("_max") or key.startswith("time/"):
-            metrics[key] = max(values)
-        elif key.endswith("_sampled"):
-            metrics[key] = sum(values)
-        else:
-            weights = n_rows
-            if key == "train/dynamic_filtered_frac":
-                weights = [s["metrics"]["train/dynamic_prompts_sampled"] for s in shards]
-            metrics[key] = sum(v * n for v, n in zip(values, weights)) / sum(weights)
-
     spans = []
     for s in shards:
         spans += s["spans"]
@@ -605,7 +583,7 @@ def join_shards(shards):
         "step": shards[0]["step"],
         "version": versions[0],
         "batch": batch,
-        "metrics": metrics,
+        "stats": [s["stats"] for s in shards],
         "spans": spans,
     }
 
@@ -635,6 +613,12 @@ def run(args, actors):
     else:
         saved = _start(args)[1]
     data.write_json_atomic(os.path.join(args.out, "args.json"), common.jsonable(vars(args)))
+    # each actor's runtime record (devices, dtypes, shared prefix), by actor name
+    records = get([a.runtime_record.remote() for a in actors["all"]], "runtime records", args)
+    runtime = {}
+    for handle, record in zip(actors["all"], records):
+        runtime[actors["names"][handle._actor_id.hex()]] = record
+    data.write_json_atomic(os.path.join(args.out, "runtime.json"), common.jsonable(runtime))
     start = saved["step"]
     state = {
         "opt_step": saved["opt_step"],  # optimizer steps taken
@@ -666,6 +650,8 @@ def run(args, actors):
                 pending[nxt] = [g.generate.remote(nxt, (i, len(gens))) for i, g in enumerate(gens)]
                 nxt += 1
             gen = join_shards(get(pending.pop(t), f"rollout step {t}", args, actors))
+            # --- advantages and the batch's metrics: once, on the joined batch ---
+            gen["metrics"] = grpo.summarize(gen["batch"], gen["stats"], args)
             lag = t - gen["version"]
             common.check(lag <= s, f"batch {t} is {lag} versions stale")
 

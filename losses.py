@@ -1,13 +1,14 @@
 """Tensor primitives for SFT and GRPO: tokenisation, log-probs, entropy, masked reductions and the
 policy-gradient losses.
 
-Names, signatures and keyword spellings follow the handouts (seed 000 §4.2/§7.2, 001 §5.2,
-002 §1.4). The functions are pure functions of tensors (plus `model` / `tokenizer` where a seed
-signature has one). Shapes: B batch, T sequence, V vocabulary, H hidden size, N tokens run.
+The functions are pure functions of tensors (plus `model` / `tokenizer` where a seed signature
+has one). Shapes: B batch, T sequence, V vocabulary, H hidden size, N tokens run. The handouts'
+names and signatures (seed 000 §4.2/§7.2, 001 §5.2, 002 §1.4) that differ from the project's own
+sit together in the "course spellings" section at the end, each delegating to the functions above.
 
 Where this departs from the handouts:
-- LOSSES and RATIO_LOSSES hold every fact about a loss (its function, its arguments, whether it
-  needs pi_old).
+- Every policy-gradient loss takes the same inputs (log-probs, mask, advantages, raw rewards,
+  pi_old's log-probs, LossSettings); LOSSES holds each loss's function and whether it needs pi_old.
 - get_response_log_probs never builds a float32 (B, T, V) tensor (the lm_head and log-softmax run a
   chunk of tokens at a time, and the backward recomputes each chunk); it scores what vLLM sampled
   (logits / temperature, the min_tokens ban); and it runs a prompt shared by its rows once, the rows
@@ -15,13 +16,17 @@ Where this departs from the handouts:
 
 Example:
     out = get_response_log_probs(model, input_ids, labels, return_token_entropy=True)
-    loss, meta = grpo_microbatch_train_step(
-        out["log_probs"], response_mask, 4, "grpo_clip",
-        advantages=adv, old_log_probs=old, cliprange=0.2,
+    settings = LossSettings(loss="grpo_clip", cliprange=0.2)
+    loss, meta = grpo_microbatch_loss(
+        out["log_probs"], response_mask, adv, raw, settings, old_log_probs=old
     )
 """
 
 import contextlib
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -396,11 +401,6 @@ def masked_mean_per_sequence(tensor, mask):
     return masked_normalize(tensor, mask, mask.bool().sum(-1).clamp(min=1), dim=-1).mean()
 
 
-def masked_mean_drgrpo(tensor, mask, num_tokens):
-    """Seed 002's Dr. GRPO reduction: the sum over response tokens / (num_tokens * B), a scalar."""
-    return masked_normalize(tensor, mask, num_tokens * tensor.shape[0])
-
-
 def _need(cond, message):
     if not cond:
         raise ValueError(message)
@@ -439,65 +439,22 @@ def sft_microbatch_loss(
     return loss, meta
 
 
-def sft_microbatch_train_step(
-    policy_log_probs, response_mask, gradient_accumulation_steps, normalize_constant=1.0
-):
-    """Seed 000 §4.2: sft_microbatch_loss, then backward(). Returns (detached loss, metadata)."""
-    loss, meta = sft_microbatch_loss(
-        policy_log_probs, response_mask, gradient_accumulation_steps, normalize_constant
-    )
-    loss.backward()
-    return loss.detach(), meta
-
-
 # ----------------------------------------------------------------------------- advantages
-def compute_group_normalized_rewards(
-    reward_fn,
-    rollout_responses,
-    repeated_ground_truths,
-    group_size,
-    advantage_eps,
-    normalize_by_std=None,
-    *,
-    normalized_by_std=None,
-    reward_dicts=None,
-):
-    """Group-normalised advantages for N = prompts x G responses, each group G consecutive rows:
+def group_normalized_advantages(rewards, group_size, advantage_eps, std_norm):
+    """Group-normalised advantages for N = prompts x G rewards (N,), each group G consecutive rows:
     A = (r - group mean) / (group std + eps) with the unbiased std, or r - group mean without the
-    std (Dr. GRPO; seed 001 spells the switch normalized_by_std). reward_fn returns a dict with
-    "reward" or a float; reward_dicts, if given, are its results already. Returns (advantages (N,),
-    raw rewards (N,), metadata)."""
-    if normalize_by_std is not None:
-        std_norm = normalize_by_std
-    else:
-        std_norm = normalized_by_std
-    n = len(rollout_responses)
-    _need(std_norm is not None, "compute_group_normalized_rewards needs normalize_by_std")
-    _need(
-        len(repeated_ground_truths) == n,
-        f"{n} responses but {len(repeated_ground_truths)} ground truths; repeat each G times",
-    )
+    std (Dr. GRPO). Returns (advantages (N,), metadata: the rewards' mean/std/max/min and the
+    fraction of groups whose rewards are all equal)."""
+    raw = torch.as_tensor(rewards, dtype=torch.float32)  # (N,)
+    n = len(raw)
     _need(
         group_size >= 1 and n % group_size == 0,
         f"group_size {group_size} does not divide the batch of {n} responses",
     )
     _need(
         not std_norm or group_size >= 2,
-        "normalize_by_std needs group_size >= 2 (the std of one sample is undefined)",
+        "normalising by the std needs group_size >= 2 (the std of one sample is undefined)",
     )
-    if reward_dicts is None:
-        reward_dicts = [reward_fn(r, g) for r, g in zip(rollout_responses, repeated_ground_truths)]
-    _need(
-        len(reward_dicts) == n,
-        f"{len(reward_dicts)} reward_dicts for {n} responses; pass one per response",
-    )
-    rewards = []
-    for d in reward_dicts:
-        if isinstance(d, dict):
-            rewards.append(float(d["reward"]))
-        else:
-            rewards.append(float(d))
-    raw = torch.tensor(rewards)  # (N,) float32
     grouped = raw.view(-1, group_size)  # (n_prompts, G)
     # Equal rewards carry no signal, but float32 leaves r - mean ~ 1e-8, and / eps that is a ~1e-2
     # advantage: Adam (scale-free) would take a full-size random step on it, so it is zeroed
@@ -508,157 +465,146 @@ def compute_group_normalized_rewards(
         adv = centered / (grouped.std(dim=1, keepdim=True) + advantage_eps)  # (n_prompts, G)
     else:
         adv = centered  # (n_prompts, G)
+    std = 0.0
+    if n > 1:
+        std = raw.std().item()
     meta = {  # seed 002's keys
         "mean": raw.mean().item(),
-        "std": raw.std().item() if n > 1 else 0.0,
+        "std": std,
         "max": raw.max().item(),
         "min": raw.min().item(),
         "frac_groups_zero_std": flat.float().mean().item(),
     }
-    return adv.reshape(-1), raw, meta
+    return adv.reshape(-1), meta
 
 
-def compute_group_normalized_advantages(
-    rollout_responses,
-    repeated_ground_truths,
-    reward_fn,
-    group_size,
-    advantage_eps,
-    normalize_by_std,
+# ----------------------------------------------------------------------------- policy-gradient loss
+@dataclasses.dataclass
+class LossSettings:
+    """The loss's hyperparameters, built once from the flags (grpo.loss_settings). A loss reads
+    the fields it uses; a new hyperparameter is a new field here and a flag of the same name."""
+
+    loss: str = "reinforce_with_baseline"  # a key of LOSSES
+    cliprange: float | None = None  # epsilon of the clipped losses (grpo_clip, gspo)
+    cliprange_high: float | None = None  # upper epsilon (DAPO clip-higher); None = cliprange
+    length_norm: str = "masked_mean"  # one of LENGTH_NORMS
+    normalize_constant: float | None = None  # masked_normalize's divisor
+    kl_beta: float = 0.0  # weight of the KL(pi || pi_ref) penalty
+    kl_estimator: str = "k3"  # one of KL_ESTIMATORS ("seq" is for monitoring: the penalty uses k3)
+
+    def __post_init__(self):
+        _need(self.loss in LOSSES, f"unknown loss {self.loss!r}; choose one of {LOSS_TYPES}")
+        _need(
+            self.length_norm in LENGTH_NORMS,
+            f"unknown length_norm {self.length_norm!r}; choose one of {LENGTH_NORMS}",
+        )
+        _need(
+            self.length_norm != "masked_normalize" or self.normalize_constant is not None,
+            "masked_normalize requires normalize_constant",
+        )
+        _need(
+            self.kl_estimator in KL_ESTIMATORS,
+            f"unknown kl estimator {self.kl_estimator!r}; choose one of {KL_ESTIMATORS}",
+        )
+        if self.cliprange_high is None:
+            self.cliprange_high = self.cliprange
+
+
+# Every loss takes the same inputs: log-probs (B, T), response_mask (B, T), advantages (B,) or
+# (B, 1), raw rewards (same), pi_old's log-probs (B, T) or None, and LossSettings; it uses what it
+# needs and returns (per-token loss (B, T), metadata of (B, T) tensors: "ratio", "clipped").
+def no_baseline_loss(
+    policy_log_probs, response_mask, advantages, raw_rewards, old_log_probs, settings
 ):
-    """Seed 002 §1.4.1's spelling: its argument order, a reward_fn returning a float, metadata
-    values as 0-d tensors."""
-    adv, raw, meta = compute_group_normalized_rewards(
-        reward_fn,
-        rollout_responses,
-        repeated_ground_truths,
-        group_size,
-        advantage_eps,
-        normalize_by_std,
-    )
-    return adv, raw, {k: torch.tensor(v) for k, v in meta.items()}
+    """Seed 000's no_baseline: -r log pi with the raw reward r."""
+    return _reinforce(raw_rewards, policy_log_probs, "raw_rewards"), {}
 
 
-# ----------------------------------------------------------------------------- per-token losses
-def compute_naive_policy_gradient_loss(raw_rewards_or_advantages, policy_log_probs):
-    """Per-token -A * log p: A (B, 1) or (B,), log p (B, T) -> (B, T)."""
-    a = _per_example(
-        raw_rewards_or_advantages, policy_log_probs.shape[0], "raw_rewards_or_advantages"
-    )
-    return -a.to(policy_log_probs.dtype) * policy_log_probs
-
-
-def compute_grpo_clip_loss(
-    advantages, policy_log_probs, old_log_probs, cliprange, *, cliprange_high=None
+def reinforce_with_baseline_loss(
+    policy_log_probs, response_mask, advantages, raw_rewards, old_log_probs, settings
 ):
-    """Per-token -min(r A, clip(r, 1 - eps, 1 + eps_high) A), r = exp(logp - old_logp), eps_high
-    defaulting to eps. A (B, 1) or (B,), log-probs (B, T) -> (loss (B, T), metadata): "clipped",
-    (B, T) bool, where the clip was active; "ratio", (B, T)."""
-    _check_2d("old_log_probs", old_log_probs, policy_log_probs.shape)
-    a = _per_example(advantages, policy_log_probs.shape[0], "advantages")
-    a = a.to(policy_log_probs.dtype)  # (B, 1)
-    if cliprange_high is None:
-        hi = cliprange
-    else:
-        hi = cliprange_high
-    ratio = torch.exp(policy_log_probs - old_log_probs)  # (B, T)
-    unclipped = ratio * a  # (B, T)
-    clipped = torch.clamp(ratio, 1.0 - cliprange, 1.0 + hi) * a  # (B, T)
-    loss = -torch.minimum(unclipped, clipped)
-    meta = {"clipped": (clipped < unclipped).detach(), "ratio": ratio.detach()}
-    return loss, meta
+    """-A log pi with the group-normalised advantage A."""
+    return _reinforce(advantages, policy_log_probs, "advantages"), {}
 
 
-def compute_loss(advantages, policy_log_probs, old_log_probs, clip_range):
-    """Seed 002 §1.4.2's name and spelling of compute_grpo_clip_loss: A (B,), log-probs (B, T)
-    -> (loss (B, T), metadata)."""
-    return compute_grpo_clip_loss(advantages, policy_log_probs, old_log_probs, clip_range)
+def grpo_clip_loss(
+    policy_log_probs, response_mask, advantages, raw_rewards, old_log_probs, settings
+):
+    """GRPO-Clip: -min(r A, clip(r, 1 - eps, 1 + eps_high) A), r = pi / pi_old per token."""
+    _need(settings.cliprange is not None, "grpo_clip requires cliprange")
+    return _clipped(
+        advantages, policy_log_probs, old_log_probs, settings.cliprange, settings.cliprange_high
+    )
 
 
-def compute_grpo_no_clip_loss(advantages, policy_log_probs, old_log_probs):
-    """Seed 001's GRPO-No-Clip: per-token -r A, i.e. GRPO-Clip with an infinite clip range
-    -> (loss (B, T), {"ratio"})."""
-    loss, meta = compute_grpo_clip_loss(advantages, policy_log_probs, old_log_probs, float("inf"))
+def grpo_no_clip_loss(
+    policy_log_probs, response_mask, advantages, raw_rewards, old_log_probs, settings
+):
+    """Seed 001's GRPO-No-Clip: -r A, i.e. GRPO-Clip with an infinite clip range."""
+    loss, meta = _clipped(advantages, policy_log_probs, old_log_probs, math.inf, math.inf)
     return loss, {"ratio": meta["ratio"]}
 
 
-def compute_gspo_loss(
-    advantages, policy_log_probs, old_log_probs, response_mask, cliprange, *, cliprange_high=None
-):
+def gspo_loss(policy_log_probs, response_mask, advantages, raw_rewards, old_log_probs, settings):
     """GSPO: per sequence s = exp(mean over its response tokens of (logp - old_logp)), clipped like
-    PPO; the sequence's loss is broadcast to its tokens. A (B, 1) or (B,), log-probs (B, T)
-    -> (loss (B, T), {"clipped", "ratio"} as (B, T))."""
+    GRPO-Clip; the sequence's loss is broadcast to its tokens."""
+    _need(settings.cliprange is not None, "gspo requires cliprange")
+    _need(old_log_probs is not None, "gspo requires old_log_probs")
     _check_2d("response_mask", response_mask, policy_log_probs.shape)
     _check_2d("old_log_probs", old_log_probs, policy_log_probs.shape)
     # (B, 1) response tokens per row; an empty row gives 0, not NaN gradients
     n = response_mask.bool().sum(-1, keepdim=True).clamp(min=1)
     log_ratio_sum = masked_normalize(policy_log_probs - old_log_probs, response_mask, 1.0, dim=-1)
     mean_log_ratio = log_ratio_sum[:, None] / n  # (B, 1)
-    loss_seq, meta = compute_grpo_clip_loss(
-        advantages,
-        mean_log_ratio,
-        torch.zeros_like(mean_log_ratio),
-        cliprange,
-        cliprange_high=cliprange_high,
-    )  # (B, 1)
+    zeros = torch.zeros_like(mean_log_ratio)  # (B, 1)
+    loss_seq, meta = _clipped(
+        advantages, mean_log_ratio, zeros, settings.cliprange, settings.cliprange_high
+    )
     loss = loss_seq.expand(policy_log_probs.shape)  # (B, T)
     token_meta = {k: v.expand(policy_log_probs.shape) for k, v in meta.items()}  # (B, T) each
     return loss, token_meta
 
 
-# loss_type -> (function, its positional arguments in order). A new loss is one function above and
-# one line here.
+def _reinforce(scores, policy_log_probs, name):
+    """Per-token -A * log p: A (B, 1) or (B,), log p (B, T) -> (B, T)."""
+    _need(scores is not None, f"this loss requires {name}")
+    a = _per_example(scores, policy_log_probs.shape[0], name)
+    return -a.to(policy_log_probs.dtype) * policy_log_probs
+
+
+def _clipped(advantages, policy_log_probs, old_log_probs, low, high):
+    """Per-token -min(r A, clip(r, 1 - low, 1 + high) A), r = exp(logp - old_logp). A (B, 1) or
+    (B,), log-probs (B, T) -> (loss (B, T), {"clipped": (B, T) bool where the clip was active,
+    "ratio": (B, T)})."""
+    _need(advantages is not None, "this loss requires advantages")
+    _need(old_log_probs is not None, "this loss requires old_log_probs (pi_old)")
+    _check_2d("old_log_probs", old_log_probs, policy_log_probs.shape)
+    a = _per_example(advantages, policy_log_probs.shape[0], "advantages")
+    a = a.to(policy_log_probs.dtype)  # (B, 1)
+    ratio = torch.exp(policy_log_probs - old_log_probs)  # (B, T)
+    unclipped = ratio * a  # (B, T)
+    clipped = torch.clamp(ratio, 1.0 - low, 1.0 + high) * a  # (B, T)
+    loss = -torch.minimum(unclipped, clipped)
+    meta = {"clipped": (clipped < unclipped).detach(), "ratio": ratio.detach()}
+    return loss, meta
+
+
+class Loss(NamedTuple):
+    fn: Callable  # the per-token loss, with the inputs above
+    needs_old: bool  # does it need pi_old (a ratio)?
+
+
+# A new loss is one function above and one line here (and, if it has a new hyperparameter, one
+# LossSettings field and one flag).
 LOSSES = {
-    "no_baseline": (compute_naive_policy_gradient_loss, ("raw_rewards", "policy_log_probs")),
-    "reinforce_with_baseline": (
-        compute_naive_policy_gradient_loss,
-        ("advantages", "policy_log_probs"),
-    ),
-    "grpo_clip": (
-        compute_grpo_clip_loss,
-        ("advantages", "policy_log_probs", "old_log_probs", "cliprange"),
-    ),
-    "grpo_no_clip": (
-        compute_grpo_no_clip_loss,
-        ("advantages", "policy_log_probs", "old_log_probs"),
-    ),
-    "gspo": (
-        compute_gspo_loss,
-        ("advantages", "policy_log_probs", "old_log_probs", "response_mask", "cliprange"),
-    ),
+    "no_baseline": Loss(no_baseline_loss, needs_old=False),
+    "reinforce_with_baseline": Loss(reinforce_with_baseline_loss, needs_old=False),
+    "grpo_clip": Loss(grpo_clip_loss, needs_old=True),
+    "grpo_no_clip": Loss(grpo_no_clip_loss, needs_old=True),
+    "gspo": Loss(gspo_loss, needs_old=True),
 }
 LOSS_TYPES = tuple(LOSSES)
-# the losses that need pi_old
-RATIO_LOSSES = tuple(k for k, (_, names) in LOSSES.items() if "old_log_probs" in names)
-
-
-def compute_policy_gradient_loss(
-    policy_log_probs,
-    loss_type,
-    raw_rewards=None,
-    advantages=None,
-    old_log_probs=None,
-    cliprange=None,
-    *,
-    cliprange_high=None,
-    response_mask=None,
-):
-    """The per-token loss of `loss_type` (seed 000 §7.2): returns (loss (B, T), metadata of (B, T)
-    tensors). LOSSES names the arguments each loss takes; they are picked from this call's
-    arguments by name."""
-    _need(loss_type in LOSSES, f"unknown loss_type {loss_type!r}; choose one of {LOSS_TYPES}")
-    fn, names = LOSSES[loss_type]
-    given = dict(locals())  # this call's arguments, by name
-    for name in names:
-        _need(given[name] is not None, f"loss_type {loss_type!r} requires {name}")
-    positional = [given[name] for name in names]
-    keywords = {}
-    if "cliprange" in names:  # a clipped loss also takes the upper clip range
-        keywords["cliprange_high"] = cliprange_high
-    out = fn(*positional, **keywords)
-    if isinstance(out, tuple):
-        return out
-    return out, {}  # a loss without metadata
+RATIO_LOSSES = tuple(name for name, loss in LOSSES.items() if loss.needs_old)
 
 
 # ------------------------------------------------------------------------ KL and rollout correction
@@ -745,51 +691,35 @@ def compute_rollout_is(
 def grpo_microbatch_loss(
     policy_log_probs,
     response_mask,
-    gradient_accumulation_steps,
-    loss_type,
-    raw_rewards=None,
-    advantages=None,
+    advantages,
+    raw_rewards,
+    settings,
     old_log_probs=None,
-    cliprange=None,
-    *,
-    cliprange_high=None,
-    length_norm="masked_mean",
-    normalize_constant=None,
     ref_log_probs=None,
-    kl_beta=0.0,
-    kl_estimator="k3",
     is_weights=None,
+    gradient_accumulation_steps=1,
+    step_tokens=None,
 ):
-    """Pure: the per-token PG loss (x the detached is_weights) (+ kl_beta * KL), reduced by
-    length_norm to this microbatch's share of the step's loss. Returns (loss, detached 0-d
-    metadata).
+    """Pure: the per-token loss settings.loss (x the detached is_weights) (+ kl_beta * KL), reduced
+    by settings.length_norm to this microbatch's share of the step's loss. Returns (loss, detached
+    0-d metadata).
 
     length_norm: masked_mean or masked_normalize (seed 002's two per-row reductions, then the batch
-    mean, / gradient_accumulation_steps), or token (DAPO: the sum / normalize_constant, which is the
-    step's response tokens, so each token's gradient is -A_i / N)."""
+    mean, / gradient_accumulation_steps), or token (DAPO: the sum / step_tokens, the optimizer
+    step's response tokens, so each token's gradient is -A_i / N; without step_tokens, this
+    microbatch's tokens x gradient_accumulation_steps stand in for them)."""
     _need(
         policy_log_probs.dim() == 2,
         f"policy_log_probs has shape {tuple(policy_log_probs.shape)}, expected (B, T)",
     )
     _check_2d("response_mask", response_mask, policy_log_probs.shape)
     _need(
-        length_norm in LENGTH_NORMS,
-        f"unknown length_norm {length_norm!r}; choose one of {LENGTH_NORMS}",
+        not settings.kl_beta or ref_log_probs is not None,
+        f"kl_beta={settings.kl_beta} requires ref_log_probs",
     )
-    _need(
-        length_norm != "masked_normalize" or normalize_constant is not None,
-        "masked_normalize requires normalize_constant",
-    )
-    _need(not kl_beta or ref_log_probs is not None, f"kl_beta={kl_beta} requires ref_log_probs")
-    per_token, loss_meta = compute_policy_gradient_loss(
-        policy_log_probs,
-        loss_type,
-        raw_rewards,
-        advantages,
-        old_log_probs,
-        cliprange,
-        cliprange_high=cliprange_high,
-        response_mask=response_mask,
+    loss_fn = LOSSES[settings.loss].fn
+    per_token, loss_meta = loss_fn(
+        policy_log_probs, response_mask, advantages, raw_rewards, old_log_probs, settings
     )  # (B, T)
     if is_weights is not None:
         _check_2d("is_weights", is_weights, policy_log_probs.shape)
@@ -797,24 +727,24 @@ def grpo_microbatch_loss(
     meta = {}
     if ref_log_probs is not None:
         # "seq" is a monitoring estimator: the per-token penalty uses k3
-        estimator = kl_estimator.replace("seq", "k3")
+        estimator = settings.kl_estimator.replace("seq", "k3")
         kl = compute_kl(policy_log_probs, ref_log_probs, estimator)  # (B, T)
         meta["kl"] = masked_mean(kl.detach(), response_mask)
-        if kl_beta:
-            per_token = per_token + kl_beta * kl
+        if settings.kl_beta:
+            per_token = per_token + settings.kl_beta * kl
     mask = response_mask.bool()
-    if length_norm == "token":
-        # DAPO: every token of the optimizer step weighs the same. Without normalize_constant,
-        # this microbatch's tokens x the accumulation steps stand in for the step's.
-        constant = normalize_constant or mask.sum().clamp(min=1) * gradient_accumulation_steps
+    if settings.length_norm == "token":
+        # DAPO: every token of the optimizer step weighs the same
+        constant = step_tokens or mask.sum().clamp(min=1) * gradient_accumulation_steps
         loss = masked_normalize(per_token, mask, constant)
     else:
         # per row: its mean (seed 002's masked_mean) or its sum / a constant (Dr. GRPO); then the
         # batch mean, / the accumulation steps
-        if length_norm == "masked_mean":
+        if settings.length_norm == "masked_mean":
             batch_mean = masked_mean_per_sequence(per_token, mask)
         else:
-            batch_mean = masked_normalize(per_token, mask, normalize_constant, dim=-1).mean()
+            row_sums = masked_normalize(per_token, mask, settings.normalize_constant, dim=-1)
+            batch_mean = row_sums.mean()
         loss = batch_mean / gradient_accumulation_steps
     if "clipped" in loss_meta:
         # a pass with no response token left clips nothing: 0, not NaN
@@ -829,6 +759,100 @@ def grpo_microbatch_loss(
     return loss, meta
 
 
+# ============================================================================= course spellings
+# The handouts' names and signatures for what the functions above do, each delegating to them.
+# Seed 000's own names and signatures are kept above where they are the project's too
+# (tokenize_prompt_and_output, compute_entropy, get_response_log_probs, masked_mean,
+# masked_normalize, which also takes seed 000's example spelling constant_normalizer=). Seed 002's
+# masked_mean (each row's mean, then the batch mean) is masked_mean_per_sequence above.
+def compute_group_normalized_rewards(
+    reward_fn,
+    rollout_responses,
+    repeated_ground_truths,
+    group_size,
+    advantage_eps,
+    normalize_by_std=None,
+    *,
+    normalized_by_std=None,
+):
+    """Seed 000 §7.2 (seed 001 spells the switch normalized_by_std): grade each response with
+    reward_fn (a dict with "reward", or a float), then group_normalized_advantages. Returns
+    (advantages (N,), raw rewards (N,), metadata)."""
+    std_norm = normalize_by_std
+    if std_norm is None:
+        std_norm = normalized_by_std
+    _need(std_norm is not None, "compute_group_normalized_rewards needs normalize_by_std")
+    n = len(rollout_responses)
+    _need(
+        len(repeated_ground_truths) == n,
+        f"{n} responses but {len(repeated_ground_truths)} ground truths; repeat each G times",
+    )
+    rewards = []
+    for response, truth in zip(rollout_responses, repeated_ground_truths):
+        result = reward_fn(response, truth)
+        if isinstance(result, dict):
+            rewards.append(float(result["reward"]))
+        else:
+            rewards.append(float(result))
+    raw = torch.tensor(rewards)  # (N,) float32
+    adv, meta = group_normalized_advantages(raw, group_size, advantage_eps, std_norm)
+    return adv, raw, meta
+
+
+def compute_group_normalized_advantages(
+    rollout_responses,
+    repeated_ground_truths,
+    reward_fn,
+    group_size,
+    advantage_eps,
+    normalize_by_std,
+):
+    """Seed 002 §1.4.1: its argument order, a reward_fn returning a float, metadata values as 0-d
+    tensors."""
+    adv, raw, meta = compute_group_normalized_rewards(
+        reward_fn,
+        rollout_responses,
+        repeated_ground_truths,
+        group_size,
+        advantage_eps,
+        normalize_by_std,
+    )
+    return adv, raw, {k: torch.tensor(v) for k, v in meta.items()}
+
+
+def compute_naive_policy_gradient_loss(raw_rewards_or_advantages, policy_log_probs):
+    """Seed 000: per-token -A * log p, A (B, 1) or (B,), log p (B, T) -> (B, T)."""
+    return _reinforce(raw_rewards_or_advantages, policy_log_probs, "raw_rewards_or_advantages")
+
+
+def compute_grpo_clip_loss(advantages, policy_log_probs, old_log_probs, cliprange):
+    """Seed 000: GRPO-Clip with one clip range -> (loss (B, T), {"clipped", "ratio"})."""
+    return _clipped(advantages, policy_log_probs, old_log_probs, cliprange, cliprange)
+
+
+def compute_loss(advantages, policy_log_probs, old_log_probs, clip_range):
+    """Seed 002 §1.4.2's name for compute_grpo_clip_loss: A (B,), log-probs (B, T)
+    -> (loss (B, T), metadata)."""
+    return _clipped(advantages, policy_log_probs, old_log_probs, clip_range, clip_range)
+
+
+def compute_policy_gradient_loss(
+    policy_log_probs,
+    loss_type,
+    raw_rewards=None,
+    advantages=None,
+    old_log_probs=None,
+    cliprange=None,
+):
+    """Seed 000 §7.2: the per-token loss of `loss_type` (any key of LOSSES) -> (loss (B, T),
+    metadata). With no response mask in this signature, gspo counts every token as a response
+    token."""
+    settings = LossSettings(loss=loss_type, cliprange=cliprange)
+    every_token = torch.ones_like(policy_log_probs, dtype=torch.bool)  # (B, T)
+    loss_fn = LOSSES[loss_type].fn
+    return loss_fn(policy_log_probs, every_token, advantages, raw_rewards, old_log_probs, settings)
+
+
 def grpo_microbatch_train_step(
     policy_log_probs,
     response_mask,
@@ -838,20 +862,34 @@ def grpo_microbatch_train_step(
     advantages=None,
     old_log_probs=None,
     cliprange=None,
-    **kwargs,
 ):
-    """Seed 000 §7.2: grpo_microbatch_loss (with its keyword options), then backward().
+    """Seed 000 §7.2: grpo_microbatch_loss with the per-sequence masked mean, then backward().
     Returns (detached loss, metadata)."""
+    settings = LossSettings(loss=loss_type, cliprange=cliprange)
     loss, meta = grpo_microbatch_loss(
         policy_log_probs,
         response_mask,
-        gradient_accumulation_steps,
-        loss_type,
-        raw_rewards,
         advantages,
-        old_log_probs,
-        cliprange,
-        **kwargs,
+        raw_rewards,
+        settings,
+        old_log_probs=old_log_probs,
+        gradient_accumulation_steps=gradient_accumulation_steps,
     )
     loss.backward()
     return loss.detach(), meta
+
+
+def sft_microbatch_train_step(
+    policy_log_probs, response_mask, gradient_accumulation_steps, normalize_constant=1.0
+):
+    """Seed 000 §4.2: sft_microbatch_loss, then backward(). Returns (detached loss, metadata)."""
+    loss, meta = sft_microbatch_loss(
+        policy_log_probs, response_mask, gradient_accumulation_steps, normalize_constant
+    )
+    loss.backward()
+    return loss.detach(), meta
+
+
+def masked_mean_drgrpo(tensor, mask, num_tokens):
+    """Seed 002's Dr. GRPO reduction: the sum over response tokens / (num_tokens * B), a scalar."""
+    return masked_normalize(tensor, mask, num_tokens * tensor.shape[0])

@@ -610,7 +610,7 @@ def train_step(model, tokenizer, optimizer, scheduler, pairs, args):
         # --shared-prefix: the rows' common prompt prefix (the template) runs once, up to the
         # first response label
         P = 0
-        if args.shared_prefix and len(mb) > 1:
+        if args.shared_prefix and shared_prefix_works(model) and len(mb) > 1:
             same_column = (input_ids == input_ids[:1]).all(0)  # (T,) every row equals row 0
             shared = int(same_column.long().cumprod(0).sum())  # leading columns all rows share
             first_label = int(mask.long().argmax(-1).min())  # earliest response token of a row
@@ -663,7 +663,11 @@ def make_engine(src, args, tokenizer, model, val_rows):
         # a context that fits the longest prompt and the budget
         longest = max(len(tokenizer(r["prompt"])["input_ids"]) for r in val_rows)
         engine_kw["max_model_len"] = longest + args.eval_max_tokens
-        share = args.gpu_memory_utilization or common.engine_share(args, model)
+        share = args.gpu_memory_utilization
+        if not share:
+            share = common.engine_share(
+                args.policy_device, args.vllm_device, args.param_dtype, args.sleep_engine, model
+            )
         engine_kw["gpu_memory_utilization"] = share
         sleep_mode = args.sleep_engine and args.vllm_device.startswith("cuda")
         engine_kw["enable_sleep_mode"] = sleep_mode
@@ -747,8 +751,9 @@ def main(argv=None):
     model = model.to(args.policy_device)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    if args.shared_prefix and not shared_prefix_works(model):
-        args.shared_prefix = False
+    # the runtime record: what this model allows, kept apart from the flags (runtime.json)
+    runtime = {"shared_prefix": bool(args.shared_prefix and shared_prefix_works(model))}
+    if args.shared_prefix and not runtime["shared_prefix"]:
         print(
             "notice: --shared-prefix off: "
             "this model's KV cache did not reproduce its plain log-probs"
@@ -790,6 +795,7 @@ def main(argv=None):
     )
     # the run starts here
     data.write_json_atomic(os.path.join(args.out, "args.json"), common.jsonable(vars(args)))
+    data.write_json_atomic(os.path.join(args.out, "runtime.json"), runtime)
     print(
         f"{len(pairs)} pairs, {steps} steps of {args.batch_size} "
         f"({args.gradient_accumulation_steps} microbatches), warmup {warmup}, "

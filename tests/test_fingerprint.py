@@ -38,7 +38,6 @@ import transformers
 
 import grader
 import grpo
-import losses
 from conftest import ROOT
 
 FOLDER = os.path.join(ROOT, "tests", "fingerprint")
@@ -87,18 +86,18 @@ KEPT_KEYS = [  # what batch.json keeps of collect's batch
 
 # ----------------------------------------------------------------------------- the frozen batch
 def parse(name, out):
-    """The run's args as grpo.main makes them: parse_args (which resolves sizes), setup_devices."""
+    """The run's args and runtime record as grpo.main makes them: parse_args (which resolves
+    sizes), setup_runtime."""
     flags = " ".join(BATCH_FLAGS + TRAIN_FLAGS + [CONFIGS.get(name, "")])
     args = grpo.parse_args(flags.split() + ["--out", out])
-    grpo.setup_devices(args)
-    return args
+    return args, grpo.setup_runtime(args)
 
 
 def sample_batch(out):
     """A new frozen batch: grpo.collect's first step with the vLLM engine, reduced to KEPT_KEYS."""
-    args = parse(None, out)
+    args, runtime = parse(None, out)
     train_rows, _ = grpo.load_data(args)
-    engine = grpo.make_engine(args.model, args)
+    engine = grpo.make_engine(args.model, args, runtime)
     batch, _ = grpo.collect(engine, train_rows, args, 0)
     return {key: batch[key] for key in KEPT_KEYS}
 
@@ -113,22 +112,12 @@ def shift_engine_log_probs(rows):
 
 
 def load_batch(args):
-    """batch.json as grpo.collect returns it: raw rewards and advantages by collect's own call."""
+    """batch.json as grpo.collect returns it, its advantages by grpo.summarize."""
     with open(BATCH_PATH) as f:
         batch = json.load(f)
-    raw = torch.tensor([d["reward"] for d in batch["rewards"]], dtype=torch.float32)  # (N,)
-    advantages, _, _ = losses.compute_group_normalized_rewards(
-        None,
-        batch["responses"],
-        batch["ground_truths"],
-        args.group_size,
-        args.advantage_eps,
-        args.std_norm,
-        reward_dicts=raw.tolist(),
-    )
-    batch["raw"] = raw
-    batch["raw_rewards"] = raw
-    batch["advantages"] = advantages
+    batch["raw"] = torch.tensor([d["reward"] for d in batch["rewards"]], dtype=torch.float32)
+    stats = {"generation_s": 0.0, "grading_s": 0.0, "prompts_sampled": 0, "groups_flat": 0}
+    grpo.summarize(batch, [stats], args)
     if args.rollout_is != "none":
         batch["engine_logprobs"] = shift_engine_log_probs(batch["engine_logprobs"])
     return batch
@@ -158,7 +147,7 @@ def fingerprint(name, out):
     """Two train_steps of configuration `name` on the frozen batch, on one CPU thread.
     -> {"flags", "shared_prefix" (as load_policy left it), "steps": [{"history", "metrics",
     "params_sha256"}, ...]}, passed through JSON as expected.json is."""
-    args = parse(name, out)
+    args, runtime = parse(name, out)
     batch = load_batch(args)
     threads = torch.get_num_threads()
     # a matmul's summation order follows the thread count. torch._C's own setter: once a vLLM engine
@@ -167,18 +156,16 @@ def fingerprint(name, out):
     assert torch.get_num_threads() == 1
     try:
         torch.manual_seed(args.seed)
-        policy, _, optimizer, ref_model, prev_model = grpo.build_learner(args)
+        learner = grpo.build_learner(args, runtime)
         steps = []
         for step in range(N_STEPS):
-            history, metrics = grpo.train_step(
-                policy, optimizer, batch, args, step, ref_model, prev_model
-            )
+            history, metrics = grpo.train_step(learner, batch, args, runtime, step)
             kept = {k: v for k, v in metrics.items() if not k.startswith("time/")}  # clocks vary
-            digest = params_sha256(policy)
+            digest = params_sha256(learner["policy"])
             steps.append({"history": history, "metrics": kept, "params_sha256": digest})
     finally:
         torch._C.set_num_threads(threads)
-    result = {"flags": CONFIGS[name], "shared_prefix": args.shared_prefix, "steps": steps}
+    result = {"flags": CONFIGS[name], "shared_prefix": runtime["shared_prefix"], "steps": steps}
     return json.loads(json.dumps(result))
 
 
@@ -235,7 +222,7 @@ def expected():
 
 def test_stored_rewards_are_the_graders(tmp_path):
     """batch.json's rewards are what the task's reward function gives its responses today."""
-    args = parse(None, str(tmp_path))
+    args, _ = parse(None, str(tmp_path))
     with open(BATCH_PATH) as f:
         batch = json.load(f)
     reward_fn = grader.REWARD_FNS[args.reward]
