@@ -1,9 +1,14 @@
-"""losses.py: hand-computed cases for every function and option, float64 gradchecks, and the
-chunked log-prob path checked against the naive full-vocab computation on the tiny HF model."""
+"""losses.py: hand-computed cases for every function and option, float64 gradchecks, the
+chunked log-prob path checked against the naive full-vocab computation on the tiny HF model, and
+the handouts' signatures (COURSE_API, the README's "Course API" table)."""
 
+import ast
 import copy
+import dataclasses
+import inspect
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -74,15 +79,15 @@ def test_masked_mean_and_normalize():
 
 
 def test_seed_length_normalization_example():
-    """Seed 000 §7.2 worked example (floats: an int tensor cannot require grad; the seed's
-    `constant_normalizer=` keyword is this module's `normalize_constant`)."""
+    """Seed 000 §7.2 worked example, with its `constant_normalizer=` spelling (floats: an int
+    tensor cannot require grad)."""
     ratio = torch.ones(2, 7, requires_grad=True)
     advs = torch.full((2, 7), 2.0)
     masks = T([[1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1]])
     max_gen_len = 7
     masked_mean_result = L.masked_mean(ratio * advs, masks, dim=1)
     masked_normalize_result = L.masked_normalize(
-        ratio * advs, masks, dim=1, normalize_constant=max_gen_len
+        ratio * advs, masks, dim=1, constant_normalizer=max_gen_len
     )
     close(masked_mean_result, [2.0, 2.0])
     close(masked_normalize_result, [1.1429, 2.0], 1e-4)
@@ -125,28 +130,37 @@ def test_compute_group_normalized_rewards():
     assert meta["max"] == 1.0
     adv, _, _ = L.compute_group_normalized_rewards(fn, resp, gts, 2, 1e-6, False)
     close(adv, [0.5, -0.5, 0.0, 0.0])
-
-    def boom(r, gt):
-        raise AssertionError("reward_fn must not run when reward_dicts is given")
-
-    reward_dicts = [fn(r, g) for r, g in zip(resp, gts)]
-    adv2, raw2, _ = L.compute_group_normalized_rewards(
-        boom, resp, gts, 2, 1e-6, False, reward_dicts=reward_dicts
-    )
-    close(adv2, adv)
-    close(raw2, raw)
-    # eight equal 0.1 rewards: the float32 mean != 0.1, yet the advantages must be exactly 0
-    # (no random Adam step)
-    flat = [{"reward": 0.1}] * 8
-    adv, _, meta = L.compute_group_normalized_rewards(
-        None, ["r"] * 8, ["x"] * 8, 8, 1e-6, True, reward_dicts=flat
-    )
-    assert torch.equal(adv, torch.zeros(8))
-    assert meta["frac_groups_zero_std"] == 1.0
     with pytest.raises(ValueError, match="does not divide"):
         L.compute_group_normalized_rewards(fn, resp[:3], gts[:3], 2, 1e-6, True)
     with pytest.raises(ValueError, match="ground truths"):
         L.compute_group_normalized_rewards(fn, resp, gts[:3], 2, 1e-6, True)
+
+
+def test_group_normalized_advantages():
+    """The trainers' function: the step's total rewards (N,) in, the same advantages and metadata
+    as the course spelling that grades them first."""
+    raw = T([1.0, 0.0, 0.5, 0.5])
+    s = 1 / math.sqrt(2)  # unbiased std of (1, 0)
+    adv, meta = L.group_normalized_advantages(raw, 2, 1e-6, True)
+    close(adv, [0.5 / (s + 1e-6), -0.5 / (s + 1e-6), 0.0, 0.0])
+    assert meta["frac_groups_zero_std"] == 0.5
+    adv, _ = L.group_normalized_advantages(raw, 2, 1e-6, False)
+    close(adv, [0.5, -0.5, 0.0, 0.0])
+    # eight equal 0.1 rewards: the float32 mean != 0.1, yet the advantages must be exactly 0
+    # (no random Adam step)
+    adv, meta = L.group_normalized_advantages(torch.full((8,), 0.1), 8, 1e-6, True)
+    assert torch.equal(adv, torch.zeros(8))
+    assert meta["frac_groups_zero_std"] == 1.0
+
+    def reward_fn(r, gt):
+        return {"reward": 0.1}
+
+    adv, _, _ = L.compute_group_normalized_rewards(reward_fn, ["r"] * 8, ["x"] * 8, 8, 1e-6, True)
+    assert torch.equal(adv, torch.zeros(8))
+    with pytest.raises(ValueError, match="does not divide"):
+        L.group_normalized_advantages(raw[:3], 2, 1e-6, True)
+    with pytest.raises(ValueError, match="group_size >= 2"):
+        L.group_normalized_advantages(raw, 1, 1e-6, True)
 
 
 def test_per_token_losses():
@@ -160,7 +174,10 @@ def test_per_token_losses():
     loss, meta = L.compute_grpo_clip_loss(a, lp, old, 0.2)
     close(loss, [[-1.2, -0.5, -1.0], [1.5, 0.8, 1.0]])
     assert meta["clipped"].tolist() == [[True, False, False], [False, True, False]]
-    loss, _ = L.compute_grpo_clip_loss(a, lp, old, 0.2, cliprange_high=0.4)  # DAPO clip-higher
+    mask = torch.ones(2, 3)
+    # DAPO clip-higher
+    settings = L.LossSettings(loss="grpo_clip", cliprange=0.2, cliprange_high=0.4)
+    loss, _ = L.grpo_clip_loss(lp, mask, a, None, old, settings)
     close(loss, [[-1.4, -0.5, -1.0], [1.5, 0.8, 1.0]])
     loss, meta = L.compute_policy_gradient_loss(lp, "grpo_no_clip", advantages=a, old_log_probs=old)
     close(loss, [[-1.5, -0.5, -1.0], [1.5, 0.5, 1.0]])
@@ -168,9 +185,8 @@ def test_per_token_losses():
     # to the tokens
     lp = T([[0.2, 0.4, 9.0], [-0.1, -0.1, 0.0]])
     mask = T([[1, 1, 0], [1, 1, 1]])
-    loss, meta = L.compute_policy_gradient_loss(
-        lp, "gspo", advantages=a, old_log_probs=torch.zeros(2, 3), cliprange=0.2, response_mask=mask
-    )
+    settings = L.LossSettings(loss="gspo", cliprange=0.2)
+    loss, meta = L.gspo_loss(lp, mask, a, None, torch.zeros(2, 3), settings)
     s2 = math.exp(-0.2 / 3)
     close(loss, [[-1.2] * 3, [s2] * 3])
     assert meta["clipped"][:, 0].tolist() == [True, False]
@@ -204,17 +220,16 @@ def test_compute_kl():
     [
         ("no_baseline", {}, "raw_rewards"),
         ("reinforce_with_baseline", {}, "advantages"),
-        ("grpo_clip", {"advantages": torch.ones(2, 1)}, "old_log_probs"),
+        ("grpo_clip", {"advantages": torch.ones(2, 1), "cliprange": 0.2}, "old_log_probs"),
         (
             "grpo_clip",
             {"advantages": torch.ones(2, 1), "old_log_probs": torch.zeros(2, 3)},
             "cliprange",
         ),
-        ("grpo_no_clip", {"advantages": torch.ones(2, 1)}, "old_log_probs"),
         (
             "gspo",
-            {"advantages": torch.ones(2, 1), "old_log_probs": torch.zeros(2, 3), "cliprange": 0.2},
-            "response_mask",
+            {"advantages": torch.ones(2, 1), "old_log_probs": torch.zeros(2, 3)},
+            "cliprange",
         ),
     ],
 )
@@ -226,26 +241,34 @@ def test_policy_gradient_loss_missing_args(loss_type, kwargs, missing):
 def test_shape_and_option_errors():
     lp = torch.zeros(2, 3, requires_grad=True)
     m = torch.ones(2, 3)
-    with pytest.raises(ValueError, match="unknown loss_type"):
+    with pytest.raises(ValueError, match="unknown loss 'ppo'"):
         L.compute_policy_gradient_loss(lp, "ppo")
     with pytest.raises(ValueError, match="advantages has shape"):
         L.compute_policy_gradient_loss(lp, "reinforce_with_baseline", advantages=torch.ones(3, 1))
     with pytest.raises(ValueError, match="old_log_probs has shape"):
         L.compute_grpo_clip_loss(torch.ones(2, 1), lp, torch.zeros(2, 4), 0.2)
+    with pytest.raises(ValueError, match="unknown loss 'ppo'"):
+        L.LossSettings(loss="ppo")
+    with pytest.raises(ValueError, match="unknown length_norm"):
+        L.LossSettings(length_norm="sum")
+    with pytest.raises(ValueError, match="requires normalize_constant"):
+        L.LossSettings(length_norm="masked_normalize")
+    with pytest.raises(ValueError, match="unknown kl estimator"):
+        L.LossSettings(kl_estimator="k4")
 
-    def step(mask=m, **kw):
-        return L.grpo_microbatch_train_step(
-            lp, mask, 1, "no_baseline", raw_rewards=torch.ones(2, 1), **kw
+    def loss(mask=m, **settings):
+        return L.grpo_microbatch_loss(
+            lp, mask, None, torch.ones(2, 1), L.LossSettings(loss="no_baseline", **settings)
         )
 
-    with pytest.raises(ValueError, match="unknown length_norm"):
-        step(length_norm="sum")
-    with pytest.raises(ValueError, match="requires normalize_constant"):
-        step(length_norm="masked_normalize")
     with pytest.raises(ValueError, match="requires ref_log_probs"):
-        step(kl_beta=0.1)
+        loss(kl_beta=0.1)
     with pytest.raises(ValueError, match="response_mask has shape"):
-        step(mask=torch.ones(2, 4))
+        loss(mask=torch.ones(2, 4))
+    with pytest.raises(ValueError, match="response_mask has shape"):
+        L.grpo_microbatch_train_step(
+            lp, torch.ones(2, 4), 1, "no_baseline", raw_rewards=torch.ones(2, 1)
+        )
 
 
 @pytest.mark.parametrize(
@@ -256,41 +279,41 @@ def test_shape_and_option_errors():
         ("token", None, -1 / 6, 2 / 6),  # -A_b / (n_total * gas)
     ],
 )
-def test_grpo_microbatch_train_step_length_norms(length_norm, const, g0, g1):
+def test_grpo_microbatch_loss_length_norms(length_norm, const, g0, g1):
     lp = T([[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]], requires_grad=True)
     mask = T([[1, 1, 0], [1, 0, 0]])
     adv = T([[1.0], [-2.0]])
-    loss, meta = L.grpo_microbatch_train_step(
-        lp,
-        mask,
-        2,
-        "reinforce_with_baseline",
-        advantages=adv,
-        length_norm=length_norm,
-        normalize_constant=const,
+    settings = L.LossSettings(
+        loss="reinforce_with_baseline", length_norm=length_norm, normalize_constant=const
     )
+    loss, meta = L.grpo_microbatch_loss(
+        lp, mask, adv, None, settings, gradient_accumulation_steps=2
+    )
+    loss.backward()
     close(lp.grad, [[g0, g0, 0.0], [g1, 0.0, 0.0]])
     close(loss, (lp.grad * lp.detach()).sum())  # the loss is linear in log-probs here
     assert meta["num_response_tokens"] == 3
+    if length_norm == "masked_mean":
+        # seed 000's train step: this norm, then the backward
+        lp.grad = None
+        seed_loss, _ = L.grpo_microbatch_train_step(
+            lp, mask, 2, "reinforce_with_baseline", advantages=adv
+        )
+        close(seed_loss, loss)
+        close(lp.grad, [[g0, g0, 0.0], [g1, 0.0, 0.0]])
 
 
-def test_grpo_microbatch_train_step_clip_kl_and_empty_rows():
+def test_grpo_microbatch_loss_clip_kl_and_empty_rows():
     lp = torch.log(T([[1.5, 0.5, 1.0], [1.0, 1.0, 1.0]])).requires_grad_()
     old = torch.zeros(2, 3)
     ref = torch.zeros(2, 3)
     mask = T([[1, 1, 1], [0, 0, 0]])  # row 1 empty
-    loss, meta = L.grpo_microbatch_train_step(
-        lp,
-        mask,
-        1,
-        "grpo_clip",
-        advantages=T([1.0, 1.0]),
-        old_log_probs=old,
-        cliprange=0.2,
-        ref_log_probs=ref,
-        kl_beta=0.5,
-        kl_estimator="k1",
+    adv = T([1.0, 1.0])
+    settings = L.LossSettings(loss="grpo_clip", cliprange=0.2, kl_beta=0.5, kl_estimator="k1")
+    loss, meta = L.grpo_microbatch_loss(
+        lp, mask, adv, None, settings, old_log_probs=old, ref_log_probs=ref
     )
+    loss.backward()
     assert torch.isfinite(loss)
     assert torch.isfinite(lp.grad).all()
     close(meta["clip_fraction"], 1 / 3)
@@ -306,17 +329,11 @@ def test_grpo_microbatch_train_step_clip_kl_and_empty_rows():
     # a reference 100 nats away: k3 overflows; monitored only (kl_beta 0), it stays out of the loss
     far = torch.full((2, 3), 100.0)
     lp.grad = None
-    loss, meta = L.grpo_microbatch_train_step(
-        lp,
-        mask,
-        1,
-        "grpo_clip",
-        advantages=T([1.0, 1.0]),
-        old_log_probs=old,
-        cliprange=0.2,
-        ref_log_probs=far,
-        kl_beta=0.0,
+    settings = L.LossSettings(loss="grpo_clip", cliprange=0.2, kl_beta=0.0)
+    loss, meta = L.grpo_microbatch_loss(
+        lp, mask, adv, None, settings, old_log_probs=old, ref_log_probs=far
     )
+    loss.backward()
     assert torch.isfinite(loss)
     assert torch.isfinite(lp.grad).all()
     assert not torch.isfinite(meta["kl"])
@@ -336,17 +353,7 @@ def test_gradcheck_losses_float64():
         return L.compute_naive_policy_gradient_loss(adv, x)
 
     def grpo_clip(x):
-        return L.compute_grpo_clip_loss(adv, x, old, 0.2, cliprange_high=0.3)[0]
-
-    def grpo_no_clip(x):
-        return L.compute_policy_gradient_loss(x, "grpo_no_clip", advantages=adv, old_log_probs=old)[
-            0
-        ]
-
-    def gspo(x):
-        return L.compute_policy_gradient_loss(
-            x, "gspo", advantages=adv, old_log_probs=old, cliprange=0.2, response_mask=mask
-        )[0]
+        return L.compute_grpo_clip_loss(adv, x, old, 0.2)[0]
 
     def mean_rows(x):
         return L.masked_mean(x, mask, dim=1)
@@ -354,8 +361,12 @@ def test_gradcheck_losses_float64():
     def normalize_columns(x):
         return L.masked_normalize(x, mask, 3.0, dim=0)
 
-    functions = [naive, grpo_clip, grpo_no_clip, gspo, mean_rows, normalize_columns]
+    functions = [naive, grpo_clip, mean_rows, normalize_columns]
     functions.append(L.compute_entropy)
+    for name, loss in L.LOSSES.items():
+        # clip-higher where the loss clips
+        settings = L.LossSettings(loss=name, cliprange=0.2, cliprange_high=0.3)
+        functions.append(lambda x, fn=loss.fn, s=settings: fn(x, mask, adv, adv, old, s)[0])
     for k in ("k1", "k2", "k3"):
         functions.append(lambda x, k=k: L.compute_kl(x, ref, k))
     for fn in functions:
@@ -437,7 +448,7 @@ def test_get_response_log_probs_bf16_and_errors(tiny):
 
 # ------------------------------------------------------- issue fixes, checked at the gradient level
 def test_token_norm_divides_by_the_whole_optimizer_step():
-    """DAPO: with normalize_constant = N_step, every response token's log-prob gets the gradient
+    """DAPO: with step_tokens = N_step, every response token's log-prob gets the gradient
     -A_i / N_step, whatever microbatch it sits in (two microbatches of 3 and 9 tokens,
     N_step = 12)."""
     a1 = T([[1.5]])
@@ -446,47 +457,111 @@ def test_token_norm_divides_by_the_whole_optimizer_step():
     m1 = T([[1, 1, 1, 0, 0]])  # 3 tokens
     lp2 = torch.zeros(2, 5, requires_grad=True)
     m2 = T([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])  # 9 tokens
+    settings = L.LossSettings(loss="reinforce_with_baseline", length_norm="token")
     for lp, m, a in [(lp1, m1, a1), (lp2, m2, a2)]:
-        L.grpo_microbatch_train_step(
-            lp,
-            m,
-            2,
-            "reinforce_with_baseline",
-            advantages=a,
-            length_norm="token",
-            normalize_constant=12,
+        loss, _ = L.grpo_microbatch_loss(
+            lp, m, a, None, settings, gradient_accumulation_steps=2, step_tokens=12
         )
+        loss.backward()
     close(lp1.grad, -a1 / 12 * m1)
     close(lp2.grad, -a2 / 12 * m2)
 
 
-def test_loss_table_owns_every_fact():
-    assert L.RATIO_LOSSES == ("grpo_clip", "grpo_no_clip", "gspo")
-    assert set(L.LOSS_TYPES) == set(L.LOSSES)
-    lp = torch.log(T([[1.5, 0.5]]))
-    old = torch.zeros(1, 2)
-    a = T([1.0])
-    close(
-        L.compute_policy_gradient_loss(lp, "grpo_no_clip", advantages=a, old_log_probs=old)[0],
-        L.compute_grpo_no_clip_loss(a, lp, old)[0],
-    )
+def test_the_loss_table_owns_which_losses_need_pi_old():
+    """RATIO_LOSSES is derived from LOSSES, and the losses agree with it: each ratio loss refuses a
+    missing pi_old with a one-line error, the others do not read it."""
+    want = []
+    for name, loss in L.LOSSES.items():
+        if loss.needs_old:
+            want.append(name)
+    assert L.RATIO_LOSSES == tuple(want)
+    assert L.LOSS_TYPES == tuple(L.LOSSES)
+    lp = torch.log(T([[1.5, 0.5]])).requires_grad_()
     mask = T([[1, 1]])
-    close(
-        L.compute_policy_gradient_loss(
-            lp, "gspo", advantages=a, old_log_probs=old, cliprange=0.2, response_mask=mask
-        )[0],
-        L.compute_gspo_loss(a, lp, old, mask, 0.2)[0],
+    a = T([1.0])
+    for name in L.RATIO_LOSSES:
+        settings = L.LossSettings(loss=name, cliprange=0.2)
+        with pytest.raises(ValueError, match="old_log_probs") as error:
+            L.grpo_microbatch_loss(lp, mask, a, a, settings, old_log_probs=None)
+        assert "\n" not in str(error.value)
+    for name, loss in L.LOSSES.items():
+        if not loss.needs_old:
+            settings = L.LossSettings(loss=name)
+            without, _ = loss.fn(lp, mask, a, a, None, settings)
+            with_old, _ = loss.fn(lp, mask, a, a, torch.zeros(1, 2), settings)
+            close(without, with_old)
+
+
+@pytest.mark.parametrize("name", L.LOSS_TYPES)
+def test_every_loss_takes_the_same_inputs(name):
+    """One set of inputs for every loss: a (B, T) per-token loss, a finite (B, T) gradient through
+    grpo_microbatch_loss (pure: the caller owns the backward), and compute_policy_gradient_loss's
+    seed spelling dispatching to it (every token a response token)."""
+    torch.manual_seed(0)
+    lp = (torch.randn(3, 4) * 0.3).requires_grad_()
+    old = torch.randn(3, 4) * 0.3
+    mask = T([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]])  # row 2 empty
+    adv = T([1.0, -0.5, 2.0])
+    raw = T([1.0, 0.0, 1.0])
+    settings = L.LossSettings(loss=name, cliprange=0.2)
+    per_token, meta = L.LOSSES[name].fn(lp, mask, adv, raw, old, settings)
+    assert per_token.shape == (3, 4)
+    for value in meta.values():
+        assert value.shape == (3, 4)
+    loss, _ = L.grpo_microbatch_loss(lp, mask, adv, raw, settings, old_log_probs=old)
+    assert loss.dim() == 0
+    assert loss.requires_grad
+    assert lp.grad is None  # no backward happened
+    loss.backward()
+    assert lp.grad.shape == (3, 4)
+    assert torch.isfinite(lp.grad).all()
+    assert lp.grad[~mask.bool()].abs().sum() == 0  # prompt, padding and the empty row: none
+    every_token = torch.ones(3, 4)
+    seed, _ = L.compute_policy_gradient_loss(lp, name, raw, adv, old, 0.2)
+    close(seed, L.LOSSES[name].fn(lp, every_token, adv, raw, old, settings)[0])
+
+
+@pytest.mark.parametrize("name", L.RATIO_LOSSES)
+def test_ratio_losses_on_policy_are_reinforce(name):
+    """At pi = pi_old every ratio is 1: each ratio loss's gradient is REINFORCE's, -A / n_i per
+    response token under the masked mean."""
+    lp = T([[-1.0, -2.0, -3.0], [-0.5, -0.5, -0.5]], requires_grad=True)
+    mask = T([[1, 1, 0], [1, 1, 1]])
+    adv = T([1.0, -2.0])
+    settings = L.LossSettings(loss=name, cliprange=0.2)
+    loss, meta = L.grpo_microbatch_loss(lp, mask, adv, None, settings, old_log_probs=lp.detach())
+    loss.backward()
+    close(lp.grad, [[-1 / 2 / 2, -1 / 2 / 2, 0.0], [2 / 3 / 2] * 3])
+    close(meta["ratio_mean"], 1.0)
+
+
+def test_a_new_loss_is_one_function_and_one_table_line(monkeypatch):
+    """The extension point: a loss with its own hyperparameter (a field of a LossSettings subclass),
+    registered in LOSSES, trains through grpo_microbatch_loss like the built-in ones."""
+
+    @dataclasses.dataclass
+    class CappedSettings(L.LossSettings):
+        ratio_cap: float = 2.0  # the new loss's hyperparameter
+
+    def capped_ratio_loss(
+        policy_log_probs, response_mask, advantages, raw_rewards, old_log_probs, settings
+    ):
+        """-min(r, cap) A per token, r = pi / pi_old."""
+        ratio = torch.exp(policy_log_probs - old_log_probs)  # (B, T)
+        capped = torch.clamp(ratio, max=settings.ratio_cap)  # (B, T)
+        return -capped * advantages[:, None], {"ratio": ratio.detach()}
+
+    monkeypatch.setitem(L.LOSSES, "mine", L.Loss(capped_ratio_loss, needs_old=True))
+    settings = CappedSettings(loss="mine", ratio_cap=2.0)
+    lp = torch.log(T([[1.5, 3.0, 1.0]])).requires_grad_()  # old = 0: the ratios are 1.5, 3, 1
+    mask = T([[1, 1, 0]])
+    loss, meta = L.grpo_microbatch_loss(
+        lp, mask, T([1.0]), None, settings, old_log_probs=torch.zeros(1, 3)
     )
-    loss, _ = L.grpo_microbatch_loss(
-        lp.clone().requires_grad_(),
-        mask,
-        1,
-        "grpo_clip",
-        advantages=a,
-        old_log_probs=old,
-        cliprange=0.2,
-    )
-    assert loss.requires_grad  # pure: no backward happened, the caller owns it
+    loss.backward()
+    close(loss, -(1.5 + 2.0) / 2)  # the masked mean of -min(r, 2) over two tokens
+    close(lp.grad, [[-1.5 / 2, 0.0, 0.0]])  # d(-r) / d log p = -r; the capped token has none
+    close(meta["ratio_max"], 3.0)
 
 
 def test_seed_spellings():
@@ -567,15 +642,10 @@ def test_seed_002_api():
         return L.masked_mean_drgrpo(t, m, 6)
 
     for norm, reduce in [("masked_mean", per_sequence), ("masked_normalize", drgrpo)]:
-        got, _ = L.grpo_microbatch_loss(
-            lp,
-            m,
-            4,
-            "reinforce_with_baseline",
-            advantages=adv,
-            length_norm=norm,
-            normalize_constant=6,
+        settings = L.LossSettings(
+            loss="reinforce_with_baseline", length_norm=norm, normalize_constant=6
         )
+        got, _ = L.grpo_microbatch_loss(lp, m, adv, None, settings, gradient_accumulation_steps=4)
         close(got, reduce(-adv[:, None] * lp) / 4)
 
 
@@ -616,17 +686,13 @@ def test_rollout_is_tis_and_mis_on_a_hand_made_batch():
     # TIS weights scale each token's gradient and carry none themselves
     w, _ = L.compute_rollout_is(old, mu, mask, "tis", cap=2.0)
     lp = old.clone().requires_grad_()
-    L.grpo_microbatch_train_step(
-        lp,
-        mask,
-        1,
-        "reinforce_with_baseline",
-        advantages=T([1.0, 1.0]),
-        length_norm="token",
-        normalize_constant=5,
-        is_weights=w.requires_grad_(),
+    settings = L.LossSettings(loss="reinforce_with_baseline", length_norm="token")
+    loss, _ = L.grpo_microbatch_loss(
+        lp, mask, T([1.0, 1.0]), None, settings, is_weights=w.requires_grad_(), step_tokens=5
     )
+    loss.backward()
     close(lp.grad[mask], -w.detach()[mask] / 5)
+    assert w.grad is None  # the weights are detached
 
 
 def test_mis_weights_kept_tokens_by_their_ratio():
@@ -640,16 +706,11 @@ def test_mis_weights_kept_tokens_by_their_ratio():
     w, _ = L.compute_rollout_is(old, mu, mask, "mis", cap=2.0)
     close(w, [[1.8, 0.4, 0.0]])
     lp = old.clone().requires_grad_()
-    L.grpo_microbatch_train_step(
-        lp,
-        mask,
-        1,
-        "reinforce_with_baseline",
-        advantages=T([1.0]),
-        length_norm="token",
-        normalize_constant=3,
-        is_weights=w,
+    settings = L.LossSettings(loss="reinforce_with_baseline", length_norm="token")
+    loss, _ = L.grpo_microbatch_loss(
+        lp, mask, T([1.0]), None, settings, is_weights=w, step_tokens=3
     )
+    loss.backward()
     close(lp.grad, [[-1.8 / 3, -0.4 / 3, 0.0]])
 
 
@@ -874,3 +935,176 @@ def test_shared_prefix_is_off_for_sliding_window_attention():
             max_window_layers=0,
         )
         assert L.shared_prefix_works(Qwen2ForCausalLM(cfg)) == works
+
+
+# ----------------------------------------------------------------------------- course signatures
+# The handouts' functions as the handouts write them: (function, seed and section, its name in
+# losses.py, its parameters). The README's "Course API" table lists the same rows.
+COURSE_API = [
+    (
+        "tokenize_prompt_and_output",
+        "000 §4.2",
+        "tokenize_prompt_and_output",
+        "prompt_strs, output_strs, tokenizer",
+    ),
+    ("compute_entropy", "000 §4.2", "compute_entropy", "logits"),
+    (
+        "get_response_log_probs",
+        "000 §4.2",
+        "get_response_log_probs",
+        "model, input_ids, labels, return_token_entropy=False",
+    ),
+    (
+        "masked_normalize",
+        "000 §4.2",
+        "masked_normalize",
+        "tensor, mask, normalize_constant, dim=None",
+    ),
+    (
+        "sft_microbatch_train_step",
+        "000 §4.2",
+        "sft_microbatch_train_step",
+        "policy_log_probs, response_mask, gradient_accumulation_steps, normalize_constant=1.0",
+    ),
+    (
+        "compute_group_normalized_rewards",
+        "000 §7.2",
+        "compute_group_normalized_rewards",
+        "reward_fn, rollout_responses, repeated_ground_truths, group_size, advantage_eps, "
+        "normalize_by_std",
+    ),
+    (
+        "compute_group_normalized_rewards",
+        "001 §5.2",
+        "compute_group_normalized_rewards",
+        "reward_fn, rollout_responses, repeated_ground_truths, group_size, advantage_eps, "
+        "normalized_by_std",
+    ),
+    (
+        "compute_naive_policy_gradient_loss",
+        "000 §7.2",
+        "compute_naive_policy_gradient_loss",
+        "raw_rewards_or_advantages, policy_log_probs",
+    ),
+    (
+        "compute_grpo_clip_loss",
+        "000 §7.2",
+        "compute_grpo_clip_loss",
+        "advantages, policy_log_probs, old_log_probs, cliprange",
+    ),
+    (
+        "compute_policy_gradient_loss",
+        "000 §7.2",
+        "compute_policy_gradient_loss",
+        "policy_log_probs, loss_type, raw_rewards=None, advantages=None, old_log_probs=None, "
+        "cliprange=None",
+    ),
+    ("masked_mean", "000 §7.2", "masked_mean", "tensor, mask, dim=None"),
+    (
+        "grpo_microbatch_train_step",
+        "000 §7.2",
+        "grpo_microbatch_train_step",
+        "policy_log_probs, response_mask, gradient_accumulation_steps, loss_type, "
+        "raw_rewards=None, advantages=None, old_log_probs=None, cliprange=None",
+    ),
+    (
+        "compute_group_normalized_advantages",
+        "002 §1.4.1",
+        "compute_group_normalized_advantages",
+        "rollout_responses, repeated_ground_truths, reward_fn, group_size, advantage_eps, "
+        "normalize_by_std",
+    ),
+    (
+        "compute_loss",
+        "002 §1.4.2",
+        "compute_loss",
+        "advantages, policy_log_probs, old_log_probs, clip_range",
+    ),
+    ("masked_mean", "002 §1.4, Task 5", "masked_mean_per_sequence", "tensor, mask"),
+    ("masked_mean_drgrpo", "002 §1.4, Task 5", "masked_mean_drgrpo", "tensor, mask, num_tokens"),
+]
+
+
+def handout_parameters(params):
+    """[(name, default)] of a parameter list as written ("x, dim=None"); inspect's `empty` where
+    it has no default."""
+    args = ast.parse(f"def f({params}): pass").body[0].args
+    names = [a.arg for a in args.args]
+    defaults = [inspect.Parameter.empty] * (len(names) - len(args.defaults))
+    for node in args.defaults:
+        defaults.append(ast.literal_eval(node))
+    return list(zip(names, defaults))
+
+
+def course_section():
+    """The names of the functions losses.py defines in its marked "course spellings" section."""
+    source = inspect.getsource(L)
+    banner = source.index("course spellings\n")
+    first_line = source[:banner].count("\n") + 1
+    names = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and node.lineno > first_line:
+            names.append(node.name)
+    return names
+
+
+def readme_course_rows():
+    """The rows (lists of cells) of the README's "Course API" table, without the header."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    section = readme.split("\n## Course API\n", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.split("\n"):
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows[2:]  # the header and the |---| line
+
+
+@pytest.mark.parametrize("handout,seed,ours,params", COURSE_API)
+def test_course_signatures(handout, seed, ours, params):
+    """Every call the handout's signature allows works on ours: the handout's parameters come
+    first, in order, under its names (seed 001's normalized_by_std: a keyword-only second spelling
+    at that place), with its defaults; our further parameters are optional."""
+    signature = inspect.signature(getattr(L, ours))
+    positional = []
+    for p in signature.parameters.values():
+        if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD:
+            positional.append(p)
+    wanted = handout_parameters(params)
+    assert len(positional) >= len(wanted), f"{ours}{signature} lacks parameters of {params}"
+    for i, (name, default) in enumerate(wanted):
+        ours_p = positional[i]
+        if ours_p.name != name:
+            ours_p = signature.parameters.get(name)
+            assert ours_p is not None, f"{ours}{signature}: no parameter {name} ({seed})"
+            assert ours_p.kind == inspect.Parameter.KEYWORD_ONLY, f"{ours}: {name} out of place"
+        if default is not inspect.Parameter.empty:
+            assert ours_p.default == default, f"{ours}: {name} defaults to {ours_p.default!r}"
+    for p in list(signature.parameters.values())[len(wanted) :]:
+        assert p.default is not inspect.Parameter.empty, (
+            f"{ours}: extra parameter {p.name} needs a default"
+        )
+
+
+def test_readme_course_api_table_is_the_pinned_one():
+    """The README's table lists COURSE_API's rows, and its last column tells the truth: "the
+    project's own" for a function above losses.py's course section, else a function of the section
+    that calls the first name given."""
+    rows = readme_course_rows()
+    listed = []
+    for handout, seed, ours, params in COURSE_API:
+        listed.append([f"`{handout}({params})`", seed, f"`{ours}`"])
+    assert [row[:3] for row in rows] == listed
+    section = course_section()
+    for row in rows:
+        ours = row[2].strip("`")
+        delegate = row[3]
+        if delegate == "the project's own":
+            assert ours not in section
+        else:
+            assert ours in section
+            first = re.match(r"`(\w+)`", delegate).group(1)
+            assert hasattr(L, first)
+            assert first in inspect.getsource(getattr(L, ours))
+    # every function of the course section is in the table
+    assert set(section) <= {row[2].strip("`") for row in rows}
