@@ -1,14 +1,17 @@
 """GRPO with verifiable rewards: the training loop of seed 000 §7 (Algorithm 2), one flat loop.
 
 Each step of `main`:
-  rollout + reward  `collect`: G engine samples per question -> grades -> group-normalised
-                    advantages
+  rollout + reward  `collect`: G engine samples per question -> grades
+  advantage         `summarize`: group-normalised advantages and the batch's metrics, once per
+                    step (grpo_ray.py calls it on its generators' joined shards)
   (eval)            every --eval-every steps, greedy, on the engine's weights
   train             `train_step`: pi_old by a no-grad pass when a ratio needs it, then epochs x
                     train batches x microbatches, gradient clipping, AdamW; log
   save, sync        a checkpoint every --save-every steps; the new weights into the engine
 grpo_ray.py runs the same collect and train_step in Ray actors. Without --model this is the offline
-demo: the embedded model on CPU.
+demo: the embedded model on CPU. The flags are read-only after `resolve`; what this process decides
+at run time (devices, dtypes, whether the model allows --shared-prefix) is the runtime record
+(`setup_runtime`), saved as runtime.json next to args.json.
 
 Departures from the seeds (their settings, and ours, are in PROFILES):
 - trains on the engine's own tokens, scored at its temperature and with its min_tokens ban;
@@ -450,8 +453,13 @@ def resolve(args):
     )
     # pi_old by a no-grad pass (seed 000 asks for it on-policy too)
     args.needs_old = losses.LOSSES[args.loss].needs_old or args.rollout_is != "none"
+    check_settings(args)
+    return args
 
-    # settings that contradict each other
+
+def check_settings(args):
+    """The settings that contradict each other, each a one-line error naming the fix."""
+    check = common.check
     check(
         not args.std_norm or args.group_size >= 2,
         "--std-norm needs --group-size >= 2 (or pass --no-std-norm)",
@@ -493,7 +501,6 @@ def resolve(args):
         args.dynamic_sampling_max_rounds < 16 and 2 * args.rollout_batch_size <= 2**20,
         "--dynamic-sampling-max-rounds must be < 16 and --rollout-batch-size <= 2^19",
     )
-    return args
 
 
 # ----------------------------------------------------------------------------- setup

@@ -8,15 +8,16 @@ Placement:
 - disaggregated: engines and learners apart; synchronous, or --async: batch j starts once version
   j - --max-staleness is pushed, so no batch lags more (Problem 8).
 
-Scale-out: --num-generators N engines each sample a contiguous share of every step's groups,
-joined in shard order, all at one policy version (checked); a version goes out as ONE object-store
-put that all N read. --num-learners M: a data-parallel group (torch.distributed, gloo on CPU / NCCL
-on GPU) where each trains 1/M of every optimizer step's rows and the gradients are all-reduced, so
-all M take one learner's step. Colocated, that actor is generator 0 and learner 0. The actors sit
-in one Ray placement group (--placement-strategy; --address auto joins a cluster). A dead actor ends
-the run in one line naming it; Ctrl-C saves the steps logged; --resume continues. --weight-sync
-gloo / nccl: Ray Direct Transport (one learner, one generator; nccl is Ray's documented API, NOT
-exercised in CI).
+Scale-out: --num-generators N engines each sample a contiguous share of every step's groups, joined
+in shard order, all at one policy version (checked), then summarised once by the driver
+(grpo.summarize: advantages and batch metrics of the whole batch); a version goes out as ONE
+object-store put that all N read. --num-learners M: a data-parallel group (torch.distributed, gloo
+on CPU / NCCL on GPU) where each trains 1/M of every optimizer step's rows and the gradients are
+all-reduced, so all M take one learner's step. Colocated, that actor is generator 0 and learner 0.
+The actors sit in one Ray placement group (--placement-strategy; --address auto joins a cluster). A
+dead actor ends the run in one line naming it; Ctrl-C saves the steps logged; --resume continues.
+--weight-sync gloo / nccl: Ray Direct Transport (one learner, one generator; nccl is Ray's
+documented API, NOT exercised in CI).
 
 Departures from the seed: a version is one trained rollout batch; lag = learner version -
 generating version; a stale batch takes pi_old from the engine's log-probs (the only holder of that

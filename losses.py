@@ -778,6 +778,10 @@ def compute_group_normalized_rewards(
     """Seed 000 §7.2 (seed 001 spells the switch normalized_by_std): grade each response with
     reward_fn (a dict with "reward", or a float), then group_normalized_advantages. Returns
     (advantages (N,), raw rewards (N,), metadata)."""
+    _need(
+        normalize_by_std is None or normalized_by_std is None,
+        "pass normalize_by_std or its seed 001 spelling normalized_by_std, not both",
+    )
     std_norm = normalize_by_std
     if std_norm is None:
         std_norm = normalized_by_std
