@@ -170,30 +170,34 @@ def count_training_flops(policy):
 
 
 def setup(a):
-    """Everything grpo.main sets up, once: the args of each variant, the data, the policy, the KL
-    models, the engine and the frozen batch."""
+    """Everything grpo.main sets up, once: the args and runtime record of each variant, the data,
+    the policy, the KL models, the engine and the frozen batch (its advantages set by
+    grpo.summarize) with its rollout stats."""
     if a.quick:
         base = " ".join(QUICK).split()
     else:
         base = " ".join(CONFIG).split()
     vargs = {}
+    runtimes = {}
     for name, flags in VARIANTS.items():
         vargs[name] = grpo.parse_args([*base, "--engine", a.engine, *flags])
+        runtimes[name] = grpo.setup_runtime(vargs[name])
     args = vargs["shared_prefix_on"]
-    for v in vargs.values():
-        grpo.setup_devices(v)
+    runtime = runtimes["shared_prefix_on"]
     train_rows, _ = grpo.load_data(args)
     torch.manual_seed(args.seed)
-    policy, _ = grpo.load_policy(args.model, args)
-    for v in vargs.values():  # load_policy's probe turns the option off where it is not exact
-        v.shared_prefix = v.shared_prefix and args.shared_prefix
+    policy, _ = grpo.load_policy(args.model, args, runtime)
+    for r in runtimes.values():  # load_policy's probe turns the option off where it is not exact
+        r["shared_prefix"] = r["shared_prefix"] and runtime["shared_prefix"]
     kl = []  # the reference model and the previous policy, frozen
     for _ in range(2):
-        model, _ = grpo.load_policy(args.model, args)  # the policy's weight dtype, as build_learner
+        # the policy's weight dtype, as build_learner
+        model, _ = grpo.load_policy(args.model, args, runtime)
         kl.append(model.eval().requires_grad_(False))
-    engine = grpo.make_engine(args.model, args, policy)
-    batch, cm = grpo.collect(engine, train_rows, args, 0)
-    return vargs, train_rows, policy, kl, engine, batch, cm
+    engine = grpo.make_engine(args.model, args, runtime, policy)
+    batch, stats = grpo.collect(engine, train_rows, args, 0)
+    grpo.summarize(batch, [stats], args)
+    return vargs, runtimes, train_rows, policy, kl, engine, batch, stats
 
 
 def cpu_timed(fn, sink):
@@ -211,7 +215,7 @@ def cpu_timed(fn, sink):
     return wrapped
 
 
-def run_variant(policy, kl, theta0, batch, args, counter):
+def run_variant(policy, kl, theta0, batch, args, runtime, counter):
     """One train_step from theta_0 with a fresh AdamW, as grpo.py's step 1 (so the previous-policy
     KL pass runs)."""
     policy.load_state_dict(theta0)
@@ -223,11 +227,18 @@ def run_variant(policy, kl, theta0, batch, args, counter):
         prev_model.load_state_dict(theta0)
         prev_model.holds_step = 0
     opt = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    learner = {  # as grpo.build_learner's
+        "policy": policy,
+        "tokenizer": None,  # train_step does not tokenize
+        "optimizer": opt,
+        "ref_model": ref_model,
+        "prev_model": prev_model,
+    }
     counter.update(flops=0.0, tokens=0)
     counter["training_cpu"].clear()
     t = time.perf_counter()
     c = time.process_time()
-    history, m = grpo.train_step(policy, opt, batch, args, 1, ref_model, prev_model)
+    history, m = grpo.train_step(learner, batch, args, runtime, 1)
     return {
         "train_step": time.perf_counter() - t,
         "train_step_cpu": time.process_time() - c,
@@ -244,7 +255,7 @@ def run_variant(policy, kl, theta0, batch, args, counter):
 def measure(a):
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
-    vargs, train_rows, policy, kl, engine, batch, cm = setup(a)
+    vargs, runtimes, train_rows, policy, kl, engine, batch, stats = setup(a)
     theta0 = {k: v.clone() for k, v in policy.state_dict().items()}
     counter = count_training_flops(policy)
     counter["training_cpu"] = []
@@ -257,14 +268,15 @@ def measure(a):
         if r:
             # round 0 times the frozen batch's own collect; later ones repeat it (the same step:
             # the same prompts and seeds)
-            _, cm = grpo.collect(engine, train_rows, vargs["shared_prefix_on"], 0)
-        shared["generation"].append(cm["time/generation"])
-        shared["grading"].append(cm["time/grading"])
+            _, stats = grpo.collect(engine, train_rows, vargs["shared_prefix_on"], 0)
+        shared["generation"].append(stats["generation_s"])
+        shared["grading"].append(stats["grading_s"])
         order = names
         if r % 2 == 1:
             order = names[::-1]
         for name in order:
-            runs[name].append(run_variant(policy, kl, theta0, batch, vargs[name], counter))
+            result = run_variant(policy, kl, theta0, batch, vargs[name], runtimes[name], counter)
+            runs[name].append(result)
         policy.load_state_dict(theta0)
         sync_s = grpo.engines.load_policy_into_vllm(policy, engine)  # the engine keeps theta_0
         shared["weight_sync"].append(sync_s)

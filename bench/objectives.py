@@ -100,7 +100,7 @@ def grpo_args(a, flags=""):
     size = []
     if a.quick:
         size = ["--rollout-batch-size", "16", "--train-batch-size", "16", "--max-tokens", "64"]
-    args = grpo.parse_args(
+    return grpo.parse_args(
         [
             "--engine",
             a.engine,
@@ -112,14 +112,13 @@ def grpo_args(a, flags=""):
             *flags.split(),
         ]
     )
-    grpo.setup_devices(args)
-    return args
 
 
-def frozen_batch(a, args, policy):
-    """The scored rollout batch of step 0 (grpo.collect), from --batch-file if it is there (made by
-    the same engine, seed and size)."""
-    key = {"engine": a.engine, "seed": a.seed, "quick": a.quick}
+def frozen_batch(a, args, runtime, policy):
+    """The scored rollout batch of step 0 and its rollout stats (grpo.collect), from --batch-file
+    if it is there (made by the same engine, seed, size and batch layout)."""
+    # layout 2: collect's batch without advantages, and its stats (grpo.summarize reads them)
+    key = {"engine": a.engine, "seed": a.seed, "quick": a.quick, "layout": 2}
     if a.batch_file and os.path.exists(a.batch_file):
         saved = torch.load(a.batch_file, weights_only=False)
         common.check(
@@ -127,27 +126,22 @@ def frozen_batch(a, args, policy):
             f"--batch-file {a.batch_file} holds a batch of {saved['key']}, not {key}: "
             f"delete it or name another file",
         )
-        return saved["batch"]
+        return saved["batch"], saved["stats"]
     train_rows, _ = grpo.load_data(args)
-    batch, _ = grpo.collect(grpo.make_engine(args.model, args, policy), train_rows, args, 0)
+    engine = grpo.make_engine(args.model, args, runtime, policy)
+    batch, stats = grpo.collect(engine, train_rows, args, 0)
     if a.batch_file:
-        torch.save({"key": key, "batch": batch}, a.batch_file)
-    return batch
+        torch.save({"key": key, "batch": batch, "stats": stats}, a.batch_file)
+    return batch, stats
 
 
-def objective_loss(logp, old, batch, tensors, args):
+def objective_loss(logp, old, batch, stats, tensors, args):
     """The whole optimizer step's loss of one objective from log-probs (N, T), as grpo._updates
-    computes it with the step as a single microbatch (the sum over equal microbatches is the same).
-    Returns (loss, meta, A (N,))."""
-    adv, _, _ = losses.compute_group_normalized_rewards(
-        None,
-        batch["responses"],
-        batch["ground_truths"],
-        args.group_size,
-        args.advantage_eps,
-        args.std_norm,
-        reward_dicts=batch["raw"].tolist(),
-    )
+    computes it with the step as a single microbatch (the sum over equal microbatches is the same),
+    on advantages from grpo.summarize with this objective's flags. Returns (loss, meta, A (N,))."""
+    scored = dict(batch)  # summarize sets this objective's advantages on the copy
+    grpo.summarize(scored, [stats], args)
+    adv = scored["advantages"]  # (N,)
     mask = tensors["response_mask"]  # (N, T)
     weights = None  # rollout IS weights (N, T)
     if args.rollout_is != "none":
@@ -160,23 +154,17 @@ def objective_loss(logp, old, batch, tensors, args):
             args.rollout_is_level,
             args.rollout_is_floor,
         )
-    if args.length_norm == "token":
-        normalize_constant = max(int(mask.sum()), 1)  # the step's response tokens
-    else:
-        normalize_constant = args.normalize_constant
+    n_tok = max(int(mask.sum()), 1)  # the step's response tokens (DAPO's token norm)
     loss, meta = losses.grpo_microbatch_loss(
         logp,
         mask,
-        1,
-        args.loss,
-        raw_rewards=batch["raw_rewards"],
-        advantages=adv,
+        adv,
+        scored["raw"],
+        grpo.loss_settings(args),
         old_log_probs=old,
-        cliprange=args.cliprange,
-        cliprange_high=args.cliprange_high,
-        length_norm=args.length_norm,
-        normalize_constant=normalize_constant,
         is_weights=weights,
+        gradient_accumulation_steps=1,
+        step_tokens=n_tok,
     )
     return loss, meta, adv
 
@@ -208,7 +196,7 @@ def length_bias(g_tok, adv, mask):
     return out, round(float(slope), 3)
 
 
-def flat_grads(policy, tensors, args, ban_ids, g_toks):
+def flat_grads(policy, tensors, args, runtime, ban_ids, g_toks):
     """The parameter gradient of each objective, flattened: the sum over the step's forwards of
     (d log pi / d theta)^T g_tok. One forward per group (its prompt once with --shared-prefix), one
     backward per objective: the loss is a function of the log-probs alone, so g_tok (N, T) carries
@@ -220,7 +208,7 @@ def flat_grads(policy, tensors, args, ban_ids, g_toks):
     mbs = args.micro_train_batch_size
     for s in range(0, N, mbs):
         idx = torch.arange(s, min(s + mbs, N))
-        for rows, mb, L, P in grpo._forwards(tensors, idx, args, "cpu"):
+        for rows, mb, L, P in grpo._forwards(tensors, idx, runtime["shared_prefix"], "cpu"):
             lp = losses.get_response_log_probs(
                 policy, **mb, temperature=args.temperature, ban_token_ids=ban_ids, prefix_len=P
             )["log_probs"]
@@ -243,21 +231,30 @@ def run(a):
     c0 = time.process_time()
     times = {}  # phase -> wall seconds
     base = grpo_args(a)
+    runtime = grpo.setup_runtime(base)
     torch.manual_seed(base.seed)
-    policy, _ = grpo.load_policy(base.model, base)
-    batch = frozen_batch(a, base, policy)
+    policy, tokenizer = grpo.load_policy(base.model, base, runtime)
+    batch, stats = frozen_batch(a, base, runtime, policy)
+    grpo.summarize(batch, [stats], base)  # the emulated step's advantages
     tensors = grpo.collate(batch, base)
     ban_ids = batch["ban_token_ids"]
     times["rollout"] = time.perf_counter() - t0
     # theta_0: pi_old by the trainer's no-grad pass; then one real grpo.py update on this batch
     # gives theta_1
-    old = grpo.batch_log_probs(policy, tensors, base, ban_ids)
+    old = grpo.batch_log_probs(policy, tensors, base, runtime, ban_ids)
     lr = base.lr
     if a.step_lr is not None:
         lr = a.step_lr
     opt = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
-    (step,), _ = grpo.train_step(policy, opt, batch, base, 0)
-    cur = grpo.batch_log_probs(policy, tensors, base, ban_ids)
+    learner = {  # as grpo.build_learner's, without the frozen KL models
+        "policy": policy,
+        "tokenizer": tokenizer,
+        "optimizer": opt,
+        "ref_model": None,
+        "prev_model": None,
+    }
+    (step,), _ = grpo.train_step(learner, batch, base, runtime, 0)
+    cur = grpo.batch_log_probs(policy, tensors, base, runtime, ban_ids)
     times["emulated_step"] = time.perf_counter() - t0 - sum(times.values())
     mask = tensors["response_mask"]
     ratio = (cur - old).exp()[mask]
@@ -270,7 +267,7 @@ def run(a):
             "group_size": base.group_size,
             "max_tokens": base.max_tokens,
             "temperature": base.temperature,
-            "shared_prefix": base.shared_prefix,
+            "shared_prefix": runtime["shared_prefix"],
             "threads": torch.get_num_threads(),
             "load_avg_1m": os.getloadavg()[0],
             "emulated_step": f"grpo.train_step {base.loss}, lr {lr}, AdamW (0.9, 0.95), "
@@ -305,7 +302,7 @@ def run(a):
         pi_old = old
         if name in LAGGED:
             pi_old = cur
-        loss, meta, adv = objective_loss(logp, pi_old, batch, tensors, args)
+        loss, meta, adv = objective_loss(logp, pi_old, batch, stats, tensors, args)
         (g_tok,) = torch.autograd.grad(loss, logp)
         buckets, slope = length_bias(g_tok, adv, mask)
         g_toks.append(g_tok)
@@ -316,7 +313,7 @@ def run(a):
             "length_exponent": slope,
             "per_token_weight_by_length": buckets,
         }
-    grads = flat_grads(policy, tensors, base, ban_ids, g_toks)
+    grads = flat_grads(policy, tensors, base, runtime, ban_ids, g_toks)
     G = torch.stack(grads).double()  # (K, D)
     norms = G.norm(dim=1)  # (K,)
     cos = (G @ G.t()) / (norms[:, None] * norms[None, :]).clamp(min=1e-30)  # (K, K)

@@ -10,7 +10,9 @@ Covers:
   ends the run with a clear error naming it;
 - scale-out (HF engines): 2 generators x 2 data-parallel learners, async: shards joined in order at
   one version per step, one weight put per version, the M = 2 gradient equal to one learner's on
-  the same batch, --resume, a dead learner named.
+  the same batch, --resume, a dead learner named;
+- join_shards only concatenates, and grpo.summarize of the joined shards equals that of the whole
+  batch for every train/ key (no Ray needed); runtime.json holds each actor's runtime record.
 
 Ray starts once per module; each actor set is built once and reused across runs through reset().
 """
@@ -34,6 +36,7 @@ import torch
 from conftest import one_line_error, requires_vllm
 
 ray = pytest.importorskip("ray")
+import common  # noqa: E402
 import grpo  # noqa: E402
 import grpo_ray  # noqa: E402
 
@@ -48,31 +51,9 @@ SMALL = (
     "--gradient-accumulation-steps 2 --max-tokens 16 --min-tokens 2 --eval-n 2 --eval-every 0 "
     "--grader-workers 0 --lr 1e-3 --kl-every 0 --num-cpus 8 --timeout-s 300"
 ).split()
-# grpo.py's per-step keys: grpo_ray.py logs them through the same grpo.step_rows
-STEP_KEYS = [
-    "train/loss",
-    "train/grad_norm",
-    "train/entropy",
-    "train/clip_fraction",
-    "train/ratio_mean",
-    "train/reward",
-    "train/format_reward",
-    "train/answer_reward",
-    "train/response_len_mean",
-    "train/truncation_rate",
-    "train/zero_var_frac",
-    "train/lr",
-    "train/logprob_mismatch",
-    "time/generation",
-    "time/grading",
-    "time/old_log_probs",
-    "time/training",
-    "time/weight_sync",
-    "time/step",
-    "time/wall",
-    "step",
-    "opt_step",
-]
+# grpo_ray.py's Ray bookkeeping on every step row, next to grpo.STEP_KEYS (its _log_step adds them
+# to grpo.step_rows' keys; grpo.py has no equivalent, so the code keeps no list of them)
+RAY_KEYS = ["ray/lag", "ray/version", "ray/gen_version"]
 
 
 @pytest.fixture(scope="module")
@@ -118,13 +99,6 @@ def logged_steps(args):
     return [r for r in read(args, "metrics.jsonl") if "ray/lag" in r]
 
 
-def resolved(args):
-    """A copy of args with its devices resolved, as inside an actor."""
-    a = copy.copy(args)
-    grpo.setup_devices(a)
-    return a
-
-
 def assert_synced(gen_actor, args):
     """The engine's sampled log-probs equal the saved final policy's on the same tokens (weights
     match), and differ from the initial model's when some group had reward variance (training moved
@@ -132,16 +106,17 @@ def assert_synced(gen_actor, args):
     gen = ray.get(gen_actor.generate.remote(10_000), timeout=120)
     saved = read(args, os.path.join("checkpoint", "state.json"))
     assert gen["version"] == args.n_grpo_steps == saved["step"]
-    a = resolved(args)
-    tensors = grpo.collate(gen["batch"], a)
+    runtime = grpo.setup_runtime(args)  # as inside an actor
+    tensors = grpo.collate(gen["batch"], args)
     mask = tensors["response_mask"]
     engine = tensors["engine_log_probs"]
     ban = gen["batch"]["ban_token_ids"]
-    final_policy = grpo.load_policy(os.path.join(args.out, "checkpoint"), a)[0]
-    final = grpo.batch_log_probs(final_policy, tensors, a, ban)
+    final_policy = grpo.load_policy(os.path.join(args.out, "checkpoint"), args, runtime)[0]
+    final = grpo.batch_log_probs(final_policy, tensors, args, runtime, ban)
     assert (final - engine).abs()[mask].max() < 2e-3
     if any(r["train/zero_var_frac"] < 1 for r in logged_steps(args)):
-        init = grpo.batch_log_probs(grpo.load_policy(args.model, a)[0], tensors, a, ban)
+        init_policy = grpo.load_policy(args.model, args, runtime)[0]
+        init = grpo.batch_log_probs(init_policy, tensors, args, runtime, ban)
         assert (init - engine).abs()[mask].max() > 1e-2
 
 
@@ -182,7 +157,7 @@ def gradient(worker, gen, mode="group", **flags):
     optimizer step train_step takes on gen (flattened, concatenated) and its history; nothing moves
     (SGD at lr 0). mode: "group" = this learner in its group (all-reduced), "alone" = one learner on
     the whole batch, "local" = this learner's share only (the group's reduce made the identity)."""
-    params = list(worker.policy.parameters())
+    params = list(worker.learner["policy"].parameters())
     grads = []
     args = copy.copy(worker.args)
     vars(args).update(max_grad_norm=math.inf, **flags)
@@ -202,7 +177,8 @@ def gradient(worker, gen, mode="group", **flags):
             dp = dict(dp, reduce=no_reduce)
     else:
         raise ValueError(f"unknown mode {mode!r}")
-    history, _ = grpo.train_step(worker.policy, probe, gen["batch"], args, gen["step"], dp=dp)
+    learner = dict(worker.learner, optimizer=probe)
+    history, _ = grpo.train_step(learner, gen["batch"], args, worker.runtime, gen["step"], dp=dp)
     return torch.cat(grads), history
 
 
@@ -240,49 +216,130 @@ def test_parse_args_rejects_bad_modes(make_args, capsys):
         assert err.startswith("error:") and msg in err, (flags, err)
 
 
-def test_join_shards_concatenates_in_order_and_weights_metrics():
-    """Two shards of one step: rows in shard order, the engine's banned ids once, metrics as over
-    the joined batch (means by rows, the filtered fraction by prompts sampled, max of *_max and of
-    the parallel times)."""
+# A step's scored groups (G = 4) for the shard tests: (answer rewards, format rewards) of each.
+# Group 1's answers are flat but its format varies, so its total reward does too: the
+# --dynamic-sampling fallback case, whose advantages summarize zeroes.
+GROUPS = [
+    ([1, 0, 0, 1], [1, 1, 0, 1]),
+    ([0, 0, 0, 0], [1, 0, 1, 1]),
+    ([1, 1, 1, 1], [1, 1, 1, 1]),
+    ([0, 1, 0, 0], [0, 1, 1, 0]),
+    ([0, 0, 0, 0], [0, 0, 0, 0]),
+]
+SHARD_GROUPS = [2, 1, 2]  # groups per shard: whole groups, unequal shards
 
-    def shard(i, n, version=3):
-        """n rows of shard i; rewards i, lengths 10 * (i + 1)."""
-        batch = {
-            "prompts": [f"p{i}"] * n,
-            "raw": torch.full((n,), float(i)),
-            "ban_token_ids": [7, 9],
+
+def scored_rows(groups, first=0):
+    """A scored batch as grpo.collect returns it, of the given (answers, formats) groups, numbered
+    from `first`: response lengths and truncation vary by row."""
+    batch = {
+        "prompts": [],
+        "ground_truths": [],
+        "responses": [],
+        "prompt_ids": [],
+        "response_ids": [],
+        "engine_logprobs": [],
+        "truncated": [],
+        "rewards": [],
+    }
+    raw = []
+    for g, (answers, formats) in enumerate(groups, start=first):
+        for j in range(len(answers)):
+            n = 3 + (5 * g + 3 * j) % 7  # response tokens
+            batch["prompts"].append(f"p{g}")
+            batch["ground_truths"].append(f"t{g}")
+            batch["responses"].append(f"r{g}.{j}")
+            batch["prompt_ids"].append([1, 2, 3 + g])
+            batch["response_ids"].append(list(range(10, 10 + n)))
+            batch["engine_logprobs"].append([-0.5] * n)
+            batch["truncated"].append(n == 9)
+            reward = answers[j] + 0.25 * formats[j]
+            batch["rewards"].append(
+                {"reward": reward, "format_reward": formats[j], "answer_reward": answers[j]}
+            )
+            raw.append(reward)
+    batch["raw"] = torch.tensor(raw, dtype=torch.float32)  # (N,)
+    batch["ban_token_ids"] = [7, 9]
+    return batch
+
+
+def fixed_shards(version=3):
+    """The step's groups split over len(SHARD_GROUPS) generators, each shard as Worker.generate
+    returns it; each shard's stats differ."""
+    shards = []
+    first = 0
+    for i, n in enumerate(SHARD_GROUPS):
+        stats = {
+            "generation_s": 5.0 - i,
+            "grading_s": 0.5 + i,
+            "extra_rounds_s": 1.0 + 2 * i,
+            "prompts_sampled": n + 2 * i,
+            "groups_flat": i,
         }
-        metrics = {
-            "train/reward": float(i),
-            "train/response_len_max": 10 * (i + 1),
-            "time/generation": 5.0 - i,
-            "train/dynamic_prompts_sampled": 2 + 4 * i,
-            "train/dynamic_filtered_frac": 1 - n / 4 / (2 + 4 * i),
-        }
-        return {
+        shard = {
             "step": 5,
             "version": version,
-            "batch": batch,
-            "metrics": metrics,
+            "batch": scored_rows(GROUPS[first : first + n], first),
+            "stats": stats,
             "spans": [{"actor": f"generator {i}"}],
         }
+        shards.append(shard)
+        first += n
+    return shards
 
-    # groups of 4: 1 kept of 2 sampled, 3 kept of 6
-    g = grpo_ray.join_shards([shard(0, 4), shard(1, 12)])
-    assert g["batch"]["prompts"] == ["p0"] * 4 + ["p1"] * 12
-    assert g["batch"]["raw"].tolist() == [0.0] * 4 + [1.0] * 12
+
+def shard_args():
+    """grpo's flags for GROUPS with --dynamic-sampling (so the dynamic_* metrics exist)."""
+    n_rows = 4 * len(GROUPS)
+    flags = ["--dynamic-sampling", "--group-size", "4", "--rollout-batch-size", str(n_rows)]
+    flags += ["--train-batch-size", str(n_rows)]
+    return grpo.parse_args(flags)
+
+
+def test_join_shards_only_concatenates_in_order():
+    """Shards of one step: rows in shard order, the engine's banned ids once, the shards' stats in
+    a list, and no metrics (grpo.summarize computes them on the joined batch); shards from two
+    policy versions are refused."""
+    shards = fixed_shards()
+    g = grpo_ray.join_shards(shards)
+    whole = scored_rows(GROUPS)
+    assert g["batch"]["prompts"] == whole["prompts"]
+    assert g["batch"]["response_ids"] == whole["response_ids"]
+    assert g["batch"]["rewards"] == whole["rewards"]
+    assert torch.equal(g["batch"]["raw"], whole["raw"])
     assert g["batch"]["ban_token_ids"] == [7, 9]
+    assert set(g["batch"]) == set(whole)  # nothing added: no advantages, no metrics
     assert (g["step"], g["version"]) == (5, 3)
-    assert len(g["spans"]) == 2
-    m = g["metrics"]
-    assert m["train/reward"] == pytest.approx(g["batch"]["raw"].mean().item())
-    assert m["train/response_len_max"] == 20
-    assert m["time/generation"] == 5.0
-    assert m["train/dynamic_prompts_sampled"] == 8
-    # 4 groups kept of 8 sampled
-    assert m["train/dynamic_filtered_frac"] == pytest.approx(1 - 4 / 8)
+    assert g["stats"] == [s["stats"] for s in shards]
+    assert len(g["spans"]) == len(shards)
+    assert "metrics" not in g
+    mixed = fixed_shards()
+    mixed[1]["version"] = 2
     with pytest.raises(SystemExit):  # shards of one step from two policy versions
-        grpo_ray.join_shards([shard(0, 4), shard(1, 4, version=2)])
+        grpo_ray.join_shards(mixed)
+
+
+def test_summarize_of_joined_shards_equals_summarize_of_the_whole_batch():
+    """Issue 25 item 3: the metrics and advantages of the joined shards are those of the whole
+    batch summarised at once, for every train/ key (batch statistics are not per shard)."""
+    args = shard_args()
+    shards = fixed_shards()
+    stats = [s["stats"] for s in shards]
+    joined = grpo_ray.join_shards(shards)
+    got = grpo.summarize(joined["batch"], joined["stats"], args)
+    whole = scored_rows(GROUPS)  # the concatenated batch, built by hand
+    expected = grpo.summarize(whole, stats, args)
+    train_keys = [k for k in expected if k.startswith("train/")]
+    assert {"train/dynamic_filtered_frac", "train/dynamic_prompts_sampled"} <= set(train_keys)
+    assert set(got) == set(expected)
+    for key in train_keys:
+        assert got[key] == expected[key], key
+    assert torch.equal(joined["batch"]["advantages"], whole["advantages"])
+    # the check is not vacuous: groups with and without signal, the fallback group zeroed
+    adv = whole["advantages"].view(len(GROUPS), 4)  # (groups, G)
+    assert adv[0].abs().sum() > 0
+    assert adv[1].abs().sum() == 0
+    assert 0 < expected["train/zero_var_frac"] < 1
 
 
 @pytest.mark.parametrize("case", ["blank val", "hub Countdown"])
@@ -333,7 +390,10 @@ def test_colocated_on_policy_then_k_steps(cluster, make_args):
         rows = logged_steps(args)
         assert [r["step"] for r in rows] == [0, 1, 2]
         assert summary["lags"] == [0, 0, 0]
-        assert all(set(STEP_KEYS) <= set(r) for r in rows), set(STEP_KEYS) - set(rows[0])
+        # grpo.py's step keys, the Ray bookkeeping, and what --kl-every 1 adds: the KL to pi_init
+        # and the engine-trainer mismatch (pi_t is scored for the KL)
+        keys = set(grpo.STEP_KEYS + RAY_KEYS + ["train/kl_ref", "train/logprob_mismatch"])
+        assert all(keys <= set(r) for r in rows), keys - set(rows[0])
         assert rows[0]["time/step"] <= rows[0]["time/wall"] + 1e-3, (
             "step 0's time/step counted the first eval"
         )
@@ -549,12 +609,21 @@ def test_async_over_ray_direct_transport_gloo(cluster, make_args):
         summary = grpo_ray.run(args, actors)
         assert summary["weight_sync"] == "gloo"
         assert summary["lags"] == [0, 1, 1]
+        # runtime.json: each actor's runtime record (grpo.setup_runtime's fields), by actor name
+        records = read(args, "runtime.json")
+        assert set(records) == set(actors["names"].values())
+        driver = common.jsonable(grpo.setup_runtime(args))
+        for name, record in records.items():
+            assert set(record) == set(driver), name
+            if driver["gpus_visible"] == 0:  # CPU only: each actor decides what the driver does
+                assert record["policy_device"] == record["vllm_device"] == "cpu", name
+                assert record["param_dtype"] == driver["param_dtype"], name
         assert_synced(actors["generator"][0], args)
         learner = actors["learner"][0]
         pushed = learner.get_weights.options(tensor_transport="gloo").remote(clone=True)
         probe = actors["generator"][0].__ray_call__.remote(received_bytes, pushed)
         n_bytes = ray.get(probe, timeout=60)
-        policy = grpo.load_policy(args.model, resolved(args))[0]
+        policy = grpo.load_policy(args.model, args, grpo.setup_runtime(args))[0]
         assert n_bytes == sum(p.numel() * p.element_size() for p in policy.state_dict().values())
     finally:
         grpo_ray.kill_actors(actors)
@@ -579,8 +648,10 @@ def test_cli_smoke_joins_the_cluster(cluster, make_args, tmp_path):
     assert summary["steps"] == 2
     assert summary["devices"] == 3
     outputs = ["summary.json", "timeline.png", "metrics.jsonl", "checkpoint", "dashboard.png"]
-    for name in outputs + ["args.json"]:
+    for name in outputs + ["args.json", "runtime.json"]:
         assert os.path.exists(tmp_path / "cli" / name), name
+    with open(tmp_path / "cli" / "runtime.json") as f:
+        assert len(json.load(f)) == summary["devices"]  # one record per actor
 
 
 def test_generators_and_learners_scale_out(cluster, make_args):
@@ -623,12 +694,11 @@ def test_generators_and_learners_scale_out(cluster, make_args):
 
         # shards of a step joined in order: the step's prompts in collect's sampling order, each G
         # times
-        a = resolved(args)
         G = args.group_size
         generating = [g.generate.remote(7, (i, 2)) for i, g in enumerate(actors["generator"])]
         joined = grpo_ray.join_shards(ray.get(generating, timeout=120))
-        rng = random.Random(grpo.sample_seed(a, 7))
-        drawn = rng.sample(grpo.load_data(a)[0], args.n_prompts_per_rollout_batch)
+        rng = random.Random(grpo.sample_seed(args, 7))
+        drawn = rng.sample(grpo.load_data(args)[0], args.n_prompts_per_rollout_batch)
         assert joined["batch"]["prompts"] == [r["prompt"] for r in drawn for _ in range(G)]
 
         # gradient: the group's all-reduced gradient equals one learner's on the same batch,
