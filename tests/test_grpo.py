@@ -1,7 +1,9 @@
 """grpo.py: end-to-end runs as subprocesses (on- and off-policy, resume with the saved flags,
---engine hf), grpo.train_step in-process on real rollout batches (every loss and length norm,
-bf16 master weights, dropout, the min_tokens ban, stale-data refusal, rollout IS, dynamic
-sampling), Ctrl-C consistency, and early failures on bad input.
+--engine hf; args.json beside runtime.json; every logged key in the README's glossary),
+grpo.summarize on hand-built batches (advantages, metrics, shard stats), grpo.train_step
+in-process on real rollout batches (every loss and length norm, bf16 master weights, dropout, the
+min_tokens ban, stale-data refusal, rollout IS, dynamic sampling), Ctrl-C consistency, and early
+failures on bad input.
 
 Everything uses the tiny random model of conftest and a generated keyword task (reward 1 when the
 response contains the keyword): a random model never earns a Countdown reward, and a batch with
@@ -11,7 +13,9 @@ no reward variance has no gradient.
 import json
 import math
 import os
+import re
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -25,41 +29,23 @@ import grpo
 import losses
 from conftest import HAS_VLLM, ROOT
 
-STEP_KEYS = [
-    "train/loss",
-    "train/grad_norm",
-    "train/entropy",
-    "train/clip_fraction",
-    "train/ratio_mean",
-    "train/ratio_min",
-    "train/ratio_max",
-    "train/reward",
-    "train/format_reward",
-    "train/answer_reward",
-    "train/response_len_mean",
-    "train/response_len_max",
-    "train/truncation_rate",
-    "train/zero_var_frac",
-    "train/lr",
-    "train/epoch",
-    "time/generation",
-    "time/grading",
-    "time/old_log_probs",
-    "time/training",
-    "time/weight_sync",
-    "time/step",
-    "time/tokens_per_s",
-    "time/wall",
-    "step",
-    "opt_step",
-]
 EVAL_KEYS = [
     "eval/accuracy",
     "eval/reward",
     "eval/format_reward",
     "eval/answer_reward",
     "eval/response_len",
+    "eval/truncation_rate",
 ]
+# the runtime record grpo.main saves as runtime.json (grpo.setup_runtime)
+RUNTIME_KEYS = {
+    "policy_device",
+    "vllm_device",
+    "param_dtype",
+    "compute_dtype",
+    "shared_prefix",
+    "gpus_visible",
+}
 KEYWORD = "the"
 # a tiny run: 4 prompts x 4 samples a step, one optimizer step of 2 microbatches, 16 tokens, on CPU
 TINY_FLAGS = [
@@ -122,6 +108,43 @@ def train_metrics(rows):
     return [r for r in rows if "train/loss" in r]
 
 
+def readme_glossary():
+    """The keys README.md's metric glossary explains: each backticked name in the first column of
+    the table under "## Metrics". A name starting with "_" shortens the one before it:
+    `train/ratio_mean`, `_min` is train/ratio_min."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    section = readme.split("\n## Metrics\n")[1].split("\n## ")[0]
+    keys = set()
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        first_column = line.split(" | ")[0]
+        previous = None
+        for name in re.findall(r"`([^`]+)`", first_column):
+            if name.startswith("_"):
+                name = previous.rsplit("_", 1)[0] + name
+            keys.add(name)
+            previous = name
+    return keys
+
+
+def logged_keys(rows):
+    """Every key of the metric rows `rows`."""
+    keys = set()
+    for row in rows:
+        keys.update(row)
+    return keys
+
+
+def test_step_keys_are_in_the_readme_glossary():
+    glossary = readme_glossary()
+    # the shorthand rows are read: `train/ratio_mean`, `_min`, `_max`
+    assert {"step", "train/reward", "train/ratio_min", "train/ratio_max"} <= glossary
+    missing = [k for k in grpo.STEP_KEYS if k not in glossary]
+    assert not missing, missing
+
+
 @pytest.fixture(scope="module")
 def on_policy(tiny_model_dir, task_file, tmp_path_factory):
     """2 steps with KL monitoring, then a resume that names only --resume and two overrides; and 3
@@ -152,7 +175,7 @@ def test_on_policy_run_logs_every_key_dashboard_and_checkpoint(on_policy):
     evals = [r for r in rows if "eval/accuracy" in r]
     assert [r["step"] for r in train] == [0, 1]
     for r in train:
-        assert set(STEP_KEYS) <= set(r), set(STEP_KEYS) - set(r)
+        assert set(grpo.STEP_KEYS) <= set(r), set(grpo.STEP_KEYS) - set(r)
         assert r["train/ratio_mean"] == 1.0  # on-policy
         assert r["train/clip_fraction"] == 0.0
         assert r["train/kl_ref"] >= 0
@@ -169,7 +192,24 @@ def test_on_policy_run_logs_every_key_dashboard_and_checkpoint(on_policy):
     assert any(r["train/grad_norm"] > 0 for r in train), "keyword task should give reward variance"
     d = on_policy["dir"]
     assert os.path.getsize(d / "dashboard.png") > 10_000
-    assert os.path.exists(d / "args.json")
+    # the flags as given (device, dtype, shared prefix unresolved) and, next to them, what the run
+    # decided from them
+    with open(d / "args.json") as f:
+        args = json.load(f)
+    assert args["policy_device"] == "cpu"  # given
+    assert args["vllm_device"] is None
+    assert args["shared_prefix"] is None
+    assert args["dtype"] == "auto"
+    assert "param_dtype" not in args
+    assert "compute_dtype" not in args
+    with open(d / "runtime.json") as f:
+        runtime = json.load(f)
+    assert set(runtime) == RUNTIME_KEYS
+    assert runtime["policy_device"] == "cpu"
+    assert runtime["vllm_device"] == "cpu"  # default: the policy's device
+    assert runtime["shared_prefix"] is True  # default on CPU; the tiny model's cache passes
+    assert runtime["param_dtype"] == str(torch.float32)
+    assert runtime["compute_dtype"] == str(torch.float32)  # auto on CPU
     rollouts = sorted(os.listdir(d / "rollouts"))
     assert rollouts[:3] == ["step_0000.jsonl", "step_0001.jsonl", "step_0002.jsonl"]
     checkpoint = set(os.listdir(d / "checkpoint"))
@@ -177,6 +217,14 @@ def test_on_policy_run_logs_every_key_dashboard_and_checkpoint(on_policy):
     assert not any(n.startswith("checkpoint.") for n in os.listdir(d))  # no tmp/old leftovers
     assert "step 2/2 |" in on_policy["stdout"]
     assert "eval step 2 | accuracy" in on_policy["stdout"]
+
+
+def test_every_logged_key_is_in_the_readme_glossary(on_policy):
+    """The step and eval rows of the run (with --kl-every: the KL and mismatch keys too), resumed
+    and straight through: each key is explained in the README."""
+    rows = on_policy["first"] + on_policy["resumed"] + on_policy["straight"]
+    missing = sorted(logged_keys(rows) - readme_glossary())
+    assert not missing, missing
 
 
 def test_resume_restores_the_run_flags_and_continues_identically(on_policy):
@@ -221,12 +269,133 @@ def test_off_policy_run_ratio_starts_at_one_and_hf_engine_smoke(
         assert first["train/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
         assert first["train/ratio_min"] == pytest.approx(1.0, abs=1e-4)
         assert first["train/ratio_max"] == pytest.approx(1.0, abs=1e-4)
-    assert all(set(STEP_KEYS) <= set(r) for r in train)
+    assert all(set(grpo.STEP_KEYS) <= set(r) for r in train)
     # later steps really move off-policy
     assert any(r["train/ratio_max"] > 1.0 + 1e-4 for r in train)
+    missing = sorted(logged_keys(metrics(tmp_path)) - readme_glossary())
+    assert not missing, missing
+
+
+# ----------------------------------------------------------------------------- summarize
+RIGHT = {"reward": 1.0, "format_reward": 1.0, "answer_reward": 1.0}
+FORMATTED = {"reward": 0.1, "format_reward": 1.0, "answer_reward": 0.0}  # wrong answer
+UNFORMATTED = {"reward": 0.0, "format_reward": 0.0, "answer_reward": 0.0}
+
+
+def summarize_args(*flags):
+    """The flags of a step of 2 groups x 4 samples (the embedded model: nothing is loaded)."""
+    sizes = ["--group-size", "4", "--rollout-batch-size", "8", "--train-batch-size", "8"]
+    return grpo.parse_args(sizes + list(flags))
+
+
+def scored_batch(rewards, raw=None):
+    """A scored batch as grpo.collect returns it, of the reward dicts `rewards` (group-major);
+    raw: the total rewards (N,), by default each dict's reward."""
+    if raw is None:
+        raw = [d["reward"] for d in rewards]
+    lengths = [3, 5, 2, 7, 4, 4, 1, 6]
+    return {
+        "raw": torch.tensor(raw),
+        "rewards": list(rewards),
+        "response_ids": [[1] * n for n in lengths],
+        "truncated": [False, False, False, True, False, False, False, True],
+    }
+
+
+def shard_stats(generation_s, grading_s, extra_rounds_s, prompts_sampled, groups_flat):
+    """One shard's stats, as grpo.collect returns them."""
+    return {
+        "generation_s": generation_s,
+        "grading_s": grading_s,
+        "extra_rounds_s": extra_rounds_s,
+        "prompts_sampled": prompts_sampled,
+        "groups_flat": groups_flat,
+    }
+
+
+@pytest.mark.parametrize("std_norm", ["--std-norm", "--no-std-norm"])
+def test_summarize_sets_the_advantages_and_the_batch_metrics(std_norm):
+    """Group 0 varies, group 1 is flat; row 2 lost 0.25 to an overlong penalty, so the total
+    reward (raw) is not the dicts' reward. Advantages are losses.group_normalized_advantages of
+    raw; each metric is computed here by hand."""
+    args = summarize_args(std_norm)
+    rewards = [RIGHT, FORMATTED, RIGHT, UNFORMATTED] + [UNFORMATTED] * 4
+    raw = [1.0, 0.1, 0.75, 0.0, 0.0, 0.0, 0.0, 0.0]
+    batch = scored_batch(rewards, raw)
+    m = grpo.summarize(batch, [shard_stats(1.5, 0.25, 0.0, 2, 0)], args)
+    want_adv, _ = losses.group_normalized_advantages(
+        batch["raw"], args.group_size, args.advantage_eps, args.std_norm
+    )
+    assert torch.equal(batch["advantages"], want_adv)
+    # by hand: group 0 centred (and / its std + eps), the flat group 1 exactly 0
+    group = raw[:4]
+    centred = [r - statistics.fmean(group) for r in group]
+    if args.std_norm:
+        std = statistics.stdev(group)  # unbiased, as torch.std
+        centred = [c / (std + args.advantage_eps) for c in centred]
+    assert batch["advantages"][:4].tolist() == pytest.approx(centred, rel=1e-6)
+    assert batch["advantages"][4:].tolist() == [0.0] * 4
+    want = {
+        "train/reward": sum(raw) / 8,  # with the penalty
+        "train/format_reward": 3 / 8,
+        "train/answer_reward": 2 / 8,
+        "train/zero_var_frac": 1 / 2,
+        "train/response_len_mean": (3 + 5 + 2 + 7 + 4 + 4 + 1 + 6) / 8,
+        "train/response_len_max": 7,
+        "train/truncation_rate": 2 / 8,
+        "time/generation": 1.5,
+        "time/grading": 0.25,
+    }
+    assert m == pytest.approx(want)  # these keys and no others
+    missing = sorted(set(m) - readme_glossary())
+    assert not missing, missing
+
+
+def test_summarize_zeroes_a_flat_fallback_group_under_dynamic_sampling():
+    """Group 1 differs in format only: flat for --dynamic-sampling's filter (on answer_reward), so
+    it is in the batch only as a fallback, and gets no advantage; group 0 keeps its own. Without
+    the filter, or with it on the total reward, both keep theirs."""
+    rewards = [RIGHT, FORMATTED, RIGHT, UNFORMATTED] + [FORMATTED, UNFORMATTED] * 2
+    batch = scored_batch(rewards)
+    args = summarize_args("--dynamic-sampling")
+    want_adv, _ = losses.group_normalized_advantages(
+        batch["raw"], args.group_size, args.advantage_eps, args.std_norm
+    )
+    assert want_adv[4:].abs().min() > 0, "the format differences have a plain advantage"
+    stats = [shard_stats(1.0, 0.1, 0.5, 3, 1)]
+    grpo.summarize(batch, stats, args)
+    assert torch.equal(batch["advantages"][:4], want_adv[:4])
+    assert batch["advantages"][4:].tolist() == [0.0] * 4
+    for flags in ([], ["--dynamic-sampling", "--dynamic-sampling-on", "reward"]):
+        grpo.summarize(batch, stats, summarize_args(*flags))
+        assert torch.equal(batch["advantages"], want_adv), flags
+
+
+def test_summarize_joins_the_shards_stats():
+    """Shards run side by side: a time is the longest shard's; the filtered fraction is over all
+    the prompts sampled (3 flat of 8, not the mean of the shards' fractions)."""
+    batch = scored_batch([RIGHT, UNFORMATTED] * 4)
+    args = summarize_args("--dynamic-sampling")
+    stats = [shard_stats(2.0, 0.5, 0.75, 3, 2), shard_stats(3.0, 0.25, 0.5, 5, 1)]
+    m = grpo.summarize(batch, stats, args)
+    assert m["time/generation"] == 3.0
+    assert m["time/grading"] == 0.5
+    assert m["time/dynamic_extra_generation"] == 0.75
+    assert m["train/dynamic_prompts_sampled"] == 8
+    assert m["train/dynamic_filtered_frac"] == 3 / 8
+    missing = sorted(set(m) - readme_glossary())
+    assert not missing, missing
 
 
 # ------------------------------------------------------------------------ in-process, one engine
+def collect(engine, rows, args, step):
+    """A step's rollout and reward phases as grpo.main runs them: (the scored batch with its
+    advantages, the step's rollout metrics)."""
+    batch, stats = grpo.collect(engine, rows, args, step)
+    metrics = grpo.summarize(batch, [stats], args)
+    return batch, metrics
+
+
 @pytest.fixture(scope="module")
 def live(tiny_model_dir, task_file):
     """One in-process vLLM engine and a real scored rollout batch on the tiny model."""
@@ -235,12 +404,13 @@ def live(tiny_model_dir, task_file):
     args = grpo.parse_args(
         tiny_flags(tiny_model_dir, task_file, "--out", "/tmp/unused", "--min-tokens", "4")
     )
-    grpo.setup_devices(args)
+    runtime = grpo.setup_runtime(args)
     train_rows, _ = grpo.load_data(args)
-    engine = grpo.make_engine(tiny_model_dir, args)
-    batch, _ = grpo.collect(engine, train_rows, args, 0)
+    engine = grpo.make_engine(tiny_model_dir, args, runtime)
+    batch, _ = collect(engine, train_rows, args, 0)
     return {
         "args": args,
+        "runtime": runtime,
         "engine": engine,
         "batch": batch,
         "rows": train_rows,
@@ -266,14 +436,25 @@ def count_forwards(policy):
 
 
 def make(live, *flags):
-    """The live batch's args with `flags` added, devices set up as grpo.main does."""
+    """(the live batch's args with `flags` added, their runtime record as grpo.main sets it up)."""
     args = grpo.parse_args(
         tiny_flags(
             live["model_dir"], live["task"], "--out", "/tmp/unused", "--min-tokens", "4", *flags
         )
     )
-    grpo.setup_devices(args)
-    return args
+    runtime = grpo.setup_runtime(args)
+    return args, runtime
+
+
+def learner(policy, optimizer, ref_model=None, prev_model=None):
+    """A learner as grpo.build_learner returns it, from parts a test has built."""
+    return {
+        "policy": policy,
+        "tokenizer": None,
+        "optimizer": optimizer,
+        "ref_model": ref_model,
+        "prev_model": prev_model,
+    }
 
 
 def read_gradients(optimizer, params, grads):
@@ -287,18 +468,17 @@ def read_gradients(optimizer, params, grads):
 
 def step_gradient(live, *flags, batch=None):
     """(gradient BEFORE clipping (flat), history row, metrics) of the first optimizer step on the
-    live batch from the initial weights: --max-grad-norm inf, and an SGD at lr 0 reads the gradient
-    when it steps and moves nothing."""
-    args = make(live, *flags)
-    args.max_grad_norm = math.inf
-    policy = grpo.load_policy(live["model_dir"], args)[0]
+    live batch from the initial weights: --max-grad-norm 1e30 (no clipping), and an SGD at lr 0
+    reads the gradient when it steps and moves nothing."""
+    args, runtime = make(live, "--max-grad-norm", "1e30", *flags)
+    policy = grpo.load_policy(live["model_dir"], args, runtime)[0]
     params = list(policy.parameters())
     grads = []
     probe = torch.optim.SGD(params, lr=0.0)
     read_gradients(probe, params, grads)
     if batch is None:
         batch = live["batch"]
-    hist, m = grpo.train_step(policy, probe, batch, args, 0)
+    hist, m = grpo.train_step(learner(policy, probe), batch, args, runtime, 0)
     return grads[0], hist[0], m
 
 
@@ -362,21 +542,27 @@ def test_rollout_is_weights_and_masks_the_step(live, mode, level):
     assert m["train/is_dropped_frac"] == pytest.approx(dropped_tokens.item() / tokens.sum().item())
 
 
-@pytest.mark.parametrize(
-    "loss,norm",
-    [
-        ("no_baseline", "masked_mean"),
-        ("reinforce_with_baseline", "token"),
-        ("grpo_clip", "masked_normalize"),
-        ("grpo_no_clip", "masked_mean"),
-        ("gspo", "token"),
-    ],
-)
+# each loss of losses.LOSSES with a length norm; every norm of losses.LENGTH_NORMS appears
+LOSS_NORMS = [
+    ("no_baseline", "masked_mean"),
+    ("reinforce_with_baseline", "token"),
+    ("grpo_clip", "masked_normalize"),
+    ("grpo_no_clip", "masked_mean"),
+    ("gspo", "token"),
+]
+
+
+def test_every_loss_and_length_norm_is_trained_below():
+    assert sorted(loss for loss, _ in LOSS_NORMS) == sorted(losses.LOSSES)
+    assert {norm for _, norm in LOSS_NORMS} == set(losses.LENGTH_NORMS)
+
+
+@pytest.mark.parametrize("loss,norm", LOSS_NORMS)
 def test_each_loss_and_length_norm_trains(live, loss, norm):
     n_epochs = 1
     if loss in losses.RATIO_LOSSES:
         n_epochs = 2  # a ratio loss trains off-policy too
-    args = make(
+    args, runtime = make(
         live,
         "--loss",
         loss,
@@ -386,11 +572,11 @@ def test_each_loss_and_length_norm_trains(live, loss, norm):
         "--epochs-per-rollout-batch",
         str(n_epochs),
     )
-    policy, _ = grpo.load_policy(live["model_dir"], args)
+    policy, _ = grpo.load_policy(live["model_dir"], args, runtime)
     before = [p.detach().clone() for p in policy.parameters()]
     calls = count_forwards(policy)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr)
-    hist, m = grpo.train_step(policy, optimizer, live["batch"], args, 0)
+    hist, m = grpo.train_step(learner(policy, optimizer), live["batch"], args, runtime, 0)
     assert len(hist) == n_epochs
     assert all(torch.isfinite(torch.tensor(h["train/loss"])) for h in hist)
     assert hist[0]["train/ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # first epoch: pi == pi_old
@@ -407,7 +593,10 @@ def test_each_loss_and_length_norm_trains(live, loss, norm):
 def test_stale_data_with_a_plain_loss_is_refused(capsys):
     with pytest.raises(SystemExit):
         grpo.parse_args(["--epochs-per-rollout-batch", "2", "--loss", "reinforce_with_baseline"])
-    assert "use --loss grpo_clip" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "use a loss with a ratio" in err
+    for name in losses.RATIO_LOSSES:  # the fix names each
+        assert name in err, name
     with pytest.raises(SystemExit):  # several train batches per rollout batch: stale too
         grpo.parse_args(["--train-batch-size", "32", "--loss", "no_baseline"])
 
@@ -423,15 +612,15 @@ def test_bf16_compute_keeps_fp32_master_weights(live, tmp_path):
     AutoTokenizer.from_pretrained(live["model_dir"]).save_pretrained(bf16_dir)
     changed = {}
     for mode in ([], ["--pure-bf16"]):
-        args = make(live, "--dtype", "bfloat16", "--lr", "1e-5", *mode)
-        policy, _ = grpo.load_policy(bf16_dir, args)
+        args, runtime = make(live, "--dtype", "bfloat16", "--lr", "1e-5", *mode)
+        policy, _ = grpo.load_policy(bf16_dir, args, runtime)
         if mode:
             assert next(policy.parameters()).dtype == torch.bfloat16
         else:
             assert next(policy.parameters()).dtype == torch.float32
         before = [p.detach().clone() for p in policy.parameters()]
         optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-5, betas=(0.9, 0.95))
-        grpo.train_step(policy, optimizer, live["batch"], args, 0)
+        grpo.train_step(learner(policy, optimizer), live["batch"], args, runtime, 0)
         diff = torch.cat([(a != p.detach()).flatten() for a, p in zip(before, policy.parameters())])
         changed[bool(mode)] = diff.float().mean().item()
     assert changed[False] >= 0.95 and changed[True] < 0.5, changed
@@ -441,13 +630,14 @@ def test_trainer_scores_the_min_tokens_ban_like_the_engine(live):
     """vLLM bans stop tokens before min_tokens; with the ban applied, trainer and engine agree
     there to 1e-5."""
     args = live["args"]
+    runtime = live["runtime"]
     batch = live["batch"]
     assert batch["ban_token_ids"], "the engine bans its stop tokens before --min-tokens"
     tensors = grpo.collate(batch, args)
-    policy = grpo.load_policy(live["model_dir"], args)[0]
+    policy = grpo.load_policy(live["model_dir"], args, runtime)[0]
     ban = tensors["ban_mask"] & tensors["response_mask"]
-    with_ban = grpo.batch_log_probs(policy, tensors, args, batch["ban_token_ids"])
-    without = grpo.batch_log_probs(policy, tensors, args, [])
+    with_ban = grpo.batch_log_probs(policy, tensors, args, runtime, batch["ban_token_ids"])
+    without = grpo.batch_log_probs(policy, tensors, args, runtime, [])
     eng = tensors["engine_log_probs"]
     at_ban = (with_ban - eng)[ban].abs()
     elsewhere = (with_ban - eng)[tensors["response_mask"] & ~ban].abs()
@@ -479,21 +669,23 @@ def test_dropout_is_off_for_rl(live, tmp_path):
     )
     GPT2LMHeadModel(cfg).save_pretrained(d)
     tok.save_pretrained(d)
-    args = make(live, "--loss", "grpo_clip", "--epochs-per-rollout-batch", "2")
-    policy, _ = grpo.load_policy(d, args)
+    args, runtime = make(live, "--loss", "grpo_clip", "--epochs-per-rollout-batch", "2")
+    policy, _ = grpo.load_policy(d, args, runtime)
     assert policy.training
     assert all(m.p == 0.0 for m in policy.modules() if isinstance(m, torch.nn.Dropout))
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
-    hist, _ = grpo.train_step(policy, optimizer, live["batch"], args, 0)
+    hist, _ = grpo.train_step(learner(policy, optimizer), live["batch"], args, runtime, 0)
     assert hist[0]["train/ratio_min"] == pytest.approx(1.0, abs=1e-6)
     assert hist[0]["train/ratio_max"] == pytest.approx(1.0, abs=1e-6)
 
 
 def test_rollout_is_and_engine_old_log_probs(live):
-    args = make(live, "--loss", "grpo_clip", "--rollout-is", "tis", "--rollout-is-cap", "1.5")
-    policy = grpo.load_policy(live["model_dir"], args)[0]
+    args, runtime = make(
+        live, "--loss", "grpo_clip", "--rollout-is", "tis", "--rollout-is-cap", "1.5"
+    )
+    policy = grpo.load_policy(live["model_dir"], args, runtime)[0]
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
-    hist, m = grpo.train_step(policy, optimizer, live["batch"], args, 0)
+    hist, m = grpo.train_step(learner(policy, optimizer), live["batch"], args, runtime, 0)
     for k in (
         "train/mismatch_kl",
         "train/is_weight_mean",
@@ -505,11 +697,11 @@ def test_rollout_is_and_engine_old_log_probs(live):
     # fp32 on CPU: the same kernels
     assert m["train/mismatch_kl"] < 1e-6
     assert m["train/is_weight_max"] == pytest.approx(1.0, abs=1e-4)
-    args = make(live, "--loss", "grpo_clip", "--old-log-probs", "engine")
-    policy = grpo.load_policy(live["model_dir"], args)[0]
+    args, runtime = make(live, "--loss", "grpo_clip", "--old-log-probs", "engine")
+    policy = grpo.load_policy(live["model_dir"], args, runtime)[0]
     calls = count_forwards(policy)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
-    hist, m = grpo.train_step(policy, optimizer, live["batch"], args, 0)
+    hist, m = grpo.train_step(learner(policy, optimizer), live["batch"], args, runtime, 0)
     # no no-grad pass: pi_old is the engine's
     assert calls and all(calls)
     assert "train/mismatch_kl" not in m
@@ -520,8 +712,8 @@ def test_rollout_is_and_engine_old_log_probs(live):
 
 def test_dynamic_sampling_never_trains_on_a_zero_variance_group(live):
     sizes = ["--rollout-batch-size", "32", "--train-batch-size", "32"]
-    args = make(live, "--dynamic-sampling", *sizes)
-    batch, m = grpo.collect(live["engine"], live["rows"], args, 1)
+    args, _ = make(live, "--dynamic-sampling", *sizes)
+    batch, m = collect(live["engine"], live["rows"], args, 1)
     raw = batch["raw"].view(-1, args.group_size)
     assert (raw.max(1).values > raw.min(1).values).all(), (
         "a zero-variance group reached the train batch"
@@ -530,7 +722,8 @@ def test_dynamic_sampling_never_trains_on_a_zero_variance_group(live):
     assert m["train/dynamic_prompts_sampled"] >= len(raw)
     assert 0 <= m["train/dynamic_filtered_frac"] < 1
     assert m["time/dynamic_extra_generation"] >= 0
-    plain, _ = grpo.collect(live["engine"], live["rows"], make(live, *sizes), 1)
+    plain_args, _ = make(live, *sizes)
+    plain, _ = collect(live["engine"], live["rows"], plain_args, 1)
     # round 0 is the plain batch: its first group is kept unless it is flat
     G = args.group_size
     first_group_flat = plain["raw"][:G].max() == plain["raw"][:G].min()
@@ -546,8 +739,8 @@ def test_dynamic_sampling_with_no_variance_anywhere_trains_one_flat_batch(
         return flat
 
     monkeypatch.setitem(grader.REWARD_FNS, "keyword", never_varies)
-    args = make(live, "--dynamic-sampling", "--dynamic-sampling-max-rounds", "2")
-    batch, m = grpo.collect(live["engine"], live["rows"], args, 1)
+    args, _ = make(live, "--dynamic-sampling", "--dynamic-sampling-max-rounds", "2")
+    batch, m = collect(live["engine"], live["rows"], args, 1)
     # a batch's worth, no more
     assert len(batch["raw"]) == args.rollout_batch_size
     assert not batch["advantages"].any()
@@ -575,8 +768,8 @@ def test_dynamic_filtered_frac_counts_flat_groups_only(live, monkeypatch):
     flat = {"reward": 0.0, "format_reward": 0.0, "answer_reward": 0.0}
     right = {"reward": 1.0, "format_reward": 1.0, "answer_reward": 1.0}
     scripted_rewards(monkeypatch, [flat] * 4 + [flat, right] * 100)
-    args = make(live, "--dynamic-sampling")
-    batch, m = grpo.collect(live["engine"], live["rows"], args, 1)
+    args, _ = make(live, "--dynamic-sampling")
+    batch, m = collect(live["engine"], live["rows"], args, 1)
     assert m["train/dynamic_prompts_sampled"] == 6
     assert m["train/dynamic_filtered_frac"] == pytest.approx(1 / 6)
     assert len(batch["raw"]) == args.rollout_batch_size
@@ -588,16 +781,16 @@ def test_dynamic_sampling_filters_on_accuracy_by_default(live, monkeypatch, caps
     formatted = {"reward": 0.1, "format_reward": 1.0, "answer_reward": 0.0}
     unformatted = {"reward": 0.0, "format_reward": 0.0, "answer_reward": 0.0}
     scripted_rewards(monkeypatch, [formatted, unformatted] * 1000)
-    args = make(live, "--dynamic-sampling", "--dynamic-sampling-max-rounds", "1")
-    batch, m = grpo.collect(live["engine"], live["rows"], args, 1)
+    args, _ = make(live, "--dynamic-sampling", "--dynamic-sampling-max-rounds", "1")
+    batch, m = collect(live["engine"], live["rows"], args, 1)
     assert m["train/dynamic_filtered_frac"] == 1.0
     assert "no group with answer_reward variance" in capsys.readouterr().out
     # the fallback trains nothing the filter calls signal: format differences get no advantage
     assert batch["raw"].view(-1, args.group_size).std(1).min() > 0
     assert not batch["advantages"].any()
     scripted_rewards(monkeypatch, [formatted, unformatted] * 1000)
-    args = make(live, "--dynamic-sampling", "--dynamic-sampling-on", "reward")
-    batch, m = grpo.collect(live["engine"], live["rows"], args, 1)
+    args, _ = make(live, "--dynamic-sampling", "--dynamic-sampling-on", "reward")
+    batch, m = collect(live["engine"], live["rows"], args, 1)
     assert m["train/dynamic_filtered_frac"] == 0.0
     assert batch["advantages"].abs().min() > 0
 
@@ -606,20 +799,22 @@ def test_kl_to_the_initial_policy_is_exactly_zero_at_step_0_under_bf16(live):
     """bf16 autocast over fp32 master weights: the frozen pi_init keeps the policy's fp32 weights
     and runs under the same autocast, so at step 0 KL(pi || pi_init) and the KL penalty's gradient
     are exactly 0."""
-    args = make(
-        live, "--dtype", "bfloat16", "--kl-beta", "0.5", "--kl-every", "1", "--loss", "grpo_clip"
-    )
-    args.max_grad_norm = math.inf
-    policy, _, _, ref_model, _ = grpo.build_learner(args)
+    flags = ["--dtype", "bfloat16", "--kl-every", "1", "--loss", "grpo_clip"]
+    flags += ["--max-grad-norm", "1e30"]  # no clipping
+    args, runtime = make(live, "--kl-beta", "0.5", *flags)
+    built = grpo.build_learner(args, runtime)
+    policy = built["policy"]
+    ref_model = built["ref_model"]
     assert next(ref_model.parameters()).dtype == torch.float32
     assert next(policy.parameters()).dtype == torch.float32
     grads = []
-    for beta in (0.5, 0.0):
-        args.kl_beta = beta
+    for beta in ("0.5", "0.0"):
+        args, _ = make(live, "--kl-beta", beta, *flags)
         params = list(policy.parameters())
         probe = torch.optim.SGD(params, lr=0.0)  # reads the gradient, moves nothing
         read_gradients(probe, params, grads)
-        _, m = grpo.train_step(policy, probe, live["batch"], args, 0, ref_model=ref_model)
+        step_learner = learner(policy, probe, ref_model)
+        _, m = grpo.train_step(step_learner, live["batch"], args, runtime, 0)
         assert m["train/kl_ref"] == 0.0
     assert grads[0].norm() > 0
     assert torch.equal(grads[0], grads[1])  # the penalty adds exactly nothing
@@ -630,25 +825,26 @@ def test_mismatch_kernel_kl_is_kl_of_the_engine_to_the_generating_policy(live):
     estimated by k3 on the engine's samples: E_mu[pi_prev / mu - 1 - log(pi_prev / mu)]. mu is
     shifted 1 nat below the engine's own log-probs, so the right order reads about e - 2 = 0.72
     and the swapped one (chi^2 - KL) about 0.37."""
-    args = make(live, "--loss", "grpo_clip", "--kl-every", "1")
-    policy = grpo.load_policy(live["model_dir"], args)[0]
-    prev_model = grpo.load_policy(live["model_dir"], args)[0]
+    args, runtime = make(live, "--loss", "grpo_clip", "--kl-every", "1")
+    policy = grpo.load_policy(live["model_dir"], args, runtime)[0]
+    prev_model = grpo.load_policy(live["model_dir"], args, runtime)[0]
     prev_model.holds_step = -1  # it generated the batch of step 0: the policy one update before
     mu = [[x - 1.0 for x in lp] for lp in live["batch"]["engine_logprobs"]]
     batch = dict(live["batch"], engine_logprobs=mu)
     tensors = grpo.collate(batch, args)
-    prev = grpo.batch_log_probs(prev_model, tensors, args, batch["ban_token_ids"])
+    prev = grpo.batch_log_probs(prev_model, tensors, args, runtime, batch["ban_token_ids"])
     log_r = (prev - tensors["engine_log_probs"])[tensors["response_mask"]]  # log(pi_prev / mu)
     want = (log_r.exp() - 1 - log_r).mean().item()
     optimizer = torch.optim.SGD(policy.parameters(), lr=0.0)
-    ref_model = grpo.load_policy(live["model_dir"], args)[0]
-    _, m = grpo.train_step(policy, optimizer, batch, args, 0, ref_model, prev_model, lag=1)
+    ref_model = grpo.load_policy(live["model_dir"], args, runtime)[0]
+    stale = learner(policy, optimizer, ref_model, prev_model)
+    _, m = grpo.train_step(stale, batch, args, runtime, 0, lag=1)
     assert m["train/mismatch_kernel_kl"] == pytest.approx(want, rel=1e-5)
     assert m["train/mismatch_kernel_kl"] == pytest.approx(math.e - 2, abs=1e-3)
 
 
 def test_mask_truncated_and_overlong_buffer(live):
-    args = make(live, "--mask-truncated", "--overlong-buffer", "8")
+    args, _ = make(live, "--mask-truncated", "--overlong-buffer", "8")
     batch = {}  # a copy of the live batch: score writes into it
     for k, v in live["batch"].items():
         if isinstance(v, list):
@@ -689,15 +885,17 @@ def test_shared_prefix_gives_the_same_step(live):
     log_probs = {}  # flag -> (N, T) no-grad log-probs
     first = {}  # flag -> step 0's history row
     for flag in ("--shared-prefix", "--no-shared-prefix"):
-        args = make(live, "--loss", "grpo_clip", flag)
+        args, runtime = make(live, "--loss", "grpo_clip", flag)
+        policy = grpo.load_policy(live["model_dir"], args, runtime)[0]
+        # the flag as given, and the model's cache check kept it
         assert args.shared_prefix == (flag == "--shared-prefix")
-        policy = grpo.load_policy(live["model_dir"], args)[0]
+        assert runtime["shared_prefix"] == (flag == "--shared-prefix")
         tensors = grpo.collate(live["batch"], args)
         log_probs[flag] = grpo.batch_log_probs(
-            policy, tensors, args, live["batch"]["ban_token_ids"]
+            policy, tensors, args, runtime, live["batch"]["ban_token_ids"]
         )
         optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
-        hist, _ = grpo.train_step(policy, optimizer, live["batch"], args, 0)
+        hist, _ = grpo.train_step(learner(policy, optimizer), live["batch"], args, runtime, 0)
         first[flag] = hist[0]
     mask = tensors["response_mask"]
     diff = log_probs["--shared-prefix"] - log_probs["--no-shared-prefix"]
@@ -710,9 +908,10 @@ def test_shared_prefix_gives_the_same_step(live):
 
 def test_sync_makes_engine_match_policy(live):
     args = live["args"]
-    policy, tok = grpo.load_policy(live["model_dir"], args)
+    runtime = live["runtime"]
+    policy, tok = grpo.load_policy(live["model_dir"], args, runtime)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=3e-2)
-    grpo.train_step(policy, optimizer, live["batch"], args, 0)
+    grpo.train_step(learner(policy, optimizer), live["batch"], args, runtime, 0)
     grpo.engines.load_policy_into_vllm(policy, live["engine"])
     prompts = [r["prompt"] for r in live["rows"][:4]]
     outs = grpo.engines.generate(live["engine"], prompts, n=1, temperature=0.0, max_tokens=10)
@@ -742,19 +941,14 @@ def test_engine_share_on_a_shared_gpu_counts_the_trainers_memory(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", one_gigabyte_gpu)
     policy = torch.nn.Linear(1000, 10_000, bias=False)  # 10M params
-    args = SimpleNamespace(
-        policy_device="cuda:0",
-        vllm_device="cuda",
-        param_dtype=torch.float32,
-        compute_dtype=torch.bfloat16,
-        sleep_engine=False,
-    )
-    assert common.engine_share(args, policy, extra_models=2) == pytest.approx(1 - 0.24 - 0.15)
-    assert common.engine_share(args, policy=None) == 0.85
-    own_gpu = SimpleNamespace(**vars(args) | {"vllm_device": "cuda:1"})
-    assert common.engine_share(own_gpu, policy) == 0.85
-    args.sleep_engine = True
-    assert common.engine_share(args, policy, extra_models=2) == pytest.approx(1 - 0.2 - 0.15)
+    # the policy on cuda:0, the engine on "cuda" (= cuda:0), fp32 master weights
+    shared = ("cuda:0", "cuda", torch.float32)
+    share = common.engine_share(*shared, False, policy, extra_models=2)
+    assert share == pytest.approx(1 - 0.24 - 0.15)
+    assert common.engine_share(*shared, False, policy=None) == 0.85
+    assert common.engine_share("cuda:0", "cuda:1", torch.float32, False, policy) == 0.85
+    share = common.engine_share(*shared, True, policy, extra_models=2)  # --sleep-engine
+    assert share == pytest.approx(1 - 0.2 - 0.15)
 
 
 def recorded(calls, name, real):
@@ -774,7 +968,7 @@ def test_sleep_engine_call_order(live, monkeypatch, tmp_path):
     frees there is not measured here."""
     calls = []
 
-    def make_engine(path, args, policy=None):
+    def make_engine(path, args, runtime, policy=None):
         return live["engine"]
 
     monkeypatch.setattr(grpo, "make_engine", make_engine)
@@ -787,8 +981,17 @@ def test_sleep_engine_call_order(live, monkeypatch, tmp_path):
     # each step: rollout, eval, sleep, train, wake + push; then the final eval on the woken engine
     assert calls == step + step + ["generate"], calls
     monkeypatch.undo()
+    # the flags as given, and next to them what grpo.main decided from them
+    with open(tmp_path / "run" / "args.json") as f:
+        args = json.load(f)
+    assert args["vllm_device"] is None
+    assert args["shared_prefix"] is None
+    with open(tmp_path / "run" / "runtime.json") as f:
+        runtime = json.load(f)
+    assert set(runtime) == RUNTIME_KEYS
+    assert runtime["vllm_device"] == args["policy_device"]
     # the fixture's weights back
-    initial = grpo.load_policy(live["model_dir"], live["args"])[0]
+    initial = grpo.load_policy(live["model_dir"], live["args"], live["runtime"])[0]
     grpo.engines.load_policy_into_vllm(initial, live["engine"])
 
 
@@ -815,12 +1018,12 @@ def test_ctrl_c_mid_update_saves_a_consistent_step(
         tiny_model_dir, task_file, "--engine", "hf", "--eval-every", "0", "--n-grpo-steps", "3"
     )
     real_step = grpo.train_step
-    real_microbatch = losses.grpo_microbatch_train_step
+    real_microbatch = losses.grpo_microbatch_loss
     calls = {}  # step -> microbatch calls
 
-    def train_step(policy, optimizer, batch, args, step, *a, **kw):
+    def train_step(learner, batch, args, runtime, step, *a, **kw):
         calls[step] = 0
-        return real_step(policy, optimizer, batch, args, step, *a, **kw)
+        return real_step(learner, batch, args, runtime, step, *a, **kw)
 
     def microbatch(*a, **kw):
         step = max(calls)
@@ -830,7 +1033,7 @@ def test_ctrl_c_mid_update_saves_a_consistent_step(
         return real_microbatch(*a, **kw)
 
     monkeypatch.setattr(grpo, "train_step", train_step)
-    monkeypatch.setattr(losses, "grpo_microbatch_train_step", microbatch)
+    monkeypatch.setattr(losses, "grpo_microbatch_loss", microbatch)
     assert threading.current_thread() is threading.main_thread()
     with pytest.raises(SystemExit) as exit_:
         grpo.main(grpo.parse_args(flags + ["--out", str(tmp_path / "cut")]))
