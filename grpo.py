@@ -489,6 +489,11 @@ def check_settings(args):
         "--kl-estimator seq is for monitoring; the penalty needs k1, k2 or k3",
     )
     check(
+        not (args.shared_prefix and args.gradient_checkpointing),
+        "--shared-prefix runs the prompt once into the KV cache, which gradient checkpointing"
+        " turns off: pass --no-shared-prefix or drop --gradient-checkpointing",
+    )
+    check(
         args.sleep_engine is False or args.engine == "vllm",
         "--sleep-engine frees vLLM's GPU memory: use --engine vllm",
     )
@@ -525,9 +530,8 @@ def setup_runtime(args):
     # on CUDA the saving is only the prompt's share of a long response: see the README
     shared_prefix = args.shared_prefix
     if shared_prefix is None:
-        shared_prefix = policy_device == "cpu"
-    if args.gradient_checkpointing:
-        shared_prefix = False  # the shared prefix needs the KV cache
+        # the shared prefix needs the KV cache, which gradient checkpointing turns off
+        shared_prefix = policy_device == "cpu" and not args.gradient_checkpointing
     print(
         f"devices: policy {policy_device} (weights {param_dtype}, compute {compute_dtype}), "
         f"engine {args.engine} on {vllm_device} ({n_gpu} GPUs visible)"
