@@ -57,8 +57,8 @@ from eval_zero_shot import (
     default_max_tokens,
     describe,
     load_examples,
-    resolve_task,
     start_engine,
+    task_flags,
 )
 from grader import REWARD_FNS, grade_batch, last_boxed
 
@@ -325,6 +325,12 @@ def parse_args(argv=None):
         help="grading processes",
     )
     args = p.parse_args(argv)
+    return resolve(args)
+
+
+def resolve(args):
+    """The defaults that depend on other flags, and the checks that need no model: each a
+    one-line error. After this, args is only read."""
     args.ns = sorted(set(args.ns))
     if args.from_generations:
         here = os.path.dirname(os.path.abspath(args.from_generations))
@@ -335,7 +341,7 @@ def parse_args(argv=None):
         check_out(args.out, results, args.overwrite)
         return args
     check(args.ns[-1] <= args.n, f"--ns values must be in 1..--n ({args.n}), got {args.ns}")
-    resolve_task(args)
+    args.prompt, args.reward, args.data = task_flags(args)
     args.max_tokens = args.max_tokens or default_max_tokens(args.task, args.model)
     args.out = args.out or os.path.join("runs", f"bon_{args.task}")
     check_out(args.out, ["generations.jsonl", "best_of_n.json"], args.overwrite)

@@ -121,25 +121,27 @@ def default_max_tokens(task, model):
     return SEED_SETTINGS[task][0]
 
 
-def resolve_task(args):
-    """Check --model; fill --prompt, --reward and --data from data.task_defaults. Loads nothing."""
+def task_flags(args):
+    """Check --model; return --prompt, --reward and --data, each as given or data.task_defaults',
+    checked. Loads nothing; each script's resolve stores them on args."""
     check_model_dir(args.model)
     d = task_defaults(args.task, args.model)
-    args.prompt = args.prompt or d["prompt"]
-    args.reward = args.reward or d["reward"]
-    args.data = args.data or d["path"]
+    prompt = args.prompt or d["prompt"]
+    reward = args.reward or d["reward"]
+    path = args.data or d["path"]
     try:
-        load_prompt(args.prompt)
+        load_prompt(prompt)
     except ValueError as e:
-        fail(f"--prompt {args.prompt}: {e}")
+        fail(f"--prompt {prompt}: {e}")
     check(
-        args.data != "synthetic" or args.task == "countdown",
+        path != "synthetic" or args.task == "countdown",
         f"--data synthetic is data.py's Countdown generator; --task {args.task} needs a file",
     )
     check(
-        args.data is not None or args.task not in NO_HUB_DATA,
+        path is not None or args.task not in NO_HUB_DATA,
         f"--task {args.task} needs --data FILE",
     )
+    return prompt, reward, path
 
 
 def check_out(out, results, overwrite):
@@ -235,7 +237,7 @@ def start_engine(args, prompts, max_tokens):
 
 
 def add_data_flags(p):
-    """The flags resolve_task and load_examples read (best_of_n.py uses the same ones)."""
+    """The flags task_flags and load_examples read (best_of_n.py uses the same ones)."""
     p.add_argument(
         "--task", default="countdown", choices=sorted(TASKS), help="task (data.load_task)"
     )
@@ -317,7 +319,13 @@ def parse_args(argv=None):
         help="prompts per generate call (progress bar step)",
     )
     args = p.parse_args(argv)
-    resolve_task(args)
+    return resolve(args)
+
+
+def resolve(args):
+    """The defaults that depend on --task/--model, and the checks that need no model: each a
+    one-line error. After this, args is only read."""
+    args.prompt, args.reward, args.data = task_flags(args)
     args.max_tokens = args.max_tokens or [default_max_tokens(args.task, args.model)]
     if args.temperature is None:
         args.temperature = SEED_SETTINGS[args.task][1]

@@ -1,7 +1,7 @@
 """Issue 16's probes, run as the commands a user types: each bad input is refused with exactly one
 `error:` line on stderr and a non-zero exit, fast (before any model loads: the model directories
 here hold junk weights, so a load would end in a traceback), and no run loses data (checkpoints
-written whole, no temp files left behind)."""
+written whole, no temp files left behind). And a run saved by older code (tests/compat/) resumes."""
 
 import json
 import os
@@ -135,6 +135,84 @@ def test_half_written_state_json_is_not_a_complete_checkpoint(tmp_path):
     assert os.listdir(run_dir / "checkpoint.tmp") == ["model.safetensors"]
     assert common.find_checkpoint(str(run_dir)) == str(run_dir / "checkpoint")
     assert not (run_dir / "checkpoint.tmp").exists()
+
+
+# a grpo.py run saved by the code before the runtime record (commit f82a54e, which resolved the
+# devices, dtypes and --shared-prefix onto args): its args.json and checkpoint/state.json, made with
+# `python grpo.py --out /tmp/oldrun --n-grpo-steps 1 --save-every 1 --engine hf` + OLD_RUN_FLAGS on
+# the tiny Qwen2 and the keyword task below (weights, metrics and rollouts left out)
+OLD_RUN = os.path.join(ROOT, "tests", "compat", "grpo_f82a54e")
+OLD_RUN_FLAGS = [
+    "--task jsonl",
+    "--prompt question_only",
+    "--reward keyword",
+    "--rollout-batch-size 8",
+    "--group-size 4",
+    "--train-batch-size 8",
+    "--gradient-accumulation-steps 2",
+    "--max-tokens 16",
+    "--min-tokens 2",
+    "--eval-n 4",
+    "--eval-every 1",
+    "--lr 1e-3",
+    "--policy-device cpu",
+    "--grader-workers 0",
+]
+
+
+def test_a_run_saved_before_the_runtime_record_resumes(tiny_model_dir, tmp_path):
+    """Issue 25: a run whose saved flags hold the values the old code resolved onto args
+    (vllm_device, shared_prefix, and the param_dtype/compute_dtype that are no flags now) resumes
+    with the same settings and runtime, and logs its next step."""
+    task = tmp_path / "task.jsonl"
+    rows = []
+    for i in range(64):
+        rows.append(json.dumps({"question": f"Numbers {i} and {i + 3}.", "ground_truth": ["the"]}))
+    task.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "run"
+    paths = {"model": tiny_model_dir, "train_path": str(task), "val_path": str(task)}
+    flags = ["--out", out, "--n-grpo-steps", 1, "--save-every", 1, "--engine", "hf"]
+    for name, value in paths.items():
+        flags += ["--" + name.replace("_", "-"), value]
+    for flag in OLD_RUN_FLAGS:
+        flags += flag.split()
+    first = run("grpo.py", *flags, timeout=600, fast=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    with open(out / "args.json") as f:
+        new_args = json.load(f)
+    with open(out / "runtime.json") as f:
+        new_runtime = json.load(f)
+    # the old run's files in place of the new ones, pointed at this test's model, data and run
+    for name in ("args.json", os.path.join("checkpoint", "state.json")):
+        with open(os.path.join(OLD_RUN, name)) as f:
+            saved = json.load(f)
+        old_args = saved.get("args", saved)  # state.json holds the flags under "args"
+        old_args.update(paths, out=str(out))
+        with open(out / name, "w") as f:
+            json.dump(saved, f)
+    resumed = run("grpo.py", "--resume", out, "--n-grpo-steps", 2, timeout=600, fast=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Traceback" not in resumed.stderr
+    assert "resume: restored the run's flags" in resumed.stdout
+    with open(out / "metrics.jsonl") as f:
+        logged = [json.loads(line) for line in f]
+    steps = []
+    for row in logged:
+        if "train/loss" in row:
+            steps.append(row["step"])
+    assert steps == [0, 1]  # the old checkpoint's step, then the resumed one
+    # the same run: the runtime record the new code's own first step had, and every flag the
+    # resumed run took from the old files equal to the new code's, or to the runtime value the old
+    # code had resolved onto args
+    with open(out / "runtime.json") as f:
+        assert json.load(f) == new_runtime
+    with open(out / "args.json") as f:
+        restored = json.load(f)  # rewritten by the resumed run: its flags, no derived dtypes
+    assert set(restored) == set(new_args)
+    changed_by_the_resume = {"resume", "n_grpo_steps"}
+    for k in sorted(set(new_args) - changed_by_the_resume):
+        assert restored[k] == old_args[k], k
+        assert old_args[k] == new_args[k] or old_args[k] == new_runtime.get(k), k
 
 
 # ----------------------------------------------------------------------------- sft sizes

@@ -95,6 +95,8 @@ def test_loss_decreases_and_run_dir_layout(tiny_model_dir, sft_jsonl, tmp_path):
     assert saved["gradient_accumulation_steps"] == 1
     assert saved["eval_max_tokens"] == 2048
     assert saved["steps"] == 6
+    # what the model allowed, apart from the flags (no --shared-prefix here)
+    assert json.load(open(tmp_path / "runtime.json")) == {"shared_prefix": False}
     assert os.path.exists(tmp_path / "dashboard.png")
     assert os.path.exists(tmp_path / "model" / "state.json")
     assert json.load(open(tmp_path / "checkpoint" / "state.json"))["step"] == 6
@@ -124,6 +126,8 @@ def test_shared_prefix_gives_the_same_steps(tiny_model_dir, sft_jsonl, tmp_path)
             tiny_model_dir, sft_jsonl, tmp_path / name, "--steps", "2", "--batch-size", "4"
         )
         runs[name] = train_rows(sft.main(argv + extra))
+    # the tiny model's cache passes the check: the runs did differ in the prefix pass
+    assert json.load(open(tmp_path / "on" / "runtime.json")) == {"shared_prefix": True}
     for a, b in zip(runs["on"], runs["off"]):
         for k in ("train/loss", "train/grad_norm", "train/entropy", "train/nll_per_token"):
             assert a[k] == pytest.approx(b[k], rel=1e-5), k
@@ -229,6 +233,9 @@ def test_shared_prefix_falls_back_where_the_models_cache_fails_its_check(
     argv = flags(tiny_model_dir, sft_jsonl, tmp_path, "--steps", "1", "--shared-prefix")
     assert train_rows(sft.main(argv))
     assert "notice: --shared-prefix off" in capsys.readouterr().out
+    # the flag stays as given; the runtime record says what ran
+    assert json.load(open(tmp_path / "args.json"))["shared_prefix"] is True
+    assert json.load(open(tmp_path / "runtime.json")) == {"shared_prefix": False}
 
 
 def test_reusing_out_without_resume_is_refused(tiny_model_dir, sft_jsonl, tmp_path, capsys):

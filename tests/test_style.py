@@ -4,6 +4,10 @@ over every Python file of the repository. ruff checks and formats the rest (`mak
 - An assignment has at most two targets, unless it unpacks a call's result (`q, r = divmod(n, k)`).
 - No conditional expression inside another (`a if x else b if y else c`): write an `if` block.
 - No generator or comprehension in a `for` header: name the sequence first.
+
+Rule of thumb 4: after `resolve`, `args` is read, never written (what a run computes at run time
+lives in its runtime record). Only `parse_args` and `resolve` assign to `args`, in every root
+script and bench/*.py.
 """
 
 import ast
@@ -86,3 +90,140 @@ def test_plain_lines(path):
     with open(os.path.join(ROOT, path)) as f:
         source = f.read()
     assert problems(source, path) == []
+
+
+# ------------------------------------------------------------- args is written only at parse time
+# functions that may write args: parse_args, resolve, and common.py's two parse-time helpers that
+# parse_args calls for --resume (resume_from restores the saved flags through resume_args)
+WRITES_ARGS = {"parse_args", "resolve"}
+WRITES_ARGS_IN = {"common.py": {"resume_from", "resume_args"}}
+# the dict methods that change vars(args) (`vars(args).items()` only reads it)
+DICT_WRITES = {"update", "setdefault", "pop", "popitem", "clear", "__setitem__", "__delitem__"}
+
+
+def root_name(node):
+    """The name an attribute/subscript chain hangs from (`args` for `args.a.b[0]`), or None."""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    if isinstance(node, ast.Name):
+        return node.id
+    return None
+
+
+def is_vars_of_args(node):
+    """`vars(args)`."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "vars"
+        and len(node.args) == 1
+        and isinstance(node.args[0], ast.Name)
+        and node.args[0].id == "args"
+    )
+
+
+def writes_args(node):
+    """What `node` itself writes into args, or None: `args.x = / += / del`, `args.x[i] = `,
+    `setattr(args, ...)`, `vars(args)[k] = ...`, `vars(args).update(...)`. A subscript of another
+    object (`ban[i, : args.n] = True`) writes that object, not args."""
+    if isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(
+        node.ctx, (ast.Store, ast.Del)
+    ):
+        chain = node
+        has_attribute = False
+        while isinstance(chain, (ast.Attribute, ast.Subscript)):
+            has_attribute = has_attribute or isinstance(chain, ast.Attribute)
+            chain = chain.value
+        if has_attribute and isinstance(chain, ast.Name) and chain.id == "args":
+            return "assigns args." + ast.unparse(node).removeprefix("args.")
+        if is_vars_of_args(chain):
+            return "writes vars(args)"
+    if isinstance(node, ast.Call):
+        func = node.func
+        if (
+            isinstance(func, ast.Name)
+            and func.id == "setattr"
+            and node.args
+            and root_name(node.args[0]) == "args"
+        ):
+            return "calls setattr(args, ...)"
+        if (
+            isinstance(func, ast.Attribute)
+            and is_vars_of_args(func.value)
+            and func.attr in DICT_WRITES
+        ):
+            return f"calls vars(args).{func.attr}(...)"
+    return None
+
+
+def args_writes(source, path):
+    """Every write to args outside the functions allowed to make one, as `path:line: function
+    what`."""
+    allowed = WRITES_ARGS | WRITES_ARGS_IN.get(os.path.basename(path), set())
+    found = []
+
+    def visit(node, function):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = node.name
+        what = writes_args(node)
+        if what and function not in allowed:
+            found.append(f"{path}:{node.lineno}: {function} {what}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(ast.parse(source, path), "<module>")
+    return found
+
+
+def scripts():
+    """The root scripts and the benches (not the tests)."""
+    found = []
+    for path in python_files():
+        if os.path.dirname(path) in ("", "bench"):
+            found.append(path)
+    return found
+
+
+def test_the_args_check_catches_each_way_of_writing_args():
+    writes = [
+        "args.lr = 1.0",
+        "args.n += 1",
+        "args.sizes[0] = 2",
+        "args.a, b = f()",
+        "setattr(args, 'lr', 1.0)",
+        "vars(args).update(lr=1.0)",
+        "vars(args).pop('lr')",
+        "vars(args)['lr'] = 1.0",
+        "del args.lr",
+    ]
+    for line in writes:
+        source = f"def main(args):\n    {line}\n"
+        assert len(args_writes(source, "x.py")) == 1, line
+        for name in sorted(WRITES_ARGS):
+            assert args_writes(source.replace("main", name), "x.py") == [], (name, line)
+    assert len(args_writes("args = f()\nargs.lr = 1.0\n", "x.py")) == 1  # module level too
+    # the helpers common.py's parse_args calls may write args there, and nowhere else
+    helper = "def resume_args(args):\n    args.lr = 1.0\n"
+    assert args_writes(helper, "common.py") == []
+    assert len(args_writes(helper, "grpo.py")) == 1
+    reads = "\n".join(
+        [
+            "def main(args, ban):",
+            "    ban[0, 1 : 1 + args.min_tokens] = True",
+            "    x = args.lr",
+            "    y = vars(args)",
+            "    z = dict(vars(args))",
+            "    w = {k: v for k, v in vars(args).items()}",
+            "    z['lr'] = 2.0",
+            "    other.lr = args.lr",
+            "    setattr(other, 'lr', args.lr)",
+        ]
+    )
+    assert args_writes(reads, "x.py") == []
+
+
+@pytest.mark.parametrize("path", scripts())
+def test_args_is_written_only_at_parse_time(path):
+    with open(os.path.join(ROOT, path)) as f:
+        source = f.read()
+    assert args_writes(source, path) == []
