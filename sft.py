@@ -589,8 +589,9 @@ def lr_lambda(step, total, warmup, min_frac):
     return min_frac + (1 - min_frac) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def train_step(model, tokenizer, optimizer, scheduler, pairs, args):
+def train_step(model, tokenizer, optimizer, scheduler, pairs, args, shared_prefix):
     """One optimizer step over `pairs`, sorted by length into microbatches (little padding).
+    shared_prefix: the runtime record's verdict (a microbatch's common prompt prefix runs once).
 
     Returns the step's train/ and time/ metrics."""
     t0 = time.perf_counter()
@@ -610,7 +611,7 @@ def train_step(model, tokenizer, optimizer, scheduler, pairs, args):
         # --shared-prefix: the rows' common prompt prefix (the template) runs once, up to the
         # first response label
         P = 0
-        if args.shared_prefix and shared_prefix_works(model) and len(mb) > 1:
+        if shared_prefix and len(mb) > 1:
             same_column = (input_ids == input_ids[:1]).all(0)  # (T,) every row equals row 0
             shared = int(same_column.long().cumprod(0).sum())  # leading columns all rows share
             first_label = int(mask.long().argmax(-1).min())  # earliest response token of a row
@@ -813,7 +814,9 @@ def main(argv=None):
                 in_step = True
                 first = step * args.batch_size
                 batch = [pairs[i] for i in order[first : first + args.batch_size]]
-                row = train_step(model, tokenizer, optimizer, scheduler, batch, args)
+                row = train_step(
+                    model, tokenizer, optimizer, scheduler, batch, args, runtime["shared_prefix"]
+                )
                 done = step + 1
                 step_row = {"step": done, **row, "time/wall": time.perf_counter() - t_run}
                 common.log_row(args.out, step_row, wandb_run)
