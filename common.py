@@ -614,35 +614,71 @@ def autocast(device, compute_dtype):
     return torch.autocast(str(device).split(":")[0], compute_dtype)
 
 
-# ----------------------------------------------------------------------------- Ctrl-C
+# ----------------------------------------------------------------------------- Ctrl-C and SIGTERM
+# SIGTERM (schedulers, `timeout`, container stops) is handled like Ctrl-C: both raise
+# KeyboardInterrupt, so each script's Ctrl-C path (finish the step, save, exit) runs for either.
+# The exit code says which: 130 for SIGINT, 143 for SIGTERM (the shell's 128 + signal number).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_last_stop = {"signal": signal.SIGINT}  # the signal of the last stop request
+
+
+def stop_on_sigterm():
+    """Make SIGTERM raise KeyboardInterrupt, as Ctrl-C does. Call once at the start of a script's
+    main (the main thread only; a no-op elsewhere)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum, frame):
+        _last_stop["signal"] = signum
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def stop_exit_code():
+    """The exit code after a stop request has been handled (the state saved): 143 after SIGTERM,
+    130 after Ctrl-C."""
+    return 128 + int(_last_stop["signal"])
+
+
+def stop_name():
+    """ "SIGTERM" or "Ctrl-C": what the last stop request was, for messages."""
+    if _last_stop["signal"] == signal.SIGTERM:
+        return "SIGTERM"
+    return "Ctrl-C"
+
+
 @contextlib.contextmanager
 def finish_then_interrupt(what="this step"):
-    """Defer a first Ctrl-C until the block ends (then raise KeyboardInterrupt); a second one aborts
-    now. A no-op outside the main thread (only it receives signals) and where SIGINT is ignored (a
-    nohup / background job)."""
+    """Defer a first Ctrl-C or SIGTERM until the block ends (then raise KeyboardInterrupt); a
+    second one aborts now. A no-op outside the main thread (only it receives signals); a signal
+    the process ignores (SIGINT in a nohup / background job) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         yield
         return
     hits = []
 
     def handler(signum, frame):
+        _last_stop["signal"] = signum
         if hits:
             raise KeyboardInterrupt
         hits.append(signum)
+        name = stop_name()
         print(
-            f"\nCtrl-C: finishing {what} so the saved state is consistent (Ctrl-C again to abort "
+            f"\n{name}: finishing {what} so the saved state is consistent ({name} again to abort "
             f"without saving)",
             file=sys.stderr,
             flush=True,
         )
 
-    old = signal.signal(signal.SIGINT, handler)
+    old = {}
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            old[sig] = signal.signal(sig, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
     if hits:
         raise KeyboardInterrupt
