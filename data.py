@@ -13,6 +13,12 @@ and offline runs use it. `load_task("countdown", path="synthetic")` uses the syn
 below, which needs nothing; without a path Countdown is the seeds' hub set
 (justinphan3110/Countdown-Tasks-3to4, its last 1024 rows held out as the test split).
 
+Every row read from a file or hub set is checked at load, and nothing is coerced: a wrong type (a
+string for a list of numbers, a float or a boolean for an integer, Infinity, a row that is not an
+object) or a field over MAX_FIELD_CHARS is a one-line ValueError naming the file, the line and the
+field. Countdown rows whose target no expression of their numbers reaches are counted in one
+notice (they load: the caller decides).
+
 Synthetic Countdown (departures from the seed's hub dataset, chosen so a tiny model can learn it):
   * k numbers (k from `numbers`, default 3, at most 5) in 1..max_value (default 10), duplicates
     allowed; target a positive integer <= max_target (default 50) reachable using ALL k numbers
@@ -33,13 +39,15 @@ import argparse
 import contextlib
 import hashlib
 import json
+import math
 import os
 import random
 from fractions import Fraction
 from functools import lru_cache
 from itertools import combinations
 
-from grader import gsm8k_answer, math_answer  # ground truths are parsed by the grader's own rules
+# ground truths are parsed and checked by the grader's own rules
+from grader import gsm8k_answer, gsm8k_gold, math_answer
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 PROMPTS_DIR = os.path.join(ROOT, "prompts")
@@ -62,6 +70,14 @@ HUB = {  # task -> (dataset id, config) when `datasets` is importable and no pat
     "countdown_hub": ("justinphan3110/Countdown-Tasks-3to4", None),
 }
 TEST_BUCKETS = 10  # of 100 hash buckets go to the test split (countdown, keyword)
+# a longer question, answer, prompt, response or keyword is refused at load, naming its file and
+# line (a 10 MB question used to load, then fail late); ~25k tokens, beyond any context used here
+MAX_FIELD_CHARS = 100_000
+# Countdown rows of a file or hub set searched for a solution at load (evenly spread over the set),
+# and the search steps each may take: every row of up to 4 numbers is decided (a few ms at worst), a
+# larger one only when a solution turns up early. Rows with no solution are counted in one notice.
+SOLVE_CHECK_ROWS = 200
+SOLVE_CHECK_STEPS = 40
 
 
 def is_embedded(model):
@@ -112,22 +128,54 @@ def stop_strings(template):
 # ----------------------------------------------------------------------------- jsonl io
 def read_jsonl(path):
     """Rows of a .jsonl file (a .json file holding a list also works)."""
+    return [row for _where, row in read_located(path)]
+
+
+def read_located(path):
+    """[(where, row)] of a .jsonl file, where = "path line N" (a .json list: "path item N"), for
+    errors that name the line. Bad UTF-8 and bad JSON are one-line ValueErrors naming it too."""
     if not os.path.exists(path):
         raise ValueError(f"file not found: {path}")
-    with open(path, encoding="utf-8") as f:
-        if path.endswith(".json"):
-            rows = json.load(f)
-            if not isinstance(rows, list):
-                raise ValueError(f"{path}: expected a JSON list of objects")
-            return rows
-        rows = []
-        for i, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{i}: invalid JSON ({e.msg})") from None
-        return rows
+    if path.endswith(".json"):
+        with open(path, "rb") as f:
+            text = _utf8(f.read(), path)
+        try:
+            rows = json.loads(text)
+        except ValueError as e:  # JSONDecodeError, or an integer of over 4300 digits
+            raise ValueError(f"{path}: invalid JSON ({e})") from None
+        if not isinstance(rows, list):
+            raise ValueError(f"{path}: expected a JSON list of objects")
+        return [(f"{path} item {i}", row) for i, row in enumerate(rows, 1)]
+    out = []
+    for n, line in text_lines(path):
+        if not line.strip():
+            continue
+        try:
+            out.append((f"{path} line {n}", json.loads(line)))
+        except ValueError as e:  # JSONDecodeError, or an integer of over 4300 digits
+            reason = getattr(e, "msg", str(e))
+            raise ValueError(f"{path} line {n}: invalid JSON ({reason})") from None
+    return out
+
+
+def text_lines(path):
+    """[(line number, text)] of a UTF-8 text file; a byte that is not UTF-8 is a one-line
+    ValueError naming its line."""
+    out = []
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            out.append((n, _utf8(raw, f"{path} line {n}")))
+    return out
+
+
+def _utf8(raw, where):
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{where}: byte {raw[e.start]:#04x} at offset {e.start} is not UTF-8; "
+            f"save the file as UTF-8"
+        ) from None
 
 
 def write_jsonl_atomic(path, rows):
@@ -153,20 +201,74 @@ def _write_atomic(path, text):
         raise
 
 
-def _field(row, names, path, i):
-    """The first of `names` that row i of `path` holds (not None), else a ValueError naming them."""
+# ----------------------------------------------------------------------------- row checks
+# Every field a loader reads is checked for its type and size, each failure one line naming the
+# file, the line and the field: nothing is coerced ("345" is not [3, 4, 5], 2.5 is not 2, true is
+# not 1).
+def _shown(value):
+    """A value as JSON spells it (Infinity, true, "345"), cut to ~60 characters, for messages."""
+    if isinstance(value, str) and len(value) > 60:
+        value = value[:57] + "..."
+    text = json.dumps(value, ensure_ascii=False)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return text
+
+
+def _object(row, where):
+    """The row, when it is a JSON object; else a ValueError."""
+    if not isinstance(row, dict):
+        raise ValueError(
+            f"{where}: a row must be a JSON object {{...}}, got {_shown(row)}; "
+            f"write one object per line"
+        )
+    return row
+
+
+def _field(row, names, where):
+    """(name, value) of the first of `names` the row holds (not None), else a ValueError naming
+    them."""
     for n in names:
         if n in row and row[n] is not None:
-            return row[n]
-    raise ValueError(f"{path}: row {i} has no field {' or '.join(repr(n) for n in names)}")
+            return n, row[n]
+    raise ValueError(f"{where}: the row has no field {' or '.join(repr(n) for n in names)}")
+
+
+def _sized(name, text, where):
+    """text, when it has at most MAX_FIELD_CHARS characters; else a ValueError."""
+    if len(text) > MAX_FIELD_CHARS:
+        raise ValueError(
+            f'{where}: "{name}" is {len(text):,} characters, over the {MAX_FIELD_CHARS:,} of '
+            f"data.MAX_FIELD_CHARS; shorten it or drop the row"
+        )
+    return text
+
+
+def _string(row, names, where):
+    """The first of `names` the row holds, which must be a string of at most MAX_FIELD_CHARS."""
+    name, value = _field(row, names, where)
+    if not isinstance(value, str):
+        raise ValueError(
+            f'{where}: "{name}" must be a string, got {_shown(value)}; quote it in the file'
+        )
+    return _sized(name, value, where)
+
+
+def _is_int(x):
+    return type(x) is int  # not bool (True is an int to Python), not float
+
+
+def _is_finite_number(x):
+    return _is_int(x) or (type(x) is float and math.isfinite(x))
 
 
 def load_sft_jsonl(path):
-    """SFT pairs [{"prompt", "response"}] from a JSONL file with those two fields."""
+    """SFT pairs [{"prompt", "response"}] from a JSONL file with those two (string) fields."""
     pairs = []
-    for i, r in enumerate(read_jsonl(path)):
-        prompt = _field(r, ["prompt"], path, i)
-        response = _field(r, ["response"], path, i)
+    for where, r in read_located(path):
+        r = _object(r, where)
+        prompt = _string(r, ["prompt"], where)
+        response = _string(r, ["response"], where)
         pairs.append({"prompt": prompt, "response": response})
     return pairs
 
@@ -273,11 +375,16 @@ def _load_rows(task, split, path, n, seed, question_key, answer_key):
                 rows = rows[-1024:]
             else:
                 rows = rows[:-1024]
+        located = [(f"{path} row {i}", r) for i, r in enumerate(rows)]
     else:
-        rows = read_jsonl(path)
+        located = read_located(path)
     if n is not None:
-        rows = rows[:n]
+        located = located[:n]
 
+    if task == "countdown":
+        out = [_countdown_row(_object(r, where), where) for where, r in located]
+        _notice_unsolvable(out, path)
+        return out
     question_fields = _QUESTION_FIELDS
     if question_key:
         question_fields = [question_key]
@@ -285,28 +392,99 @@ def _load_rows(task, split, path, n, seed, question_key, answer_key):
     if answer_key:
         answer_fields = [answer_key]
     out = []
-    for i, r in enumerate(rows):
-        if task == "countdown":
-            # rows written by `python data.py countdown` nest numbers and target in ground_truth
-            if isinstance(r.get("ground_truth"), dict):
-                r = {**r, **r["ground_truth"]}
-            nums = [int(x) for x in _field(r, ["numbers", "nums"], path, i)]
-            target = int(_field(r, ["target"], path, i))
-            gt = {"numbers": nums, "target": target}
-            out.append({"question": countdown_question(nums, gt["target"]), "ground_truth": gt})
-            continue
-        q = _field(r, question_fields, path, i)
+    for where, r in located:
+        r = _object(r, where)
+        q = _string(r, question_fields, where)
         if task == "gsm8k":
-            sol = _field(r, answer_fields, path, i)
-            out.append({"question": q, "ground_truth": gsm8k_answer(sol), "solution": sol})
+            sol = _string(r, answer_fields, where)
+            out.append({"question": q, "ground_truth": _gsm8k_truth(sol, where), "solution": sol})
         elif task in ("math", "math500"):
-            a = _field(r, answer_fields, path, i)
-            gt = math_answer(str(a))
-            out.append({"question": q, "ground_truth": gt, "solution": r.get("solution", a)})
-        else:  # jsonl: ground truth taken as is
-            gt = _field(r, answer_fields, path, i)
+            a = _string(r, answer_fields, where)
+            solution = a
+            if r.get("solution") is not None:
+                solution = _string(r, ["solution"], where)
+            out.append({"question": q, "ground_truth": math_answer(a), "solution": solution})
+        else:  # jsonl: ground truth taken as is, once its type is one the graders read
+            name, gt = _field(r, answer_fields, where)
+            _check_truth(name, gt, where)
             out.append({**r, "question": q, "ground_truth": gt})
     return out
+
+
+def _gsm8k_truth(solution, where):
+    """The number after a GSM8K solution's '####', checked by the grader's own rule."""
+    try:
+        truth = gsm8k_answer(solution)
+        gsm8k_gold(truth)
+    except ValueError:
+        raise ValueError(
+            f'{where}: "answer" must end in "#### <number>", got {_shown(solution[-40:])}'
+        ) from None
+    return truth
+
+
+def _check_truth(name, gt, where):
+    """A jsonl ground truth: a string, a finite number or a non-empty list of those."""
+    items = gt
+    if not isinstance(gt, list):
+        items = [gt]
+    ok = len(items) > 0 and all(isinstance(g, str) or _is_finite_number(g) for g in items)
+    if not ok:
+        raise ValueError(
+            f'{where}: "{name}" must be a string, a number or a list of those, got {_shown(gt)}'
+        )
+    for g in items:
+        if isinstance(g, str):
+            _sized(name, g, where)
+
+
+def _countdown_row(r, where):
+    """{"question", "ground_truth": {"numbers", "target"}} of a Countdown row, its fields checked:
+    numbers a non-empty list of integers >= 0 (the grader reads no minus sign), target an
+    integer."""
+    if isinstance(r.get("ground_truth"), dict):
+        # rows written by `python data.py countdown` nest numbers and target in ground_truth
+        r = {**r, **r["ground_truth"]}
+    name, nums = _field(r, ["numbers", "nums"], where)
+    ok = isinstance(nums, list) and len(nums) > 0
+    if ok:
+        ok = all(_is_int(x) and x >= 0 for x in nums)
+    if not ok:
+        raise ValueError(
+            f'{where}: "{name}" must be a non-empty list of integers >= 0, got {_shown(nums)}'
+        )
+    _, target = _field(r, ["target"], where)
+    if not _is_int(target):
+        raise ValueError(f'{where}: "target" must be an integer, got {_shown(target)}')
+    question = _sized(name, countdown_question(nums, target), where)
+    return {"question": question, "ground_truth": {"numbers": nums, "target": target}}
+
+
+def _notice_unsolvable(rows, source):
+    """Print one notice counting the Countdown rows no expression of their numbers solves (up to
+    SOLVE_CHECK_ROWS rows, evenly spread); no answer to them can be right. Nothing when all are
+    solvable."""
+    every = max(1, -(-len(rows) // SOLVE_CHECK_ROWS))  # ceil: the stride that checks <= the cap
+    checked = rows[::every]
+    verdicts = [countdown_solvable(**r["ground_truth"]) for r in checked]
+    impossible = verdicts.count(False)
+    if not impossible:
+        return
+    scope = f"{len(checked)} Countdown rows"
+    if len(checked) < len(rows):
+        scope = f"{len(checked)} Countdown rows checked (of {len(rows)})"
+    if impossible == len(checked):
+        print(
+            f"notice: {source}: none of its {scope} has a solution with its numbers: no answer "
+            f"can be right, so every reward is the same and nothing is learned from them",
+            flush=True,
+        )
+        return
+    print(
+        f"notice: {source}: {impossible} of {scope} have no solution with their numbers (no "
+        f"answer to them can be right)",
+        flush=True,
+    )
 
 
 def _keyword_rows(path, split, n, seed):
@@ -319,8 +497,11 @@ def _keyword_rows(path, split, n, seed):
         )
     if not os.path.exists(path):
         raise ValueError(f"file not found: {path}")
-    with open(path, encoding="utf-8") as f:
-        words = sorted({w.strip() for w in f if w.strip()})
+    words = set()
+    for n, line in text_lines(path):
+        if line.strip():
+            words.add(_sized("keyword", line.strip(), f"{path} line {n}"))
+    words = sorted(words)
     words = [w for w in words if _in_split("kw:" + w.lower(), split)]
     random.Random(seed).shuffle(words)
     return [{"question": w, "ground_truth": [w]} for w in words[:n]]
@@ -412,6 +593,59 @@ def solve_countdown(numbers, target):
     if hit:
         return hit[0]
     return None
+
+
+def countdown_solvable(numbers, target):
+    """Whether an expression using every number once equals target: True, False, or None when
+    undecided (more than 6 numbers, numbers beyond 2**53, or over SOLVE_CHECK_STEPS search steps).
+
+    A depth-first search that stops at the first hit, for checking rows at load; floats with a
+    relative tolerance of 1e-9 stand in for exact fractions (8 / (3 - 8 / 3) is 23.999...), ~20x
+    faster, and exact enough for numbers this small. solve_countdown finds the expression."""
+    if len(numbers) > 6 or max(abs(x) for x in [*numbers, target]) > 2**53:
+        return None
+    if len(numbers) < 2:
+        return list(numbers) == [target]
+    tolerance = 1e-9 * max(1.0, abs(target))
+    seen = set()  # sorted value tuples already searched
+    steps = 0
+
+    def search(values):
+        nonlocal steps
+        if len(values) == 2:
+            return any(abs(v - target) <= tolerance for v in _pair_values(*values))
+        key = tuple(sorted(values))
+        if key in seen:
+            return False
+        seen.add(key)
+        steps += 1
+        if steps > SOLVE_CHECK_STEPS:
+            raise _Undecided()
+        for i, j in combinations(range(len(values)), 2):
+            rest = [v for k, v in enumerate(values) if k != i and k != j]
+            for v in _pair_values(values[i], values[j]):
+                if search([*rest, v]):
+                    return True
+        return False
+
+    try:
+        return search([float(x) for x in numbers])
+    except _Undecided:
+        return None
+
+
+class _Undecided(Exception):
+    """countdown_solvable ran out of search steps."""
+
+
+def _pair_values(a, b):
+    """Every value one operation makes of a and b (float)."""
+    out = [a + b, a * b, a - b, b - a]
+    if b:
+        out.append(a / b)
+    if a:
+        out.append(b / a)
+    return out
 
 
 def _parse_range(s):

@@ -2,12 +2,15 @@
 "answer_reward"}, and grade_batch, which grades a batch on a pool of processes with time limits.
 
 Every grader is pure (no printing, no randomness), and no verdict takes more than ~1 s whatever the
-input (after a one-time ~1 s sympy warm-up).
+input (after a one-time ~1 s sympy warm-up), in a pool worker or in-process (`--grader-workers 0`):
+a response longer than MAX_RESPONSE_CHARS gets the all-zero verdict unread, Countdown "Step" answers
+longer than MAX_STEPS_CHARS are invalid (0.1), and the sympy steps of one verdict share one budget.
 
-Math equivalence is a light normalisation, then an exact fast path (string or rational equality),
-then math-verify (sympy). math-verify never sees long answers, unbalanced braces, huge literals,
-big or nested exponents, big factorials, logic (which it reads as one operand: "\\neg 5" is 5,
-"5 \\lor 6" is 6), nor set operations and relations ("5 \\cup 6", "5 | 6") the reference lacks.
+Math equivalence is a light normalisation (redundant grouping dropped: "((42))" is 42), then an
+exact fast path (string or rational equality), then math-verify (sympy). math-verify never sees long
+answers, unbalanced braces, huge literals, big or nested exponents, big factorials, logic (which it
+reads as one operand: "\\neg 5" is 5, "5 \\lor 6" is 6), nor set operations and relations
+("5 \\cup 6", "5 | 6") the reference lacks.
 
 Time bound: in a main thread, a sub-second setitimer alarm (math-verify's own signal.alarm timeouts
 refuse threads, so they are off). Elsewhere, a pebble ProcessPool worker, killed at HARD_LIMIT_S
@@ -33,6 +36,7 @@ import pickle
 import re
 import signal
 import threading
+import time
 from collections import Counter
 from fractions import Fraction
 from functools import lru_cache, partial
@@ -42,6 +46,12 @@ HARD_LIMIT_S = 1.0  # an item running this long in a pool worker is killed with 
 CHUNK = 8  # items per pool task in grade_batch (a task costs ~0.1 ms of pool overhead)
 MAX_SYMPY_CHARS = 256  # longer answers never reach sympy
 MAX_EXPR_CHARS = 1000  # longer answers: not normalised, and an invalid countdown expression (0.1)
+# longer Countdown "Step k:" answers are invalid (0.1): a correct chain for 6 numbers takes ~150
+# characters, and a checked step costs ~0.2 ms (a 1 MB chain took 10 s)
+MAX_STEPS_CHARS = 10_000
+# longer responses get the all-zero verdict unread: ~50k tokens, beyond any --max-tokens used here;
+# every rule reads a response of this length in well under a second
+MAX_RESPONSE_CHARS = 200_000
 ZERO = {"reward": 0.0, "format_reward": 0.0, "answer_reward": 0.0}
 
 # math-verify warns once that we disabled its timeouts
@@ -85,6 +95,19 @@ def gsm8k_answer(solution):
     return solution.split("####")[-1].strip().replace(",", "")
 
 
+def gsm8k_gold(ground_truth):
+    """The exact number a GSM8K ground truth states (the number, or a solution '... #### N'); a
+    ValueError when it states none (data.py checks every row with it at load)."""
+    gt = str(ground_truth)
+    if "####" in gt:
+        gold = _number(gsm8k_answer(gt))
+    else:
+        gold = _number(gt.replace(",", "").strip())
+    if gold is None:
+        raise ValueError(f"GSM8K ground truth is not a number: {gt[-80:]!r}")
+    return gold
+
+
 def math_answer(text):
     """Final answer of a MATH solution: the last \\boxed{}, else the text after 'The answer is:',
     else the whole text."""
@@ -117,7 +140,38 @@ def _clean(s):
         s = m.group(1)
     if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):  # thousands separators
         s = s.replace(",", "")
+    return _ungroup(s)
+
+
+def _ungroup(s):
+    """s without redundant grouping: "((x))" is "(x)" anywhere, and a pair around the whole answer
+    goes unless its content holds a comma at its top level ("(1, 2)" is a tuple or an interval).
+    Why: math-verify's parser slows down with nesting, and 12 pairs around 42 ran out its budget."""
+    double_parens = r"\(\(([^(),]*)\)\)"  # "((x))": the outer pair holds exactly the inner one
+    double_braces = r"\{\{([^{},]*)\}\}"
+    t = None
+    while t != s:
+        t = s
+        s = re.sub(double_parens, r"(\1)", s)
+        s = re.sub(double_braces, r"{\1}", s)
+    while len(s) >= 2 and (s[0] + s[-1]) in ("()", "{}") and _one_group(s):
+        s = s[1:-1].strip()
     return s
+
+
+def _one_group(s):
+    """Whether s[0] opens a bracket that closes at s[-1], with no comma between at that level."""
+    depth = 0
+    for k, c in enumerate(s):
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        if depth == 0 and k < len(s) - 1:
+            return False  # closed early: "(a) + (b)"
+        if depth == 1 and c == ",":
+            return False
+    return depth == 0
 
 
 def _number(k):
@@ -218,8 +272,11 @@ _WARMUP = [
 ]
 
 
-def _sympy_equal(pred, gold):
-    """math-verify equivalence under a sub-second alarm (call it in a main thread only)."""
+def _sympy_equal(pred, gold, budget=None):
+    """math-verify equivalence under an alarm of `budget` seconds (default SYMPY_BUDGET_S; call it
+    in a main thread only)."""
+    if budget is None:
+        budget = SYMPY_BUDGET_S
     from math_verify import parse, verify
 
     if not getattr(_sympy_equal, "warm", False):
@@ -230,7 +287,7 @@ def _sympy_equal(pred, gold):
     try:
         try:
             # the alarm re-fires every 50 ms in case something swallows it
-            signal.setitimer(signal.ITIMER_REAL, SYMPY_BUDGET_S, 0.05)
+            signal.setitimer(signal.ITIMER_REAL, budget, 0.05)
             g = parse(f"${gold}$", parsing_timeout=None)
             p = parse(f"${pred}$", parsing_timeout=None)
             return bool(g and p and verify(g, p, timeout_seconds=None))
@@ -243,17 +300,21 @@ def _sympy_equal(pred, gold):
 
 
 @lru_cache(maxsize=1 << 14)
-def _sympy_equal_any_thread(pred, gold):
+def _sympy_equal_any_thread(pred, gold, budget):
     """_sympy_equal here in a main thread, else in a pool worker (killed: not equal). The arguments
     are at most MAX_SYMPY_CHARS long, so the cache stays small."""
     if threading.current_thread() is threading.main_thread():
-        return _sympy_equal(pred, gold)
-    future = _pool().schedule(_sympy_equal, (pred, gold), timeout=HARD_LIMIT_S)
+        return _sympy_equal(pred, gold, budget)
+    future = _pool().schedule(_sympy_equal, (pred, gold, budget), timeout=HARD_LIMIT_S)
     return _result(future, False)
 
 
-def math_equal(pred, gold):
-    """Is the answer `pred` equivalent to the reference `gold` (both strings)? Bounded time."""
+def math_equal(pred, gold, budget=None):
+    """Is the answer `pred` equivalent to the reference `gold` (both strings)? Bounded time: the
+    sympy step gets `budget` seconds (default SYMPY_BUDGET_S; 0: not equal unless the fast path
+    says so)."""
+    if budget is None:
+        budget = SYMPY_BUDGET_S
     cp = _clean(pred)
     cg = _clean(gold)
     kp = re.sub(r"\s+", "", cp)  # without spaces: for the exact comparisons
@@ -271,7 +332,9 @@ def math_equal(pred, gold):
         return False
     if _ops(cp) != _ops(cg):
         return False
-    return _sympy_equal_any_thread(cp, cg)
+    if budget <= 0:
+        return False
+    return _sympy_equal_any_thread(cp, cg, budget)
 
 
 def _any_equal(pred, ground_truth):
@@ -282,12 +345,20 @@ def _any_equal(pred, ground_truth):
             "ground truth must be a string, a number or a list of strings, "
             f"got {type(ground_truth).__name__}"
         )
-    return any(math_equal(pred, str(g)) for g in ground_truth)
+    # the sympy steps of one verdict share one budget, however many answers are accepted
+    deadline = time.monotonic() + SYMPY_BUDGET_S
+    for g in ground_truth:
+        if math_equal(pred, str(g), round(deadline - time.monotonic(), 2)):
+            return True
+    return False
 
 
-def _check(response):
+def _readable(response):
+    """Whether a rule reads the response: a str (else a ValueError) of at most MAX_RESPONSE_CHARS
+    (longer ones get the all-zero verdict)."""
     if not isinstance(response, str):
         raise ValueError(f"response must be a str, got {type(response).__name__}")
+    return len(response) <= MAX_RESPONSE_CHARS
 
 
 def _extract_answer(text):
@@ -314,7 +385,8 @@ def r1_zero_reward_fn(response, ground_truth):
     """Strict r1_zero format ('</think> <answer>' and '</answer>'); the answer is the last
     <answer>...</answer>, a \\boxed{} inside it unwrapped. Formatted but wrong: format 1,
     reward 0."""
-    _check(response)
+    if not _readable(response):
+        return dict(ZERO)
     if "</think> <answer>" not in response or "</answer>" not in response:
         return dict(ZERO)
     answer = _extract_answer(response) or ""
@@ -323,7 +395,8 @@ def r1_zero_reward_fn(response, ground_truth):
 
 def question_only_reward_fn(response, ground_truth):
     """Plain response (question_only prompt): grade the last \\boxed{} (else 'The answer is X')."""
-    _check(response)
+    if not _readable(response):
+        return dict(ZERO)
     ans = last_boxed(response) or _answer_is(response)
     if ans is None:
         return dict(ZERO)
@@ -333,7 +406,8 @@ def question_only_reward_fn(response, ground_truth):
 def intellect_reward_fn(response, ground_truth):
     """MATH with the intellect prompt. format 1 iff 'final answer is: $\\boxed{...}$' is there; the
     answer (the last \\boxed{}, else 'answer is X') is graded either way; reward = answer."""
-    _check(response)
+    if not _readable(response):
+        return dict(ZERO)
     fmt = bool(re.search(r"final answer is:?\s*\$?\\boxed\{", response, re.I))
     ans = last_boxed(response) or _answer_is(response)
     return _verdict(fmt, ans is not None and _any_equal(ans, ground_truth))
@@ -344,14 +418,9 @@ def gsm8k_reward_fn(response, ground_truth):
     last '####', else after 'answer is', else the whole response; its last number is compared
     exactly ('$1,234.00.' == 1234). format 1 iff one of those markers was found.
     ground_truth: the number, or a solution '... #### N'."""
-    _check(response)
-    gt = str(ground_truth)
-    if "####" in gt:
-        gold = _number(gsm8k_answer(gt))
-    else:
-        gold = _number(gt.replace(",", "").strip())
-    if gold is None:
-        raise ValueError(f"GSM8K ground truth is not a number: {gt[-80:]!r}")
+    if not _readable(response):
+        return dict(ZERO)
+    gold = gsm8k_gold(ground_truth)
     ans = _extract_answer(response)
     if ans is None and "####" in response:
         ans = response.rsplit("####", 1)[1][:200]
@@ -474,14 +543,15 @@ def countdown_reward_fn(response, ground_truth, require_all=True):
     or an invalid expression; 0.0 no <answer>...</answer>. The answer is one expression (optionally
     '= target'; line breaks are spaces; 03 is 3: a typo, not an octal or a new number) or 'Step k:'
     lines. require_all: see the module docstring."""
-    _check(response)
+    if not _readable(response):
+        return dict(ZERO)
     numbers = list(ground_truth["numbers"])
     target = Fraction(ground_truth["target"])
     ans = _extract_answer(response)
     if ans is None:
         return dict(ZERO)
     if re.search(r"Step\s*\d+\s*:", ans):
-        ok = _countdown_steps(ans, numbers, target, require_all)
+        ok = len(ans) <= MAX_STEPS_CHARS and _countdown_steps(ans, numbers, target, require_all)
     else:
         lhs, _, rhs = ans.partition("=")
         val = _eval_exact(lhs)
@@ -493,7 +563,8 @@ def countdown_reward_fn(response, ground_truth, require_all=True):
 
 def keyword_inclusion_reward_fn(response, keywords):
     """Seed 004: 1 iff every keyword appears in the response as a whole word, case-insensitively."""
-    _check(response)
+    if not _readable(response):
+        return dict(ZERO)
     if isinstance(keywords, str):
         kws = [keywords]
     else:

@@ -3,8 +3,10 @@ CLI."""
 
 import json
 import os
+import random
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -106,7 +108,7 @@ def test_loader_errors_name_the_problem(tmp_path):
     with pytest.raises(ValueError, match="file not found: .*missing.jsonl"):
         data.load_task("gsm8k", path=str(tmp_path / "missing.jsonl"))
     bad = _write(tmp_path / "b.jsonl", [{"question": "q"}])
-    with pytest.raises(ValueError, match="row 0 has no field 'answer'"):
+    with pytest.raises(ValueError, match="b.jsonl line 1: the row has no field 'answer'"):
         data.load_task("gsm8k", path=bad)
     with pytest.raises(ValueError, match="no field 'prompt'"):
         data.load_sft_jsonl(_write(tmp_path / "s.jsonl", [{"response": "r"}]))
@@ -115,7 +117,7 @@ def test_loader_errors_name_the_problem(tmp_path):
     with pytest.raises(ValueError, match="needs path"):
         data.load_task("keyword")
     (tmp_path / "x.jsonl").write_text('{"a": 1}\n{broken\n')
-    with pytest.raises(ValueError, match="x.jsonl:2: invalid JSON"):
+    with pytest.raises(ValueError, match="x.jsonl line 2: invalid JSON"):
         data.read_jsonl(str(tmp_path / "x.jsonl"))
     try:
         import datasets  # noqa: F401
@@ -124,6 +126,211 @@ def test_loader_errors_name_the_problem(tmp_path):
             data.load_task("gsm8k")
         with pytest.raises(ValueError, match="or 'synthetic'"):
             data.load_task("countdown")
+
+
+# each bad row follows a good one, so the message must name line 2; (task, line, message)
+COERCED = [
+    (
+        "countdown",
+        '{"numbers": "345", "target": 12}',
+        r'"numbers" must be a .*list of integers.*, got "345"',
+    ),
+    (
+        "countdown",
+        '{"numbers": [3.5, 4, 5], "target": 12}',
+        r'"numbers" must .*, got \[3\.5, 4, 5\]',
+    ),
+    (
+        "countdown",
+        '{"numbers": [true, 4, 5], "target": 9}',
+        r'"numbers" must .*, got \[true, 4, 5\]',
+    ),
+    (
+        "countdown",
+        '{"numbers": [], "target": 3}',
+        r'"numbers" must be a non-empty list.*, got \[\]',
+    ),
+    ("countdown", '{"numbers": 5, "target": 5}', r'"numbers" must .*, got 5$'),
+    ("countdown", '{"nums": [-3, 4], "target": 1}', r'"nums" must .* integers >= 0, got \[-3, 4\]'),
+    (
+        "countdown",
+        '{"numbers": [1, 2], "target": Infinity}',
+        r'"target" must be an integer, got Infinity',
+    ),
+    ("countdown", '{"numbers": [1, 2], "target": 2.5}', r'"target" must be an integer, got 2\.5'),
+    ("countdown", '{"numbers": [1, 2], "target": true}', r'"target" must be an integer, got true'),
+    ("countdown", '{"numbers": [1, 2], "target": "3"}', r'"target" must be an integer, got "3"'),
+    ("countdown", "[1, 2, 3]", r"a row must be a JSON object .*, got \[1, 2, 3\]"),
+    ("gsm8k", '{"question": 5, "answer": "#### 5"}', r'"question" must be a string, got 5'),
+    ("gsm8k", '{"question": "q", "answer": 42}', r'"answer" must be a string, got 42'),
+    ("gsm8k", '{"question": "q", "answer": "#### many"}', r'"answer" must end in "#### <number>"'),
+    ("gsm8k", '{"question": "q", "answer": "no marker"}', r'"answer" must end in "#### <number>"'),
+    ("gsm8k", '"q"', r'a row must be a JSON object .*, got "q"'),
+    ("math500", '{"problem": "p", "answer": 5}', r'"answer" must be a string, got 5'),
+    ("math500", '{"problem": ["p"], "answer": "5"}', r'"problem" must be a string, got \["p"\]'),
+    (
+        "jsonl",
+        '{"question": "q", "ground_truth": Infinity}',
+        r'"ground_truth" must be a string, a number or a list',
+    ),
+    (
+        "jsonl",
+        '{"question": "q", "answer": {"a": 1}}',
+        r'"answer" must be a string, a number.*got \{"a": 1\}',
+    ),
+    ("jsonl", '{"question": "q", "answer": []}', r'"answer" must be .*got \[\]'),
+    ("jsonl", '{"question": "q", "answer": true}', r'"answer" must be .*got true'),
+    ("sft", '{"prompt": 5, "response": "r"}', r'"prompt" must be a string, got 5'),
+    ("sft", '{"prompt": "p", "response": NaN}', r'"response" must be a string, got NaN'),
+    ("sft", '["p", "r"]', r"a row must be a JSON object"),
+]
+GOOD = {
+    "countdown": {"numbers": [1, 2, 3], "target": 6},
+    "gsm8k": {"question": "q", "answer": "#### 5"},
+    "math500": {"problem": "p", "answer": "5"},
+    "jsonl": {"question": "q", "answer": "5"},
+    "sft": {"prompt": "p", "response": "r"},
+}
+
+
+def _load(task, path):
+    if task == "sft":
+        return data.load_sft_jsonl(path)
+    return data.load_task(task, path=path)
+
+
+@pytest.mark.parametrize("task, line, message", COERCED)
+def test_wrong_types_are_refused_not_coerced(tmp_path, task, line, message):
+    """Issue 26: "345" became [3, 4, 5], 2.5 became 2, true became 1, Infinity and a list row
+    reached the trainer. Now: one line naming the file, the line and the field."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(GOOD[task]) + "\n\n" + line + "\n")  # a blank line between
+    with pytest.raises(ValueError, match="bad.jsonl line 3: " + message) as e:
+        _load(task, str(path))
+    assert "\n" not in str(e.value)
+    # the same file without the bad line loads
+    path.write_text(json.dumps(GOOD[task]) + "\n")
+    assert len(_load(task, str(path))) == 1
+
+
+@pytest.mark.parametrize("task", sorted(GOOD))
+def test_oversized_fields_are_refused_at_load(tmp_path, task):
+    """A 10 MB question loaded, then failed late. Every text field (a countdown question too) is
+    bounded by data.MAX_FIELD_CHARS, refused in one line naming the field and the bound."""
+    row = dict(GOOD[task])
+    big = "x" * (data.MAX_FIELD_CHARS + 1)
+    field = {"countdown": "numbers", "gsm8k": "question", "math500": "problem"}.get(task)
+    if task == "countdown":
+        row["numbers"] = [1] * (data.MAX_FIELD_CHARS // 3)  # a question over the bound
+    elif task == "gsm8k":
+        row["question"] = big
+    elif task == "math500":
+        row["problem"] = big
+    elif task == "jsonl":
+        row["answer"] = ["5", big]
+        field = "answer"
+    else:
+        row["response"] = big
+        field = "response"
+    path = _write(tmp_path / "big.jsonl", [GOOD[task], row])
+    bound = f"{data.MAX_FIELD_CHARS:,}"
+    with pytest.raises(ValueError, match=f'big.jsonl line 2: "{field}" is .* over the {bound}'):
+        _load(task, path)
+    kw = tmp_path / "kw.txt"
+    kw.write_text("apple\n" + big + "\n")
+    with pytest.raises(ValueError, match=f'kw.txt line 2: "keyword" is .* over the {bound}'):
+        data.load_task("keyword", path=str(kw))
+
+
+def test_bad_bytes_and_numbers_name_their_line(tmp_path):
+    """Not UTF-8, or an integer JSON cannot read: one line naming the line, not a traceback from
+    the codec or from int()."""
+    path = tmp_path / "b.jsonl"
+    path.write_bytes(b'{"question": "q", "answer": "#### 5"}\n{"question": "\xff"}\n')
+    with pytest.raises(ValueError, match=r"b.jsonl line 2: byte 0xff at offset \d+ is not UTF-8"):
+        data.load_task("gsm8k", path=str(path))
+    path.write_text(
+        '{"numbers": [1], "target": 1}\n{"numbers": [1], "target": ' + "9" * 5000 + "}\n"
+    )
+    with pytest.raises(ValueError, match="b.jsonl line 2: invalid JSON"):
+        data.load_task("countdown", path=str(path))
+    kw = tmp_path / "kw.txt"
+    kw.write_bytes(b"apple\n\xfe\n")
+    with pytest.raises(ValueError, match="kw.txt line 2: byte 0xfe"):
+        data.load_task("keyword", path=str(kw))
+    listed = tmp_path / "l.json"
+    listed.write_text(
+        '[{"question": "q", "answer": "#### 5"}, {"question": 7, "answer": "#### 1"}]'
+    )
+    with pytest.raises(ValueError, match='l.json item 2: "question" must be a string, got 7'):
+        data.load_task("gsm8k", path=str(listed))
+
+
+def _notices(capsys):
+    return [line for line in capsys.readouterr().out.splitlines() if line.startswith("notice:")]
+
+
+def test_unsolvable_countdown_rows_are_counted_in_one_notice(tmp_path, capsys, monkeypatch):
+    """Impossible targets were accepted silently; a set of them trained with every reward 0."""
+    solvable = [{"numbers": [1, 2, 3], "target": 6}, {"numbers": [3, 3, 8, 8], "target": 24}]
+    impossible = [{"numbers": [1, 1, 1], "target": 100}, {"numbers": [2, 2], "target": 7}]
+    mixed = _write(tmp_path / "mixed.jsonl", solvable * 4 + impossible * 3)
+    rows = data.load_task("countdown", path=mixed)
+    assert len(rows) == 14  # loaded: the caller decides
+    assert _notices(capsys) == [
+        f"notice: {mixed}: 6 of 14 Countdown rows have no solution with their numbers (no answer "
+        f"to them can be right)"
+    ]
+    every = _write(tmp_path / "every.jsonl", impossible * 2)
+    data.load_task("countdown", path=every)
+    notices = _notices(capsys)
+    assert len(notices) == 1
+    assert "none of its 4 Countdown rows has a solution" in notices[0]
+    assert "nothing is learned" in notices[0]
+    data.load_task("countdown", path=_write(tmp_path / "fine.jsonl", solvable * 3))
+    data.load_task("countdown", path="synthetic", limit=50)
+    assert _notices(capsys) == []
+    # a large set: an evenly spread sample of SOLVE_CHECK_ROWS, said so
+    monkeypatch.setattr(data, "SOLVE_CHECK_ROWS", 200)  # every third row of 600
+    big = _write(tmp_path / "big.jsonl", (solvable + impossible + solvable[:1]) * 120)
+    data.load_task("countdown", path=big)
+    notices = _notices(capsys)
+    assert len(notices) == 1
+    assert "80 of 200 Countdown rows checked (of 600) have no solution" in notices[0]
+
+
+def test_countdown_solvable_matches_the_exact_solver():
+    """The load-time check (floats, bounded steps) agrees with solve_countdown (exact fractions) on
+    every problem of up to 4 small numbers, and is bounded for larger ones."""
+    rng = random.Random(0)
+    for _ in range(300):
+        numbers = [rng.randint(0, 9) for _ in range(rng.randint(1, 4))]
+        target = rng.randint(-20, 60)
+        exact = data.solve_countdown(numbers, target) is not None
+        assert data.countdown_solvable(numbers, target) == exact, (numbers, target)
+    assert data.countdown_solvable([8, 3, 8, 3], 24) is True  # 8 / (3 - 8 / 3)
+    assert data.countdown_solvable(list(range(1, 8)), 28) is None  # 7 numbers: undecided
+    t = time.monotonic()
+    assert data.countdown_solvable([97, 89, 83, 79, 73, 71], 10**9 + 7) is None  # over its steps
+    assert time.monotonic() - t < 1
+
+
+def test_cli_refuses_bad_rows_in_one_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"numbers": "345", "target": 12}\n')
+    out = tmp_path / "o.jsonl"
+    script = os.path.join(ROOT, "data.py")
+    r = subprocess.run(
+        [sys.executable, script, "countdown", "--path", str(bad), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1
+    assert r.stderr.strip() == (
+        f'error: {bad} line 1: "numbers" must be a non-empty list of integers >= 0, got "345"'
+    )
+    assert not out.exists()
 
 
 def test_keyword_split_and_sft_roundtrip(tmp_path):

@@ -412,6 +412,106 @@ def test_adversarial_inputs_are_fast(name):
             assert elapsed <= 1.2, (name, a[:40])
 
 
+def _step_chain(chars):
+    """A Countdown answer of about `chars` characters: valid "Step k:" lines that reach 6 from
+    [1, 2, 3] (the middle steps restate 3), so a grader has to check every one."""
+    steps = ["Step 1: 1 + 2 = 3"]
+    length = len(steps[0])
+    while length < chars:
+        steps.append(f"Step {len(steps) + 1}: 3 = 3")
+        length += len(steps[-1]) + 1
+    steps.append(f"Step {len(steps) + 1}: 3 + 3 = 6")
+    return "<answer>" + "\n".join(steps) + "</answer>"
+
+
+def test_long_step_chains_are_bounded_in_process():
+    """Issue 26: a 1 MB chain of Step lines took 1.4 s in-process (5.9 s at 4 MB; 10 s on this
+    machine), with no time bound on that path. Now a Step answer over grader.MAX_STEPS_CHARS is
+    invalid (0.1) and a response over grader.MAX_RESPONSE_CHARS gets the zero verdict unread."""
+    gt = {"numbers": [1, 2, 3], "target": 6}
+    short = _step_chain(0)
+    assert countdown_reward_fn(short, gt)["reward"] == 1.0
+    explained = short.replace("= 3\n", "= 3\nsince one and two make three\n")
+    assert countdown_reward_fn(explained, gt)["reward"] == 1.0  # a step's later lines are prose
+    near_cap = _step_chain(grader.MAX_RESPONSE_CHARS - 100)
+    huge = _step_chain(4_000_000)
+    for name in ["countdown", "countdown_subset"]:
+        t = time.monotonic()
+        verdicts = grade_batch(REWARD_FNS[name], [near_cap, huge], [gt, gt], workers=0)
+        assert time.monotonic() - t < 1.0
+        assert verdicts == [V(0.1, 1.0, 0.0), grader.ZERO]
+
+
+LONG_SHAPES = {  # what a runaway generation could hold, repeated up to the response cap
+    "steps": "Step 1: 1 + 2 = 3\n",
+    "open boxes": "\\boxed{",
+    "boxes": "\\boxed{1}",
+    "answers": "<answer>1</answer>",
+    "answer is": "the answer is 5. ",
+    "hashes": "#### 5 ",
+    "digits": "1",
+    "newlines": "\n",
+    "final answers": "final answer is: $\\boxed{",
+}
+
+
+@pytest.mark.parametrize("name", sorted(REWARD_FNS))
+def test_every_rule_reads_a_response_up_to_the_cap_fast(name):
+    """Every verdict is bounded in time in-process: a response of MAX_RESPONSE_CHARS of any shape
+    takes under a second, and a longer one is not read (the all-zero verdict)."""
+    fn = REWARD_FNS[name]
+    grader.math_equal("x^2", "x^3")  # one-time sympy warm-up
+    for shape, unit in LONG_SHAPES.items():
+        body = unit * ((grader.MAX_RESPONSE_CHARS - 100) // len(unit))
+        for resp in [R1(body), "<answer>" + body + "</answer>", body]:
+            assert len(resp) <= grader.MAX_RESPONSE_CHARS
+            t = time.monotonic()
+            v = fn(resp, _gt_for(name))
+            assert time.monotonic() - t <= 1.0, (name, shape)
+            assert set(v) == KEYS
+        too_long = R1("18") + " " * grader.MAX_RESPONSE_CHARS
+        assert fn(too_long, _gt_for(name)) == grader.ZERO
+
+
+def test_redundant_grouping_is_stripped_before_sympy():
+    """Issue 26: a correct answer inside 12 pairs of parentheses was graded wrong once the sympy
+    budget ran out. Redundant grouping goes first, so it takes the exact fast path."""
+    grader.math_equal("x^2", "x^3")  # warm-up
+    for wrapped in ["(" * 12 + "42" + ")" * 12, "{" * 12 + "42" + "}" * 12, "( ( ( 42 ) ) )"]:
+        t = time.monotonic()
+        assert r1_zero_reward_fn(R1(wrapped), "42")["reward"] == 1.0
+        assert question_only_reward_fn("\\boxed{" + wrapped + "}", "42")["reward"] == 1.0
+        assert time.monotonic() - t < 0.1, wrapped  # no sympy: the fast path
+    assert r1_zero_reward_fn(R1("(" * 12 + "41" + ")" * 12), "42")["reward"] == 0.0
+    assert r1_zero_reward_fn(R1("((((x+1))))"), "(x+1)")["reward"] == 1.0
+    cases = {  # what _ungroup leaves
+        "((((42))))": "42",
+        "((x+1))": "x+1",
+        "2((((x))))": "2(x)",
+        "\\frac{{1}}{{2}}": "\\frac{1}{2}",
+        "(1, 2)": "(1, 2)",  # a tuple or an interval keeps its brackets
+        "((1, 2))": "(1, 2)",
+        "(1, 2]": "(1, 2]",
+        "(a) + (b)": "(a) + (b)",
+        "\\{1, 2\\}": "\\{1, 2\\}",
+        "f((1, 2))": "f((1, 2))",  # a tuple argument is not two arguments
+    }
+    for text, left in cases.items():
+        assert grader._ungroup(text) == left, text
+    assert r1_zero_reward_fn(R1("((1, 2))"), "[1, 2]")["reward"] == 0.0  # still an open interval
+
+
+def test_sympy_budget_is_per_verdict():
+    """A list of accepted answers used to give each its own sympy budget: four slow ones took four
+    budgets in one verdict. They share one now."""
+    grader.math_equal("x^2", "x^3")  # warm-up
+    grader._sympy_equal_any_thread.cache_clear()
+    slow = [f"x^9+{k}" for k in range(1, 5)]  # each alone runs out the budget (~2.5 s)
+    t = time.monotonic()
+    assert r1_zero_reward_fn(R1("(x+y+z+w)^{9}"), slow) == V(0.0, 1.0, 0.0)
+    assert time.monotonic() - t < grader.SYMPY_BUDGET_S + 0.5
+
+
 FRAGMENTS = [
     "</think> <answer>",
     "</answer>",
