@@ -21,6 +21,8 @@ and sets over --mem-mb are rejected outright; an invalid set makes `verify` / `e
 
 import argparse
 import contextlib
+import functools
+import glob
 import itertools
 import json
 import math
@@ -30,9 +32,11 @@ import random
 import re
 import shutil
 import signal
+import site
 import struct
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import urllib.request
@@ -51,10 +55,14 @@ from common import (  # noqa: E402
     claim_run_dir,
     existing_file,
     fail,
+    finish_then_interrupt,
     nonneg_float,
     output_file,
     positive_float,
     positive_int,
+    stop_exit_code,
+    stop_name,
+    stop_on_sigterm,
 )
 from data import load_prompt, write_json_atomic  # noqa: E402
 
@@ -282,21 +290,30 @@ def verify(points, dim=11, path="auto", mem_mb=2048):
 
 # ----------------------------------------------------------------------------- sandboxed evaluator
 # Two layers.
-# - The OS (bwrap_cmd), when bubblewrap works here: own user, PID and network namespaces (the child
-#   is PID 1, so whatever it starts dies with it), the host read-only with a private size-capped
-#   /tmp as working directory and /root, /home, /run hidden, no capabilities, and a seccomp filter
-#   against new processes (RLIMIT_NPROC spares root).
+# - The OS (bwrap_cmd), when bubblewrap works here. The program sees an allowlist, not the host: its
+#   root is an empty read-only tmpfs holding only what the interpreter needs (sandbox_view: the
+#   python binary, its standard library with site-packages hidden, numpy, and the shared libraries
+#   these load), a private size-capped /tmp as working directory, a minimal /dev and a /proc of its
+#   own PID namespace. The project, the home, /etc and the data do not exist inside, so no read
+#   path finds them, audited or not (readline's history loader reads files in C, unseen by the
+#   hook). Own user, PID, UTS and network namespaces (the child is PID 1, so whatever it starts dies
+#   with it), no capabilities, and a seccomp filter against new processes (RLIMIT_NPROC spares
+#   root).
 # - In-process (RUNNER): rlimits, then an audit hook against processes, sockets, ctypes, rlimit
 #   changes and file access outside the working directory; json(points) goes to the channel `fd`.
-#   Without bwrap only this layer runs, loudly.
+#   Without bwrap only this layer runs, loudly: `--sandbox none` is not isolated (C-level reads and
+#   writes the hook cannot see reach the host).
+# The parent reads at most MAX_OUTPUT_BYTES of the channel before parsing anything.
 RUNNER = r"""
 import sys, os, json, runpy, resource, importlib.util
-if importlib.util.find_spec("numpy"):
-    import numpy  # loads ctypes before the hook exists; programs then find it in sys.modules
 out = os.fdopen(int(sys.argv[1]), "w")
 prog = sys.argv[2]
+if sys.argv[3]:
+    sys.path.append(sys.argv[3])  # inside bwrap: where sandbox_view put numpy
+if importlib.util.find_spec("numpy"):
+    import numpy  # loads ctypes before the hook exists; programs then find it in sys.modules
 root = os.path.realpath(os.getcwd())
-for lim, val in zip(("AS", "CPU", "FSIZE", "CORE", "NPROC"), sys.argv[3:]):
+for lim, val in zip(("AS", "CPU", "FSIZE", "CORE", "NPROC"), sys.argv[4:]):
     resource.setrlimit(getattr(resource, "RLIMIT_" + lim), (int(val), int(val)))
 prefixes = [sys.prefix, sys.base_prefix, sys.exec_prefix] + sys.path
 ro = tuple({os.path.realpath(p) for p in prefixes if p})
@@ -311,7 +328,7 @@ PATHS = (
     "os.listdir", "os.scandir", "os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.chmod",
     "os.chown", "os.utime", "os.truncate", "shutil.", "glob.glob",
 )
-# event -> index of its dir_fd argument(s)
+# event -> index of its dir_fd argument(s); CPython passes -1 (or None) when there is none
 DIRFD = {
     "os.mkdir": 2, "os.remove": 1, "os.rmdir": 1, "os.rename": 2, "os.chmod": 2, "os.chown": 3,
     "os.utime": 3, "shutil.rmtree": 1,
@@ -335,7 +352,7 @@ def hook(event, args, BLOCK=BLOCK, PATHS=PATHS, DIRFD=DIRFD, root=root, ro=ro, c
         # dir_fd the event does not show) are refused.
         if not readonly and (
             isinstance(args[0], int)
-            or any(a is not None for a in args[DIRFD.get(event, 9):])
+            or any(a not in (None, -1) for a in args[DIRFD.get(event, 9):])
             or event == "open" and args[1] is None and not fsdecode(args[0]).startswith("/")
         ):
             raise PermissionError(
@@ -417,38 +434,64 @@ def seccomp_filter():
     return b"".join(struct.pack("=HBBI", *ins) for ins in program)
 
 
+# where sandbox_view puts numpy (and the libraries its wheel bundles) inside the sandbox
+SANDBOX_SITE = "/opt/site"
+
+
+@functools.lru_cache(maxsize=1)
+def sandbox_view():
+    """What of the host the sandbox holds, read-only: {"python": the interpreter to run inside,
+    "binds": [(host path, sandbox path)], "hidden": [empty dirs over a bound one], "site": the
+    sys.path entry for numpy}. The interpreter's standard library (its site-packages hidden), numpy,
+    and every shared library these load, as ldd resolves them; nothing else."""
+    python = os.path.realpath(getattr(sys, "_base_executable", sys.executable))  # not the venv's
+    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
+    dynload = os.path.realpath(sysconfig.get_config_var("DESTSHARED") or stdlib)
+    numpy_dir = os.path.dirname(os.path.realpath(np.__file__))
+    numpy_site = os.path.dirname(numpy_dir)
+    binds = [(python, python), (stdlib, stdlib), (numpy_dir, SANDBOX_SITE + "/numpy")]
+    if not dynload.startswith(stdlib + "/"):
+        binds.append((dynload, dynload))
+    if os.path.isdir(numpy_dir + ".libs"):  # the wheel's own BLAS, found via $ORIGIN
+        binds.append((numpy_dir + ".libs", SANDBOX_SITE + "/numpy.libs"))
+    # the installation's other packages stay outside (their .pth files would run at start)
+    hidden = []
+    for d in site.getsitepackages([sys.base_prefix]):
+        d = os.path.realpath(d)
+        if os.path.isdir(d) and d.startswith(stdlib + "/"):
+            hidden.append(d)
+    objects = [python] + glob.glob(dynload + "/*.so")
+    objects += glob.glob(numpy_dir + "/**/*.so", recursive=True)
+    # ldd prints "libz.so.1 => /lib/.../libz.so.1 (0x...)" and "/lib64/ld-linux-x86-64.so.2 (0x...)"
+    listing = subprocess.run(["ldd"] + objects, capture_output=True, text=True, check=False)
+    libs = set(re.findall(r"^\s+(?:\S+ => )?(/\S+) \(0x", listing.stdout, flags=re.M))
+    for lib in sorted(libs):
+        if not lib.startswith((stdlib + "/", numpy_site + "/")):
+            binds.append((lib, lib))
+    return {"python": python, "binds": binds, "hidden": hidden, "site": SANDBOX_SITE}
+
+
 def bwrap_cmd(program, fsize, bpf_fd):
     """The OS layer's command prefix: /tmp/program.py is `program`, the seccomp filter is read
-    from bpf_fd."""
-    homes = ("/root", "/home", "/run", "/var/tmp", os.path.expanduser("~"))
-    hidden = sorted({d for d in homes if d != "/" and os.path.isdir(d)})
-    prefixes = [sys.prefix, sys.base_prefix, sys.exec_prefix]
-    python = {os.path.realpath(p) for p in prefixes if os.path.isabs(p)}
-    # `python -I`'s whole sys.path lies below these; the caller's sys.path (a repo under /tmp, say)
-    # is not the program's to read
-    rebind = []
-    for p in python:
-        if os.path.exists(p) and any(p == h or p.startswith(h + "/") for h in hidden + ["/tmp"]):
-            rebind.append(p)
-    rebind = sorted(rebind)
+    from bpf_fd; run sandbox_view()["python"] after it."""
+    view = sandbox_view()
     cmd = [shutil.which("bwrap") or "bwrap"]
-    # new namespaces of every kind (user, PID, network...); no nested user namespaces
-    cmd += ["--unshare-all", "--unshare-user", "--disable-userns"]
+    # new namespaces of every kind (user, PID, network, UTS...); no nested user namespaces
+    cmd += ["--unshare-all", "--unshare-user", "--disable-userns", "--hostname", "sandbox"]
     # dies with us, no controlling terminal, the program is PID 1 (its children die with it)
     cmd += ["--die-with-parent", "--new-session", "--as-pid-1"]
     # no capabilities; seccomp_filter() read from bpf_fd
     cmd += ["--cap-drop", "ALL", "--seccomp", str(bpf_fd)]
-    # the host read-only, a read-only /dev of its own, /proc
-    cmd += ["--ro-bind", "/", "/", "--dev", "/dev", "--remount-ro", "/dev", "--proc", "/proc"]
-    # a private size-capped /tmp holding the program
+    # the root is bwrap's empty tmpfs; into it only the allowlist, read-only
+    for src, dst in view["binds"]:
+        cmd += ["--ro-bind", src, dst]
+    for d in view["hidden"]:
+        cmd += ["--tmpfs", d, "--remount-ro", d]
+    # a read-only /dev of its own, the /proc of its PID namespace
+    cmd += ["--dev", "/dev", "--remount-ro", "/dev", "--proc", "/proc"]
+    # a private size-capped /tmp holding the program, the one writable place
     cmd += ["--size", str(fsize), "--tmpfs", "/tmp", "--ro-bind", program, "/tmp/program.py"]
-    for h in hidden:  # homes hidden under empty tmpfs...
-        cmd += ["--tmpfs", h]
-    for p in rebind:  # ...but the interpreter's prefixes below them (or /tmp) read-only...
-        cmd += ["--ro-bind", p, p]
-    for h in hidden:  # ...and the hiding tmpfs read-only too
-        cmd += ["--remount-ro", h]
-    cmd += ["--chdir", "/tmp"]
+    cmd += ["--remount-ro", "/", "--chdir", "/tmp"]
     return cmd
 
 
@@ -469,12 +512,82 @@ def _exit_reason(rc, stderr_tail):
     return f"program failed (exit {rc}{why.get(sig, '')}): {last}"
 
 
+# The parent reads at most this much of the points channel before parsing it: room for the
+# verifier's largest set (5181 points at --mem-mb 2048) of 11 coordinates near 2^62, thrice over.
+# Parsing costs the parent up to ~20x the bytes read.
+MAX_OUTPUT_BYTES = 4 << 20
+
+
+def run_sandboxed(source, timeout, mem_mb, fsize_mb, isolated):
+    """Run program text under the layers above (`python -I`, a scrubbed environment, a wall-clock
+    kill; bwrap if `isolated`). Returns ({returncode, stdout_tail, stderr_tail, timed_out}, the
+    first MAX_OUTPUT_BYTES + 1 bytes of the points channel). OSError if it cannot start."""
+    # RUNNER's rlimits: AS, CPU, FSIZE, CORE, NPROC
+    limits = (mem_mb << 20, int(timeout) + 2, fsize_mb << 20, 0, 0)
+    with (
+        tempfile.TemporaryDirectory(prefix="kissing_eval_") as work,
+        tempfile.TemporaryFile() as chan,
+        tempfile.TemporaryFile() as so,
+        tempfile.TemporaryFile() as se,
+        tempfile.TemporaryFile() as bpf,
+    ):
+        with open(os.path.join(work, "program.py"), "w", encoding="utf-8", errors="replace") as f:
+            f.write(source)
+        cmd = [sys.executable]
+        site_dir = ""  # numpy is on the interpreter's own path
+        home = work
+        if isolated:
+            bpf.write(seccomp_filter())
+            bpf.seek(0)
+            view = sandbox_view()
+            cmd = bwrap_cmd(f.name, fsize_mb << 20, bpf.fileno()) + [view["python"]]
+            site_dir = view["site"]
+            home = "/tmp"
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "HOME": home,
+            "LANG": "C.UTF-8",
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+        }
+        # the points come back on `chan`, an anonymous file passed as an fd: the dedicated channel
+        cmd += ["-I", "-c", RUNNER, str(chan.fileno()), "program.py", site_dir]
+        proc = subprocess.Popen(
+            cmd + [str(x) for x in limits],
+            cwd=work,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=so,
+            stderr=se,
+            pass_fds=(chan.fileno(), bpf.fileno()),
+            start_new_session=True,
+        )
+        run = {"timed_out": False}
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            run["timed_out"] = True
+        finally:
+            # bwrap (its child, PID 1 inside, then takes everything down) or the child; also when
+            # a second Ctrl-C or SIGTERM interrupts the wait
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        run["returncode"] = proc.returncode
+        for key, f in (("stdout_tail", so), ("stderr_tail", se)):
+            f.seek(max(0, f.seek(0, 2) - 2000))
+            run[key] = f.read().decode("utf-8", "replace")
+        chan.seek(0)
+        raw = chan.read(MAX_OUTPUT_BYTES + 1)  # bounded before anything parses it
+    return run, raw
+
+
 def evaluate_program(
     source, dim=11, timeout=30.0, mem_mb=2048, fsize_mb=64, keep_points=False, sandbox="auto"
 ):
-    """Run untrusted program text in a sandbox (the layers above; `python -I`, a scrubbed
-    environment, a wall-clock kill) and verify its points here within the same mem_mb; never
-    raises. sandbox: auto (bwrap if here, else loudly none) | bwrap | none."""
+    """Run untrusted program text in the sandbox (run_sandboxed) and verify its points here within
+    the same mem_mb; never raises. sandbox: auto (bwrap if here, else loudly none) | bwrap |
+    none."""
     isolated = sandbox != "none" and bool(shutil.which("bwrap")) and platform.machine() in SYSCALLS
     if sandbox == "auto" and not isolated:  # a warning is shown once per process
         warnings.warn(
@@ -498,62 +611,22 @@ def evaluate_program(
             reason="could not start the sandbox: bwrap is not installed (or no seccomp filter "
             "for this CPU)",
         )
-    # RUNNER's rlimits: AS, CPU, FSIZE, CORE, NPROC
-    limits = (mem_mb << 20, int(timeout) + 2, fsize_mb << 20, 0, 0)
-    with (
-        tempfile.TemporaryDirectory(prefix="kissing_eval_") as work,
-        tempfile.TemporaryFile() as chan,
-        tempfile.TemporaryFile() as so,
-        tempfile.TemporaryFile() as se,
-        tempfile.TemporaryFile() as bpf,
-    ):
-        with open(os.path.join(work, "program.py"), "w", encoding="utf-8", errors="replace") as f:
-            f.write(source)
-        if isolated:
-            bpf.write(seccomp_filter())
-        bpf.seek(0)
-        env = {
-            "PATH": "/usr/bin:/bin",
-            "HOME": work,
-            "LANG": "C.UTF-8",
-            "OPENBLAS_NUM_THREADS": "1",
-            "OMP_NUM_THREADS": "1",
-        }
-        # the points come back on `chan`, an anonymous file passed as an fd: the dedicated channel
-        try:
-            cmd = []
-            if isolated:
-                cmd = bwrap_cmd(f.name, fsize_mb << 20, bpf.fileno())
-            runner = [sys.executable, "-I", "-c", RUNNER, str(chan.fileno()), "program.py"]
-            proc = subprocess.Popen(
-                cmd + runner + [str(x) for x in limits],
-                cwd=work,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=so,
-                stderr=se,
-                pass_fds=(chan.fileno(), bpf.fileno()),
-                start_new_session=True,
-            )
-        except OSError as err:
-            return dict(res, reason=f"could not start the sandbox: {err}")
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            res["reason"] = f"timeout after {timeout:g} s"
-        # bwrap (its child, PID 1 inside, then takes everything down) or the child
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        for key, f in (("stdout_tail", so), ("stderr_tail", se)):
-            f.seek(max(0, f.seek(0, 2) - 2000))
-            res[key] = f.read().decode("utf-8", "replace")
-        chan.seek(0)
-        raw = chan.read()
-    res.update(returncode=proc.returncode, time_s=round(time.time() - t0, 3))
-    if not res["reason"] and proc.returncode != 0:
-        res["reason"] = _exit_reason(proc.returncode, res["stderr_tail"])
-    if not res["reason"]:
+    try:
+        run, raw = run_sandboxed(source, timeout, mem_mb, fsize_mb, isolated)
+    except OSError as err:
+        return dict(res, reason=f"could not start the sandbox: {err}")
+    timed_out = run.pop("timed_out")
+    res.update(run, time_s=round(time.time() - t0, 3))
+    if timed_out:
+        res["reason"] = f"timeout after {timeout:g} s"
+    elif run["returncode"] != 0:
+        res["reason"] = _exit_reason(run["returncode"], res["stderr_tail"])
+    elif len(raw) > MAX_OUTPUT_BYTES:
+        res["reason"] = (
+            f"output over {MAX_OUTPUT_BYTES} bytes: the points as JSON must fit in that "
+            f"(kissing.MAX_OUTPUT_BYTES)"
+        )
+    else:
         try:
             pts = json.loads(raw)
         except (ValueError, RecursionError) as e:
@@ -739,9 +812,10 @@ def openai_chat(base_url, model, messages, temperature, max_tokens, seed, timeou
     """Stdlib client for POST {base_url}/chat/completions -> (text, prompt_tokens,
     completion_tokens).
 
-    A failed call (no server, 5xx/408/429, garbage) is retried; `retries` in a row stop the
-    search. Another 4xx is an empty reply.
+    A failed call (no server, 5xx/408/429, garbage) is retried; `retries` failed calls in a row
+    (at least one call is made) stop the search. Another 4xx is an empty reply.
     """
+    calls = max(1, retries)
     request = dict(
         model=model,
         messages=messages,
@@ -754,7 +828,7 @@ def openai_chat(base_url, model, messages, temperature, max_tokens, seed, timeou
         "Content-Type": "application/json",
         "Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', 'none')}",
     }
-    for i in range(retries):
+    for i in range(calls):
         try:
             req = urllib.request.Request(base_url.rstrip("/") + "/chat/completions", body, headers)
             with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -773,9 +847,10 @@ def openai_chat(base_url, model, messages, temperature, max_tokens, seed, timeou
             if refused:
                 # this request refused (e.g. longer than the server's context): no program, go on
                 return "", None, None
-            time.sleep(2**i if i < retries - 1 else 0)
+            if i < calls - 1:
+                time.sleep(2**i)
     fail(
-        f"--llm openai:{base_url}: {retries} calls failed in a row, the last: {error} "
+        f"--llm openai:{base_url}: {calls} calls failed in a row, the last: {error} "
         f"(--resume continues the log)"
     )
 
@@ -864,14 +939,43 @@ def _load_log(args, log_path):
     return log
 
 
+def next_prompt(args, it, log, islands, base, rng):
+    """The messages of call `it` by --mode, and for evolve the island it works on and the
+    (score, program) it improves (else None, None)."""
+    last = (log["entries"] or [None])[-1]
+    if args.mode == "best-of-n" or (args.mode == "refine" and last is None):
+        return [{"role": "user", "content": base}], None, None
+    if args.mode == "refine":
+        # the task, then the most recent exchanges with the verifier's feedback
+        msgs = last["messages"] + [
+            {"role": "assistant", "content": last["response"]},
+            {"role": "user", "content": last["feedback"]},
+        ]
+        return msgs[:1] + msgs[1:][-2 * max(1, args.history) :], None, None
+    # evolve: a parent (usually the island's best), the other islands' best, one random member
+    island = it % args.islands
+    if rng.random() < 0.7:
+        parent = islands[island][0]
+    else:
+        parent = rng.choice(islands[island])
+    others = [isl[0] for k, isl in enumerate(islands) if k != island]
+    shown = [parent] + rng.sample(others, min(2, len(others)))
+    shown = shown + [rng.choice(islands[island])]
+    text = "\n\n".join(
+        f"### Program (score {sc})\n```python\n{pr[: args.max_program_chars]}\n```"
+        for sc, pr in shown
+    )
+    return [{"role": "user", "content": prompt("evolve", base=base, shown=text)}], island, parent
+
+
 def search(args):
     """The LLM loop: --iters calls, each program verified and logged. Returns {best, entries,
-    out_dir}."""
+    out_dir}. Ctrl-C or SIGTERM during a call drops it (--resume repeats it, same seed); during an
+    evaluation, that evaluation is finished and logged first; then exit 130 / 143."""
     log_path = os.path.join(args.out_dir, "conversation_log.json")
     log = _load_log(args, log_path)
     # a file or not writable: refused before any model loads
     claim_run_dir(args.out_dir, flag="--out-dir")
-    chat = make_backend(args)
     base = prompt("base", dim=args.dim)
     # evolve: each island's (score, program)s, best first
     islands = [[(0, STARTER.format(dim=args.dim))] for _ in range(args.islands)]
@@ -883,75 +987,66 @@ def search(args):
     for e in log["entries"]:  # resume: replay the log into the database
         if e["island"] is not None:
             add(e["island"], e["metrics"]["score"], e["program"])
-    for it in range(len(log["entries"]), args.iters):
-        seed = args.seed * 1_000_003 + it
-        rng = random.Random(seed)
-        island = None  # evolve: the island this call works on
-        parent = None  # evolve: the (score, program) it improves
-        last = (log["entries"] or [None])[-1]
-        # --- prompt
-        if args.mode == "best-of-n" or (args.mode == "refine" and last is None):
-            msgs = [{"role": "user", "content": base}]
-        elif args.mode == "refine":
-            # the task, then the most recent exchanges with the verifier's feedback
-            msgs = last["messages"] + [
-                {"role": "assistant", "content": last["response"]},
-                {"role": "user", "content": last["feedback"]},
-            ]
-            msgs = msgs[:1] + msgs[1:][-2 * max(1, args.history) :]
-        else:
-            # evolve: a parent (usually the island's best), the other islands' best, one random
-            # member
-            island = it % args.islands
-            if rng.random() < 0.7:
-                parent = islands[island][0]
-            else:
-                parent = rng.choice(islands[island])
-            others = [isl[0] for k, isl in enumerate(islands) if k != island]
-            shown = [parent] + rng.sample(others, min(2, len(others)))
-            shown = shown + [rng.choice(islands[island])]
-            text = "\n\n".join(
-                f"### Program (score {sc})\n```python\n{pr[: args.max_program_chars]}\n```"
-                for sc, pr in shown
-            )
-            msgs = [{"role": "user", "content": prompt("evolve", base=base, shown=text)}]
-        # --- generate -> evaluate (our verifier, never the program's own claims)
-        t0 = time.time()
-        response, ptok, ctok = chat(msgs, seed)
-        program = extract_program(response, parent[1] if parent else None)
-        metrics = evaluate_program(
-            program, args.dim, args.timeout, args.mem_mb, keep_points=True, sandbox=args.sandbox
-        )
-        points = metrics.pop("points", None)  # kept out of the log; best_points.json holds the best
-        log["entries"].append(
-            {
-                "iter": it,
-                "mode": args.mode,
-                "seed": seed,
-                "island": island,
-                "messages": msgs,
-                "response": response,
-                "program": program,
-                "metrics": metrics,
-                "feedback": feedback(metrics),
-                "prompt_tokens": ptok,
-                "completion_tokens": ctok,
-                "time_s": round(time.time() - t0, 3),
-            }
-        )
-        if island is not None:
-            add(island, metrics["score"], program)
-        if metrics["score"] > log["best"]["score"]:
-            log["best"] = {"iter": it, "score": metrics["score"]}
-            write_json_atomic(os.path.join(args.out_dir, "best_points.json"), points)
-            with open(os.path.join(args.out_dir, "program.py"), "w") as f:
-                f.write(program)
-        # --- log
-        write_json_atomic(log_path, log)
+    try:
+        chat = make_backend(args)  # a stop while a local model loads: nothing to save yet
+        for it in range(len(log["entries"]), args.iters):
+            seed = args.seed * 1_000_003 + it
+            # --- prompt
+            msgs, island, parent = next_prompt(args, it, log, islands, base, random.Random(seed))
+            # --- generate (a stop here loses only this call)
+            t0 = time.time()
+            response, ptok, ctok = chat(msgs, seed)
+            # --- evaluate (our verifier, never the program's own claims) -> log; a first stop
+            # waits for it (at most --timeout plus the exact check)
+            with finish_then_interrupt(f"iteration {it}'s evaluation"):
+                program = extract_program(response, parent[1] if parent else None)
+                metrics = evaluate_program(
+                    program,
+                    args.dim,
+                    args.timeout,
+                    args.mem_mb,
+                    keep_points=True,
+                    sandbox=args.sandbox,
+                )
+                # kept out of the log; best_points.json holds the best
+                points = metrics.pop("points", None)
+                log["entries"].append(
+                    {
+                        "iter": it,
+                        "mode": args.mode,
+                        "seed": seed,
+                        "island": island,
+                        "messages": msgs,
+                        "response": response,
+                        "program": program,
+                        "metrics": metrics,
+                        "feedback": feedback(metrics),
+                        "prompt_tokens": ptok,
+                        "completion_tokens": ctok,
+                        "time_s": round(time.time() - t0, 3),
+                    }
+                )
+                if island is not None:
+                    add(island, metrics["score"], program)
+                if metrics["score"] > log["best"]["score"]:
+                    log["best"] = {"iter": it, "score": metrics["score"]}
+                    write_json_atomic(os.path.join(args.out_dir, "best_points.json"), points)
+                    with open(os.path.join(args.out_dir, "program.py"), "w") as f:
+                        f.write(program)
+                write_json_atomic(log_path, log)
+                print(
+                    f"iter {it} | score {metrics['score']} | best {log['best']['score']} | "
+                    f"tokens {ptok}/{ctok} | {metrics['reason'][:80] or 'valid'}",
+                    flush=True,
+                )
+    except KeyboardInterrupt:
         print(
-            f"iter {it} | score {metrics['score']} | best {log['best']['score']} | "
-            f"tokens {ptok}/{ctok} | {metrics['reason'][:80] or 'valid'}"
+            f"\n{stop_name()}: stopped with {len(log['entries'])} iterations in {log_path} "
+            f"(--resume continues it)",
+            file=sys.stderr,
+            flush=True,
         )
+        raise SystemExit(stop_exit_code()) from None
     return {"best": log["best"], "entries": len(log["entries"]), "out_dir": args.out_dir}
 
 
@@ -1077,8 +1172,9 @@ def parse_args(argv=None):
             "--sandbox",
             default="auto",
             choices=["auto", "bwrap", "none"],
-            help="auto: bubblewrap if installed, "
-            "else warn and use the audit hook alone; bwrap: refuse to run without it",
+            help="auto: bubblewrap if installed, else warn and use the audit hook alone; bwrap: "
+            "refuse to run without it; none: the audit hook alone, NOT isolated (reads and "
+            "writes in C, unseen by the hook, reach the host)",
         )
     return p.parse_args(argv)
 
@@ -1116,6 +1212,7 @@ def main(argv=None):
         if args.out:
             write_json_atomic(args.out, pts)
     else:
+        stop_on_sigterm()  # SIGTERM (a scheduler, `timeout`) stops the search as Ctrl-C does
         m = search(args)
     print(json.dumps(m))
     if args.cmd != "search" and not m.get("valid"):

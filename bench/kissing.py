@@ -2,8 +2,8 @@
 
 Verify runs on 582 small-coordinate points and on 593 with ~43-bit coordinates; the evaluator's
 cost is measured with bubblewrap and with the audit hook alone, and its bounds (point count, shell
-size) are checked. Prints one JSON object. Targets (issue 8): verify ≤ 50 ms for each set; the
-`code` construction well under 1 s.
+size, bytes of output read) are checked. Prints one JSON object. Targets (issue 8): verify ≤ 50 ms
+for each set; the `code` construction well under 1 s.
 
   python bench/kissing.py [--repeats 10] [--shell-seconds 10]
 """
@@ -64,6 +64,17 @@ def main():
     args = p.parse_args()
     rng = random.Random(0)
     res = {"load_avg_1min": os.getloadavg()[0], "cpus": os.cpu_count()}
+    # a program whose points are twice MAX_OUTPUT_BYTES as JSON: the parent reads up to the bound
+    # (measured first: any later check raises this process's peak)
+    n = 2 * kissing.MAX_OUTPUT_BYTES // 40  # ~40 bytes per point
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    prog = f"points = [[i] + [1] * 10 for i in range({n})]\n"
+    r, t = timed(lambda: kissing.evaluate_program(prog, 11, timeout=60), 1)
+    res["evaluate_output_over_bound"] = {
+        "s": round(t, 3),
+        "reason": r["reason"][:40],
+        "peak_mib_grown": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) >> 10,
+    }
     c582 = [list(x) for x in kissing.construct_code(11)]
     m, t = timed(lambda: kissing.verify(c582, 11), args.repeats)
     res["verify_582"] = {
@@ -141,6 +152,12 @@ def main():
         kissing.shell_vectors(11, 1000)  # ~10^13 vectors: refused once the cap is passed
     except ValueError:
         res["shell_norm_1000_refused_s"] = round(time.perf_counter() - t0, 3)
+    # what the sandbox holds (sandbox_view: ldd over the interpreter's and numpy's libraries, once
+    # per process)
+    kissing.sandbox_view.cache_clear()
+    t0 = time.perf_counter()
+    view = kissing.sandbox_view()
+    res["sandbox_view"] = {"s": round(time.perf_counter() - t0, 3), "binds": len(view["binds"])}
     # the evaluator end to end on a 582-point program: sandbox start, numpy import, channel, exact
     # check
     prog = f"import numpy as np\npoints = np.array({c582})\n"

@@ -8,6 +8,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -367,66 +368,210 @@ def attempt(name, fn):
 attempt("write site-packages", lambda: open(sys.argv[1], "w"))
 attempt("write repo", lambda: open(sys.argv[2], "w"))
 attempt("write tmp", lambda: open("/tmp/scratch", "w").write("x"))
+attempt("write root", lambda: open("/scratch", "w").write("x"))
 attempt("read /root", lambda: os.listdir("/root/.ssh"))
 attempt("connect", lambda: socket.create_connection(("127.0.0.1", int(sys.argv[3])), timeout=2))
 attempt("thread", lambda: threading.Thread(target=print).start())
 attempt("fork", os.fork)
 print("pids", sorted(int(p) for p in os.listdir("/proc") if p.isdigit()), flush=True)
+print("host", socket.gethostname(), flush=True)
+for d, subdirs, files in os.walk("/"):
+    if d in ("/proc", "/dev"):  # the sandbox's own
+        subdirs[:] = []
+        continue
+    for name in files:
+        print("file", os.path.join(d, name))
 """
 
 
-@requires_bwrap
-def test_os_layer_alone(tmp_path):
-    """bwrap_cmd without the audit hook: the host read-only, /tmp private, no network, one
-    process, no fork; and, without the seccomp filter, a daemon started with its own session still
-    dies with the sandbox."""
-    (tmp_path / "layer.py").write_text(LAYER)
-    pth = os.path.join(SITE, f"kissing_layer_{os.getpid()}.pth")
-    repo_file = os.path.join(ROOT, f"kissing_layer_{os.getpid()}")
-    with socket.socket() as srv, tempfile.TemporaryFile() as bpf:
-        srv.bind(("127.0.0.1", 0))
-        srv.listen()
+def run_os_layer(source, *argv, seccomp=True):
+    """Run `source` as /tmp/program.py under bwrap_cmd alone (no audit hook) -> CompletedProcess."""
+    with tempfile.TemporaryDirectory() as d, tempfile.TemporaryFile() as bpf:
+        with open(os.path.join(d, "program.py"), "w") as f:
+            f.write(source)
         bpf.write(kissing.seccomp_filter())
         bpf.seek(0)
-        argv = kissing.bwrap_cmd(str(tmp_path / "layer.py"), 1 << 20, bpf.fileno())
-        r = subprocess.run(
-            argv + [sys.executable, "-I", "program.py", pth, repo_file, str(srv.getsockname()[1])],
+        cmd = kissing.bwrap_cmd(f.name, 1 << 20, bpf.fileno())
+        if not seccomp:
+            i = cmd.index("--seccomp")
+            cmd = cmd[:i] + cmd[i + 2 :]
+        return subprocess.run(
+            cmd + [kissing.sandbox_view()["python"], "-I", "program.py", *map(str, argv)],
             pass_fds=(bpf.fileno(),),
             capture_output=True,
             text=True,
             timeout=60,
         )
+
+
+@requires_bwrap
+def test_os_layer_alone():
+    """bwrap_cmd without the audit hook: an allowlist root (every file inside is one sandbox_view
+    binds, or the program), read-only but for a private /tmp; no network, one process, no fork;
+    and, without the seccomp filter, a daemon started with its own session still dies with the
+    sandbox."""
+    pth = os.path.join(SITE, f"kissing_layer_{os.getpid()}.pth")
+    repo_file = os.path.join(ROOT, f"kissing_layer_{os.getpid()}")
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        r = run_os_layer(LAYER, pth, repo_file, srv.getsockname()[1])
     assert r.returncode == 0, r.stderr
-    if ROOT.startswith("/tmp/"):
-        repo = "write repo ok"  # under /tmp: the sandbox's private one
-    else:
-        repo = "write repo refused OSError"
     for line in (
-        "write site-packages refused OSError",
-        repo,
+        "write site-packages refused",
+        "write repo refused",
         "write tmp ok",
+        "write root refused",
         "read /root refused",
         "connect refused",
         "thread ok",
         "fork refused PermissionError",
         "pids [1]",
+        "host sandbox",
     ):
         assert line in r.stdout, (line, r.stdout)
     assert not os.path.exists(pth)
     assert not os.path.exists(repo_file)
+    # the allowlist: what is inside is what sandbox_view binds (host paths and contents), no more
+    binds = kissing.sandbox_view()["binds"]
+    # the private /tmp holds the program and what it wrote
+    inside = [line[5:] for line in r.stdout.splitlines() if line.startswith("file ")]
+    assert "/tmp/program.py" in inside
+    assert len(inside) > 100  # the walk saw the standard library
+    for path in inside:
+        assert path.startswith("/tmp/") or any(
+            path == dst or path.startswith(dst + "/") for _, dst in binds
+        ), path
+    for src, dst in binds:
+        assert os.path.basename(src) == os.path.basename(dst), (src, dst)
+        outside_root = src.startswith(ROOT + "/") and "/numpy" not in dst
+        assert not outside_root, (src, dst)  # of the project only its numpy is seen, at /opt/site
+    assert not any(p.startswith(("/etc/", ROOT + "/", "/home/", "/var/")) for p in inside)
     marker = f"4243.{os.getpid()}"
-    i = argv.index("--seccomp")
-    r = subprocess.run(
-        argv[:i]
-        + argv[i + 2 :]
-        + ["/bin/sh", "-c", f"setsid /bin/sleep {marker} & sleep 0.2; echo started"],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    daemon = (
+        "import os, sys, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)', "
+        f"{marker!r}])\n"
+        "time.sleep(0.3)\n"
+        "print('started', flush=True)\n"
     )
+    r = run_os_layer(daemon, seccomp=False)
     time.sleep(0.2)
     assert "started" in r.stdout, r
     assert not alive(marker), r
+
+
+# Reads in C that raise no audit event: readline's history loader (the issue's probe) and os.stat.
+LEAK = """import os, readline
+found = []
+for path in {paths!r}:
+    try:
+        readline.clear_history()
+        readline.read_history_file(path)
+        found.append(path + ": " + str(readline.get_history_item(1)))
+    except OSError:
+        pass
+    if os.path.exists(path):
+        found.append(path + " exists")
+if found:
+    raise ValueError("LEAK " + " | ".join(found))
+points = [[1] + [0] * 10]
+"""
+
+
+def host_files(tmp_path):
+    """Files outside the sandbox a program must not see: the project's source, /etc/hostname, one
+    this test writes."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the test's secret\n")
+    return [os.path.join(ROOT, "kissing.py"), "/etc/hostname", str(secret)]
+
+
+@requires_bwrap
+def test_sandbox_holds_no_host_file_whatever_the_read_path(tmp_path):
+    """The issue's probe: readline reads a file in C, unseen by the audit hook; inside bwrap the
+    file does not exist. With --sandbox none (documented as not isolated) the same read works."""
+    source = LEAK.format(paths=host_files(tmp_path))
+    res = kissing.evaluate_program(source, timeout=20)
+    assert res["sandbox"] == "bwrap", res
+    assert "LEAK" not in res["reason"] + res["stderr_tail"], res
+    assert res["validity"] == 1.0, res
+    res = kissing.evaluate_program(source, timeout=20, sandbox="none")
+    assert "LEAK" in res["reason"], res  # why `none` is documented as not isolated
+
+
+def serve(replies):
+    """A stdlib OpenAI-compatible server answering call i with replies[min(i, last)] ->
+    (url, request bodies, server)."""
+    calls = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            calls.append(self.rfile.read(int(self.headers["Content-Length"])).decode())
+            text = replies[min(len(calls) - 1, len(replies) - 1)]
+            data = json.dumps({"choices": [{"message": {"content": text}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{srv.server_address[1]}/v1", calls, srv
+
+
+@requires_bwrap
+def test_search_sends_no_host_file_to_the_llm(tmp_path):
+    """In refine mode the program's error text goes back to the endpoint: it carries nothing of the
+    host, since the host's files are not in the sandbox."""
+    paths = host_files(tmp_path)
+    url, calls, srv = serve([f"```python\n{LEAK.format(paths=paths)}```"])
+    try:
+        argv = ["search", "--llm", f"openai:{url}", "--model", "m", "--iters", "2"]
+        kissing.main(argv + ["--timeout", "20", "--out-dir", str(tmp_path / "run")])
+    finally:
+        srv.shutdown()
+    assert len(calls) == 2
+    with open(os.path.join(ROOT, "kissing.py")) as f:
+        first_line = f.readline().strip()
+    for body in calls[1:]:  # the second call carries the first program's feedback
+        for path in paths:  # what the program reports when it finds a file
+            assert path + ": " not in body
+            assert path + " exists" not in body
+        assert first_line not in body
+        assert "the test's secret" not in body
+
+
+def test_output_is_read_up_to_a_bound(tmp_path):
+    """A program whose points come to more than MAX_OUTPUT_BYTES as JSON gets one line; the parent
+    reads no more than the bound (its peak memory grows by far less than the output's size)."""
+    n = 2 * kissing.MAX_OUTPUT_BYTES // 40  # ~40 bytes per point as JSON: twice the bound
+    source = f"points = [[i] + [1] * 10 for i in range({n})]\n"
+    probe = (
+        "import resource, sys, kissing\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "res = kissing.evaluate_program(sys.argv[1], timeout=60)\n"
+        "grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before\n"
+        "print(res['reason'])\n"
+        "print(grown)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", probe, source],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    reason, grown_kib = r.stdout.strip().splitlines()
+    assert reason.startswith(f"output over {kissing.MAX_OUTPUT_BYTES} bytes"), r.stdout
+    # reading all 8 MB and parsing it costs ~50 MB; the bounded read costs one read of 4 MiB
+    assert int(grown_kib) < 3 * kissing.MAX_OUTPUT_BYTES >> 10, r.stdout
 
 
 @pytest.mark.parametrize(
@@ -465,6 +610,28 @@ def test_audit_hook_alone_blocks_descriptor_writes(source):
             os.rmdir(target)
         elif os.path.exists(target):
             os.remove(target)
+
+
+@pytest.mark.parametrize("sandbox", ["none", pytest.param("bwrap", marks=requires_bwrap)])
+def test_program_may_change_its_own_working_directory(sandbox):
+    """CPython's audit events carry dir_fd=-1 for a plain os.mkdir, os.rename...: not a descriptor,
+    so these are allowed inside the working directory."""
+    source = (
+        "import os\n"
+        "os.mkdir('d')\n"
+        "open('d/f', 'w').write('x')\n"
+        "os.chmod('d/f', 0o600)\n"
+        "os.utime('d/f')\n"
+        "os.rename('d/f', 'd/g')\n"
+        "os.remove('d/g')\n"
+        "os.makedirs('e/f')\n"
+        "os.rmdir('e/f')\n"
+        "os.rmdir('d')\n"
+        "points = [[1] + [0] * 10]\n"
+    )
+    res = kissing.evaluate_program(source, timeout=20, sandbox=sandbox)
+    assert res["sandbox"] == sandbox, res
+    assert res["validity"] == 1.0, res
 
 
 def test_fallback_is_loud_and_refusable(monkeypatch):
@@ -628,15 +795,17 @@ def test_search_end_to_end_and_resume(tmp_path, server, mode):
         assert log2["entries"][1]["messages"][-1]["content"] == log2["entries"][0]["feedback"]
 
 
-def test_openai_chat_refused_request_is_an_empty_reply_server_errors_stop():
+def test_openai_chat_refused_request_is_an_empty_reply_server_errors_stop(capsys):
     """A 4xx (e.g. a prompt longer than the server's context) would fail again on --resume: it is an
     empty reply and the search goes on. A 5xx `retries` times in a row stops the search in one
     line."""
     code = []  # the status the server answers with
+    calls = []
 
     class H(http.server.BaseHTTPRequestHandler):
         def do_POST(self):
             self.rfile.read(int(self.headers["Content-Length"]))
+            calls.append(code[0])
             self.send_response(code[0])
             self.send_header("Content-Length", "2")
             self.end_headers()
@@ -655,8 +824,98 @@ def test_openai_chat_refused_request_is_an_empty_reply_server_errors_stop():
         code[:] = [503]
         with pytest.raises(SystemExit):
             kissing.openai_chat(url, "m", msgs, 1.0, 8, 0, timeout=10, retries=2)
+        assert "2 calls failed in a row" in capsys.readouterr().err
+        calls.clear()
+        with pytest.raises(SystemExit):  # it was a NameError
+            kissing.openai_chat(url, "m", msgs, 1.0, 8, 0, timeout=10, retries=0)
+        assert "1 calls failed in a row" in capsys.readouterr().err
+        assert calls == [503]  # retries=0 still makes the one call
     finally:
         srv.shutdown()
+
+
+def start_search(tmp_path, replies):
+    """`kissing.py search` in a subprocess against serve(replies) -> (process, server)."""
+    url, _, srv = serve(replies)
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "kissing.py"), "search", "--llm", f"openai:{url}"]
+        + ["--model", "m", "--mode", "best-of-n", "--iters", "50", "--timeout", "60"]
+        + ["--out-dir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return proc, srv
+
+
+def wait_for(condition, what, seconds=60):
+    t0 = time.time()
+    while not condition():
+        assert time.time() - t0 < seconds, f"no {what} after {seconds} s"
+        time.sleep(0.05)
+
+
+def sandboxes_of(pid):
+    """The running evaluations of process pid (its child processes)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return f.read().split()
+    except OSError:
+        return []
+
+
+def logged(tmp_path):
+    try:
+        with open(tmp_path / "conversation_log.json") as f:
+            return len(json.load(f)["entries"])
+    except (OSError, ValueError):
+        return 0
+
+
+def test_sigterm_finishes_the_evaluation_then_exits_143(tmp_path):
+    """SIGTERM in the middle of an evaluation: it finishes, is logged, and the search exits 143 with
+    one line saying so; --resume continues from there."""
+    slow = "```python\nimport time\ntime.sleep(2)\npoints = [[1] + [0] * 10]\n```"
+    proc, srv = start_search(tmp_path, [GOOD, slow])
+    try:
+        wait_for(lambda: logged(tmp_path) == 1, "first iteration")
+        wait_for(lambda: sandboxes_of(proc.pid), "second evaluation")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        srv.shutdown()
+    assert proc.returncode == 143, (out, err)
+    assert "SIGTERM: finishing iteration 1's evaluation" in err, err
+    assert "SIGTERM: stopped with 2 iterations" in err, err
+    assert "Traceback" not in err, err
+    assert "iter 1 | score 1" in out, out
+    assert logged(tmp_path) == 2
+
+
+def test_second_sigterm_exits_at_once(tmp_path):
+    """A second SIGTERM does not wait for the evaluation: the search exits 143 within seconds, the
+    sandbox with it, the log as it was."""
+    slow = "```python\nimport time\ntime.sleep(60)\npoints = [[1] + [0] * 10]\n```"
+    proc, srv = start_search(tmp_path, [slow])
+    try:
+        wait_for(lambda: sandboxes_of(proc.pid), "evaluation")
+        child = sandboxes_of(proc.pid)[0]
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        t0 = time.time()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        took = time.time() - t0
+    finally:
+        proc.kill()
+        srv.shutdown()
+    assert proc.returncode == 143, (out, err)
+    assert took < 10, took
+    assert "SIGTERM: stopped with 0 iterations" in err, err
+    assert "Traceback" not in err, err
+    assert not os.path.exists(f"/proc/{child}"), "the sandbox outlived the search"
+    assert logged(tmp_path) == 0
 
 
 def test_extract_program_blocks_and_diff_edits():
