@@ -9,6 +9,10 @@ Every --eval-every steps the engine receives the weights and greedily answers he
 which are graded (2048 tokens, seed 000 §3.2). Eval rows carry "eval_step" too: the seed's two
 wandb axes.
 
+The final model goes to --save-dir: a new directory, or one an earlier sft.py save wrote (it
+carries .written_by_sft.json); a model card there (MODEL_CARD.md, README.md) stays. Ctrl-C or
+SIGTERM lets the optimizer step finish, saves the checkpoint and exits 130 or 143.
+
 Departures from the seed: `--data countdown` trains on synthetic Countdown problems answered by a
 search trace, and `--init-config tiny` starts from a fresh BPE tokenizer and a random small model
 (see models/countdown-tiny).
@@ -24,9 +28,11 @@ Examples:
 
 import functools
 import importlib.util
+import json
 import math
 import os
 import random
+import shutil
 import sys
 import time
 
@@ -244,7 +250,7 @@ def parse_args(argv=None):
     g.add_argument(
         "--save-dir",
         default=None,
-        help="final model dir (default: <out>/model); *.md files there are kept",
+        help="final model dir (default: <out>/model): new, or one sft.py wrote; a model card stays",
     )
     g.add_argument(
         "--save-every",
@@ -359,6 +365,7 @@ def resolve(args):
     # --- run directory ---
     args.out = args.out or os.path.join("runs", time.strftime("sft-%Y%m%d-%H%M%S"))
     args.save_dir = args.save_dir or os.path.join(args.out, "model")
+    check_save_dir(args.save_dir, args.out)
     return args
 
 
@@ -722,10 +729,162 @@ def save_checkpoint(args, model, tokenizer, optimizer, scheduler, step):
     )
 
 
+# ------------------------------------------------------------------------------ the final model dir
+# sft.py never deletes what it did not write. Every --save-dir it fills carries SAVE_MARKER, a JSON
+# file {"written_by": "sft.py", "files": ...}: the files it wrote there; [] in a directory that held
+# only a model card when the first save began; null in a save still being written. A later save
+# replaces such a directory. A hand-written model card (MODEL_CARDS) is allowed in any --save-dir
+# and kept by every save. Anything else in the way is refused before training starts. The save is
+# swapped in whole through <save-dir>.tmp and <save-dir>.old, as <out>/checkpoint is, and a swap a
+# kill interrupted is finished at the next start (recover_save_dir).
+SAVE_MARKER = ".written_by_sft.json"
+MODEL_CARDS = ("MODEL_CARD.md", "README.md")
+
+
+def save_marker(path):
+    """SAVE_MARKER's record in directory `path`: {"written_by", "files"}, or None where there is
+    none (or one that does not parse: then sft.py does not claim the directory)."""
+    try:
+        with open(os.path.join(path, SAVE_MARKER), encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("written_by") != "sft.py":
+        return None
+    files = record.get("files")
+    if files is not None and not isinstance(files, list):
+        return None
+    return record
+
+
+def save_complete(path):
+    """True when `path` holds a finished save of sft.py's (its marker lists the files)."""
+    record = save_marker(path)
+    return record is not None and bool(record["files"])
+
+
+def foreign_files(path):
+    """The names in directory `path` that sft.py did not write, model cards aside."""
+    record = save_marker(path)
+    if record is not None and record["files"] is None:
+        return []  # a save being written when it was killed: all of it is sft.py's
+    allowed = set(MODEL_CARDS)
+    if record is not None:
+        allowed |= set(record["files"]) | {SAVE_MARKER}
+    return [n for n in sorted(os.listdir(path)) if n not in allowed]
+
+
+def inside(path, parent):
+    """True when real path `path` is `parent` or below it."""
+    return os.path.commonpath([path, parent]) == parent
+
+
+def check_save_dir(save_dir, out):
+    """Refuse, in one line, a --save-dir the final save would harm: the current directory or one
+    holding it, a place in --out other than <out>/model (or one holding --out), a file, a
+    directory with files sft.py did not write (a model card aside). <save-dir>.tmp and .old, which
+    the save's swap replaces, must be sft.py's own leftovers."""
+    name = os.path.normpath(save_dir)
+    path = os.path.realpath(save_dir)
+    run = os.path.realpath(out)
+    check(
+        not inside(os.path.realpath(os.getcwd()), path),
+        f"--save-dir {save_dir}: the current directory or one holding it; "
+        f"pass a directory of its own, e.g. models/my-sft",
+    )
+    own = os.path.join(run, "model")  # the default: the run's own model directory
+    overlaps = inside(path, run) or inside(run, path)
+    check(
+        path == own or not overlaps,
+        f"--save-dir {save_dir} overlaps --out {out} (the run's own files); "
+        f"pass {os.path.join(out, 'model')} (the default) or a directory apart from --out",
+    )
+    for d in (name, name + ".tmp", name + ".old"):
+        if not os.path.lexists(d):
+            continue
+        check(os.path.isdir(d), f"--save-dir {save_dir}: {d} is a file; move it or pass another")
+        if d != name:
+            check(
+                save_marker(d) is not None,
+                f"--save-dir {save_dir}: {d} is not an sft.py save (no {SAVE_MARKER}), and the "
+                f"save swaps through it; move it away",
+            )
+        foreign = foreign_files(d)
+        shown = ", ".join(foreign[:3])
+        if len(foreign) > 3:
+            shown += f", ... ({len(foreign)} in all)"
+        where = f"--save-dir {save_dir}"
+        if d != name:
+            where += f": {d}"
+        check(
+            not foreign,
+            f"{where} holds files sft.py did not write ({shown}); pass a new or empty directory "
+            f"(a model card, {' or '.join(MODEL_CARDS)}, may stay there)",
+        )
+
+
+def recover_save_dir(save_dir):
+    """Finish a final save a kill interrupted, as common.find_checkpoint does for checkpoints:
+    when <save-dir> is missing, a finished <save-dir>.tmp (the newer) takes its place, else .old
+    (the former <save-dir>), model card and all. Then the leftovers of sft.py's go."""
+    final = os.path.abspath(save_dir)
+    tmp = final + ".tmp"
+    old = final + ".old"
+    if not os.path.exists(final):
+        source = None
+        if save_complete(tmp):
+            source = tmp
+        elif save_marker(old) is not None:
+            source = old
+        if source is not None:
+            os.replace(source, final)
+            print(f"recovered {save_dir} from an interrupted save ({os.path.basename(source)})")
+    for leftover in (tmp, old):
+        if save_marker(leftover) is not None:
+            shutil.rmtree(leftover)
+
+
+def save_model(args, model, tokenizer, step):
+    """The final model into --save-dir, swapped in whole by common.save_checkpoint: the marker
+    first (a killed save is recognisably sft.py's), the model card, weights, tokenizer,
+    state.json, then the marker again, now listing the files (the swap's completion mark)."""
+    check_save_dir(args.save_dir, args.out)  # as at the start: nothing else got in since
+    final = os.path.abspath(args.save_dir)
+    if os.path.isdir(final) and save_marker(final) is None:
+        # a model card alone: claimed, so that the swap's <save-dir>.old is recognisably sft.py's
+        claim = {"written_by": "sft.py", "files": []}
+        data.write_json_atomic(os.path.join(final, SAVE_MARKER), claim)
+    cards = []
+    for card in MODEL_CARDS:
+        if os.path.isfile(os.path.join(final, card)):
+            cards.append(os.path.join(final, card))
+
+    def write(tmp):
+        marker = os.path.join(tmp, SAVE_MARKER)
+        data.write_json_atomic(marker, {"written_by": "sft.py", "files": None})
+        for card in cards:
+            shutil.copy2(card, tmp)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        state = {"step": step, "args": common.jsonable(vars(args))}
+        data.write_json_atomic(os.path.join(tmp, "state.json"), state)
+        files = []
+        for f in sorted(os.listdir(tmp)):
+            if f not in MODEL_CARDS and f != SAVE_MARKER:
+                files.append(f)
+        data.write_json_atomic(marker, {"written_by": "sft.py", "files": files})
+
+    common.save_checkpoint(
+        os.path.dirname(final), write, marker=SAVE_MARKER, name=os.path.basename(final)
+    )
+
+
 # --------------------------------------------------------------------------------------------- main
 def main(argv=None):
+    common.stop_on_sigterm()  # SIGTERM (schedulers, `timeout`) finishes the step, as Ctrl-C does
     args = parse_args(argv)
     common.claim_run_dir(args.out, args.resume)
+    recover_save_dir(args.save_dir)
     torch.manual_seed(args.seed)
 
     # --- data (before any model loads: a bad file fails in a second) ---
@@ -840,32 +999,41 @@ def main(argv=None):
                 save_checkpoint(args, model, tokenizer, optimizer, scheduler, done)
     except KeyboardInterrupt:
         if in_step:
-            # a second Ctrl-C mid-step: the weights may be half-updated, so nothing is saved
+            # a second signal mid-step: the weights may be half-updated, so nothing is saved
             raise SystemExit(
                 f"\naborted inside step {done + 1}: nothing saved; "
                 f"--resume {args.out} restarts from the last checkpoint"
             ) from None
         print(
-            f"\ninterrupted after step {done}: saving the checkpoint; "
+            f"\n{common.stop_name()}: interrupted after step {done}: saving the checkpoint; "
             f"continue with --resume {args.out}",
             flush=True,
         )
-        save_checkpoint(args, model, tokenizer, optimizer, scheduler, done)
+        try:
+            save_checkpoint(args, model, tokenizer, optimizer, scheduler, done)
+        except KeyboardInterrupt:
+            # a second signal while saving: the swap keeps the last complete checkpoint
+            raise SystemExit(
+                f"aborted while saving step {done}; --resume {args.out} restarts from the last "
+                f"complete checkpoint"
+            ) from None
         plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
-        sys.exit(130)
+        sys.exit(common.stop_exit_code())
 
-    # --- the final model: a hand-written model card in --save-dir stays ---
-    if start < steps or not os.path.isdir(args.save_dir):
-        path = os.path.normpath(args.save_dir)
-        common.save_model_checkpoint(
-            os.path.dirname(path) or ".",
-            model,
-            tokenizer,
-            args,
-            {"step": steps},
-            name=os.path.basename(path),
-            keep=("*.md",),
-        )
+    # --- the final model (a model card in --save-dir stays); a first stop request waits for it ---
+    saved = False
+    try:
+        with common.finish_then_interrupt("the final save"):
+            if start < steps or not save_complete(args.save_dir):
+                save_model(args, model, tokenizer, steps)
+            saved = True
+    except KeyboardInterrupt:
+        if not saved:
+            raise SystemExit(
+                f"\naborted during the final save; --resume {args.out} saves {args.save_dir} again"
+            ) from None
+        print(f"{common.stop_name()}: stopped after the final save; {args.save_dir} is complete")
+        sys.exit(common.stop_exit_code())
     dashboard = plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
     print(f"saved {args.save_dir}; metrics in {args.out}; dashboard {dashboard}")
     if wandb_run is not None:

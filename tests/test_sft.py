@@ -1,8 +1,9 @@
 """sft.py on the tiny fixture models.
 
 The loss goes down, gradient accumulation is exact, fp32 master weights keep small updates, Ctrl-C
-saves and --resume continues with the run's own flags, bad input is refused in one line before a
-model loads, --dry-run, --sleep-engine's call order, the tiny-model builder's families (tokenizers
+and SIGTERM save and --resume continues with the run's own flags, bad input is refused in one line
+before a model loads, --save-dir never deletes what sft.py did not write (and a kill mid-swap
+recovers), --dry-run, --sleep-engine's call order, the tiny-model builder's families (tokenizers
 that survive a reload, vLLM = HF), the CLI end to end with --engine hf, checkpoints in vLLM, and
 the shipped models/countdown-tiny.
 """
@@ -11,6 +12,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,6 +54,32 @@ def flags(model, data, out, *extra):
 
 def train_rows(history):
     return [r for r in history if "train/loss" in r]
+
+
+class NotHandled(Exception):
+    """A SIGTERM that reached the test's own handler: sft.main did not take it."""
+
+
+@pytest.fixture
+def sigterm():
+    """SIGTERM raises NotHandled unless sft.main installs its own handler (a SIGTERM that sft.py
+    ignored would otherwise end the pytest session); the old handler comes back afterwards."""
+
+    def not_handled(signum, frame):
+        raise NotHandled("SIGTERM reached the default handler")
+
+    old = signal.signal(signal.SIGTERM, not_handled)
+    yield
+    signal.signal(signal.SIGTERM, old)
+
+
+def stopped(argv):
+    """What sft.main(argv) ended with (an escaping KeyboardInterrupt would end the session)."""
+    try:
+        sft.main(argv)
+    except BaseException as e:
+        return e
+    return None
 
 
 def test_countdown_trace_is_correct_and_graded_correct():
@@ -202,17 +230,18 @@ def test_ctrl_c_saves_a_consistent_checkpoint_and_resume_restores_the_flags(
     assert more[-1]["step"] == 5
 
 
-def test_second_ctrl_c_mid_step_aborts_in_one_line_without_saving(
-    tiny_model_dir, sft_jsonl, tmp_path, monkeypatch, ctrl_c
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_second_signal_mid_step_aborts_in_one_line_without_saving(
+    sig, tiny_model_dir, sft_jsonl, tmp_path, monkeypatch, ctrl_c, sigterm
 ):
     real = sft.sft_microbatch_train_step
 
-    def two_ctrl_c(*a, **kw):  # the first is deferred to the step's end, the second aborts
-        signal.raise_signal(signal.SIGINT)
-        signal.raise_signal(signal.SIGINT)
+    def two_signals(*a, **kw):  # the first is deferred to the step's end, the second aborts
+        signal.raise_signal(sig)
+        signal.raise_signal(sig)
         return real(*a, **kw)
 
-    monkeypatch.setattr(sft, "sft_microbatch_train_step", two_ctrl_c)
+    monkeypatch.setattr(sft, "sft_microbatch_train_step", two_signals)
     stop = None
     try:
         sft.main(
@@ -223,6 +252,162 @@ def test_second_ctrl_c_mid_step_aborts_in_one_line_without_saving(
     assert isinstance(stop, SystemExit)
     assert str(stop.code).strip().startswith("aborted inside step 1: nothing saved")
     assert not (tmp_path / "cut" / "checkpoint").exists()
+
+
+def test_sigterm_saves_like_ctrl_c_and_exits_143(
+    tiny_model_dir, sft_jsonl, tmp_path, monkeypatch, capsys, sigterm
+):
+    """SIGTERM (schedulers, `timeout`, container stops) between steps: the checkpoint is saved and
+    the exit code is 143. One during the final save lets it finish: the model directory is
+    complete."""
+    real_save = sft.save_checkpoint
+    calls = []
+
+    def sigterm_at_the_second_save(*a, **kw):  # after step 2, outside the step's deferral
+        calls.append(1)
+        if len(calls) == 2:
+            signal.raise_signal(signal.SIGTERM)
+        return real_save(*a, **kw)
+
+    monkeypatch.setattr(sft, "save_checkpoint", sigterm_at_the_second_save)
+    cut = tmp_path / "cut"
+    stop = stopped(flags(tiny_model_dir, sft_jsonl, cut, "--steps", "3", "--save-every", "1"))
+    assert isinstance(stop, SystemExit) and stop.code == 143, repr(stop)
+    assert "SIGTERM: interrupted after step 2" in capsys.readouterr().out
+    assert json.load(open(cut / "checkpoint" / "state.json"))["step"] == 2
+    monkeypatch.setattr(sft, "save_checkpoint", real_save)
+
+    real_swap = common.save_checkpoint
+
+    def sigterm_in_the_final_save(out_dir, write, **kw):
+        if kw.get("name") == "model":
+            signal.raise_signal(signal.SIGTERM)
+        return real_swap(out_dir, write, **kw)
+
+    monkeypatch.setattr(common, "save_checkpoint", sigterm_in_the_final_save)
+    stop = stopped(["--resume", str(cut)])
+    assert isinstance(stop, SystemExit) and stop.code == 143, repr(stop)
+    assert "SIGTERM: stopped after the final save" in capsys.readouterr().out
+    assert sft.save_complete(cut / "model")
+    assert json.load(open(cut / "model" / "state.json"))["step"] == 3
+
+
+@pytest.mark.parametrize(
+    "save,needle",
+    [
+        ("FOLDER", "FOLDER holds files sft.py did not write (notes.txt); pass a new or empty"),
+        ("OUT", "overlaps --out"),  # equal: its metrics, args and checkpoint were deleted
+        ("OUT/checkpoint", "overlaps --out"),
+        ("TMP", "overlaps --out"),  # holds --out
+        (".", "--save-dir .: the current directory or one holding it"),
+        ("NEW", "NEW.old is not an sft.py save"),  # the swap would replace it
+        ("FILE", "FILE is a file"),
+    ],
+    ids=["folder", "out", "in-out", "holds-out", "cwd", "old", "file"],
+)
+def test_a_save_dir_holding_anything_else_is_refused_before_training(
+    save, needle, tiny_model_dir, sft_jsonl, tmp_path, monkeypatch, capsys
+):
+    def no_loading(*a, **kw):
+        raise AssertionError("a model was loaded before the bad --save-dir was refused")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_loading)
+    mine = {
+        "FOLDER/notes.txt": "a user's file",
+        "FOLDER/MODEL_CARD.md": "# card\n",
+        "NEW.old/weights.bin": "not sft.py's",
+        "FILE": "a file",
+    }
+    for name, text in mine.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    path = save
+    if save.startswith("OUT"):
+        path = str(tmp_path / "out") + save[3:]
+    elif save == "TMP":
+        path = str(tmp_path)
+    elif save != ".":
+        path = str(tmp_path / save)
+    argv = flags(tiny_model_dir, sft_jsonl, tmp_path / "out", "--steps", "1", "--save-dir", path)
+    with pytest.raises(SystemExit) as e:
+        sft.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2, err
+    assert err.startswith("error: ") and "\n" not in err and needle in err, err
+    for name, text in mine.items():
+        assert (tmp_path / name).read_text() == text, name
+    marked = [m for m in common.RUN_MARKERS if os.path.exists(tmp_path / "out" / m)]
+    assert not marked, "the fixed command may reuse --out"
+
+
+def test_save_dir_keeps_the_model_card_and_replaces_only_its_own_save(
+    tiny_model_dir, sft_jsonl, tmp_path, capsys
+):
+    """The README's recipe saves into models/countdown-tiny: the shipped directory carries
+    sft.SAVE_MARKER (an earlier sft.py wrote it), so a save may replace it; its model card stays and
+    the old layout's sft_args.json goes. A directory holding only a model card is accepted too; one
+    with anything else added is refused."""
+    recipe = ["--init-config", "tiny", "--data", "countdown", "--out", str(tmp_path / "r")]
+    assert dry(recipe + ["--save-dir", SHIPPED], capsys)["save_dir"] == SHIPPED
+    shipped = tmp_path / "countdown-tiny"
+    shutil.copytree(SHIPPED, shipped)
+    card = (shipped / "MODEL_CARD.md").read_text()
+    run = flags(tiny_model_dir, sft_jsonl, tmp_path / "run", "--steps", "1", "--save-dir", shipped)
+    sft.main(run)
+    assert (shipped / "MODEL_CARD.md").read_text() == card
+    marker = json.load(open(shipped / sft.SAVE_MARKER))
+    assert marker["written_by"] == "sft.py"
+    assert "state.json" in marker["files"]
+    assert "sft_args.json" not in marker["files"]
+    assert sorted(os.listdir(shipped)) == sorted(
+        marker["files"] + ["MODEL_CARD.md", sft.SAVE_MARKER]
+    )
+    # the tiny qwen2 now, not the shipped llama
+    assert json.load(open(shipped / "config.json"))["model_type"] == "qwen2"
+    assert not os.path.exists(str(shipped) + ".tmp")
+    assert not os.path.exists(str(shipped) + ".old")
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "README.md").write_text("# my model\n")
+    assert dry(recipe + ["--save-dir", str(fresh)], capsys)["save_dir"] == str(fresh)
+    (shipped / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit) as e:
+        sft.parse_args(recipe + ["--save-dir", str(shipped), "--dry-run"])
+    assert e.value.code == 2
+    assert "holds files sft.py did not write (notes.txt)" in capsys.readouterr().err
+
+
+class Killed(BaseException):
+    """The process dying at this exact point, as under SIGKILL (a fault-injection seam)."""
+
+
+def test_a_kill_between_the_final_swaps_renames_is_recovered_with_the_model_card(
+    tiny_model_dir, sft_jsonl, tmp_path, monkeypatch, capsys
+):
+    save = tmp_path / "model-x"
+    save.mkdir()
+    (save / "MODEL_CARD.md").write_text("# hand-written card\n")
+    real_replace = os.replace
+
+    def killed_between_the_renames(src, dst):  # <save>.old is in place; <save>.tmp is not moved
+        if str(src) == f"{save}.tmp":
+            raise Killed
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", killed_between_the_renames)
+    out = tmp_path / "run"
+    stop = stopped(flags(tiny_model_dir, sft_jsonl, out, "--steps", "1", "--save-dir", save))
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert isinstance(stop, Killed), repr(stop)
+    assert not save.exists()
+    assert os.path.isdir(f"{save}.tmp") and os.path.isdir(f"{save}.old")
+    capsys.readouterr()
+    sft.main(["--resume", str(out)])
+    assert "recovered" in capsys.readouterr().out
+    assert (save / "MODEL_CARD.md").read_text() == "# hand-written card\n"
+    assert sft.save_complete(save)
+    assert not os.path.exists(f"{save}.tmp")
+    assert not os.path.exists(f"{save}.old")
 
 
 def test_shared_prefix_falls_back_where_the_models_cache_fails_its_check(
