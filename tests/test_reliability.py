@@ -1,10 +1,18 @@
 """Issue 16's probes, run as the commands a user types: each bad input is refused with exactly one
 `error:` line on stderr and a non-zero exit, fast (before any model loads: the model directories
 here hold junk weights, so a load would end in a traceback), and no run loses data (checkpoints
-written whole, no temp files left behind). And a run saved by older code (tests/compat/) resumes."""
+written whole, no temp files left behind). And a run saved by older code (tests/compat/) resumes.
 
+Issue 26's: a run directory is held by one run at a time (a second one is refused naming the
+first's pid; a killed run's lock is free), a run without a checkpoint is never stuck, --resume
+checks the script, state.json and every metrics row before it touches a file, and a full or
+read-only disk (real ones: a small tmpfs, a read-only bind mount) is one line that leaves the run
+resumable."""
+
+import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -269,3 +277,417 @@ def test_kissing_search_stops_when_its_server_is_gone(tmp_path):
     r = run("kissing.py", "search", *flags)
     one_line_error(r, "3 calls failed in a row")
     assert not (tmp_path / "conversation_log.json").exists()
+
+
+# --------------------------------------------------------------------------- one run per directory
+# issue 26: two runs started 2 s apart on one --out both exited 0, their rows mixed in one
+# metrics.jsonl. Now the first to start holds <out>/run.lock (common.lock_run_dir) for its life.
+HOLD = """if True:
+    import sys, time, common
+    common.claim_run_dir(sys.argv[1], resume=sys.argv[2:])  # resume: a second argument
+    print("claimed", flush=True)
+    time.sleep(300)
+"""
+
+
+def hold(out, *resume):
+    """A process that claims `out` as a run's start does, then keeps running (the first run)."""
+    argv = [sys.executable, "-c", HOLD, str(out), *resume]
+    p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "claimed"
+    return p
+
+
+def stop_holder(p):
+    p.kill()
+    p.wait()
+    p.stdout.close()
+
+
+# (grpo_ray.py claims through the same call, before Ray starts; its refusal of an existing run
+# above shows it gets there)
+SECOND_RUNS = [("grpo.py", []), ("sft.py", ["--countdown-n", "16", "--eval-n", "0"])]
+
+
+@pytest.mark.parametrize("script,flags", SECOND_RUNS)
+def test_a_second_run_on_one_out_is_refused_naming_the_first(script, flags, tmp_path):
+    out = tmp_path / "run"
+    first = hold(out)
+    try:
+        r = run(script, "--out", out, *flags)
+    finally:
+        stop_holder(first)
+    one_line_error(r, f"--out {out} is in use by another run (pid {first.pid}")
+    assert sorted(os.listdir(out)) == ["run.lock"], "the refused run wrote into the first one's"
+
+
+def test_a_second_resume_of_a_run_is_refused_before_it_touches_the_run(tmp_path):
+    run_dir = fake_run(tmp_path / "run")
+    os.makedirs(tmp_path / "run" / "checkpoint.old")  # a leftover a resume would clear
+    first = hold(run_dir, "resume")
+    try:
+        r = run("grpo.py", "--resume", run_dir)
+    finally:
+        stop_holder(first)
+    one_line_error(r, f"--resume {run_dir} is in use by another run (pid {first.pid}")
+    assert (tmp_path / "run" / "checkpoint.old").is_dir()
+
+
+def test_the_lock_of_a_killed_run_is_stale(tmp_path):
+    """kill -9 leaves run.lock behind, naming the dead run; the lock itself died with it."""
+    out = tmp_path / "run"
+    first = hold(out)
+    stop_holder(first)
+    assert common.read_claim(str(out))["pid"] == first.pid
+    try:
+        common.claim_run_dir(str(out))
+        common.claim_run_dir(str(out))  # grpo_ray.py claims twice: one process, one claim
+        assert common.read_claim(str(out))["pid"] == os.getpid()
+    finally:
+        common.release_run_dir(str(out))
+
+
+def test_a_process_the_holder_started_may_use_the_directory(tmp_path):
+    """A test or notebook that ran a main() in-process, then the script on its run: the holder
+    (this process) is waiting on the child, which is not a second run."""
+    out = str(tmp_path / "run")
+    common.claim_run_dir(out)
+    try:
+        child = subprocess.run([sys.executable, "-c", HOLD.replace("300", "0"), out], cwd=ROOT)
+    finally:
+        common.release_run_dir(out)
+    assert child.returncode == 0
+
+
+# ------------------------------------------------------------------------- a run without checkpoint
+def a_run_that_never_saved(run_dir, rows):
+    """What grpo.py leaves when it is killed before its first save: args.json, runtime.json,
+    `rows` logged rows, no checkpoint."""
+    import grpo
+
+    args = grpo.parse_args(["--lr", "0.5", "--out", str(run_dir), "--n-grpo-steps", "7"])
+    os.makedirs(run_dir)
+    (run_dir / "args.json").write_text(json.dumps(common.jsonable(vars(args))))
+    (run_dir / "runtime.json").write_text("{}")
+    lines = []
+    for step in range(rows):
+        lines.append(json.dumps({"step": step, "train/loss": 1.0}) + "\n")
+    (run_dir / "metrics.jsonl").write_text("".join(lines))
+
+
+def test_resume_of_a_run_without_checkpoint_restarts_it_from_step_0(tmp_path, capsys):
+    import grpo
+
+    run_dir = tmp_path / "run"
+    a_run_that_never_saved(run_dir, rows=2)
+    try:
+        args = grpo.parse_args(["--resume", str(run_dir)])
+        assert args.resume is None  # the trainers start it as a new run
+        assert args.lr == 0.5  # with its flags
+        assert args.n_grpo_steps == 7
+        assert args.out == str(run_dir)
+        out = capsys.readouterr().out
+        assert "no checkpoint (the run stopped before its first save): restarting it" in out
+        assert "its 2 logged rows are dropped" in out
+        common.claim_run_dir(args.out, args.resume)
+        assert (run_dir / "metrics.jsonl").read_text() == ""
+    finally:
+        common.release_run_dir(str(run_dir))
+
+
+def test_a_new_run_takes_over_a_directory_whose_run_failed_at_start(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    a_run_that_never_saved(run_dir, rows=0)
+    try:
+        common.claim_run_dir(str(run_dir))
+        assert "stopped before its first logged row: starting afresh" in capsys.readouterr().out
+    finally:
+        common.release_run_dir(str(run_dir))
+    # with logged rows the run is refused, and told the way: --resume
+    logged = tmp_path / "logged"
+    a_run_that_never_saved(logged, rows=3)
+    with pytest.raises(SystemExit):
+        common.claim_run_dir(str(logged))
+    common.release_run_dir(str(logged))
+    err = capsys.readouterr().err
+    assert "3 logged rows, no checkpoint: --resume restarts it from step 0" in err
+    assert (logged / "metrics.jsonl").read_text().count("\n") == 3
+
+
+# --------------------------------------------------------------------------- --resume checks first
+def bytes_of(run_dir):
+    """Every file under run_dir -> its bytes (what a refused resume must leave as it was)."""
+    found = {}
+    for parent, _, files in os.walk(run_dir):
+        for name in files:
+            if name == "run.lock":  # the refused process's claim: its pid, nothing of the run
+                continue
+            with open(os.path.join(parent, name), "rb") as f:
+                found[os.path.relpath(os.path.join(parent, name), run_dir)] = f.read()
+    return found
+
+
+@pytest.mark.parametrize(
+    "script,written_by,where",
+    [("grpo.py", "sft.py", "state.json"), ("sft.py", "grpo.py", "run.lock")],
+)
+def test_a_run_is_resumed_only_by_the_script_that_wrote_it(script, written_by, where, tmp_path):
+    run_dir = fake_run(tmp_path / "run", state=json.dumps({"step": 1, "script": written_by}))
+    (tmp_path / "run" / "args.json").write_text("{}")
+    if where == "run.lock":  # a run without a checkpoint: its claim names the script
+        shutil.rmtree(tmp_path / "run" / "checkpoint")
+        (tmp_path / "run" / "run.lock").write_text(json.dumps({"script": written_by}))
+    before = bytes_of(run_dir)
+    r = run(script, "--resume", run_dir)
+    one_line_error(r, f"this run was written by {written_by}, not {script}")
+    assert f"`python {written_by} --resume {run_dir}`" in r.stderr
+    assert bytes_of(run_dir) == before
+
+
+def test_a_checkpoint_names_the_script_of_the_process_that_claimed_its_run(tmp_path):
+    """grpo_ray.py's learner actors save the run its driver claimed: the script comes from the
+    driver's run.lock (this test's own __main__ is pytest's: no script of its own)."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run.lock").write_text(json.dumps({"pid": 1, "script": "grpo_ray.py"}))
+
+    class Model:
+        def save_pretrained(self, d):
+            with open(os.path.join(d, "model.safetensors"), "w") as f:
+                f.write("w")
+
+    args = argparse.Namespace(lr=0.1)
+    common.save_model_checkpoint(str(out), Model(), Model(), args, {"step": 1})
+    state = common.read_json(str(out / "checkpoint" / "state.json"), "step")
+    assert state["script"] == "grpo_ray.py"
+
+
+BAD_STATES = [
+    ({"step": -2}, "step -2, not an integer >= 0"),
+    ({"step": "3"}, "step '3', not an integer >= 0"),
+    ({"step": 1.5}, "step 1.5, not an integer >= 0"),
+    ({"step": True}, "step True, not an integer >= 0"),
+    ({"step": 1, "opt_step": -1}, "opt_step -1, not an integer >= 0"),
+    ({"step": 1, "wall": "x"}, "wall 'x', not a number"),
+    ({"step": 1, "wall": -1.0}, "wall -1.0, not a finite number >= 0"),
+    ({"step": 1, "args": []}, "args that are not an object"),
+]
+
+
+@pytest.mark.parametrize("state,needle", BAD_STATES)
+def test_a_bad_state_json_is_refused_before_any_file_changes(state, needle, tmp_path, capsys):
+    import grpo
+
+    run_dir = fake_run(tmp_path / "run", state=json.dumps(state))
+    os.makedirs(tmp_path / "run" / "checkpoint.old")  # a leftover a resume would clear
+    before = bytes_of(run_dir)
+    with pytest.raises(SystemExit) as e:
+        grpo.parse_args(["--resume", run_dir])
+    common.release_run_dir(run_dir)
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert err.count("\n") == 1
+    assert f"its state.json has {needle}" in err
+    assert bytes_of(run_dir) == before
+    assert (tmp_path / "run" / "checkpoint.old").is_dir()
+
+
+BAD_ROWS = [
+    (b'{"step": 0, "x": "\xff"}', "metrics.jsonl:2: not UTF-8 text (byte 0xff at column 19)"),
+    (b"[0, 1]", "metrics.jsonl:2: a JSON list, not an object"),
+    (b'{"loss": 1.0}', 'metrics.jsonl:2: a row without "step"'),
+    (b'{"step": "1"}', "metrics.jsonl:2: step '1' is not an integer >= 0"),
+    (b'{"step": -1}', "metrics.jsonl:2: step -1 is not an integer >= 0"),
+    (b'{"step": false}', "metrics.jsonl:2: step False is not an integer >= 0"),
+]
+
+
+@pytest.mark.parametrize("row,needle", BAD_ROWS)
+def test_a_bad_metrics_row_is_refused_before_any_file_changes(row, needle, tmp_path, capsys):
+    import grpo
+
+    run_dir = fake_run(tmp_path / "run")
+    (tmp_path / "run" / "metrics.jsonl").write_bytes(b'{"step": 0}\n' + row + b'\n{"step": 1}\n')
+    before = bytes_of(run_dir)
+    with pytest.raises(SystemExit) as e:
+        grpo.parse_args(["--resume", run_dir])
+    common.release_run_dir(run_dir)
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert err.count("\n") == 1
+    assert needle in err
+    assert bytes_of(run_dir) == before
+
+
+def test_a_non_utf8_metrics_row_is_one_line_from_the_command_line(tmp_path):
+    run_dir = fake_run(tmp_path / "run", metrics='{"step": 0}\n{"step": 1}\n')
+    with open(tmp_path / "run" / "metrics.jsonl", "ab") as f:
+        f.write(b'{"step": 2, "note": "\xe9t\xe9"}\n{"step": 3}\n')
+    one_line_error(run("sft.py", "--resume", run_dir), "metrics.jsonl:3: not UTF-8 text")
+
+
+# ------------------------------------------------------------------------- a full or read-only disk
+# Real filesystems: a tmpfs of a few MiB fills up, a bind mount turns a run directory read-only
+# mid-run. Both need mount(2): root, as this suite runs in CI; elsewhere these tests skip.
+@pytest.fixture
+def mounts(tmp_path):
+    """mount(kind, path, size): a small tmpfs at path ("tmpfs"), path read-only ("read-only": a
+    read-only bind mount of itself), or a tmpfs resized ("resize"); all undone at teardown."""
+    done = []
+
+    def mount(kind, path, size="1m"):
+        os.makedirs(path, exist_ok=True)
+        if kind == "tmpfs":
+            commands = [["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]]
+        elif kind == "read-only":
+            commands = [
+                ["mount", "--bind", str(path), str(path)],
+                ["mount", "-o", "remount,bind,ro", str(path)],
+            ]
+        else:
+            commands = [["mount", "-o", f"remount,size={size}", str(path)]]
+        for command in commands:
+            r = subprocess.run(command, capture_output=True, text=True)
+            if r.returncode != 0:
+                pytest.skip(f"{' '.join(command)}: {r.stderr.strip()} (these tests need root)")
+            if command[1] in ("-t", "--bind"):
+                done.append(path)
+        return str(path)
+
+    yield mount
+    for path in reversed(done):
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)  # (a test may have)
+
+
+SAVE = """if True:
+    import argparse, sys, torch, common
+    from safetensors.torch import save_file
+    out, weights, optimizer = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    class Model:
+        def __init__(self, n):
+            self.n = n
+        def save_pretrained(self, d):
+            save_file({"w": torch.zeros(self.n)}, d + "/model.safetensors")
+    class Tokenizer:
+        def save_pretrained(self, d):
+            open(d + "/tokenizer.json", "w").write("{}")
+    common.claim_run_dir(out)
+    args = argparse.Namespace(lr=0.1)
+    common.save_model_checkpoint(out, Model(10), Tokenizer(), args, {"step": 1})  # fits
+    extra = {"optimizer.pt": {"exp_avg": torch.zeros(optimizer)}}
+    common.save_model_checkpoint(out, Model(weights), Tokenizer(), args, {"step": 2}, extra)
+"""
+
+
+@pytest.mark.parametrize(
+    "weights,optimizer,detail",
+    [
+        (10**6, 10, "SafetensorError: Error while serializing: I/O error: No space left on device"),
+        (10, 10**6, "RuntimeError: [enforce fail at inline_container.cc"),  # torch: no errno
+    ],
+)
+def test_disk_full_while_saving_a_checkpoint_is_one_line(
+    weights, optimizer, detail, mounts, tmp_path
+):
+    """4 MB into a 1 MiB tmpfs, through safetensors (model weights) or torch.save (optimizer):
+    one line that says "disk full", not torch's traceback; the last checkpoint stays whole."""
+    disk = mounts("tmpfs", tmp_path / "disk", size="1m")
+    out = os.path.join(disk, "run")
+    argv = [sys.executable, "-c", SAVE, out, str(weights), str(optimizer)]
+    r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    one_line_error(r, f"error: disk full: saving {out}/checkpoint failed ({detail}")
+    assert r.returncode == 1
+    assert f"free space on {disk} (" in r.stderr
+    assert f"then --resume {out} continues from its last checkpoint (step 1)" in r.stderr
+    assert sorted(os.listdir(out)) == ["checkpoint", "run.lock"]  # no checkpoint.tmp left
+    assert common.read_json(os.path.join(out, "checkpoint", "state.json"), "step")["step"] == 1
+
+
+WRITE = """if True:
+    import sys, torch, common, data
+    out, how = sys.argv[1], sys.argv[2]
+    common.claim_run_dir(out)
+    if how == "data":  # the scripts' own writes (args.json, rollouts/) go through data.py
+        data.write_json_atomic(out + "/rollouts.json", ["x" * 1000] * 2000)
+    else:
+        torch.save({"x": torch.zeros(10**6)}, out + "/extra.pt")
+"""
+
+
+@pytest.mark.parametrize("how", ["data", "torch"])
+def test_disk_full_in_a_write_of_the_scripts_own_is_one_line(how, mounts, tmp_path):
+    """Outside common's writers the claimed run's uncaught error is explained too (excepthook)."""
+    disk = mounts("tmpfs", tmp_path / "disk", size="1m")
+    out = os.path.join(disk, "run")
+    argv = [sys.executable, "-c", WRITE, out, how]
+    r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    one_line_error(r, "error: disk full: writing ")
+    assert f"then --resume {out} restarts it from step 0 (it has no checkpoint yet)" in r.stderr
+
+
+LOG = """if True:
+    import sys, common
+    out = sys.argv[1]
+    common.claim_run_dir(out, resume=True)
+    common.log_row(out, {"step": 2})
+    print("logged", flush=True)
+    sys.stdin.readline()  # the test makes the run directory read-only here
+    common.log_row(out, {"step": 3})
+"""
+
+
+def test_a_run_directory_made_read_only_mid_run_is_one_line_and_resumable(mounts, tmp_path):
+    import grpo
+
+    run_dir = fake_run(tmp_path / "run")
+    argv = [sys.executable, "-c", LOG, run_dir]
+    p = subprocess.Popen(
+        argv, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert p.stdout.readline() == b"logged\n"
+    mounts("read-only", run_dir)
+    _, err = p.communicate(b"\n", timeout=60)
+    r = subprocess.CompletedProcess(argv, p.returncode, "", err.decode())
+    one_line_error(r, f"error: read-only file system: appending a row to {run_dir}/metrics.jsonl")
+    assert f"make {run_dir} writable again, then --resume {run_dir} continues" in r.stderr
+    # writable again: the run resumes, its metrics cut back to its checkpoint's step 1
+    subprocess.run(["umount", str(run_dir)], check=True)
+    try:
+        args = grpo.parse_args(["--resume", run_dir])
+        common.claim_run_dir(args.out, args.resume)
+        common.restore_checkpoint(args.resume, args.out)
+    finally:
+        common.release_run_dir(run_dir)
+    assert common.read_metrics(os.path.join(run_dir, "metrics.jsonl")) == [{"step": 0}]
+
+
+def test_a_run_a_full_disk_stopped_before_its_first_save_resumes(tiny_model_dir, mounts, tmp_path):
+    """sft.py end to end on a 2 MiB tmpfs: its first checkpoint (1.6 MB of weights, 3.2 MB of AdamW
+    moments) does not fit. One line, exit 1, no checkpoint. With room again, --resume restarts the
+    run from step 0 with its own flags, and the checkpoint it saves names its script."""
+    disk = mounts("tmpfs", tmp_path / "disk", size="2m")
+    out = os.path.join(disk, "run")
+    flags = ["--model", tiny_model_dir, "--countdown-n", "8", "--eval-n", "0", "--lr", "3e-3"]
+    flags += ["--batch-size", "4", "--gradient-accumulation-steps", "1", "--warmup-frac", "0"]
+    flags += ["--steps", "2", "--save-every", "2", "--save-dir", tmp_path / "model"]
+    first = run("sft.py", *flags, "--out", out, timeout=600, fast=600)
+    # the run got as far as saving: before the error, stderr holds transformers' progress bars
+    assert first.returncode == 1
+    assert "Traceback" not in first.stderr
+    last = first.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: disk full: saving {out}/checkpoint failed"), first.stderr
+    assert first.stderr.count("error") == 1, first.stderr
+    assert last.endswith(f"then --resume {out} restarts it from step 0 (it has no checkpoint yet)")
+    assert not os.path.exists(os.path.join(out, "checkpoint"))
+    assert [r["step"] for r in common.read_metrics(os.path.join(out, "metrics.jsonl"))] == [1, 2]
+    mounts("resize", disk, size="64m")
+    resumed = run("sft.py", "--resume", out, timeout=600, fast=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "restarting it from step 0 with its args.json's flags" in resumed.stdout
+    assert "its 2 logged rows are dropped" in resumed.stdout
+    assert [r["step"] for r in common.read_metrics(os.path.join(out, "metrics.jsonl"))] == [1, 2]
+    state = common.read_json(os.path.join(out, "checkpoint", "state.json"), "step")
+    assert state["step"] == 2
+    assert state["script"] == "sft.py"
+    assert state["args"]["lr"] == 3e-3
+    assert common.read_claim(out)["script"] == "sft.py"
