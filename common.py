@@ -1127,8 +1127,8 @@ _last_stop = {"signal": signal.SIGINT}  # the signal of the last stop request
 
 
 def stop_on_sigterm():
-    """Make SIGTERM raise KeyboardInterrupt, as Ctrl-C does. Call once at the start of a script's
-    main (the main thread only; a no-op elsewhere)."""
+    """Make SIGTERM raise KeyboardInterrupt, as Ctrl-C does, and remember which of the two came
+    last. Call once at the start of a script's main (the main thread only; a no-op elsewhere)."""
     if threading.current_thread() is not threading.main_thread():
         return
 
@@ -1137,6 +1137,9 @@ def stop_on_sigterm():
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
+    # Ctrl-C too, so the exit code names the last signal (a SIGINT the process ignores stays so)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, handler)
 
 
 def stop_exit_code():
