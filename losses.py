@@ -482,7 +482,8 @@ def group_normalized_advantages(rewards, group_size, advantage_eps, std_norm):
 @dataclasses.dataclass
 class LossSettings:
     """The loss's hyperparameters, built once from the flags (grpo.loss_settings). A loss reads
-    the fields it uses; a new hyperparameter is a new field here and a flag of the same name."""
+    the fields it uses; a new hyperparameter is a new field here, a flag of the same name and one
+    line in grpo.loss_settings."""
 
     loss: str = "reinforce_with_baseline"  # a key of LOSSES
     cliprange: float | None = None  # epsilon of the clipped losses (grpo_clip, gspo)
@@ -595,7 +596,7 @@ class Loss(NamedTuple):
 
 
 # A new loss is one function above and one line here (and, if it has a new hyperparameter, one
-# LossSettings field and one flag).
+# LossSettings field, one flag and one line in grpo.loss_settings).
 LOSSES = {
     "no_baseline": Loss(no_baseline_loss, needs_old=False),
     "reinforce_with_baseline": Loss(reinforce_with_baseline_loss, needs_old=False),

@@ -116,7 +116,13 @@ def load_batch(args):
     with open(BATCH_PATH) as f:
         batch = json.load(f)
     batch["raw"] = torch.tensor([d["reward"] for d in batch["rewards"]], dtype=torch.float32)
-    stats = {"generation_s": 0.0, "grading_s": 0.0, "prompts_sampled": 0, "groups_flat": 0}
+    stats = {
+        "generation_s": 0.0,
+        "grading_s": 0.0,
+        "extra_rounds_s": 0.0,
+        "prompts_sampled": 0,
+        "groups_flat": 0,
+    }
     grpo.summarize(batch, [stats], args)
     if args.rollout_is != "none":
         batch["engine_logprobs"] = shift_engine_log_probs(batch["engine_logprobs"])
