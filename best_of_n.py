@@ -24,6 +24,9 @@ samples per N; we draw --n once and average over k-subsets (unbiased, lower vari
 are of the sampled (temperature-scaled) distribution, as rollout.generate returns them; at T=1,
 the model's.
 
+Ctrl-C or SIGTERM (a scheduler's stop) exits 130 / 143 naming what was written: nothing until the
+samples are graded (one generation pass), then generations.jsonl, then best_of_n.json.
+
 Examples:
   python best_of_n.py                              # embedded model, synthetic Countdown
   python best_of_n.py --model Qwen/Qwen3-0.6B --task gsm8k --data gsm8k_test.jsonl --n 16 \\
@@ -33,6 +36,7 @@ Examples:
 
 import os
 import re
+import sys
 from collections import Counter
 from fractions import Fraction
 from math import comb
@@ -48,6 +52,9 @@ from common import (
     positive_float,
     positive_int,
     probability,
+    stop_exit_code,
+    stop_name,
+    stop_on_sigterm,
 )
 from data import EMBEDDED_MODEL, read_jsonl, write_json_atomic, write_jsonl_atomic
 from eval_zero_shot import (
@@ -403,6 +410,8 @@ def generate_rows(args):
 
 
 def main(argv=None):
+    # SIGTERM (a scheduler's time limit, `timeout`, a container stop) stops as Ctrl-C does
+    stop_on_sigterm()
     args = parse_args(argv)
     if args.from_generations:
         print(f"re-scoring {args.from_generations}", flush=True)
@@ -410,6 +419,23 @@ def main(argv=None):
         print(describe(args), flush=True)
     if args.dry_run:
         dry_run(args)
+    written = []  # the files written so far, for a stop request's message
+    try:
+        score(args, written)
+    except KeyboardInterrupt:
+        message = f"{stop_name()}: stopped before anything was written"
+        if written:
+            message = f"{stop_name()}: stopped after writing {', '.join(written)}"
+        if len(written) == 1 and not args.from_generations:
+            message += f"; re-score it with --from-generations {written[0]}"
+        print(f"\n{message}", file=sys.stderr)
+        raise SystemExit(stop_exit_code()) from None
+
+
+def score(args, written):
+    """Generate (or read) the samples, compute the metrics, write them and the plot; each file
+    written is added to `written`."""
+    out = args.out
     if args.from_generations:
         rows = read_generations(args.from_generations)
         n = min(len(r["samples"]) for r in rows)
@@ -419,7 +445,13 @@ def main(argv=None):
         )
     else:
         rows = generate_rows(args)
-        write_jsonl_atomic(os.path.join(args.out, "generations.jsonl"), rows)
+        path = os.path.join(out, "generations.jsonl")
+        write_jsonl_atomic(path, rows)
+        written.append(path)
+        # --overwrite: the previous run's metrics must not sit beside these samples
+        for name in ("best_of_n.json", "best_of_n.png"):
+            if os.path.exists(os.path.join(out, name)):
+                os.remove(os.path.join(out, name))
 
     # --- metrics, plot, JSON (all recomputed from the rows, so --from-generations reproduces
     # them) ---
@@ -429,13 +461,14 @@ def main(argv=None):
             f"k {r['k']:>3} | pass@k {r['pass@k']:.4f} | best@k {r['best@k']:.4f} | "
             f"maj@k {r['maj@k']:.4f} | oracle_gap {r['oracle_gap']:.4f}"
         )
-    path = os.path.join(args.out, "best_of_n.json")
+    path = os.path.join(out, "best_of_n.json")
     write_json_atomic(path, {"args": vars(args), **result})
+    written.append(path)
     title = args.from_generations
     if not title:
         model_name = os.path.basename(args.model.rstrip("/"))
         title = f"{model_name} {args.task} T={args.temperature}"
-    plot(result, os.path.join(args.out, "best_of_n.png"), title[-60:])
+    plot(result, os.path.join(out, "best_of_n.png"), title[-60:])
     print(
         f"accuracy (mean over all samples = pass@1) {result['accuracy']:.4f} | "
         f"wrote {path} and best_of_n.png"

@@ -17,7 +17,8 @@ accurate) so that the counts add up.
 Departures: --max-tokens takes a comma list and runs one generation pass per value on one engine
 (one summary row each); every row of generations.jsonl carries its max_tokens. --out is checked
 before any work, and existing results are kept unless --overwrite; --dry-run prints the effective
-configuration (one JSON line) and stops before anything loads.
+configuration (one JSON line) and stops before anything loads. Ctrl-C or SIGTERM (a scheduler's
+stop) writes the examples graded so far (summary.json says where it stopped) and exits 130 / 143.
 
 Examples:
   python eval_zero_shot.py                      # embedded tiny model, synthetic Countdown
@@ -45,6 +46,9 @@ from common import (
     nonneg_int,
     positive_int,
     probability,
+    stop_exit_code,
+    stop_name,
+    stop_on_sigterm,
 )
 from data import (
     EMBEDDED_MODEL,
@@ -335,104 +339,150 @@ def resolve(args):
     return args
 
 
+def report(summary, rows, show):
+    """A pass's line (the fourth category only when a grader produced it), then `show` examples of
+    each category."""
+    parts = [
+        f"max_tokens {summary['max_tokens']}",
+        f"accuracy {summary['accuracy']:.4f} ({summary['correct']}/{summary['n']})",
+    ]
+    for c in CATEGORIES:
+        if c != CATEGORIES[-1] or summary["counts"][c]:
+            parts.append(f"{c} {summary['counts'][c]}")
+    parts.append(f"mean_reward {summary['mean_reward']:.4f}")
+    parts.append(f"mean_tokens {summary['mean_tokens']:.1f}")
+    parts.append(f"truncated {summary['frac_truncated']:.3f}")
+    parts.append(f"generate {summary['time/generate_s']:.1f}s")
+    print(" | ".join(parts))
+    for c in CATEGORIES:
+        in_category = [r for r in rows if r["category"] == c]
+        for r in in_category[:show]:
+            print(f"  [{c}] gt={json.dumps(r['ground_truth'])} response={r['response'][-300:]!r}")
+
+
+def pass_summary(p):
+    """The summary row of one pass {"max_tokens", "rows", "generate_s"}."""
+    return {
+        "max_tokens": p["max_tokens"],
+        **summarize(p["rows"]),
+        "time/generate_s": round(p["generate_s"], 2),
+    }
+
+
+def grade_chunk(args, examples, start, samples, max_tokens):
+    """The rows of generations.jsonl for examples start, start + 1, ... (one sample each)."""
+    outs = []
+    for per_prompt in samples:
+        outs.append(per_prompt[0])
+    chunk = examples[start : start + len(outs)]
+    texts = [o["text"] for o in outs]
+    truths = [ex["ground_truth"] for ex in chunk]
+    rewards = grade_batch(REWARD_FNS[args.reward], texts, truths, workers=args.workers)
+    rows = []
+    for i, (o, ex, r) in enumerate(zip(outs, chunk, rewards), start):
+        row = {
+            "max_tokens": max_tokens,
+            "index": i,
+            "prompt": ex["prompt"],
+            "response": o["text"],
+            "ground_truth": ex["ground_truth"],
+            "reward": r["reward"],
+            "format_reward": r["format_reward"],
+            "answer_reward": r["answer_reward"],
+            "category": category(r),
+            "num_tokens": len(o["token_ids"]),
+            "finish_reason": o["finish_reason"],
+        }
+        rows.append(row)
+    return rows
+
+
 def main(argv=None):
+    # SIGTERM (a scheduler's time limit, `timeout`, a container stop) stops as Ctrl-C does
+    stop_on_sigterm()
     args = parse_args(argv)
     print(describe(args), flush=True)
     if args.dry_run:
         dry_run(args)
-    examples, stop = load_examples(args)
-    prompts = [ex["prompt"] for ex in examples]
-    print(
-        f"{len(examples)} examples | max_tokens {args.max_tokens} | "
-        f"temperature {args.temperature} | stop {stop}"
-    )
-    llm = start_engine(args, prompts, max(args.max_tokens))
+    try:
+        examples, stop = load_examples(args)
+        prompts = [ex["prompt"] for ex in examples]
+        print(
+            f"{len(examples)} examples | max_tokens {args.max_tokens} | "
+            f"temperature {args.temperature} | stop {stop}"
+        )
+        llm = start_engine(args, prompts, max(args.max_tokens))
+    except KeyboardInterrupt:
+        print(f"\n{stop_name()} while loading: stopped; nothing written", file=sys.stderr)
+        raise SystemExit(stop_exit_code()) from None
     from tqdm import tqdm
 
     import rollout
 
-    all_rows = []  # every graded row of every max_tokens: generations.jsonl
-    summary_rows = []  # one summary per max_tokens: summary.json
-    for max_tokens in args.max_tokens:
-        # --- generate (in chunks only so that the progress bar moves; example i is sampled with
-        # seed + i whatever the chunking, as rollout.generate seeds prompt k of a call with
-        # seed + k) ---
-        t0 = time.time()
-        outs = []  # one sample per example
-        bar = tqdm(total=len(prompts), desc=f"generate max_tokens={max_tokens}", file=sys.stdout)
-        with bar:
-            for i in range(0, len(prompts), args.chunk):
-                batch = prompts[i : i + args.chunk]
-                samples = rollout.generate(
-                    llm,
-                    batch,
-                    n=1,
-                    temperature=args.temperature,
-                    top_p=args.top_p,
-                    max_tokens=max_tokens,
-                    stop=stop,
-                    seed=args.seed + i,
-                )
-                for per_prompt in samples:
-                    outs.append(per_prompt[0])
-                bar.update(len(batch))
-        gen_s = time.time() - t0
-
-        # --- grade ---
-        texts = [o["text"] for o in outs]
-        truths = [ex["ground_truth"] for ex in examples]
-        rewards = grade_batch(REWARD_FNS[args.reward], texts, truths, workers=args.workers)
-        rows = []
-        for i, (o, ex, r) in enumerate(zip(outs, examples, rewards)):
-            row = {
-                "max_tokens": max_tokens,
-                "index": i,
-                "prompt": ex["prompt"],
-                "response": o["text"],
-                "ground_truth": ex["ground_truth"],
-                "reward": r["reward"],
-                "format_reward": r["format_reward"],
-                "answer_reward": r["answer_reward"],
-                "category": category(r),
-                "num_tokens": len(o["token_ids"]),
-                "finish_reason": o["finish_reason"],
-            }
-            rows.append(row)
-        summary = {
-            "max_tokens": max_tokens,
-            **summarize(rows),
-            "time/generate_s": round(gen_s, 2),
-        }
-
-        # --- report: one line (the fourth category only when a grader produced it), then
-        # --show examples of each category ---
-        accuracy = summary["accuracy"]
-        parts = [
-            f"max_tokens {max_tokens}",
-            f"accuracy {accuracy:.4f} ({summary['correct']}/{summary['n']})",
-        ]
-        for c in CATEGORIES:
-            if c != CATEGORIES[-1] or summary["counts"][c]:
-                parts.append(f"{c} {summary['counts'][c]}")
-        parts.append(f"mean_reward {summary['mean_reward']:.4f}")
-        parts.append(f"mean_tokens {summary['mean_tokens']:.1f}")
-        parts.append(f"truncated {summary['frac_truncated']:.3f}")
-        parts.append(f"generate {gen_s:.1f}s")
-        print(" | ".join(parts))
-        for c in CATEGORIES:
-            in_category = [r for r in rows if r["category"] == c]
-            for r in in_category[: args.show]:
-                print(
-                    f"  [{c}] gt={json.dumps(r['ground_truth'])} response={r['response'][-300:]!r}"
-                )
-        all_rows += rows
-        summary_rows.append(summary)
+    passes = []  # per max_tokens: {"max_tokens", "rows" (graded so far), "generate_s"}
+    stopped = None  # where a stop request (Ctrl-C, SIGTERM) ended the evaluation
+    try:
+        for max_tokens in args.max_tokens:
+            p = {"max_tokens": max_tokens, "rows": [], "generate_s": 0.0}
+            passes.append(p)
+            # --- generate, then grade, a chunk at a time: a stop keeps the chunks graded. Example
+            # i is sampled with seed + i whatever the chunking, as rollout.generate seeds prompt k
+            # of a call with seed + k ---
+            bar = tqdm(
+                total=len(prompts), desc=f"generate max_tokens={max_tokens}", file=sys.stdout
+            )
+            with bar:
+                for start in range(0, len(prompts), args.chunk):
+                    t0 = time.time()
+                    samples = rollout.generate(
+                        llm,
+                        prompts[start : start + args.chunk],
+                        n=1,
+                        temperature=args.temperature,
+                        top_p=args.top_p,
+                        max_tokens=max_tokens,
+                        stop=stop,
+                        seed=args.seed + start,
+                    )
+                    p["generate_s"] += time.time() - t0
+                    p["rows"] += grade_chunk(args, examples, start, samples, max_tokens)
+                    bar.update(len(samples))
+            report(pass_summary(p), p["rows"], args.show)
+    except KeyboardInterrupt:
+        stopped = f"{stop_name()} before the first chunk"
+        if passes:
+            p = passes[-1]
+            stopped = (
+                f"{stop_name()} at max_tokens {p['max_tokens']}, after {len(p['rows'])} of "
+                f"{len(examples)} examples"
+            )
 
     # --- save (atomic: tmp + os.replace; --out was checked before any work) ---
-    write_jsonl_atomic(os.path.join(args.out, "generations.jsonl"), all_rows)
+    all_rows = []
+    for p in passes:
+        all_rows += p["rows"]
+    summary_rows = []
+    for p in passes:
+        if p["rows"]:  # a pass stopped before its first chunk was graded has no row
+            summary_rows.append(pass_summary(p))
+    summary = {"args": vars(args), "rows": summary_rows}
+    if stopped:
+        summary["stopped"] = stopped
     path = os.path.join(args.out, "summary.json")
-    write_json_atomic(path, {"args": vars(args), "rows": summary_rows})
+    try:
+        write_jsonl_atomic(os.path.join(args.out, "generations.jsonl"), all_rows)
+        write_json_atomic(path, summary)
+    except KeyboardInterrupt:
+        print(f"\n{stop_name()} while writing the results: stopped", file=sys.stderr)
+        raise SystemExit(stop_exit_code()) from None
     print(f"wrote {args.out}/generations.jsonl ({len(all_rows)} rows) and {path}")
+    if stopped:
+        print(
+            f'{stopped}: the rows graded so far are written (summary.json\'s "stopped"); '
+            "pass --overwrite to run it again",
+            file=sys.stderr,
+        )
+        raise SystemExit(stop_exit_code())
 
 
 if __name__ == "__main__":

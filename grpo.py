@@ -29,9 +29,11 @@ Examples:
   python grpo.py --model Qwen/Qwen3-1.7B --dry-run                # print the effective settings
 """
 
+import contextlib
 import math
 import os
 import random
+import sys
 import time
 from statistics import fmean
 
@@ -1335,24 +1337,37 @@ def _eval_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_run)
 
 
 # ----------------------------------------------------------------------------- main
+def stopped(message):
+    """Exit after a stop request (Ctrl-C or SIGTERM) with `message` on stderr and the shell's code
+    for that signal: 130 after Ctrl-C, 143 after SIGTERM."""
+    print(f"\n{message}", file=sys.stderr, flush=True)
+    raise SystemExit(common.stop_exit_code())
+
+
 def main(args):
     from tqdm import tqdm
 
     import plot
 
+    # SIGTERM (a scheduler's time limit, `timeout`, a container stop) stops the run as Ctrl-C does:
+    # the step in flight finishes, the steps done are saved, exit 143
+    common.stop_on_sigterm()
     runtime = setup_runtime(args)
     if args.dry_run:
         common.dry_run(args, runtime)  # the effective settings as one JSON line; nothing loaded
     torch.manual_seed(args.seed)
     common.claim_run_dir(args.out, args.resume)  # an existing run needs --resume; checked writable
-    train_rows, val_rows = load_data(args)
-    learner = build_learner(args, runtime)
-    policy = learner["policy"]
-    state = {"step": 0, "opt_step": 0, "wall": 0.0}
-    if args.resume:
-        saved = common.restore_checkpoint(args.resume, args.out)
-        state = {k: v for k, v in saved.items() if k in state}
-    engine = make_engine(args.resume or args.model, args, runtime, policy)
+    try:
+        train_rows, val_rows = load_data(args)
+        learner = build_learner(args, runtime)
+        policy = learner["policy"]
+        state = {"step": 0, "opt_step": 0, "wall": 0.0}
+        if args.resume:
+            saved = common.restore_checkpoint(args.resume, args.out)
+            state = {k: v for k, v in saved.items() if k in state}
+        engine = make_engine(args.resume or args.model, args, runtime, policy)
+    except KeyboardInterrupt:
+        stopped(f"{common.stop_name()} while loading: stopped before training; nothing saved")
     data.write_json_atomic(os.path.join(args.out, "args.json"), common.jsonable(vars(args)))
     data.write_json_atomic(os.path.join(args.out, "runtime.json"), common.jsonable(runtime))
     axes = {"train/*": "opt_step", "eval/*": "step"}  # eval has its own x axis
@@ -1432,30 +1447,51 @@ def main(args):
     except KeyboardInterrupt:
         interrupted = True
         if dirty:
-            raise SystemExit(
-                f"\naborted inside step {state['step']}'s updates: nothing saved; "
+            stopped(
+                f"aborted inside step {state['step']}'s updates: nothing saved; "
                 f"--resume {args.out} restarts from the last checkpoint"
-            ) from None
+            )
         print(
-            f"\ninterrupted: saving checkpoint and plots (resume restarts at step {state['step']})"
+            f"\n{common.stop_name()}: saving checkpoint and plots (resume restarts at step "
+            f"{state['step']})",
+            flush=True,
         )
     if not interrupted:
-        _eval_and_dump(engine, val_rows, args, args.n_grpo_steps, state, t_run, None, wandb_run)
+        try:
+            _eval_and_dump(engine, val_rows, args, args.n_grpo_steps, state, t_run, None, wandb_run)
+        except KeyboardInterrupt:
+            interrupted = True  # every step is trained: save them; a resume runs the eval
+            print(f"\n{common.stop_name()}: final eval skipped; saving checkpoint", flush=True)
+    # --- save: a stop request lets it finish, unless the run is stopping already (then it is the
+    # second request: stop now, the last complete checkpoint stays) ---
     state["wall"] = time.perf_counter() - t_run
-    path = common.save_model_checkpoint(
-        args.out,
-        policy,
-        learner["tokenizer"],
-        args,
-        state,
-        {"optimizer.pt": learner["optimizer"].state_dict()},
-    )
-    plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
+    guard = common.finish_then_interrupt("the checkpoint save")
+    if interrupted:
+        guard = contextlib.nullcontext()
+    path = None
+    try:
+        with guard:
+            path = common.save_model_checkpoint(
+                args.out,
+                policy,
+                learner["tokenizer"],
+                args,
+                state,
+                {"optimizer.pt": learner["optimizer"].state_dict()},
+            )
+            plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
+    except KeyboardInterrupt:
+        interrupted = True
+        if path is None:
+            stopped(
+                f"{common.stop_name()} again while saving: stopped; {args.out} keeps its last "
+                f"complete checkpoint"
+            )
     print(f"checkpoint {path} | dashboard + metrics in {args.out} | {state['wall']:.0f}s")
     if wandb_run is not None:
         wandb_run.finish()
     if interrupted:
-        raise SystemExit(130)  # the shell's code for Ctrl-C, after everything is saved
+        raise SystemExit(common.stop_exit_code())  # 130 / 143, after everything is saved
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ object-store put that all N read. --num-learners M: a data-parallel group (torch
 on CPU / NCCL on GPU) where each trains 1/M of every optimizer step's rows and the gradients are
 all-reduced, so all M take one learner's step. Colocated, that actor is generator 0 and learner 0.
 The actors sit in one Ray placement group (--placement-strategy; --address auto joins a cluster). A
-dead actor ends the run in one line naming it; Ctrl-C saves the steps logged; --resume continues.
+dead actor ends the run in one line naming it; Ctrl-C or SIGTERM saves the steps logged (exit 130 /
+143); --resume continues. --address fails in one line when no cluster answers within
+--connect-timeout-s.
 --weight-sync gloo / nccl: Ray Direct Transport (one learner, one generator; nccl is Ray's
 documented API, NOT exercised in CI).
 
@@ -35,6 +37,7 @@ import json
 import math
 import os
 import socket
+import threading
 import time
 
 import ray
@@ -135,6 +138,12 @@ def parse_args(argv=None):
         type=common.positive_float,
         default=900,
         help="bound on every ray.get: a dead or hung actor raises",
+    )
+    g.add_argument(
+        "--connect-timeout-s",
+        type=common.positive_float,
+        default=30,
+        help="--address: a cluster must answer within this, else one line",
     )
 
     ray_args, rest = p.parse_known_args(argv)
@@ -419,6 +428,49 @@ class Worker:
 
 
 # ----------------------------------------------------------------------------- driver
+def check_address(args):
+    """--address: a Ray cluster must answer there within --connect-timeout-s, else one line
+    (ray.init alone retries for over five minutes). First a TCP connect (nothing listening: refused
+    at once), then the cluster's GCS asked for its id from a thread the driver stops waiting for."""
+    from ray._private.services import canonicalize_bootstrap_address_or_die
+    from ray._raylet import GcsClient
+
+    if args.address == "local":  # Ray's name for "start a new local cluster"
+        return
+    flag = f"--address {args.address}"
+    try:
+        address = canonicalize_bootstrap_address_or_die(args.address)  # "auto": the running one
+    except (ConnectionError, ValueError) as e:
+        common.fail(f"{flag}: {e}")
+    timeout = args.connect_timeout_s
+    host, port = address.rsplit(":", 1)
+    t0 = time.time()
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as e:
+        common.fail(
+            f"{flag}: no Ray cluster answers at {address} ({e.strerror or e}); start one there "
+            "(ray start --head) or fix --address"
+        )
+    answer = {}
+
+    def ask():
+        try:
+            answer["cluster_id"] = GcsClient(address=address).cluster_id
+        except Exception as e:  # noqa: BLE001 - reported below, in one line
+            answer["error"] = e
+
+    thread = threading.Thread(target=ask, daemon=True)  # left blocked if nothing answers
+    thread.start()
+    thread.join(max(timeout - (time.time() - t0), 0))
+    common.check(
+        "cluster_id" in answer,
+        f"{flag}: {address} accepts connections but no Ray cluster answered within "
+        f"--connect-timeout-s {timeout:g} ({answer.get('error', 'no reply')}); is it a Ray head "
+        "node's GCS port?",
+    )
+
+
 def init_ray(args):
     """Start (or join, with --address) a cluster once per process; workers get the engine's env
     vars."""
@@ -436,7 +488,24 @@ def init_ray(args):
             object_store_memory=args.object_store_mb * 2**20,
             _temp_dir=args.ray_tmp,
         )
-    ray.init(address=args.address, runtime_env=env, namespace="grpo_ray", **local)
+    # A local cluster's processes (GCS, raylet, workers) start in a process group of their own:
+    # a SIGTERM to the driver's group (`timeout` sends one) then stops the driver, which saves
+    # through the cluster, and not the cluster too. The driver rejoins its group (a group leader,
+    # e.g. started from an interactive shell, cannot leave it: it receives signals alone anyway).
+    group = os.getpgrp()
+    apart = not args.address and group != os.getpid()
+    if apart:
+        os.setpgid(0, 0)
+    try:
+        ray.init(address=args.address, runtime_env=env, namespace="grpo_ray", **local)
+    finally:
+        if apart:
+            os.setpgid(0, group)
+
+
+class RayFailure(RuntimeError):
+    """A phase the actors did not finish (hung past --timeout-s, or an actor died): a one-line
+    message, which main prints alone."""
 
 
 def get(refs, what, args, actors=None):
@@ -452,7 +521,7 @@ def get(refs, what, args, actors=None):
         while todo:
             done, todo = ray.wait(todo, timeout=max(deadline - time.time(), 0))
             if not done:
-                raise RuntimeError(
+                raise RayFailure(
                     f"grpo_ray: {what} did not finish within --timeout-s {args.timeout_s:g}s "
                     "(hung or unschedulable)"
                 )
@@ -468,7 +537,7 @@ def get(refs, what, args, actors=None):
         names = (actors or {}).get("names", {})
         who = names.get(dead[0].actor_id, "an actor")
         why = str(dead[0]).strip().splitlines()[-1]
-        raise RuntimeError(
+        raise RayFailure(
             f"grpo_ray: {who} died during {what} ({type(dead[0]).__name__}: {why.strip()[:160]}); "
             f"logs under {args.ray_tmp}/session_latest/logs; --resume {args.out} continues from "
             "the last checkpoint"
@@ -659,7 +728,7 @@ def run(args, actors):
             # --- old log-probs + train: every learner reads the batch from one put and trains its
             # share of it ---
             batch = ray.put(gen)
-            # a first Ctrl-C: this step is trained and logged
+            # a first stop request (Ctrl-C, SIGTERM): this step is trained and logged
             with common.finish_then_interrupt(f"train step {t}"):
                 state["dirty"] = True
                 trains = [a.train.remote(batch) for a in actors["learner"]]
@@ -676,29 +745,60 @@ def run(args, actors):
                 pushed = trs[0]["version"]
                 syncs = _checkpoint_and_eval(args, actors, state, syncs, pushed, t_run)
     except KeyboardInterrupt:
-        # save the steps logged so far (a second Ctrl-C inside a step: nothing saved)
+        # save the steps logged so far (a second stop request inside a step: nothing saved)
         if state["dirty"]:
-            raise SystemExit(
-                f"\naborted inside train step {state['done']}: nothing saved; --resume {args.out} "
+            grpo.stopped(
+                f"aborted inside train step {state['done']}: nothing saved; --resume {args.out} "
                 "restarts from the last checkpoint"
-            ) from None
-        _save(args, actors, state, state["done"], time.time() - t_run)
-        print(
-            f"\ninterrupted: checkpoint saved after step {state['done']}; continue with --resume "
-            f"{args.out}",
-            flush=True,
-        )
-        raise SystemExit(130) from None  # the shell's code for Ctrl-C, after the save
+            )
+        print(f"\n{common.stop_name()}: saving the steps logged", flush=True)
+        _save_on_stop(args, actors, state, state["done"], time.time() - t_run)
 
-    _synced(args, actors, state, syncs, pushed)
-    wall = time.time() - t_run
-    _evaluate(args, actors, state, n)
-    _save(args, actors, state, n, wall)
+    try:
+        _synced(args, actors, state, syncs, pushed)
+        wall = time.time() - t_run
+        _evaluate(args, actors, state, n)
+    except KeyboardInterrupt:  # every step is trained: save them; a resume runs the final eval
+        print(f"\n{common.stop_name()}: final eval skipped; saving the steps", flush=True)
+        _save_on_stop(args, actors, state, n, time.time() - t_run)
+    # a stop request lets the save finish, then stops the run (a second one stops at once: the
+    # previous checkpoint stays)
+    saved = False
+    try:
+        with common.finish_then_interrupt("the checkpoint save"):
+            _save(args, actors, state, n, wall)
+            saved = True
+    except KeyboardInterrupt:
+        if not saved:
+            grpo.stopped(
+                f"{common.stop_name()} again while saving: stopped; {args.out} keeps its last "
+                "complete checkpoint"
+            )
+        print(f"{common.stop_name()}: checkpoint saved after step {n}", flush=True)
+        raise SystemExit(common.stop_exit_code()) from None
     summary = summarize(args, state["rows"], state["spans"], wall - state["wall"], n - start)
     data.write_json_atomic(os.path.join(args.out, "timeline.json"), state["spans"])
     data.write_json_atomic(os.path.join(args.out, "summary.json"), summary)
     plot.plot_timeline([(args.mode, state["spans"])], os.path.join(args.out, "timeline.png"))
     return summary
+
+
+def _save_on_stop(args, actors, state, version, wall):
+    """After a stop request (Ctrl-C, SIGTERM): checkpoint `version`, the steps logged, then exit
+    130 / 143. A second request while saving stops at once; the last complete checkpoint stays."""
+    try:
+        _save(args, actors, state, version, wall)
+    except KeyboardInterrupt:
+        grpo.stopped(
+            f"{common.stop_name()} again while saving: stopped; {args.out} keeps its last "
+            "complete checkpoint"
+        )
+    print(
+        f"{common.stop_name()}: checkpoint saved after step {version}; continue with --resume "
+        f"{args.out}",
+        flush=True,
+    )
+    raise SystemExit(common.stop_exit_code())
 
 
 def _synced(args, actors, state, syncs, version):
@@ -837,24 +937,42 @@ def summarize(args, rows, spans, wall, steps):
 
 # ----------------------------------------------------------------------------- main
 def main(args):
+    # SIGTERM (a scheduler's time limit, `timeout`, a container stop) stops the run as Ctrl-C does:
+    # the train step in flight finishes, the steps logged are saved, exit 143
+    common.stop_on_sigterm()
     if args.dry_run:
         common.dry_run(args)  # the effective settings as one JSON line; no Ray, no model
     # bad data: one line now, not a traceback from an actor once Ray and the policy are up
     grpo.load_data(args)
+    if args.address:
+        check_address(args)  # one line within --connect-timeout-s, not minutes of retries
     common.claim_run_dir(args.out, args.resume)  # before any actor starts
     init_ray(args)
+    common.stop_on_sigterm()  # ray.init replaced our SIGTERM handler with a plain exit
     print(
         f"ray: {ray.cluster_resources()} | mode {args.mode} | {args.n_grpo_steps} steps x "
         f"{args.rollout_batch_size} samples | weight sync {args.weight_sync} | out {args.out}",
         flush=True,
     )
-    actors = build_actors(args)
+    actors = None
+    failure = None  # a dead or hung actor's one line (RayFailure), printed after Ray's output
+    stopped_early = False  # a stop request before the first step (run() handles the later ones)
     try:
+        actors = build_actors(args)
         summary = run(args, actors)
+    except RayFailure as e:
+        failure = str(e)
+    except KeyboardInterrupt:
+        stopped_early = True
     finally:
-        kill_actors(actors)
-        # flushes the actors' forwarded log lines: the JSON below is the last line of stdout
+        if actors is not None:
+            kill_actors(actors)
+        # flushes the actors' forwarded log lines: what follows is the last output
         ray.shutdown()
+    if failure:
+        raise SystemExit(f"error: {failure}")
+    if stopped_early:
+        grpo.stopped(f"{common.stop_name()} while starting: stopped before training")
     plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
     printed = {k: v for k, v in summary.items() if k != "lags"}
     print(json.dumps(printed))

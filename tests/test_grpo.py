@@ -1055,6 +1055,126 @@ def test_ctrl_c_mid_update_saves_a_consistent_step(
     assert all(torch.allclose(cut[k], straight[k], atol=1e-6) for k in cut)
 
 
+@pytest.fixture
+def sigterm(monkeypatch):
+    """A SIGTERM that the code under test does not handle fails the test (it would otherwise end
+    pytest); afterwards the SIGTERM and SIGINT handlers (common.stop_on_sigterm sets both) and the
+    last stop request are as before."""
+
+    def unhandled(signum, frame):
+        raise AssertionError("SIGTERM reached the test: the script did not handle it")
+
+    old_int = signal.getsignal(signal.SIGINT)
+    old_term = signal.signal(signal.SIGTERM, unhandled)
+    monkeypatch.setitem(common._last_stop, "signal", signal.SIGINT)
+    yield
+    signal.signal(signal.SIGTERM, old_term)
+    signal.signal(signal.SIGINT, old_int)
+
+
+# the SIGTERM tests' steps: 2 prompts x 4 samples of <= 8 tokens (a step's cost is not the point)
+STOP_FLAGS = ["--engine", "hf", "--eval-every", "0", "--rollout-batch-size", "8"]
+STOP_FLAGS += ["--train-batch-size", "8", "--max-tokens", "8"]
+
+
+def send_sigterm_before(module, name, when=None):
+    """Wrap module.name so that it sends this process a SIGTERM (when when(*args) holds) and then
+    runs."""
+    real = getattr(module, name)
+
+    def call(*a, **kw):
+        if when is None or when(*a):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*a, **kw)
+
+    return call
+
+
+def test_sigterm_saves_the_steps_done_with_save_every_0(
+    tiny_model_dir, task_file, tmp_path, monkeypatch, sigterm, capsys
+):
+    """SIGTERM (a scheduler's stop) with the demo's --save-every 0: during step 1's rollout, the
+    step done is saved and exit 143; --resume trains steps 1 and 2, and a SIGTERM during its final
+    eval still saves them."""
+    flags = tiny_flags(tiny_model_dir, task_file, *STOP_FLAGS)
+    flags += ["--save-every", "0", "--n-grpo-steps", "3", "--out", str(tmp_path / "run")]
+
+    def step_1(engine, train_rows, args, step, *a):
+        return step == 1
+
+    monkeypatch.setattr(grpo, "collect", send_sigterm_before(grpo, "collect", step_1))
+    with pytest.raises(SystemExit) as exit_:
+        grpo.main(grpo.parse_args(flags))
+    assert exit_.value.code == 143
+    assert "SIGTERM: saving checkpoint" in capsys.readouterr().out
+    monkeypatch.undo()
+    with open(tmp_path / "run" / "checkpoint" / "state.json") as f:
+        state = json.load(f)
+    rows = train_metrics(metrics(tmp_path / "run"))
+    assert state["step"] == 1
+    assert [r["step"] for r in rows] == [0]
+    assert state["opt_step"] == rows[-1]["opt_step"]
+
+    monkeypatch.setattr(common, "greedy_eval", send_sigterm_before(common, "greedy_eval"))
+    with pytest.raises(SystemExit) as exit_:
+        grpo.main(grpo.parse_args(["--resume", str(tmp_path / "run")]))
+    assert exit_.value.code == 143
+    assert "SIGTERM: final eval skipped; saving checkpoint" in capsys.readouterr().out
+    with open(tmp_path / "run" / "checkpoint" / "state.json") as f:
+        assert json.load(f)["step"] == 3
+    assert [r["step"] for r in train_metrics(metrics(tmp_path / "run"))] == [0, 1, 2]
+
+
+def test_sigterm_while_loading_is_one_line(
+    tiny_model_dir, task_file, tmp_path, monkeypatch, sigterm, capsys
+):
+    """SIGTERM before the first step (the model loading): exit 143 with one line, no traceback."""
+    flags = tiny_flags(tiny_model_dir, task_file, *STOP_FLAGS, "--out", str(tmp_path / "run"))
+    monkeypatch.setattr(grpo, "build_learner", send_sigterm_before(grpo, "build_learner"))
+    with pytest.raises(SystemExit) as exit_:
+        grpo.main(grpo.parse_args(flags))
+    assert exit_.value.code == 143
+    err = capsys.readouterr().err
+    assert err.strip() == "SIGTERM while loading: stopped before training; nothing saved"
+
+
+def test_a_second_sigterm_stops_at_once_keeping_the_last_checkpoint(
+    tiny_model_dir, task_file, tmp_path, monkeypatch, sigterm, capsys
+):
+    """Two SIGTERMs in step 1's first microbatch: the first would let the step finish, the second
+    stops at once (no further microbatch) with exit 143 and one line; the checkpoint of step 1
+    (--save-every 1) stays."""
+    flags = tiny_flags(tiny_model_dir, task_file, *STOP_FLAGS)
+    flags += ["--save-every", "1", "--n-grpo-steps", "3", "--out", str(tmp_path / "run")]
+    real_step = grpo.train_step
+    real_microbatch = losses.grpo_microbatch_loss
+    calls = {}  # step -> microbatch calls
+
+    def train_step(learner, batch, args, runtime, step, *a, **kw):
+        calls[step] = 0
+        return real_step(learner, batch, args, runtime, step, *a, **kw)
+
+    def microbatch(*a, **kw):
+        step = max(calls)
+        calls[step] += 1
+        if step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_microbatch(*a, **kw)
+
+    monkeypatch.setattr(grpo, "train_step", train_step)
+    monkeypatch.setattr(losses, "grpo_microbatch_loss", microbatch)
+    with pytest.raises(SystemExit) as exit_:
+        grpo.main(grpo.parse_args(flags))
+    assert exit_.value.code == 143
+    err = capsys.readouterr().err
+    assert "aborted inside step 1's updates: nothing saved" in err
+    assert "Traceback" not in err
+    assert calls[1] == 1
+    with open(tmp_path / "run" / "checkpoint" / "state.json") as f:
+        assert json.load(f)["step"] == 1
+
+
 @pytest.mark.parametrize(
     "bad,msg",
     [

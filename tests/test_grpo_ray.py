@@ -24,6 +24,7 @@ import math
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -629,18 +630,24 @@ def test_async_over_ray_direct_transport_gloo(cluster, make_args):
         grpo_ray.kill_actors(actors)
 
 
+def cli_command(args, out, *flags):
+    """grpo_ray.py as a subprocess joining this module's cluster through --address: SMALL's sizes,
+    HF engine, the model and keyword files of `args`, --out `out`, then `flags`."""
+    cmd = [sys.executable, os.path.join(ROOT, "grpo_ray.py")]
+    cmd += ["--address", ray.get_runtime_context().gcs_address, "--engine", "hf"]
+    cmd += ["--model", args.model, "--train-path", args.train_path, "--val-path", args.val_path]
+    cmd += SMALL[SMALL.index("--rollout-batch-size") : SMALL.index("--num-cpus")]
+    cmd += ["--task", "keyword", "--out", str(out), *flags]
+    return cmd
+
+
 def test_cli_smoke_joins_the_cluster(cluster, make_args, tmp_path):
     """The script end to end as a subprocess, joining this module's cluster through --address:
     colocated with a second generator and a second learner (the colocated actor is generator 0 and
     learner rank 0; HF engine)."""
-    args = make_args()
-    cmd = [sys.executable, os.path.join(ROOT, "grpo_ray.py")]
-    cmd += ["--address", ray.get_runtime_context().gcs_address, "--engine", "hf"]
-    cmd += ["--n-grpo-steps", "2", "--out", str(tmp_path / "cli")]
-    cmd += ["--num-generators", "2", "--num-learners", "2", "--placement-strategy", "spread"]
-    cmd += ["--model", args.model, "--train-path", args.train_path, "--val-path", args.val_path]
-    cmd += SMALL[SMALL.index("--rollout-batch-size") : SMALL.index("--num-cpus")]
-    cmd += ["--task", "keyword"]
+    flags = ["--n-grpo-steps", "2", "--num-generators", "2", "--num-learners", "2"]
+    flags += ["--placement-strategy", "spread"]
+    cmd = cli_command(make_args(), tmp_path / "cli", *flags)
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -652,6 +659,136 @@ def test_cli_smoke_joins_the_cluster(cluster, make_args, tmp_path):
         assert os.path.exists(tmp_path / "cli" / name), name
     with open(tmp_path / "cli" / "runtime.json") as f:
         assert len(json.load(f)) == summary["devices"]  # one record per actor
+
+
+def wait_for_step(out, step, proc, timeout=300):
+    """Block until the run in `out` has logged train step `step` (the subprocess `proc` still
+    running)."""
+    metrics = os.path.join(out, "metrics.jsonl")
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if os.path.exists(metrics):
+            with open(metrics) as f:
+                for line in f:
+                    row = json.loads(line)
+                    if "ray/lag" in row and row["step"] == step:
+                        return
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    raise AssertionError(f"step {step} not logged within {timeout} s")
+
+
+# A process-group leader like `timeout`'s: runs the command given as its arguments; a SIGTERM to
+# the group is for the command (a handler, not SIG_IGN, so that the command does not inherit it)
+GROUP_LEADER = (
+    "import signal, subprocess, sys\n"
+    "signal.signal(signal.SIGTERM, lambda *a: None)\n"
+    "sys.exit(subprocess.call(sys.argv[1:]))"
+)
+
+
+def test_sigterm_to_the_group_saves_the_logged_steps(make_args, tmp_path):
+    """A SIGTERM to the script's whole process group (what `timeout` sends) mid-run, the script
+    starting its own local cluster: exit 143 with a checkpoint at exactly the steps logged. Two
+    things make it so: main installs its SIGTERM handler again after ray.init (Ray's exits), and
+    the cluster's processes sit in a group of their own (they died with the driver's group, and
+    nothing was saved)."""
+    args = make_args()
+    out = tmp_path / "cli"
+    cmd = [sys.executable, os.path.join(ROOT, "grpo_ray.py"), *SMALL, "--engine", "hf"]
+    cmd += ["--model", args.model, "--train-path", args.train_path, "--val-path", args.val_path]
+    cmd += ["--n-grpo-steps", "5000", "--num-cpus", "2", "--out", str(out)]
+    leader = [sys.executable, "-c", GROUP_LEADER]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    proc = subprocess.Popen(leader + cmd, cwd=ROOT, start_new_session=True, **pipes)
+    try:
+        wait_for_step(out, 1, proc)
+        os.killpg(proc.pid, signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, stderr[-3000:]
+    assert "SIGTERM: checkpoint saved after step" in stdout
+    assert "Traceback" not in stderr
+    with open(out / "checkpoint" / "state.json") as f:
+        saved = json.load(f)
+    with open(out / "metrics.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    steps = [r["step"] for r in rows if "ray/lag" in r]
+    assert steps == list(range(saved["step"]))
+    assert saved["step"] >= 2
+
+
+def descendants_titled(prefix):
+    """pids of this process's descendants (the module's Ray cluster: its raylet and workers) whose
+    process title starts with prefix."""
+
+    def parent(pid):
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+
+    me = os.getpid()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline") as f:
+                if not f.read().startswith(prefix):
+                    continue
+            pid = int(entry)
+            while pid > 1 and pid != me:
+                pid = parent(pid)
+        except OSError:  # gone meanwhile
+            continue
+        if pid == me:
+            found.add(int(entry))
+    return found
+
+
+def test_cli_killed_learner_is_one_line(cluster, make_args, tmp_path):
+    """The script's learner killed (kill -9) mid-run: one `error:` line naming it and how to go
+    on, the last line on stderr, no traceback (it was the right message inside 89 lines)."""
+    out = tmp_path / "cli"
+    before = descendants_titled("ray::Worker")  # this module's actors
+    cmd = cli_command(make_args(), out, "--n-grpo-steps", "5000")
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for_step(out, 0, proc)
+        (learner,) = descendants_titled("ray::Worker") - before  # colocated: one actor
+        os.kill(learner, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("error: grpo_ray: colocated died during "), stderr[-3000:]
+    assert f"--resume {out} continues" in last
+
+
+def test_address_without_a_cluster_fails_in_one_line_within_the_timeout(make_args, tmp_path):
+    """--address to a local port nothing listens on: one line naming the fix within
+    --connect-timeout-s, no run directory (ray.init alone retried for over five minutes)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]  # free now, and nothing listens on it
+    args = make_args()
+    out = tmp_path / "o"
+    cmd = [sys.executable, os.path.join(ROOT, "grpo_ray.py"), *SMALL, "--engine", "hf"]
+    cmd += ["--model", args.model, "--train-path", args.train_path, "--val-path", args.val_path]
+    cmd += ["--address", f"127.0.0.1:{port}", "--connect-timeout-s", "2", "--out", str(out)]
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    one_line_error(proc, "no Ray cluster answers at")
+    assert "ray start --head" in proc.stderr
+    assert time.time() - t0 < 60  # the interpreter's start-up, then at most 2 s
+    assert not os.path.exists(out)
 
 
 def test_generators_and_learners_scale_out(cluster, make_args):
