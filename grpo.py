@@ -1063,7 +1063,7 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
     ref = None  # (N, T) pi_init
     if (args.kl_beta or do_kl) and ref_model is not None:
         ref = batch_log_probs(ref_model, tensors, args, runtime, ban_ids, dp)
-    if args.kl_beta:
+    if args.kl_beta and ref is not None:
         tensors["ref_log_probs"] = ref
     if do_kl:
         kl_ref = losses.kl_divergence(cur, ref, mask, args.kl_estimator)
