@@ -683,12 +683,7 @@ def run(args, actors):
     else:
         saved = _start(args)[1]
     data.write_json_atomic(os.path.join(args.out, "args.json"), common.jsonable(vars(args)))
-    # each actor's runtime record (devices, dtypes, shared prefix), by actor name
-    records = get([a.runtime_record.remote() for a in actors["all"]], "runtime records", args)
-    runtime = {}
-    for handle, record in zip(actors["all"], records):
-        runtime[actors["names"][handle._actor_id.hex()]] = record
-    data.write_json_atomic(os.path.join(args.out, "runtime.json"), common.jsonable(runtime))
+    write_runtime_records(args, actors)
     start = saved["step"]
     state = {
         "opt_step": saved["opt_step"],  # optimizer steps taken
@@ -799,6 +794,15 @@ def _save_on_stop(args, actors, state, version, wall):
         flush=True,
     )
     raise SystemExit(common.stop_exit_code())
+
+
+def write_runtime_records(args, actors):
+    """runtime.json: each actor's runtime record (devices, dtypes, shared prefix), by actor name."""
+    records = get([a.runtime_record.remote() for a in actors["all"]], "runtime records", args)
+    runtime = {}
+    for handle, record in zip(actors["all"], records):
+        runtime[actors["names"][handle._actor_id.hex()]] = record
+    data.write_json_atomic(os.path.join(args.out, "runtime.json"), common.jsonable(runtime))
 
 
 def _synced(args, actors, state, syncs, version):
