@@ -70,6 +70,24 @@ def ctrl_c():
     signal.signal(signal.SIGINT, old)
 
 
+@pytest.fixture
+def sigterm(monkeypatch):
+    """A SIGTERM that the code under test does not handle fails the test (it would otherwise end
+    pytest); afterwards the SIGTERM and SIGINT handlers (common.stop_on_sigterm sets both) and the
+    last stop request are as before."""
+    import common
+
+    def unhandled(signum, frame):
+        raise AssertionError("SIGTERM reached the test: the script did not handle it")
+
+    old_int = signal.getsignal(signal.SIGINT)
+    old_term = signal.signal(signal.SIGTERM, unhandled)
+    monkeypatch.setitem(common._last_stop, "signal", signal.SIGINT)
+    yield
+    signal.signal(signal.SIGTERM, old_term)
+    signal.signal(signal.SIGINT, old_int)
+
+
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory):
     """A tiny Qwen2 checkpoint (config, safetensors, tokenizer): the family of

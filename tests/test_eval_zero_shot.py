@@ -215,24 +215,6 @@ def test_end_to_end_sweep(tiny_model_dir, problems, tmp_path):
         assert b["response"].startswith(a["response"].rstrip("\ufffd"))
 
 
-@pytest.fixture
-def sigterm(monkeypatch):
-    """A SIGTERM that the code under test does not handle fails the test (it would otherwise end
-    pytest); afterwards the SIGTERM and SIGINT handlers (common.stop_on_sigterm sets both) and the
-    last stop request are as before."""
-    import common
-
-    def unhandled(signum, frame):
-        raise AssertionError("SIGTERM reached the test: the script did not handle it")
-
-    old_int = signal.getsignal(signal.SIGINT)
-    old_term = signal.signal(signal.SIGTERM, unhandled)
-    monkeypatch.setitem(common._last_stop, "signal", signal.SIGINT)
-    yield
-    signal.signal(signal.SIGTERM, old_term)
-    signal.signal(signal.SIGINT, old_int)
-
-
 def test_sigterm_writes_the_examples_graded_so_far(
     tiny_model_dir, problems, tmp_path, monkeypatch, sigterm, capsys
 ):

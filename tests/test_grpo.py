@@ -1055,23 +1055,6 @@ def test_ctrl_c_mid_update_saves_a_consistent_step(
     assert all(torch.allclose(cut[k], straight[k], atol=1e-6) for k in cut)
 
 
-@pytest.fixture
-def sigterm(monkeypatch):
-    """A SIGTERM that the code under test does not handle fails the test (it would otherwise end
-    pytest); afterwards the SIGTERM and SIGINT handlers (common.stop_on_sigterm sets both) and the
-    last stop request are as before."""
-
-    def unhandled(signum, frame):
-        raise AssertionError("SIGTERM reached the test: the script did not handle it")
-
-    old_int = signal.getsignal(signal.SIGINT)
-    old_term = signal.signal(signal.SIGTERM, unhandled)
-    monkeypatch.setitem(common._last_stop, "signal", signal.SIGINT)
-    yield
-    signal.signal(signal.SIGTERM, old_term)
-    signal.signal(signal.SIGINT, old_int)
-
-
 # the SIGTERM tests' steps: 2 prompts x 4 samples of <= 8 tokens (a step's cost is not the point)
 STOP_FLAGS = ["--engine", "hf", "--eval-every", "0", "--rollout-batch-size", "8"]
 STOP_FLAGS += ["--train-batch-size", "8", "--max-tokens", "8"]
