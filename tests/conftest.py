@@ -61,31 +61,39 @@ def _build(tmp_path_factory, family):
     )
 
 
+@pytest.fixture(autouse=True)
+def signal_state_restored():
+    """Every test leaves the SIGINT / SIGTERM handlers and common's last stop request as it found
+    them: a script's main installs handlers that would otherwise outlive its test, and a stale
+    "last stop was SIGTERM" would turn a later test's Ctrl-C exit code into 143."""
+    import common
+
+    handlers = {sig: signal.getsignal(sig) for sig in common.STOP_SIGNALS}
+    last_stop = dict(common._last_stop)
+    common._last_stop["signal"] = signal.SIGINT
+    yield
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+    common._last_stop.update(last_stop)
+
+
 @pytest.fixture
 def ctrl_c():
     """SIGINT raises KeyboardInterrupt, as in a terminal, even when pytest was started with SIGINT
-    ignored (a background job): the Ctrl-C tests send real signals."""
-    old = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, old)
+    ignored (a background job): the Ctrl-C tests send real signals. (signal_state_restored puts
+    the old handler back.)"""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
-def sigterm(monkeypatch):
+def sigterm():
     """A SIGTERM that the code under test does not handle fails the test (it would otherwise end
-    pytest); afterwards the SIGTERM and SIGINT handlers (common.stop_on_sigterm sets both) and the
-    last stop request are as before."""
-    import common
+    pytest). (signal_state_restored puts the old handlers and the last stop request back.)"""
 
     def unhandled(signum, frame):
         raise AssertionError("SIGTERM reached the test: the script did not handle it")
 
-    old_int = signal.getsignal(signal.SIGINT)
-    old_term = signal.signal(signal.SIGTERM, unhandled)
-    monkeypatch.setitem(common._last_stop, "signal", signal.SIGINT)
-    yield
-    signal.signal(signal.SIGTERM, old_term)
-    signal.signal(signal.SIGINT, old_int)
+    signal.signal(signal.SIGTERM, unhandled)
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -691,3 +692,19 @@ def test_a_run_a_full_disk_stopped_before_its_first_save_resumes(tiny_model_dir,
     assert state["script"] == "sft.py"
     assert state["args"]["lr"] == 3e-3
     assert common.read_claim(out)["script"] == "sft.py"
+
+
+# ------------------------------------------------ a stop request does not outlive its test
+# (CI failure: a test that ended with SIGTERM left common's "last stop" at SIGTERM, and a later
+# Ctrl-C test, whose run() installs no handler, exited 143 instead of 130)
+def test_a_sigterm_stop_sets_the_exit_code_143():
+    common.stop_on_sigterm()
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGTERM)
+    assert common.stop_exit_code() == 143
+
+
+def test_the_next_test_starts_from_ctrl_c_with_the_old_handlers():
+    """Runs after the test above (pytest keeps file order)."""
+    assert common.stop_exit_code() == 130
+    assert signal.getsignal(signal.SIGTERM) is not signal.getsignal(signal.SIGINT)

@@ -56,23 +56,6 @@ def train_rows(history):
     return [r for r in history if "train/loss" in r]
 
 
-class NotHandled(Exception):
-    """A SIGTERM that reached the test's own handler: sft.main did not take it."""
-
-
-@pytest.fixture
-def sigterm():
-    """SIGTERM raises NotHandled unless sft.main installs its own handler (a SIGTERM that sft.py
-    ignored would otherwise end the pytest session); the old handler comes back afterwards."""
-
-    def not_handled(signum, frame):
-        raise NotHandled("SIGTERM reached the default handler")
-
-    old = signal.signal(signal.SIGTERM, not_handled)
-    yield
-    signal.signal(signal.SIGTERM, old)
-
-
 def stopped(argv):
     """What sft.main(argv) ended with (an escaping KeyboardInterrupt would end the session)."""
     try:
