@@ -29,7 +29,8 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 
 test: install lint
-	$(PY) -m pytest -q tests $(PYTEST_ARGS)
+	# the 20 slowest tests in every run: the suite should stay under 20 minutes on a 2-core machine
+	$(PY) -m pytest -q --durations=20 tests $(PYTEST_ARGS)
 
 demo: install
 	$(PY) grpo.py
