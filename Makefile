@@ -28,8 +28,8 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# --durations: the 20 slowest tests of every run (the suite's budget is 20 minutes on 2 cores)
 test: install lint
-	# the 20 slowest tests in every run: the suite should stay under 20 minutes on a 2-core machine
 	$(PY) -m pytest -q --durations=20 tests $(PYTEST_ARGS)
 
 demo: install
