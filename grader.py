@@ -6,11 +6,17 @@ input (after a one-time ~1 s sympy warm-up), in a pool worker or in-process (`--
 a response longer than MAX_RESPONSE_CHARS gets the all-zero verdict unread, Countdown "Step" answers
 longer than MAX_STEPS_CHARS are invalid (0.1), and the sympy steps of one verdict share one budget.
 
-Math equivalence is a light normalisation (redundant grouping dropped: "((42))" is 42), then an
-exact fast path (string or rational equality), then math-verify (sympy). math-verify never sees long
+r1_zero and question_only, the seeds' math rules, find the answer exactly where the course's
+drgrpo_grader does (tests/course_grader/ holds its verdicts); intellect and gsm8k read answers
+leniently, on purpose ("the answer is 4" counts), and no seed default uses them.
+
+Math equivalence is ours, not the course's: a light normalisation (redundant grouping dropped:
+"((42))" is 42), then an exact fast path (string or rational equality), then math-verify (sympy);
+README "Grading" lists where it is known to differ from the course's. math-verify never sees long
 answers, unbalanced braces, huge literals, big or nested exponents, big factorials, logic (which it
-reads as one operand: "\\neg 5" is 5, "5 \\lor 6" is 6), nor set operations and relations
-("5 \\cup 6", "5 | 6") the reference lacks.
+reads as one operand: "\\neg 5" is 5, "5 \\lor 6" is 6), set operations and relations
+("5 \\cup 6", "5 | 6") the reference lacks, nor the word "answer" (it would find 18 in "the answer
+is 18", an extraction of its own).
 
 Time bound: in a main thread, a sub-second setitimer alarm (math-verify's own signal.alarm timeouts
 refuse threads, so they are off). Elsewhere, a pebble ProcessPool worker, killed at HARD_LIMIT_S
@@ -67,7 +73,8 @@ def _verdict(fmt, ans, reward=None):
 
 # ----------------------------------------------------------------------------- answers
 def last_boxed(text):
-    """Content of the last \\boxed{...} / \\fbox{...} in text (brace-matched), or None."""
+    """Content of the last \\boxed{...} / \\fbox{...} in text (brace-matched), or None. Lenient
+    (data gold answers, Best-of-N votes, the intellect rule); the seed rules use boxed_answer."""
     i = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
     if i < 0:
         return None
@@ -86,6 +93,37 @@ def last_boxed(text):
         if depth == 0:
             return text[j + 1 : k]
     return None  # unbalanced
+
+
+def boxed_answer(text):
+    """The course's reading of a \\boxed answer (drgrpo_grader's extract_answer): the content of the
+    LAST "\\boxed", brace-matched, or None when there is none, when it is not directly followed by
+    "{" ("\\boxed 5", "\\boxed {5}") or when its braces never close. \\fbox is not read, and an
+    earlier, readable \\boxed{} does not stand in for an unreadable last one."""
+    i = text.rfind("\\boxed")
+    if i < 0:
+        return None
+    if not text.startswith("\\boxed{", i):
+        return None
+    depth = 0
+    for k in range(i, len(text)):
+        if text[k] == "{":
+            depth += 1
+        elif text[k] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + len("\\boxed{") : k]
+    return None  # unbalanced
+
+
+def r1_zero_answer(response):
+    """The text r1_zero grades, as the course finds it: everything after the last "<answer>", each
+    "</answer>" removed (text after the closing tag stays); if it holds a \\boxed, that box's
+    content (boxed_answer: None if unreadable). Not stripped: the equivalence ignores spaces."""
+    answer = response.split("<answer>")[-1].replace("</answer>", "")
+    if "\\boxed" in answer:
+        return boxed_answer(answer)
+    return answer
 
 
 def gsm8k_answer(solution):
@@ -129,7 +167,10 @@ def _clean(s):
     s = (last_boxed(s) or s).strip()
     s = re.sub(r"\\[dt]frac", r"\\frac", s)
     # sizing commands, LaTeX spaces, degrees, percent and dollar signs: each becomes a space
-    decorations = r"\\(left|right|displaystyle)\b|\\[!,;: ]|\^\s*\{?\\circ\}?|\\circ|°|\\?%|\\?\$"
+    # (a LaTeX space "\\ " is not the end of a row break "\\\\ ")
+    decorations = (
+        r"\\(left|right|displaystyle)\b|(?<!\\)\\[!,;: ]|\^\s*\{?\\circ\}?|\\circ|°|\\?%|\\?\$"
+    )
     s = re.sub(decorations, " ", s)
     s = re.sub(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}", r"\1", s)
     s = s.strip().rstrip(".").strip()
@@ -330,6 +371,10 @@ def math_equal(pred, gold, budget=None):
         return np_ is not None and np_ == ng
     if not (_safe_for_sympy(cp) and _safe_for_sympy(cg)):
         return False
+    if re.search(r"answer", cp + cg, re.I):
+        # math-verify would find "18" in "the answer is 18" (its own extraction); the seed rules
+        # grade the answer as the course's extraction found it, and that text is not 18
+        return False
     if _ops(cp) != _ops(cg):
         return False
     if budget <= 0:
@@ -382,30 +427,35 @@ def _answer_is(response):
 
 # ----------------------------------------------------------------------------- math rewards
 def r1_zero_reward_fn(response, ground_truth):
-    """Strict r1_zero format ('</think> <answer>' and '</answer>'); the answer is the last
-    <answer>...</answer>, a \\boxed{} inside it unwrapped. Formatted but wrong: format 1,
-    reward 0."""
+    """The course's r1_zero rule: format 1 iff '</think> <answer>' and '</answer>' both appear;
+    then the answer is r1_zero_answer's (an unreadable \\boxed in it: answer 0). Formatted but
+    wrong: format 1, reward 0."""
     if not _readable(response):
         return dict(ZERO)
     if "</think> <answer>" not in response or "</answer>" not in response:
         return dict(ZERO)
-    answer = _extract_answer(response) or ""
+    answer = r1_zero_answer(response)
+    if answer is None:
+        return _verdict(1.0, 0.0)
     return _verdict(1.0, _any_equal(answer, ground_truth))
 
 
 def question_only_reward_fn(response, ground_truth):
-    """Plain response (question_only prompt): grade the last \\boxed{} (else 'The answer is X')."""
+    """The course's question_only rule: the answer is the last \\boxed{} (boxed_answer), format 1
+    iff there is one; no readable box, all 0 ("the answer is 4" included: see intellect_reward_fn
+    for a lenient reading)."""
     if not _readable(response):
         return dict(ZERO)
-    ans = last_boxed(response) or _answer_is(response)
-    if ans is None:
+    answer = boxed_answer(response)
+    if answer is None:
         return dict(ZERO)
-    return _verdict(1.0, _any_equal(ans, ground_truth))
+    return _verdict(1.0, _any_equal(answer, ground_truth))
 
 
 def intellect_reward_fn(response, ground_truth):
-    """MATH with the intellect prompt. format 1 iff 'final answer is: $\\boxed{...}$' is there; the
-    answer (the last \\boxed{}, else 'answer is X') is graded either way; reward = answer."""
+    """MATH with the intellect prompt, read leniently (the seeds grade it with question_only):
+    format 1 iff 'final answer is: $\\boxed{...}$' is there; the answer (the last \\boxed{} or
+    \\fbox{}, else the text after 'answer is') is graded either way; reward = answer."""
     if not _readable(response):
         return dict(ZERO)
     fmt = bool(re.search(r"final answer is:?\s*\$?\\boxed\{", response, re.I))

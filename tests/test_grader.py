@@ -2,7 +2,9 @@
 per-call time bound, and grade_batch (order, threads, a stuck worker killed, daemonic callers)."""
 
 import functools
+import json
 import multiprocessing
+import os
 import threading
 import time
 
@@ -11,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import grader
+from conftest import ROOT
 from grader import (
     REWARD_FNS,
     _evaluate_equation,
@@ -106,7 +109,7 @@ def test_r1_zero_table(response, gt, expected):
 OTHER_TABLE = [  # (fn, response, ground truth, (reward, format, answer))
     (question_only_reward_fn, "so 2+2 is \\boxed{4}.", "4", (1, 1, 1)),
     (question_only_reward_fn, "\\boxed{3} no wait \\boxed{4}", "4", (1, 1, 1)),
-    (question_only_reward_fn, "The answer is 4.", "4", (1, 1, 1)),
+    (question_only_reward_fn, "The answer is 4.", "4", (0, 0, 0)),  # the course's rule: no box
     (question_only_reward_fn, "\\boxed{5}", "4", (0, 1, 0)),
     (question_only_reward_fn, "it is 4", "4", (0, 0, 0)),
     (
@@ -122,6 +125,7 @@ OTHER_TABLE = [  # (fn, response, ground truth, (reward, format, answer))
         (0, 1, 0),
     ),
     (intellect_reward_fn, "so \\boxed{3}", "3", (1, 0, 1)),  # answer graded, format 0
+    (intellect_reward_fn, "The answer is 3.", "3", (1, 0, 1)),  # lenient: no box needed
     (intellect_reward_fn, "no idea", "3", (0, 0, 0)),
     (gsm8k_reward_fn, "9 * 2 = 18\n#### 18", "18", (1, 1, 1)),
     (gsm8k_reward_fn, "#### 1,234", "Janet... <<1+1=2>>\n#### 1234", (1, 1, 1)),  # a solution
@@ -142,6 +146,72 @@ OTHER_TABLE = [  # (fn, response, ground truth, (reward, format, answer))
 @pytest.mark.parametrize("fn,response,gt,expected", OTHER_TABLE)
 def test_other_tables(fn, response, gt, expected):
     assert fn(response, gt) == V(*map(float, expected))
+
+
+# ----------------------------------------------------------------------------- the course's grader
+# the verdicts of the course's drgrpo_grader.py on chosen inputs; how they were made: its header
+with open(os.path.join(ROOT, "tests", "course_grader", "verdicts.json"), encoding="utf-8") as f:
+    COURSE = json.load(f)
+
+
+def course_id(case):
+    return f"{case['rule']}:{case['response'][-40:]!r}"
+
+
+@pytest.mark.parametrize("case", COURSE["rewards"], ids=course_id)
+def test_seed_rules_read_the_answer_as_the_course_does(case):
+    """Issue 28: r1_zero and question_only find the answer where the course's grader does (the same
+    text graded, or none) and give its verdict. question_only used to read 'the answer is 4'."""
+    response = case["response"]
+    answer = None
+    if case["rule"] == "question_only":
+        answer = grader.boxed_answer(response)
+    elif "</think> <answer>" in response and "</answer>" in response:
+        answer = grader.r1_zero_answer(response)
+    assert answer == case["course_answer"]
+    assert REWARD_FNS[case["rule"]](response, case["ground_truth"]) == case["course"]
+
+
+def test_seed_000_categories_follow_the_course_extraction():
+    """Seed 000 §3.2's three categories (eval_zero_shot.category) under question_only: an unboxed
+    answer is category 3, as the course counts it (it was category 1 before issue 28)."""
+    from eval_zero_shot import category
+
+    expected = {
+        "so \\boxed{4}.": "format1_answer1",
+        "so \\boxed{5}.": "format1_answer0",
+        "The answer is 4.": "format0_answer0",
+        "so \\fbox{4}.": "format0_answer0",
+    }
+    for response, name in expected.items():
+        assert category(question_only_reward_fn(response, "4")) == name, response
+    assert category(intellect_reward_fn("The answer is 4.", "4")) == "format0_answer1"
+
+
+def readme_differences():
+    """README's table of known equivalence differences: {(answer, reference): (course, ours)}."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    lines = text.split("<!-- grader-differences -->")[1].strip().splitlines()
+    rows = {}
+    for line in lines[2:]:  # after the header and its rule
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip().strip("`") for cell in line.strip("|").split("|")]
+        rows[(cells[0], cells[1])] = (int(cells[2]), int(cells[3]))
+    return rows
+
+
+def test_equivalence_differs_from_the_course_only_as_the_readme_says():
+    """Issue 28: equivalence stays on math-verify. On the recorded cases it agrees with the course's
+    grade() except on README's list, which pins our verdict there (1 = equal)."""
+    found = {}
+    for case in COURSE["equivalence"]:
+        ours = grader.math_equal(case["answer"], case["gold"])
+        if ours != case["course"]:
+            found[(case["answer"], case["gold"])] = (int(case["course"]), int(ours))
+    assert len(COURSE["equivalence"]) > 50
+    assert found == readme_differences()
 
 
 CD = {"numbers": [1, 2, 3], "target": 1}
