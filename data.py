@@ -14,8 +14,9 @@ or from a local copy of it (`--from`: a hub snapshot directory or one of its .pa
 files, for machines without hub access). NAME "sft" converts the Prime Intellect SFT set, which has
 no hub id in the seeds, from {"prompt", "response"} or chat "messages" rows (`load_sft_jsonl`, and
 so sft.py, reads both). The Countdown hub set has one split: its last COUNTDOWN_TEST_ROWS (1024)
-rows are held out as the test split. `load_task("countdown", path="synthetic")` uses the synthetic
-generator below, which needs nothing.
+rows are held out as the test split (seed 000's course ships its own 10k / 1024 / 1024 subset; the
+README's recipes use this test split as its dev set). `load_task("countdown", path="synthetic")`
+uses the synthetic generator below, which needs nothing.
 
 Every row read from a file or hub set is checked at load, and nothing is coerced: a wrong type (a
 string for a list of numbers, a float or a boolean for an integer, Infinity, a row that is not an

@@ -358,7 +358,10 @@ def test_requirements_pin_the_versions_tested():
     pinned = {**gpu, **requirements("requirements-dev.txt")}
     for name, spec in pinned.items():
         assert spec, f"{name} has no version range"
-        installed = importlib.metadata.version(name)
+        try:
+            installed = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pytest.fail(f"{name} is not installed: run make install")
         assert SpecifierSet(spec).contains(installed), f"{name} {installed} is not {spec}"
 
 
