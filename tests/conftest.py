@@ -18,6 +18,9 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# no hub here: `datasets` fails at once instead of after ~25 s of retries (the one-line error
+# the tests check is the same)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import rollout  # noqa: E402,F401  (sets vLLM's environment before any test imports vllm)
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None

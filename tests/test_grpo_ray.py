@@ -18,7 +18,6 @@ Ray starts once per module; each actor set is built once and reused across runs 
 """
 
 import copy
-import importlib.util
 import json
 import math
 import os
@@ -348,8 +347,6 @@ def test_bad_data_fails_in_one_line_before_ray_starts(make_args, tmp_path, case)
     """grpo.load_data runs on the driver before Ray, an actor or a model starts: one line naming the
     flag, no Ray session, no run directory (it was an actor's traceback some 30 s in, with a
     misleading --resume hint)."""
-    if case == "hub Countdown" and importlib.util.find_spec("datasets"):
-        pytest.skip("datasets is installed: the hub set would load")
     args = make_args()
     blank = tmp_path / "blank.txt"
     blank.write_text("\n\n")
@@ -358,7 +355,7 @@ def test_bad_data_fails_in_one_line_before_ray_starts(make_args, tmp_path, case)
         needle = "check --val-path"
     else:
         data = ["--task", "countdown"]
-        needle = "`datasets` package is not installed"
+        needle = "prepare countdown --from"  # no hub here (conftest: HF_HUB_OFFLINE)
     script = os.path.join(ROOT, "grpo_ray.py")
     cmd = [sys.executable, script, *SMALL, "--model", args.model, "--engine", "hf", *data]
     cmd += ["--out", str(tmp_path / "o")]

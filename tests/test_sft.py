@@ -431,7 +431,7 @@ def test_reusing_out_without_resume_is_refused(tiny_model_dir, sft_jsonl, tmp_pa
         (["--max-seq-len", "5"], "only 0 pairs fit --max-seq-len 5: raise it to at least"),
         (["--n-examples", "lots"], "--n-examples lots"),
         (["--n-examples", "99"], "the data has 8 pairs"),
-        (["--eval-task", "gsm8k", "--eval-n", "4"], "datasets"),
+        (["--eval-task", "gsm8k", "--eval-n", "4"], "python data.py prepare gsm8k --from"),
         (["--pure-bf16"], "--pure-bf16 needs bf16 compute"),
         (
             ["--sleep-engine", "--vllm-device", "cuda:1"],
