@@ -141,6 +141,40 @@ def stop_strings(template):
     return ["</answer>"] if "<answer>" in template else []
 
 
+CHAT_TEMPLATES = ["off", "on", "no_thinking"]  # --chat-template (eval_zero_shot.py, grpo.py)
+
+
+def apply_chat_template(rows, model, mode):
+    """--chat-template: each row's formatted "prompt" becomes one user turn of the model's chat
+    template, the assistant's turn opened after it. "off" keeps the seeds' raw prompt text; "on"
+    applies the template as it is (Qwen3: thinking on); "no_thinking" passes enable_thinking=False
+    (Qwen3's non-thinking mode), refused for a template without that switch. -> new rows (the stop
+    strings stay the prompt's). A model without a chat template is a ValueError."""
+    if mode == "off":
+        return rows
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    template = tokenizer.chat_template
+    if not template:
+        raise ValueError(f"{model} has no chat template: drop --chat-template {mode}")
+    switch = {}  # the template's own default unless asked
+    if mode == "no_thinking":
+        if "enable_thinking" not in template:
+            raise ValueError(
+                f"the chat template of {model} has no thinking switch: use --chat-template on"
+            )
+        switch["enable_thinking"] = False
+    out = []
+    for row in rows:
+        turn = [{"role": "user", "content": row["prompt"]}]
+        text = tokenizer.apply_chat_template(
+            turn, tokenize=False, add_generation_prompt=True, **switch
+        )
+        out.append({**row, "prompt": text})
+    return out
+
+
 # ----------------------------------------------------------------------------- jsonl io
 def read_jsonl(path):
     """Rows of a .jsonl file (a .json file holding a list also works)."""

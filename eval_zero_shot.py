@@ -17,7 +17,9 @@ where the course's drgrpo_grader does (README, "Grading"): under question_only a
 \\boxed{}, "the answer is 4" included, is category 3; only the lenient intellect rule fills the
 fourth row.
 
-Departures: --max-tokens takes a comma list and runs one generation pass per value on one engine
+Departures: --chat-template (off by default: the seeds' raw prompt text) wraps each prompt in the
+model's chat template, since a chat model's zero-shot numbers depend on it (Qwen3 thinking on or
+off). --max-tokens takes a comma list and runs one generation pass per value on one engine
 (one summary row each); every row of generations.jsonl carries its max_tokens. --out is checked
 before any work, and existing results are kept unless --overwrite; --dry-run prints the effective
 configuration (one JSON line) and stops before anything loads. Ctrl-C or SIGTERM (a scheduler's
@@ -54,8 +56,10 @@ from common import (
     stop_on_sigterm,
 )
 from data import (
+    CHAT_TEMPLATES,
     EMBEDDED_MODEL,
     TASKS,
+    apply_chat_template,
     is_embedded,
     load_prompt,
     load_task,
@@ -215,6 +219,10 @@ def load_examples(args):
     except ValueError as e:
         fail(str(e))
     check(examples, f"--data {args.data}: no examples loaded; check the file, --split and --limit")
+    try:
+        examples = apply_chat_template(examples, args.model, args.chat_template)
+    except ValueError as e:
+        fail(f"--chat-template: {e}")
     return examples, examples[0]["stop"]  # shaped with the prompts, by load_task
 
 
@@ -265,6 +273,12 @@ def add_data_flags(p):
         default=None,
         choices=sorted(REWARD_FNS),
         help="grader (default: data.task_defaults)",
+    )
+    p.add_argument(
+        "--chat-template",
+        default="off",
+        choices=CHAT_TEMPLATES,
+        help="wrap each prompt in the model's chat template (on; no_thinking: Qwen3's switch off)",
     )
     p.add_argument("--limit", type=positive_int, default=None, help="use only the first N examples")
     p.add_argument(

@@ -18,14 +18,17 @@ Departures from the seeds (their settings, and ours, are in PROFILES):
 - hub sizes are seed 001's 256/256/128 (seed 000's starter sizes fail its own asserts);
 - bf16 compute keeps fp32 master weights (--pure-bf16 is the seeds' choice, which rounds most
   lr-1e-5 updates away);
-- -A log pi on stale data is refused.
+- -A log pi on stale data is refused;
+- seed 002's loop calls scheduler.step() without naming a schedule: the lr is constant unless
+  --warmup-frac / --min-lr-frac ask for sft.py's warmup and cosine decay (lr_factor);
+- the seeds' raw prompt text by default; --chat-template wraps it in the model's chat template.
 The extras (DAPO, rollout importance sampling, KL monitoring, ...) are in the README.
 
 Examples:
   python grpo.py                                                  # offline CPU demo
-  python grpo.py --model Qwen/Qwen2.5-Math-1.5B --lr 3e-5         # seed 000, 2 GPUs
-  python grpo.py --model Qwen/Qwen2.5-Math-1.5B --loss grpo_clip --epochs-per-rollout-batch 2 \\
-      --train-batch-size 128 --gradient-accumulation-steps 64     # off-policy
+  python grpo.py --model Qwen/Qwen2.5-Math-1.5B-Instruct --lr 3e-5  # seed 000, 2 GPUs
+  python grpo.py --model Qwen/Qwen3-0.6B --task gsm8k --loss grpo_clip \\
+      --epochs-per-rollout-batch 2 --train-batch-size 128 --gradient-accumulation-steps 64
   python grpo.py --model Qwen/Qwen3-1.7B --dry-run                # print the effective settings
 """
 
@@ -48,7 +51,9 @@ import rollout as engines
 # The settings table. An unset flag takes its value from the run's profile, "demo" (the embedded
 # model, offline on CPU) or "hub" (any other model), then from its task's row in TASK_PROFILES.
 # A comment names the seed a value comes from ("the seeds": 000 and 001 agree); the README's
-# settings table lists every entry.
+# settings table lists every entry. Seed 000 sets its values for GRPO on
+# Qwen/Qwen2.5-Math-1.5B-Instruct (its zero-shot and SFT parts use the base model); seed 001's are
+# for Qwen/Qwen3-0.6B.
 PROFILES = {
     "hub": dict(
         lr=1e-5,  # the seeds
@@ -103,10 +108,17 @@ TASK_PROFILES = {
         kl_estimator="seq",  # Eq. 8, for KL monitoring
     ),
 }
+# the seeds' spellings of a --loss, mapped to its LOSSES key when the flags are parsed
+LOSS_ALIASES = {"GRPO-Clip": "grpo_clip", "GRPO-No-Clip": "grpo_no_clip"}  # seed 001 §6
 SEED_SPACE = 2**16  # --seed and step each index 16 bits of the sampling seed (see sample_seed)
 
 
 # ----------------------------------------------------------------------------- config
+def loss_name(name):
+    """argparse type of --loss: a LOSSES key, or the seeds' spelling of one (LOSS_ALIASES)."""
+    return LOSS_ALIASES.get(name, name)
+
+
 def parse_args(argv=None):
     """The flags, grouped as --help shows them; an unset flag comes from PROFILES (see resolve)."""
     p = common.Parser(
@@ -136,6 +148,12 @@ def parse_args(argv=None):
         help="reward fn; default: the task's",
     )
     g.add_argument(
+        "--chat-template",
+        default="off",
+        choices=data.CHAT_TEMPLATES,
+        help="wrap each prompt in the model's chat template (on; no_thinking: Qwen3's switch off)",
+    )
+    g.add_argument(
         "--train-path",
         type=common.data_path,
         default=None,
@@ -156,6 +174,18 @@ def parse_args(argv=None):
     )
     g = p.add_argument_group("optimisation")  # --- optimisation ---
     g.add_argument("--lr", type=pfloat, default=None, help="AdamW learning rate")
+    g.add_argument(
+        "--warmup-frac",
+        type=common.fraction,
+        default=0.0,
+        help="fraction of the optimizer steps with linear lr warmup (sft.py's flag; 0 = none)",
+    )
+    g.add_argument(
+        "--min-lr-frac",
+        type=common.fraction,
+        default=1.0,
+        help="cosine lr decay to lr x this by the last step (1 = constant; sft.py decays to 0.1)",
+    )
     g.add_argument("--n-grpo-steps", type=pos, default=None, help="rollout batches to train on")
     g.add_argument(
         "--rollout-batch-size",
@@ -197,7 +227,13 @@ def parse_args(argv=None):
         help="bf16 weights + AdamW state (half the memory; drops small updates)",
     )
     g = p.add_argument_group("loss")  # --- loss ---
-    g.add_argument("--loss", default=None, choices=losses.LOSS_TYPES, help="policy-gradient loss")
+    g.add_argument(
+        "--loss",
+        type=loss_name,
+        default=None,
+        choices=losses.LOSS_TYPES,
+        help="policy-gradient loss (seed 001's GRPO-Clip, GRPO-No-Clip are accepted)",
+    )
     g.add_argument("--cliprange", type=pfloat, default=0.2, help="epsilon of GRPO-Clip / GSPO")
     g.add_argument(
         "--cliprange-high",
@@ -570,6 +606,14 @@ def load_data(args):
         args.data_seed,
         prompt=args.prompt,
         what="--val-path",
+    )
+    # --chat-template: the prompts as the model's chat turns (a checkpoint holds the tokenizer)
+    tokenizer_path = args.resume or args.model
+    train = common.attempt(
+        data.apply_chat_template, train, tokenizer_path, args.chat_template, what="--chat-template"
+    )
+    val = common.attempt(
+        data.apply_chat_template, val, tokenizer_path, args.chat_template, what="--chat-template"
     )
     common.check(
         len(train) >= args.n_prompts_per_rollout_batch,
@@ -1010,6 +1054,18 @@ def loss_settings(args):
     )
 
 
+def lr_factor(opt_step, args):
+    """The lr multiplier of the run's optimizer step `opt_step` (0-based): sft.py's schedule, linear
+    warmup over the first --warmup-frac of the steps, then cosine decay to --min-lr-frac at the last
+    (1, the default: constant)."""
+    total = args.n_grpo_steps * args.optimizer_steps_per_rollout_batch
+    warmup = int(args.warmup_frac * total)
+    if opt_step < warmup:
+        return (opt_step + 1) / warmup
+    progress = min(1.0, (opt_step - warmup) / max(1, total - warmup))
+    return args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
 def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
     """One scored rollout batch -> (history: one dict per optimizer step, the step's metrics).
 
@@ -1170,6 +1226,14 @@ def _updates(learner, batch, tensors, args, runtime, step, dp=None):
                 # the step's gradient and metrics: every learner's part
                 ratio_min, ratio_max = _reduce(params, sums, ratio_min, ratio_max, dp)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+            # the seed's scheduler.step(): the lr follows the optimizer step's place in the run,
+            # so a resumed run (and every grpo_ray.py learner) continues the schedule. The base lr
+            # is the one the optimizer was built with, kept as torch's schedulers keep it
+            opt_step = step * args.optimizer_steps_per_rollout_batch + len(history)
+            factor = lr_factor(opt_step, args)
+            for group in optimizer.param_groups:
+                group.setdefault("initial_lr", group["lr"])
+                group["lr"] = group["initial_lr"] * factor
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if ratio_min == math.inf:
@@ -1184,7 +1248,7 @@ def _updates(learner, batch, tensors, args, runtime, step, dp=None):
             row["train/ratio_max"] = ratio_max
             row["train/grad_norm"] = grad_norm.item()
             row["train/epoch"] = epoch
-            row["train/lr"] = args.lr
+            row["train/lr"] = optimizer.param_groups[0]["lr"]
             history.append(row)
     return history
 

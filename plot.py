@@ -8,6 +8,12 @@ end of a run (and on Ctrl-C). To compare runs (one colour per run, named in the 
   python plot.py runs/on runs/off --x time/wall --out plots/off_policy.png  # against wall seconds
   python plot.py runs/sft --out plots/sft.png  # sft runs: the same keys, fewer panels
 
+--compare tabulates and plots final accuracy against zero-shot, per generation budget (seed 002
+§1.6.2): each grpo.py / grpo_ray.py run's last validation, and each --max-tokens row of an
+eval_zero_shot.py output (its summary.json). The table is printed and written beside the figure:
+
+  python plot.py --compare runs/eval_countdown runs/cd_256 runs/cd_512 --out runs/cd_final.png
+
 Layout: a grid of line panels (colour = run, line style = key, markers on validation keys) and one
 time panel. A panel no run has data for is dropped, so an sft run gets a compact grid (no reward or
 KL panels); a key one run lacks is skipped for that run only. Rows that share an x are averaged:
@@ -19,6 +25,7 @@ The API: build_figure(run_dirs, x) -> a matplotlib Figure (tests read its axes);
 writes it atomically; plot_timeline(...) draws grpo_ray.py's Gantt chart.
 """
 
+import json
 import math
 import os
 
@@ -258,9 +265,153 @@ def plot_runs(run_dirs, out_path, x="step"):
     return out_path
 
 
+# ----------------------------------------------------------------------------- --compare
+def method_of(args):
+    """A training run's method as seed 002 names it, from its saved flags: GRPO (std-normalised
+    advantages, per-sequence mean), Dr. GRPO (neither), else both settings spelled out."""
+    if args["std_norm"] and args["length_norm"] == "masked_mean":
+        return "GRPO"
+    if not args["std_norm"] and args["length_norm"] == "masked_normalize":
+        return "Dr. GRPO"
+    return f"GRPO (std_norm {args['std_norm']}, {args['length_norm']})"
+
+
+def final_accuracy(run_dir):
+    """The rows a run adds to the --compare table: an eval_zero_shot.py output (summary.json) one
+    per --max-tokens, a grpo.py / grpo_ray.py run (args.json, metrics.jsonl) its last validation.
+    Each row: {"run", "method", "max_tokens", "accuracy", "step"}. Anything else is a one-line
+    error."""
+    name = os.path.basename(os.path.normpath(run_dir))
+    args_path = os.path.join(run_dir, "args.json")
+    metrics_path = os.path.join(run_dir, "metrics.jsonl")
+    if os.path.isfile(args_path) and os.path.isfile(metrics_path):
+        with open(args_path) as f:
+            args = json.load(f)
+        check("std_norm" in args, f"{run_dir}: not a grpo.py or grpo_ray.py run")
+        evals = [r for r in read_metrics(metrics_path) if _ok(r.get("eval/accuracy"))]
+        check(evals, f"{run_dir}: no validation row in metrics.jsonl yet")
+        last = max(evals, key=lambda r: r["step"])  # the final eval follows the last step
+        row = {
+            "run": name,
+            "method": method_of(args),
+            "max_tokens": args["max_tokens"],
+            "accuracy": last["eval/accuracy"],
+            "step": last["step"],
+        }
+        return [row]
+    summary_path = os.path.join(run_dir, "summary.json")
+    check(
+        os.path.isfile(summary_path),
+        f"{run_dir}: neither a training run (args.json, metrics.jsonl) nor an eval_zero_shot.py "
+        "output (summary.json)",
+    )
+    with open(summary_path) as f:
+        summary = json.load(f)
+    check("rows" in summary, f"{summary_path}: not an eval_zero_shot.py summary")
+    rows = []
+    for r in summary["rows"]:
+        rows.append(
+            {
+                "run": name,
+                "method": "zero-shot",
+                "max_tokens": r["max_tokens"],
+                "accuracy": r["accuracy"],
+                "step": 0,
+            }
+        )
+    return rows
+
+
+def compare_table(rows):
+    """The --compare rows as a markdown table, by max tokens, zero-shot first."""
+    lines = [
+        "| run | method | max tokens | final accuracy | after step |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['run']} | {r['method']} | {r['max_tokens']} | {r['accuracy']:.4f} | "
+            f"{r['step']} |"
+        )
+    return "\n".join(lines)
+
+
+def compare_figure(rows):
+    """Bars of final accuracy grouped by max tokens, one colour per method, each bar labelled
+    with its value; a dashed line at the zero-shot accuracy of the largest budget (seed 002's
+    target: trained at 256 / 512 tokens, beat zero-shot at 1024)."""
+    from matplotlib.figure import Figure
+
+    budgets = sorted({r["max_tokens"] for r in rows})
+    methods = []  # in order of first appearance: a colour each
+    for r in rows:
+        if r["method"] not in methods:
+            methods.append(r["method"])
+    fig = Figure(figsize=(2 + 0.9 * len(rows) + 0.5 * len(budgets), 4), layout="constrained")
+    ax = fig.subplots()
+    x = 0.0  # the next bar's position
+    centres = []  # (centre, budget) of each group
+    seen = set()  # methods already in the legend
+    for budget in budgets:
+        group = [r for r in rows if r["max_tokens"] == budget]
+        start = x
+        for r in group:
+            label = None
+            if r["method"] not in seen:
+                label = r["method"]
+                seen.add(r["method"])
+            colour = f"C{methods.index(r['method'])}"
+            ax.bar(x, r["accuracy"], width=0.8, color=colour, label=label)
+            ax.text(x, r["accuracy"], f"{r['accuracy']:.3f}", ha="center", va="bottom", fontsize=7)
+            x += 1
+        centres.append(((start + x - 1) / 2, budget))
+        x += 0.6  # a gap between groups
+    zero_shot = [r for r in rows if r["method"] == "zero-shot"]
+    if zero_shot:
+        target = max(zero_shot, key=lambda r: r["max_tokens"])
+        ax.axhline(
+            target["accuracy"],
+            color="0.3",
+            linestyle="--",
+            label=f"zero-shot at {target['max_tokens']} tokens",
+        )
+    ax.set_xticks([c for c, _ in centres], [f"{b} tokens" for _, b in centres])
+    ax.set(ylabel="final accuracy", title="final accuracy by generation budget")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, axis="y")
+    return fig
+
+
+def compare(run_dirs, out_path):
+    """--compare: the table (printed, and written beside the figure as .md) and the figure of the
+    runs' final accuracies. -> (table text, figure path)."""
+    rows = []
+    for d in run_dirs:
+        rows += final_accuracy(d)
+    rows.sort(key=lambda r: (r["max_tokens"], r["method"] != "zero-shot"))  # stable: as given
+    table = compare_table(rows)
+    if os.path.isdir(out_path):
+        out_path = os.path.join(out_path, "final_accuracy.png")
+    os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
+    root, ext = os.path.splitext(out_path)
+    with open(root + ".md", "w") as f:
+        f.write(table + "\n")
+    tmp = f"{root}.tmp{ext or '.png'}"
+    compare_figure(rows).savefig(tmp, dpi=100)
+    os.replace(tmp, out_path)
+    return table, out_path
+
+
 def main(argv=None):
-    p = Parser(description="Overlay runs (grpo.py, grpo_ray.py, sft.py) in one dashboard figure.")
-    p.add_argument("runs", nargs="+", help="run directories holding metrics.jsonl")
+    p = Parser(
+        description="Overlay runs (grpo.py, grpo_ray.py, sft.py) in one dashboard figure, or "
+        "--compare their final accuracies with zero-shot outputs."
+    )
+    p.add_argument(
+        "runs",
+        nargs="+",
+        help="run directories holding metrics.jsonl (--compare: also eval_zero_shot.py outputs)",
+    )
     p.add_argument(
         "--out", default="dashboard.png", help="figure path (.png, .pdf, .svg) or a directory"
     )
@@ -270,7 +421,18 @@ def main(argv=None):
         choices=X_CHOICES,
         help="x axis: rollout step (sft: optimizer step), optimizer step, or wall-clock seconds",
     )
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="final accuracy per run and generation budget against zero-shot: a table (printed "
+        "and in <out>.md) and a bar chart (seed 002 §1.6.2)",
+    )
     args = p.parse_args(argv)
+    if args.compare:
+        table, path = compare(args.runs, args.out)
+        print(table)
+        print(path)
+        return
     for d in args.runs:
         has_metrics = os.path.isfile(os.path.join(d, "metrics.jsonl"))
         check(has_metrics, f"{d}: no metrics.jsonl; pass run directories")

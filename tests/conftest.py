@@ -127,3 +127,29 @@ def one_line_error(r, needle):
     assert len(lines) == 1, r.stderr
     assert lines[0].startswith("error:"), r.stderr
     assert needle in lines[0], r.stderr
+
+
+# Qwen3's chat-template behaviour in a few lines (written here: the tiny tokenizer has none): one
+# <|im_start|>role ... <|im_end|> block per message, the assistant's turn opened, and with
+# enable_thinking=False an empty think block that tells the model not to think
+QWEN3_STYLE_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% endif %}{% endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_chat_dir(tiny_qwen3_dir, tmp_path_factory):
+    """The tiny Qwen3 with a chat template that has Qwen3's thinking switch (--chat-template)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    out = str(tmp_path_factory.mktemp("tiny_qwen3_chat") / "model")
+    shutil.copytree(tiny_qwen3_dir, out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    tokenizer.chat_template = QWEN3_STYLE_CHAT_TEMPLATE
+    tokenizer.save_pretrained(out)
+    return out

@@ -255,3 +255,56 @@ def test_sigterm_writes_the_examples_graded_so_far(
         expected = {"max_tokens": s["max_tokens"], **summarize(mine)}
         expected["time/generate_s"] = s["time/generate_s"]  # measured: not recomputable
         assert s == expected
+
+
+# ----------------------------------------------------------------------------- --chat-template
+def test_chat_template_wraps_each_prompt_with_qwen3s_thinking_switch(tiny_qwen3_chat_dir):
+    from data import apply_chat_template
+
+    rows = [{"prompt": "Q1", "stop": ["</answer>"], "ground_truth": 1}]
+    assert apply_chat_template(rows, tiny_qwen3_chat_dir, "off") == rows  # the seeds' raw text
+    on = apply_chat_template(rows, tiny_qwen3_chat_dir, "on")
+    assert on[0]["prompt"] == "<|im_start|>user\nQ1<|im_end|>\n<|im_start|>assistant\n"
+    off = apply_chat_template(rows, tiny_qwen3_chat_dir, "no_thinking")
+    assert off[0]["prompt"] == on[0]["prompt"] + "<think>\n\n</think>\n\n"
+    assert off[0]["stop"] == ["</answer>"] and off[0]["ground_truth"] == 1  # the rest unchanged
+    assert rows[0]["prompt"] == "Q1"  # new rows
+
+
+def test_chat_template_refuses_a_model_without_one_or_without_the_switch(
+    tiny_qwen3_dir, tiny_qwen3_chat_dir, tmp_path
+):
+    from transformers import AutoTokenizer
+
+    from data import apply_chat_template
+
+    rows = [{"prompt": "Q1"}]
+    with pytest.raises(ValueError, match="has no chat template: drop --chat-template on"):
+        apply_chat_template(rows, tiny_qwen3_dir, "on")
+    plain = AutoTokenizer.from_pretrained(tiny_qwen3_chat_dir)
+    plain.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"  # no switch
+    plain.save_pretrained(tmp_path)
+    assert apply_chat_template(rows, str(tmp_path), "on")[0]["prompt"] == "Q1"
+    with pytest.raises(ValueError, match="has no thinking switch: use --chat-template on"):
+        apply_chat_template(rows, str(tmp_path), "no_thinking")
+    # the script: one line, before any engine starts
+    argv = ["--model", tiny_qwen3_dir, "--data", "synthetic", "--chat-template", "on"]
+    one_line_error(run(*argv, "--out", str(tmp_path / "o"), timeout=120), "--chat-template")
+
+
+def test_end_to_end_with_the_chat_template(tiny_qwen3_chat_dir, problems, tmp_path):
+    """Qwen3's non-thinking mode on the engine: every prompt generated from is the template's."""
+    out = tmp_path / "eval"
+    argv = ["--model", tiny_qwen3_chat_dir, "--engine", "hf", "--data", problems, "--limit", "2"]
+    argv += ["--max-tokens", "6", "--out", str(out), "--workers", "1"]
+    r = run(*argv, "--chat-template", "no_thinking")
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(out / "summary.json") as f:
+        summary = json.load(f)
+    with open(out / "generations.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    assert summary["args"]["chat_template"] == "no_thinking"
+    assert len(rows) == summary["rows"][0]["n"] == 2
+    for row in rows:
+        assert row["prompt"].startswith("<|im_start|>user\nAnswer the following problem.")
+        assert row["prompt"].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")

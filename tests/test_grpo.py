@@ -22,6 +22,7 @@ import threading
 
 import pytest
 import torch
+import torch.optim.optimizer as optimizer_hooks
 
 import common
 import grader
@@ -1274,3 +1275,84 @@ def test_resume_names_the_flags_a_saved_run_predates(capsys):
     assert args.lr == 3e-4
     assert "notice: the saved run predates dynamic_sampling_on='answer_reward'" in out
     assert "rollout_is_floor" not in out
+
+
+# ----------------------------------------------------------------------------- seed spellings
+def test_the_seeds_loss_spellings_run_as_their_losses():
+    """Seed 001 §6 names its losses "GRPO-Clip" and "GRPO-No-Clip": accepted and saved as the
+    LOSSES keys (one mapping, not second table rows)."""
+    assert summarize_args("--loss", "GRPO-No-Clip").loss == "grpo_no_clip"
+    assert summarize_args("--loss", "GRPO-Clip").loss == "grpo_clip"
+    assert set(grpo.LOSS_ALIASES.values()) <= set(losses.LOSSES)
+    assert not set(grpo.LOSS_ALIASES) & set(losses.LOSSES)
+    proc = run_grpo(["--loss", "GRPO-Nope", "--dry-run"], check=False)
+    assert proc.returncode == 2
+    assert "invalid choice: 'GRPO-Nope'" in proc.stderr
+
+
+# ----------------------------------------------------------------------------- lr schedule
+def test_the_default_lr_is_constant_to_the_bit():
+    args = summarize_args()
+    assert (args.warmup_frac, args.min_lr_frac) == (0.0, 1.0)
+    total = args.n_grpo_steps * args.optimizer_steps_per_rollout_batch
+    assert {grpo.lr_factor(k, args) for k in range(total)} == {1.0}
+
+
+def test_lr_schedule_per_optimizer_step_and_resume_continues_it(
+    tiny_model_dir, task_file, tmp_path, monkeypatch, sigterm
+):
+    """Warmup then cosine (sft.py's flags) over 3 steps x 2 optimizer steps: the lr AdamW takes
+    at each optimizer step, with a SIGTERM after step 0 and a --resume in between."""
+    flags = tiny_flags(tiny_model_dir, task_file, *STOP_FLAGS)
+    flags += ["--train-batch-size", "4", "--loss", "grpo_clip", "--n-grpo-steps", "3"]
+    flags += ["--warmup-frac", "0.34", "--min-lr-frac", "0.1", "--out", str(tmp_path / "run")]
+    used = []  # the lr of each AdamW step, read as it steps
+
+    def record(optimizer, *_):
+        used.append(optimizer.param_groups[0]["lr"])
+
+    def step_1(engine, train_rows, args, step, *a):
+        return step == 1
+
+    hook = optimizer_hooks.register_optimizer_step_pre_hook(record)
+    try:
+        monkeypatch.setattr(grpo, "collect", send_sigterm_before(grpo, "collect", step_1))
+        with pytest.raises(SystemExit) as exit_:
+            grpo.main(grpo.parse_args(flags))
+        assert exit_.value.code == 143
+        monkeypatch.undo()
+        assert len(used) == 2  # step 0's
+        grpo.main(grpo.parse_args(["--resume", str(tmp_path / "run")]))
+    finally:
+        hook.remove()
+    # 6 optimizer steps, warmup int(0.34 x 6) = 2: 1/2, 2/2, then cosine from 1 to 0.1 over the
+    # other 4: 0.1 + 0.9 x (1 + cos(pi x k / 4)) / 2 for k = 0..3
+    want = [0.5, 1.0, 1.0, 0.8681980515, 0.55, 0.2318019485]
+    assert used == pytest.approx([1e-3 * f for f in want], rel=1e-9)
+    rows = train_metrics(metrics(tmp_path / "run"))
+    assert [r["opt_step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [r["train/lr"] for r in rows] == used  # logged as taken
+
+
+# ----------------------------------------------------------------------------- --chat-template
+def test_chat_template_shapes_the_train_and_validation_prompts(
+    tiny_qwen3_chat_dir, tiny_qwen3_dir, task_file, capsys
+):
+    """Applied once at load, to both splits (the engine and the trainer then see those tokens)."""
+    plain = grpo.parse_args(tiny_flags(tiny_qwen3_chat_dir, task_file, "--out", "/tmp/unused"))
+    wrapped = grpo.parse_args(
+        tiny_flags(tiny_qwen3_chat_dir, task_file, "--out", "/tmp/unused")
+        + ["--chat-template", "no_thinking"]
+    )
+    for raw, chat in zip(grpo.load_data(plain), grpo.load_data(wrapped)):
+        for before, after in zip(raw, chat):
+            assert after["prompt"] == (
+                f"<|im_start|>user\n{before['prompt']}<|im_end|>\n<|im_start|>assistant\n"
+                "<think>\n\n</think>\n\n"
+            )
+    no_template = grpo.parse_args(
+        tiny_flags(tiny_qwen3_dir, task_file, "--out", "/tmp/unused", "--chat-template", "on")
+    )
+    with pytest.raises(SystemExit):
+        grpo.load_data(no_template)
+    assert "has no chat template: drop --chat-template on" in capsys.readouterr().err

@@ -274,3 +274,105 @@ def test_nan_rows_do_not_break_a_panel(tmp_path):
     entropy = panels(fig)["token entropy"].lines[0]
     assert list(entropy.get_xdata()) == [1]
     assert not any(map(math.isnan, entropy.get_ydata()))
+
+
+# ----------------------------------------------------------------------------- --compare
+def write_training_run(path, max_tokens, std_norm, length_norm, final_accuracy):
+    """A grpo.py run as --compare reads it: args.json (its flags) and metrics.jsonl (grpo_rows, then
+    the final validation after the last step)."""
+    rows = grpo_rows()
+    rows.append({"step": 4, "opt_step": 8, "eval/accuracy": final_accuracy, "time/wall": 40.0})
+    write_run(path, rows)
+    args = {"max_tokens": max_tokens, "std_norm": std_norm, "length_norm": length_norm}
+    with open(os.path.join(path, "args.json"), "w") as f:
+        json.dump(args, f)
+    return str(path)
+
+
+def write_zero_shot(path, accuracies):
+    """An eval_zero_shot.py output: summary.json with one row per --max-tokens value."""
+    import eval_zero_shot
+
+    rows = []
+    for max_tokens, accuracy in accuracies.items():
+        right = round(100 * accuracy)  # of 100 examples
+        graded = []
+        for i in range(100):
+            answer = float(i < right)
+            graded.append(
+                {
+                    "category": f"format1_answer{int(answer)}",
+                    "reward": answer,
+                    "answer_reward": answer,
+                    "num_tokens": 10,
+                    "finish_reason": "stop",
+                }
+            )
+        one_pass = {"max_tokens": max_tokens, "rows": graded, "generate_s": 1.0}
+        rows.append(eval_zero_shot.pass_summary(one_pass))
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "summary.json"), "w") as f:
+        json.dump({"args": {"max_tokens": list(accuracies)}, "rows": rows}, f)
+    return str(path)
+
+
+def seed_002_runs(tmp_path):
+    """Seed 002's experiment: zero-shot at three budgets and the 2 x 2 grid."""
+    return [
+        write_zero_shot(tmp_path / "eval_countdown", {256: 0.01, 512: 0.15, 1024: 0.37}),
+        write_training_run(tmp_path / "cd_256", 256, True, "masked_mean", 0.40),
+        write_training_run(tmp_path / "cd_512", 512, True, "masked_mean", 0.45),
+        write_training_run(tmp_path / "cd_256_drgrpo", 256, False, "masked_normalize", 0.42),
+        write_training_run(tmp_path / "cd_512_drgrpo", 512, False, "masked_normalize", 0.47),
+    ]
+
+
+def test_compare_tabulates_final_accuracy_against_zero_shot(tmp_path):
+    runs = seed_002_runs(tmp_path)
+    out = tmp_path / "plots" / "final.png"
+    proc = cli("--compare", *runs, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    table = [line for line in proc.stdout.splitlines() if line.startswith("|")]
+    assert table[0] == "| run | method | max tokens | final accuracy | after step |"
+    # by budget, zero-shot first; a training run's last validation (after its last step)
+    assert table[2:] == [
+        "| eval_countdown | zero-shot | 256 | 0.0100 | 0 |",
+        "| cd_256 | GRPO | 256 | 0.4000 | 4 |",
+        "| cd_256_drgrpo | Dr. GRPO | 256 | 0.4200 | 4 |",
+        "| eval_countdown | zero-shot | 512 | 0.1500 | 0 |",
+        "| cd_512 | GRPO | 512 | 0.4500 | 4 |",
+        "| cd_512_drgrpo | Dr. GRPO | 512 | 0.4700 | 4 |",
+        "| eval_countdown | zero-shot | 1024 | 0.3700 | 0 |",
+    ]
+    assert (tmp_path / "plots" / "final.md").read_text().strip() == "\n".join(table)
+    assert out.stat().st_size > 5_000
+
+
+def test_compare_figure_has_a_bar_per_row_and_the_zero_shot_target(tmp_path):
+    rows = []
+    for run in seed_002_runs(tmp_path):
+        rows += plot.final_accuracy(run)
+    fig = plot.compare_figure(rows)
+    ax = fig.axes[0]
+    heights = sorted(round(p.get_height(), 4) for p in ax.patches)
+    assert heights == sorted(r["accuracy"] for r in rows)
+    # the target line: zero-shot at the largest budget
+    (target,) = [line for line in ax.lines if line.get_linestyle() == "--"]
+    assert list(target.get_ydata()) == [0.37, 0.37]
+    assert [t.get_text() for t in ax.get_xticklabels()] == [
+        "256 tokens",
+        "512 tokens",
+        "1024 tokens",
+    ]
+
+
+def test_compare_names_other_settings_and_refuses_other_directories(tmp_path):
+    run = write_training_run(tmp_path / "mixed", 256, False, "masked_mean", 0.3)
+    assert plot.final_accuracy(run)[0]["method"] == "GRPO (std_norm False, masked_mean)"
+    sft = write_run(tmp_path / "sft", sft_rows())  # metrics but no GRPO flags, nor a summary
+    proc = cli("--compare", sft, "--out", str(tmp_path / "x.png"))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: ")
+    assert "neither a training run" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.png").exists()

@@ -239,6 +239,90 @@ def test_every_script_has_a_recipe():
     assert {a[0] for _, a in recipes()} == DRY_RUN
 
 
+# the model each seed's experiments use: seed 000 runs zero-shot and SFT on the base model and GRPO
+# on the Instruct one ("For the GRPO portion, we will use the Qwen 2.5 Math 1.5B Instruct model");
+# seed 001 uses Qwen3-0.6B, seed 002 Qwen3-1.7B
+SEED_MODELS = {
+    ("000", "eval_zero_shot.py"): "Qwen/Qwen2.5-Math-1.5B",
+    ("000", "sft.py"): "Qwen/Qwen2.5-Math-1.5B",
+    ("000", "grpo.py"): "Qwen/Qwen2.5-Math-1.5B-Instruct",
+    ("001", "eval_zero_shot.py"): "Qwen/Qwen3-0.6B",
+    ("001", "best_of_n.py"): "Qwen/Qwen3-0.6B",
+    ("001", "grpo.py"): "Qwen/Qwen3-0.6B",
+    ("002", "eval_zero_shot.py"): "Qwen/Qwen3-1.7B",
+    ("002", "grpo.py"): "Qwen/Qwen3-1.7B",
+}
+
+
+def test_every_seed_row_runs_the_seeds_model():
+    checked = set()
+    for label, argv in recipes():
+        seed = re.search(r"\((\d{3})\b", label)
+        if seed is None or "--model" not in argv:  # the embedded model's rows, seed 004's on Ray
+            continue
+        key = (seed.group(1), argv[0])
+        assert argv[argv.index("--model") + 1] == SEED_MODELS[key], label
+        checked.add(key)
+    assert checked == set(SEED_MODELS)
+
+
+def test_seed_001_problems_8_to_13_each_have_a_gsm8k_row():
+    """Problem 11 asks for no run; the others train on GSM8K with seed 001's model."""
+    for problem in ("Problem 8", "Problem 9", "Problem 10", "Problems 11–12", "Problem 13"):
+        rows = [a for label, a in recipes() if f"(001 {problem}" in label]
+        assert len(rows) == 1, problem
+        assert rows[0][rows[0].index("--task") + 1] == "gsm8k", problem
+    assert "Problem 8's own text says to train on MATH" in README
+
+
+def test_seed_002_rows_use_its_reward_and_clipped_loss():
+    """Its reward_fn (a subset of the numbers may be used) and compute_loss (the clipped ratio)."""
+    rows = [(label, a) for label, a in recipes() if "(002 " in label]
+    assert len(rows) == 5  # zero-shot and the 2 x 2 grid
+    for label, argv in rows:
+        assert argv[argv.index("--reward") + 1] == "countdown_subset", label
+        if argv[0] == "grpo.py":
+            assert argv[argv.index("--loss") + 1] == "grpo_clip", label
+
+
+def kissing_commands():
+    """Every `python kissing.py ...` command of the recipe table, as argv after the script."""
+    out = []
+    for _what, cmd in table("recipes")[1:]:
+        for part in re.findall(r"`([^`]+)`", cmd):
+            for c in part.split("&&"):
+                argv = shlex.split(c)
+                if argv[:2] == ["python", "kissing.py"]:
+                    out.append(argv[2:])
+    return out
+
+
+def test_kissing_rows_parse_and_the_llm_search_uses_a_local_server():
+    """The seed's Problem 17 is an LLM search: a row runs `search` against an OpenAI-compatible
+    server on this machine (vLLM's), writing the conversation log the seed requires to --out-dir
+    (tests/test_kissing.py runs the loop and checks the log)."""
+    import kissing
+
+    searches = []
+    for argv in kissing_commands():
+        args = kissing.parse_args(argv)
+        if args.cmd == "search":
+            searches.append(args)
+    assert len(searches) == 1
+    assert searches[0].llm.startswith("openai:http://127.0.0.1:")
+    assert searches[0].out_dir.startswith("runs/")
+    assert "`vllm serve " in README
+
+
+def test_the_readme_states_the_seeds_kissing_bound_and_its_name_exception():
+    kissing = README.split("## The kissing-number challenge")[1]
+    assert "595 ≤ τ₁₁ ≤ 870" in kissing.split("| 582 |")[0]  # beside the published results
+    intro = README.split("## Two commands")[0]
+    assert "exact" not in intro  # the names claim says which handouts, and its one exception
+    assert "seeds 000–002" in intro
+    assert "`masked_mean_per_sequence`" in intro
+
+
 # ----------------------------------------------------------------------------- stand-ins
 # the stand-ins' sizes: one to four tiny steps or a handful of prompts
 GRPO_TINY = (
@@ -267,6 +351,23 @@ GRPO_COUNTDOWN_ROWS = (
     "length normalisation",
     "group std normalisation",
 )
+# seed 001's GSM8K rows: the on-policy ablations join the off-policy run; the baselines row's loss
+# clashes with every other row's, so it runs alone
+GSM8K_ROWS = (
+    "off-policy, one (E, B)",
+    "prompt ablation",
+    "GSM8K GRPO train loop",
+    "GSM8K GRPO, one lr",
+    "GSM8K GRPO length normalisation",
+    "GSM8K GRPO std normalisation",
+)
+# seed 002's 2 x 2 grid: {GRPO, Dr. GRPO} x {256, 512 tokens} (the token budget is the stand-in's)
+COUNTDOWN_GRID_ROWS = (
+    "Countdown GRPO at 256",
+    "Countdown GRPO at 512",
+    "Countdown Dr. GRPO at 256",
+    "Countdown Dr. GRPO at 512",
+)
 RAY_ROWS = ("keyword-inclusion GRPO on Ray", "KL drift", "colocated, k steps per rollout")
 STAND_INS = [
     (("embedded model, offline: zero-shot",), "hf", []),
@@ -278,9 +379,10 @@ STAND_INS = [
     (("SFT, one size",), "hf", []),
     (("embedded model from scratch",), "hf", ["--countdown-n", "32"]),
     (GRPO_COUNTDOWN_ROWS, "vllm", []),
-    (("off-policy, one (E, B)", "prompt ablation"), "hf", []),
+    (GSM8K_ROWS, "hf", []),
+    (("GSM8K GRPO baselines",), "hf", []),
     (("no-clip ablation",), "hf", []),
-    (("Countdown Dr. GRPO at 512", "Countdown GRPO at 256"), "hf", []),
+    (COUNTDOWN_GRID_ROWS, "hf", []),
     (RAY_ROWS, "hf", []),
     # NCCL needs GPUs: Problem 9's Ray Direct Transport runs over gloo here (the same code path but
     # the backend)
@@ -408,3 +510,72 @@ def test_recipe_runs_end_to_end_on_a_stand_in(
             assert any("eval/accuracy" in json.loads(line) for line in f)
     if argv[0] == "best_of_n.py":
         assert cfg["temperature"] == bon_temperature() == 1.0
+    if prefixes == COUNTDOWN_GRID_ROWS:  # and seed 002's deliverable, on this run
+        final_table_on_stand_ins(out, argv[argv.index("--model") + 1], tmp_path)
+
+
+# ----------------------------------------------------------------------------- seed 002's table
+def compare_row():
+    """The argv of the recipe table's `plot.py --compare` command (seed 002's deliverable)."""
+    for _what, cmd in table("recipes")[1:]:
+        for part in re.findall(r"`([^`]+)`", cmd):
+            argv = shlex.split(part)
+            if argv[:3] == ["python", "plot.py", "--compare"]:
+                return argv[1:]
+    raise AssertionError("no `python plot.py --compare` row in the recipe table")
+
+
+def compared_runs(argv):
+    """The run directories a --compare command names (its positional arguments)."""
+    out = argv[argv.index("--out") + 1]
+    return [a for a in argv[2:] if not a.startswith("--") and a != out]
+
+
+def out_of(prefix):
+    """The --out of the recipe row whose label starts with prefix."""
+    argv = next(a for label, a in recipes() if label.startswith(prefix))
+    return argv[argv.index("--out") + 1]
+
+
+def test_the_final_table_compares_the_grid_with_the_zero_shot_row():
+    """Seed 002 §1.6.2's deliverable row reads what its rows write: the zero-shot row's output and
+    the four runs of the 2 x 2 grid."""
+    want = [out_of("Countdown zero-shot")]
+    for prefix in COUNTDOWN_GRID_ROWS:
+        want.append(out_of(prefix))
+    assert compared_runs(compare_row()) == want
+
+
+def final_table_on_stand_ins(grpo_out, model, tmp_path):
+    """The --compare row on real outputs: the zero-shot row run on the stand-in model at two
+    budgets, and the grid's stand-in run (its four rows ran as one) in place of each grid run."""
+    zero = localise(
+        next(a for label, a in recipes() if label.startswith("Countdown zero-shot")), str(tmp_path)
+    )
+    zero[zero.index("--model") + 1] = model
+    flags = TINY["eval_zero_shot.py"] + ["--max-tokens", "4,8", "--engine", "hf"]
+    proc = run(zero + flags, str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    argv = compare_row()
+    zero_out = zero[zero.index("--out") + 1]
+    figure = str(tmp_path / "final" / "cd_final.png")
+    cmd = []
+    for a in argv:
+        if a == out_of("Countdown zero-shot"):
+            a = zero_out
+        elif a in compared_runs(argv):
+            a = grpo_out
+        elif a == argv[argv.index("--out") + 1]:
+            a = figure
+        cmd.append(a)
+    proc = run(cmd, str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("|")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    # (method, max tokens) of each row: zero-shot at both budgets, then the grid's four runs (the
+    # stand-in ran Dr. GRPO, the union of the rows' flags, at 12 tokens)
+    got = [(c[1], c[2]) for c in cells]
+    assert got == [("zero-shot", "4"), ("zero-shot", "8")] + [("Dr. GRPO", "12")] * 4
+    with open(figure.replace(".png", ".md")) as f:
+        assert f.read().strip() == "\n".join(lines)
+    assert os.path.getsize(figure) > 5_000
