@@ -60,6 +60,7 @@ from grader import gsm8k_answer, gsm8k_gold, math_answer
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 PROMPTS_DIR = os.path.join(ROOT, "prompts")
+TEMPLATE_BREAK = "--- or ---"  # a line between alternative templates in one .prompt file
 EMBEDDED_MODEL = os.path.join(ROOT, "models", "countdown-tiny")  # every script's offline default
 
 # default prompt and reward (grader.REWARD_FNS key) per task, for hub models (see task_defaults)
@@ -127,6 +128,29 @@ def load_prompt(name):
     if text.endswith("\n"):
         return text[:-1]
     return text
+
+
+def load_templates(name):
+    """The templates of prompts/<name>.prompt: most files hold one; keyword.prompt holds several,
+    each on its own, separated by lines that read TEMPLATE_BREAK. Each needs a {question}, and
+    all must share their stop strings (a script reads them off any row)."""
+    templates = load_prompt(name).split("\n" + TEMPLATE_BREAK + "\n")
+    for t in templates:
+        if "{question}" not in t:
+            raise ValueError(f"prompts/{name}.prompt: a template has no {{question}}: {t[:60]!r}")
+        if stop_strings(t) != stop_strings(templates[0]):
+            raise ValueError(
+                f"prompts/{name}.prompt: its templates must all ask for <answer> tags, or none"
+            )
+    return templates
+
+
+def pick_template(templates, question, seed):
+    """The template a question gets: drawn by (seed, question), so a row keeps its template
+    whatever the file order, --limit or split."""
+    if len(templates) == 1:
+        return templates[0]
+    return random.Random(f"template-{seed}-{question}").choice(templates)
 
 
 def format_prompt(template, question):
@@ -460,20 +484,22 @@ def load_task(
 
     path: a local JSON/JSONL file; None = the task's hub set (needs `datasets`); for countdown, the
     string "synthetic" = this module's generator. Local files keep their order (seed is only used by
-    the synthetic countdown and the keyword split); `limit` keeps the first rows. For "jsonl",
-    question_key/answer_key name the fields (defaults: "question"/"problem" and
-    "ground_truth"/"answer").
-    prompt: a prompts/<name>.prompt name; each row then also carries "prompt", the filled template,
-    and "stop", its stop strings (shaped once, here, not threaded through every caller).
+    the synthetic countdown, the keyword split and the choice among a prompt's templates); `limit`
+    keeps the first rows. For "jsonl", question_key/answer_key name the fields (defaults:
+    "question"/"problem" and "ground_truth"/"answer").
+    prompt: a prompts/<name>.prompt name; each row then also carries "prompt", the filled template
+    (one of several for keyword.prompt: pick_template), and "stop", its stop strings (shaped once,
+    here, not threaded through every caller).
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose from {sorted(TASKS)}")
     rows = _load_rows(task, split, path, limit, seed, question_key, answer_key)
     if prompt is None:
         return rows
-    template = load_prompt(prompt)
+    templates = load_templates(prompt)
     prompted = []
     for r in rows:
+        template = pick_template(templates, r["question"], seed)
         prompt_text = format_prompt(template, r["question"])
         prompted.append({**r, "prompt": prompt_text, "stop": stop_strings(template)})
     return prompted

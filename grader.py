@@ -611,18 +611,30 @@ def countdown_reward_fn(response, ground_truth, require_all=True):
     return _verdict(1.0, ok, 1.0 if ok else 0.1)
 
 
-def keyword_inclusion_reward_fn(response, keywords):
-    """Seed 004: 1 iff every keyword appears in the response as a whole word, case-insensitively."""
+def keyword_inclusion_reward_fn(response, keywords, whole_word=False):
+    """Seed 004 §3.1: 1 iff every keyword appears in the response, case-insensitively; a keyword
+    inside a longer word counts ("Apples are red" earns "apple"), as the seed's "appear" reads.
+    whole_word=True ("keyword_whole_word") counts a keyword only with no letter, digit or _ on
+    either side, so "pineapple" does not earn "apple". keywords: one string or a list of them."""
     if not _readable(response):
         return dict(ZERO)
     if isinstance(keywords, str):
         kws = [keywords]
     else:
         kws = list(keywords)
-    ok = bool(kws) and all(
-        re.search(r"(?<!\w)" + re.escape(str(k).strip()) + r"(?!\w)", response, re.I) for k in kws
-    )
+    ok = bool(kws) and all(_has_keyword(response, k, whole_word) for k in kws)
     return _verdict(bool(response.strip()), ok)
+
+
+def _has_keyword(response, keyword, whole_word):
+    """Whether `keyword` (a blank one never matches) is in `response`, both case-folded."""
+    word = str(keyword).strip().casefold()
+    if not word:
+        return False
+    text = response.casefold()
+    if not whole_word:
+        return word in text
+    return re.search(r"(?<!\w)" + re.escape(word) + r"(?!\w)", text) is not None
 
 
 def reward_fn(generated_text, ground_truth):
@@ -636,7 +648,8 @@ REWARD_FNS = {
     "intellect": intellect_reward_fn,
     "gsm8k": gsm8k_reward_fn,
     "countdown": countdown_reward_fn,
-    "keyword": keyword_inclusion_reward_fn,
+    "keyword": keyword_inclusion_reward_fn,  # seed 004: substring, case-insensitive
+    "keyword_whole_word": partial(keyword_inclusion_reward_fn, whole_word=True),
     "countdown_subset": partial(countdown_reward_fn, require_all=False),  # seed 002's rule
 }
 

@@ -3,7 +3,8 @@
 Each optimizer step takes --batch-size pairs in --gradient-accumulation-steps microbatches, sorted
 by length so they pad little. The loss is losses.sft_microbatch_train_step's: the response's summed
 NLL divided by --normalize-constant. Then AdamW with linear warmup and cosine decay, and gradient
-clipping. Weights stay fp32 (master weights) under bf16 autocast on CUDA.
+clipping. Weights stay fp32 (master weights) under bf16 autocast on CUDA. `--n-examples N` trains
+on N distinct pairs: those longer than --max-seq-len are excluded before the subset is drawn.
 
 Every --eval-every steps the engine receives the weights and greedily answers held-out problems,
 which are graded (2048 tokens, seed 000 §3.2). Eval rows carry "eval_step" too: the seed's two
@@ -295,6 +296,11 @@ def resolve(args):
         f"--n-examples {args.n_examples}: pass 'all' or an integer > 0",
     )
     check(
+        args.n_examples == "all" or int(args.n_examples) >= args.batch_size,
+        f"--n-examples {args.n_examples} is fewer than --batch-size {args.batch_size}: "
+        f"lower --batch-size to at most {args.n_examples}",
+    )
+    check(
         args.batch_size % args.gradient_accumulation_steps == 0,
         f"--batch-size {args.batch_size} must be a multiple "
         f"of --gradient-accumulation-steps {args.gradient_accumulation_steps}",
@@ -514,20 +520,18 @@ def build_tiny_model(
 
 # ---------------------------------------------------------------------------- data / model / engine
 def subset(rows, n, seed):
-    """First n of a seed-determined permutation (so smaller subsets are nested in larger ones)."""
+    """First n of a seed-determined permutation (so smaller subsets are nested in larger ones), in
+    file order; n "all" keeps every row."""
     if n == "all":
         return rows
-    check(
-        int(n) <= len(rows),
-        f"--n-examples {n}: the data has {len(rows)} pairs; pass at most that or 'all'",
-    )
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)
     return [rows[i] for i in sorted(order[: int(n)])]
 
 
 def load_data(args):
-    """(SFT pairs [{"prompt", "response"}], validation rows with "prompt" and "stop").
+    """(every SFT pair [{"prompt", "response"}], validation rows with "prompt" and "stop"); the
+    --n-examples subset is drawn later, from the pairs that fit --max-seq-len (fit_pairs).
 
     Bad files, prompts and tasks stop with one-line errors."""
     if args.data == "countdown":  # synthetic problems answered by a search trace
@@ -549,8 +553,13 @@ def load_data(args):
     else:
         pairs = common.attempt(data.load_sft_jsonl, args.data, what="--data")
     check(pairs, f"--data {args.data}: no pairs in it")
+    check(
+        args.n_examples == "all" or int(args.n_examples) <= len(pairs),
+        f"--n-examples {args.n_examples}: the data has {len(pairs)} pairs; "
+        f"pass at most that or 'all'",
+    )
     if not args.eval_reward:
-        return subset(pairs, args.n_examples, args.seed), []
+        return pairs, []
     val = common.attempt(
         data.load_task,
         args.eval_task,
@@ -561,28 +570,36 @@ def load_data(args):
         what=f"--eval-task {args.eval_task}",
     )
     check(val, f"--eval-task {args.eval_task}: an empty validation set; fix --eval-path")
-    return subset(pairs, args.n_examples, args.seed), val
+    return pairs, val
 
 
 def fit_pairs(rows, tokenizer, args):
-    """Pairs within --max-seq-len, each with its token count "n_tokens"."""
-    lens = []
-    for r in rows:
-        prompt_ids = tokenizer(r["prompt"])["input_ids"]
-        response_ids = tokenizer(r["response"], add_special_tokens=False)["input_ids"]
-        lens.append(len(prompt_ids) + len(response_ids))
-    keep = [dict(r, n_tokens=n) for r, n in zip(rows, lens) if n <= args.max_seq_len]
-    print(
-        f"{len(keep)}/{len(rows)} pairs within --max-seq-len {args.max_seq_len}, "
-        f"mean {sum(lens) / len(lens):.0f} tokens"
+    """The training pairs, each with its token count "n_tokens": pairs longer than --max-seq-len
+    are excluded first, then --n-examples of the rest are drawn (subset), so `--n-examples 128`
+    trains on 128 pairs. One line counts both."""
+    prompt_ids = tokenizer([r["prompt"] for r in rows])["input_ids"]
+    response_ids = tokenizer([r["response"] for r in rows], add_special_tokens=False)["input_ids"]
+    lens = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
+    fit = [dict(r, n_tokens=n) for r, n in zip(rows, lens) if n <= args.max_seq_len]
+    check(
+        fit,
+        f"only 0 pairs fit --max-seq-len {args.max_seq_len}: raise it to at least {min(lens)}",
     )
-    if keep:
-        fix = f"raise it or lower --batch-size to at most {len(keep)}"
-    else:
-        fix = f"raise it to at least {min(lens)}"
+    check(
+        args.n_examples == "all" or int(args.n_examples) <= len(fit),
+        f"--n-examples {args.n_examples}: only {len(fit)} of the {len(rows)} pairs fit "
+        f"--max-seq-len {args.max_seq_len}; pass at most {len(fit)} or raise --max-seq-len",
+    )
+    keep = subset(fit, args.n_examples, args.seed)
+    print(
+        f"{len(rows) - len(fit)} of {len(rows)} pairs excluded as longer than --max-seq-len "
+        f"{args.max_seq_len} (mean length {sum(lens) / len(lens):.0f}); training on {len(keep)} "
+        f"(--n-examples {args.n_examples}, --seed {args.seed})"
+    )
     check(
         len(keep) >= args.batch_size,
-        f"only {len(keep)} pairs fit --max-seq-len {args.max_seq_len}: {fix}",
+        f"only {len(keep)} pairs fit --max-seq-len {args.max_seq_len}: "
+        f"raise it or lower --batch-size to at most {len(keep)}",
     )
     return keep
 
@@ -895,6 +912,7 @@ def main(argv=None):
 
     src = args.resume or args.model
     if args.init_config == "tiny" and not args.resume:
+        # the tokenizer learns from every pair: which fit --max-seq-len depends on it
         corpus = [r["prompt"] + r["response"] for r in pairs]
         src = build_tiny_model(
             os.path.join(args.out, "init"),

@@ -36,12 +36,53 @@ def test_prompts_are_the_seed_texts():
         in data.load_prompt("intellect")
     )
     assert "Step 2: 3 / 3 = 1" in data.load_prompt("countdown")
-    assert (
-        data.format_prompt(data.load_prompt("keyword"), "apple")
-        == "Write a story that includes the word: apple"
-    )
-    for name in ["r1_zero", "question_only", "intellect", "countdown", "keyword"]:
+    for name in ["r1_zero", "question_only", "intellect", "countdown"]:
+        assert data.load_templates(name) == [data.load_prompt(name)]
         assert data.load_prompt(name).count("{question}") == 1
+
+
+def test_keyword_prompts_come_from_several_seeded_story_templates(tmp_path):
+    """Seed 004 §3.1: keywords go into templates "such as 'Generate a story that includes
+    KEYWORD'"; the seed's own wordings are among them, and each row's template is a function of
+    (seed, keyword) alone."""
+    filled = [data.format_prompt(t, "apple") for t in data.load_templates("keyword")]
+    assert filled == [
+        "Write a story that includes the word: apple",  # the seed's example prompt
+        "Generate a story that includes apple",  # the seed's template
+        "Write a sentence that includes the word: apple",  # its reward example, one word
+        'Write a short story that uses the word "apple".',
+    ]
+    kw = tmp_path / "kw.txt"
+    kw.write_text("\n".join(f"word{i}" for i in range(300)))
+    rows = data.load_task("keyword", "train", str(kw), seed=0, prompt="keyword")
+    assert {r["prompt"].replace(r["question"], "KW") for r in rows} == {
+        data.format_prompt(t, "KW") for t in data.load_templates("keyword")
+    }
+    for r in rows:
+        assert r["prompt"] in [
+            data.format_prompt(t, r["question"]) for t in data.load_templates("keyword")
+        ]
+        assert r["stop"] == []
+    # deterministic, and a row keeps its template under another --limit or file order
+    assert data.load_task("keyword", "train", str(kw), seed=0, prompt="keyword") == rows
+    kw.write_text("\n".join(f"word{i}" for i in reversed(range(300))))
+    first = data.load_task("keyword", "train", str(kw), limit=5, seed=0, prompt="keyword")
+    by_word = {r["question"]: r["prompt"] for r in rows}
+    assert [r["prompt"] for r in first] == [by_word[r["question"]] for r in first]
+    # another seed draws other templates
+    reseeded = data.load_task("keyword", "train", str(kw), seed=1, prompt="keyword")
+    changed = [r for r in reseeded if r["prompt"] != by_word.get(r["question"], r["prompt"])]
+    assert len(changed) > len(rows) // 2
+
+
+def test_a_template_without_question_or_with_other_stops_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "PROMPTS_DIR", str(tmp_path))
+    (tmp_path / "two.prompt").write_text("Say {question}\n--- or ---\nSay nothing\n")
+    with pytest.raises(ValueError, match="two.prompt: a template has no {question}"):
+        data.load_templates("two")
+    (tmp_path / "tags.prompt").write_text("{question} <answer>\n--- or ---\n{question}")
+    with pytest.raises(ValueError, match="tags.prompt: .* <answer> tags, or none"):
+        data.load_templates("tags")
 
 
 def test_format_prompt_and_stop_strings():

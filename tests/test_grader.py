@@ -61,6 +61,8 @@ def test_seed_004_keyword_example():
     sentence = "The red apple fell from the tree."
     assert keyword_inclusion_reward_fn(sentence, ["apple", "red"])["reward"] == 1
     assert keyword_inclusion_reward_fn(sentence, "apple")["reward"] == 1
+    assert keyword_inclusion_reward_fn(sentence, ["apple", "pear"])["reward"] == 0  # every one
+    assert REWARD_FNS["keyword"] is keyword_inclusion_reward_fn  # the seed's rule by default
 
 
 # ----------------------------------------------------------------------------- tables
@@ -134,12 +136,23 @@ OTHER_TABLE = [  # (fn, response, ground truth, (reward, format, answer))
     (gsm8k_reward_fn, "16 - 3 - 4 = 9 eggs, 9 * 2 = 18", "18", (1, 0, 1)),  # no marker: last number
     (gsm8k_reward_fn, "#### 19", "18", (0, 1, 0)),
     (gsm8k_reward_fn, "#### 18.5", "18", (0, 1, 0)),
+    # seed 004: every keyword appears, case-insensitively, inside a word too
     (keyword_inclusion_reward_fn, "An APPLE a day", ["apple"], (1, 1, 1)),
-    (keyword_inclusion_reward_fn, "Two apples", ["apple"], (0, 1, 0)),  # whole words only
-    (keyword_inclusion_reward_fn, "pineapple", ["apple"], (0, 1, 0)),
+    (keyword_inclusion_reward_fn, "Apples are red", ["apple"], (1, 1, 1)),
+    (keyword_inclusion_reward_fn, "pineapple", ["Apple"], (1, 1, 1)),
     (keyword_inclusion_reward_fn, "red apple", ["apple", "tree"], (0, 1, 0)),
+    (keyword_inclusion_reward_fn, "an ap ple", ["apple"], (0, 1, 0)),
     (keyword_inclusion_reward_fn, "c++ rocks", ["c++"], (1, 1, 1)),
     (keyword_inclusion_reward_fn, "", ["apple"], (0, 0, 0)),
+    (keyword_inclusion_reward_fn, "anything", [" "], (0, 1, 0)),  # a blank keyword never appears
+    (keyword_inclusion_reward_fn, "anything", [], (0, 1, 0)),
+    # "keyword_whole_word": no letter, digit or _ may touch the keyword
+    (REWARD_FNS["keyword_whole_word"], "An APPLE a day", ["apple"], (1, 1, 1)),
+    (REWARD_FNS["keyword_whole_word"], "Apples are red", ["apple"], (0, 1, 0)),
+    (REWARD_FNS["keyword_whole_word"], "pineapple", ["apple"], (0, 1, 0)),
+    (REWARD_FNS["keyword_whole_word"], "apple_pie, apple2", ["apple"], (0, 1, 0)),
+    (REWARD_FNS["keyword_whole_word"], "(apple), red.", ["apple", "red"], (1, 1, 1)),
+    (REWARD_FNS["keyword_whole_word"], "c++ rocks", ["c++"], (1, 1, 1)),
 ]
 
 

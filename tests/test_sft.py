@@ -431,6 +431,7 @@ def test_reusing_out_without_resume_is_refused(tiny_model_dir, sft_jsonl, tmp_pa
         (["--max-seq-len", "5"], "only 0 pairs fit --max-seq-len 5: raise it to at least"),
         (["--n-examples", "lots"], "--n-examples lots"),
         (["--n-examples", "99"], "the data has 8 pairs"),
+        (["--n-examples", "2"], "--n-examples 2 is fewer than --batch-size 4"),
         (["--eval-task", "gsm8k", "--eval-n", "4"], "python data.py prepare gsm8k --from"),
         (["--pure-bf16"], "--pure-bf16 needs bf16 compute"),
         (
@@ -610,15 +611,47 @@ def test_tiny_families_load_in_vllm_and_greedy_equals_hf(fixture, request):
     del llm
 
 
-def test_n_examples_subsets_are_seeded_and_nested(capsys):
+def test_n_examples_subsets_are_seeded_and_nested():
     rows = list(range(100))
     assert sft.subset(rows, "16", 0) == sft.subset(rows, "16", 0)
     assert sft.subset(rows, "16", 0) != sft.subset(rows, "16", 1)
     assert set(sft.subset(rows, "8", 3)) <= set(sft.subset(rows, "16", 3))
     assert sft.subset(rows, "all", 0) == rows
+
+
+def test_n_examples_counts_only_pairs_within_max_seq_len(
+    tiny_model_dir, sft_jsonl, tmp_path, monkeypatch, capsys
+):
+    """Issue 28: --n-examples 6 trains on 6 distinct pairs when the data also holds long ones:
+    pairs over --max-seq-len are excluded before the subset is drawn, and one line counts them."""
+    short = open(sft_jsonl).read().splitlines()  # 8 pairs of 400-1000 tokens
+    long = []
+    for line in short[:4]:
+        pair = json.loads(line)
+        long.append(json.dumps({**pair, "response": pair["response"] * 40}))
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("\n".join(short + long) + "\n")
+    seen = set()  # every (prompt, response) a train step gets
+    real_train_step = sft.train_step
+
+    def recording_train_step(model, tokenizer, optimizer, scheduler, pairs, *rest):
+        seen.update((p["prompt"], p["response"]) for p in pairs)
+        return real_train_step(model, tokenizer, optimizer, scheduler, pairs, *rest)
+
+    monkeypatch.setattr(sft, "train_step", recording_train_step)
+    extra = ["--n-examples", "6", "--batch-size", "2", "--steps", "3", "--max-seq-len", "1024"]
+    sft.main(flags(tiny_model_dir, str(mixed), tmp_path / "run", *extra))
+    assert len(seen) == 6  # 3 steps of 2: one epoch of the subset
+    assert all(json.dumps({"prompt": p, "response": r}) in short for p, r in seen)
+    out = capsys.readouterr().out
+    assert "4 of 12 pairs excluded as longer than --max-seq-len 1024" in out
+    assert "training on 6 (--n-examples 6, --seed 0)" in out
+    # asking for more than fit is one line naming both counts
+    argv = flags(tiny_model_dir, str(mixed), tmp_path / "run2", *extra, "--n-examples", "10")
     with pytest.raises(SystemExit):
-        sft.subset(rows, "101", 0)
-    assert "--n-examples 101" in capsys.readouterr().err
+        sft.main(argv)
+    err = capsys.readouterr().err
+    assert "--n-examples 10: only 8 of the 12 pairs fit --max-seq-len 1024" in err
 
 
 def test_from_scratch_cli_smoke_with_hf_engine_validation(tmp_path):
