@@ -111,7 +111,7 @@ def parse_args(argv=None):
     g.add_argument(
         "--data",
         default="countdown",
-        help="SFT .jsonl with prompt/response, or 'countdown' (synthetic)",
+        help="SFT .jsonl (prompt/response or chat messages rows), or 'countdown' (synthetic)",
     )
     g.add_argument(
         "--n-examples", default="all", help="128|256|...|all unique examples (a subset by --seed)"
