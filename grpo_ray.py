@@ -11,13 +11,13 @@ Placement:
 Scale-out: --num-generators N engines each sample a contiguous share of every step's groups, joined
 in shard order, all at one policy version (checked), then summarised once by the driver
 (grpo.summarize: advantages and batch metrics of the whole batch); a version goes out as ONE
-object-store put that all N read. --num-learners M: a data-parallel group where each trains 1/M of
-every optimizer step's rows and the gradients are all-reduced, so all M take one learner's step. The
-group is a torch.distributed process group of its own (gloo on CPU / NCCL on GPU), not the default
-group, which an in-process vLLM engine owns. Colocated, actor i is generator i and learner i for
-i < min(N, M) (N = M is verl's layout: an engine and a learner shard per device, taking turns); each
-such engine copies the weights of the learner beside it (the learners are in lockstep), and only
-extra generators read the put.
+object-store put that every engine without a learner beside it reads. --num-learners M: a
+data-parallel group where each trains 1/M of every optimizer step's rows and the gradients are
+all-reduced, so all M take one learner's step. The group is a torch.distributed process group of its
+own (gloo on CPU / NCCL on GPU), not the default group, which an in-process vLLM engine owns.
+Colocated, actor i is generator i and learner i for i < min(N, M) (N = M is verl's layout: an engine
+and a learner shard per device, taking turns); each such engine copies the weights of the learner
+beside it (the learners are in lockstep).
 The actors sit in one Ray placement group (--placement-strategy; --address auto joins a cluster). A
 dead actor ends the run in one line naming it; Ctrl-C or SIGTERM saves the steps logged (exit 130 /
 143); --resume continues. --address fails in one line when no cluster answers within
