@@ -3,7 +3,7 @@
 as grpo.py, plus ray/*. Every phase is timed into a per-actor timeline.
 
 Placement:
-- colocated: engine and learner in one actor; weights synced by an in-process copy.
+- colocated: engine and learner in one actor, taking turns; weights synced by an in-process copy.
   --steps-per-rollout k: k batches from version v, k GRPO-Clip steps, one sync (Problem 7 B).
 - disaggregated: engines and learners apart; synchronous, or --async: batch j starts once version
   j - --max-staleness is pushed, so no batch lags more (Problem 8).
@@ -11,9 +11,13 @@ Placement:
 Scale-out: --num-generators N engines each sample a contiguous share of every step's groups, joined
 in shard order, all at one policy version (checked), then summarised once by the driver
 (grpo.summarize: advantages and batch metrics of the whole batch); a version goes out as ONE
-object-store put that all N read. --num-learners M: a data-parallel group (torch.distributed, gloo
-on CPU / NCCL on GPU) where each trains 1/M of every optimizer step's rows and the gradients are
-all-reduced, so all M take one learner's step. Colocated, that actor is generator 0 and learner 0.
+object-store put that every engine without a learner beside it reads. --num-learners M: a
+data-parallel group where each trains 1/M of every optimizer step's rows and the gradients are
+all-reduced, so all M take one learner's step. The group is a torch.distributed process group of its
+own (gloo on CPU / NCCL on GPU), not the default group, which an in-process vLLM engine owns.
+Colocated, actor i is generator i and learner i for i < min(N, M) (N = M is verl's layout: an engine
+and a learner shard per device, taking turns); each such engine copies the weights of the learner
+beside it (the learners are in lockstep).
 The actors sit in one Ray placement group (--placement-strategy; --address auto joins a cluster). A
 dead actor ends the run in one line naming it; Ctrl-C or SIGTERM saves the steps logged (exit 130 /
 143); --resume continues. --address fails in one line when no cluster answers within
@@ -30,6 +34,8 @@ mismatch together; timestamps are each actor's own clock.
   python grpo_ray.py --placement disaggregated --async --loss grpo_clip                # Problem 8
   python grpo_ray.py --address auto --model Qwen/Qwen2.5-Math-1.5B --placement disaggregated \\
       --async --loss grpo_clip --num-generators 6 --num-learners 2    # 8 GPUs, on any nodes
+  python grpo_ray.py --address auto --model Qwen/Qwen2.5-Math-1.5B --placement colocated \\
+      --num-generators 8 --num-learners 8                            # 8 GPUs, engine + learner each
 """
 
 import datetime
@@ -200,16 +206,9 @@ def resolve(args):
         f"--num-generators {N} > {args.n_prompts_per_rollout_batch} prompts per rollout "
         "batch (--rollout-batch-size / --group-size): each engine needs a whole group",
     )
-    common.check(
-        M == 1 or not colocated or args.engine == "hf",
-        "--num-learners > 1 with --placement colocated needs --engine hf (the in-process vLLM "
-        "engine owns torch.distributed's default group): or use --placement disaggregated",
-    )
 
-    # actors, a device (placement-group bundle) each; colocated, one actor is both roles
-    args.devices = N + M
-    if colocated:
-        args.devices -= 1
+    # actors, a device (placement-group bundle) each; colocated, min(N, M) of them hold both roles
+    args.devices = len(actor_specs(args))
     common.check(
         args.address or not args.num_cpus or args.devices * args.cpus_per_actor <= args.num_cpus,
         f"{args.devices} actors x {args.cpus_per_actor:g} CPU > --num-cpus {args.num_cpus}: "
@@ -347,27 +346,29 @@ class Worker:
             return ray.util.get_node_ip_address(), s.getsockname()[1]
 
     def init_dp(self, address, rank, world):
-        """Join the data-parallel learner group: this process's default torch.distributed group."""
+        """Join the data-parallel learner group: a process group of its own, built on rank 0's TCP
+        store. Not torch.distributed's default group: an in-process vLLM engine has made that one
+        (world size 1) and its parallel state lives on it, so the learners leave it alone."""
         dev = self.runtime["policy_device"]
         dist = torch.distributed
-        if dev.startswith("cuda"):
-            backend = "nccl"
-        else:
-            backend = "gloo"
+        timeout = datetime.timedelta(seconds=self.args.timeout_s)
         host, port = address
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://{host}:{port}",
-            rank=rank,
-            world_size=world,
-            timeout=datetime.timedelta(seconds=self.args.timeout_s),
-        )
+        store = dist.TCPStore(host, port, world, rank == 0, timeout=timeout)
+        store = dist.PrefixStore("grpo_ray/learners", store)  # its keys apart from anyone else's
+        if dev.startswith("cuda"):  # NOT run in CI (no GPU)
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            group = dist.ProcessGroupNCCL(store, rank, world, options)
+        else:
+            group = dist.ProcessGroupGloo(store, rank, world, timeout)
 
         def reduce(t, op):
-            """All-reduce t in place. NCCL reduces device tensors only, so CPU metric sums go over
-            to the device and back."""
+            """All-reduce t in place over the learner group. NCCL reduces device tensors only, so
+            CPU metric sums go over to the device and back."""
             x = t.to(dev)
-            dist.all_reduce(x, op=getattr(dist.ReduceOp, op.upper()))
+            options = dist.AllreduceOptions()
+            options.reduceOp = getattr(dist.ReduceOp, op.upper())
+            group.allreduce([x], options).wait()
             return t.copy_(x)
 
         self.dp = {"rank": rank, "world": world, "reduce": reduce}
@@ -421,8 +422,13 @@ class Worker:
             "spans": [_span(self.name, "get_weights", t0, self.version - 1)],
         }
 
-    def sync(self):
-        """Colocated: the policy into this actor's own engine, an in-process copy (no transport)."""
+    def sync(self, version):
+        """Colocated: the policy into this actor's own engine, an in-process copy (no transport).
+        Every colocated learner must hold `version`: their engines then sample one policy."""
+        common.check(
+            version == self.version,
+            f"{self.name}: push of version {version}, but its learner holds {self.version}",
+        )
         weights = self.learner["policy"].state_dict()
         return self.set_weights({"weights": weights, "spans": []}, self.version)
 
@@ -553,13 +559,31 @@ def _error(ref):
         return e
 
 
+def actor_specs(args):
+    """(name, generator, learner) of each actor, in bundle order. Colocated, actor i is generator i
+    and learner i for i < min(N, M) (an engine and a learner shard per device); the generators
+    and learners left over get an actor each."""
+    N = args.num_generators
+    M = args.num_learners
+    both = 0  # actors with both roles
+    if args.placement == "colocated":
+        both = min(N, M)
+    specs = []
+    for i in range(both):
+        specs.append((f"colocated {i}", True, True))
+    for i in range(both, N):
+        specs.append((f"generator {i}", True, False))
+    for r in range(both, M):
+        specs.append((f"learner {r}", False, True))
+    return specs
+
+
 def build_actors(args):
-    """{"generator": N handles, "learner": M handles, "all", "names", "pg"}: one placement-group
-    bundle per actor, engines and policies loaded, the learner group joined. Colocated: generator 0
-    is learner 0."""
+    """{"generator": N handles, "learner": M handles, "colocated", "all", "names", "pg"}: one
+    placement-group bundle per actor (actor_specs), engines and policies loaded, the learner group
+    joined. Colocated: the first min(N, M) actors ("colocated") are generator i and learner i."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy as InGroup
 
-    N = args.num_generators
     M = args.num_learners
     gpus = args.gpus_per_actor
     if gpus is None:  # default: one GPU per actor on a cluster that has GPUs
@@ -567,17 +591,7 @@ def build_actors(args):
         if ray.cluster_resources().get("GPU", 0) > 0:
             gpus = 1.0
 
-    # (name, generator, learner) of each actor; colocated, actor 0 is generator 0 and learner 0
-    specs = []
-    first = 0  # the index of the first actor with one role only
-    if args.placement == "colocated":
-        specs.append(("colocated", True, True))
-        first = 1
-    for i in range(first, N):
-        specs.append((f"generator {i}", True, False))
-    for r in range(first, M):
-        specs.append((f"learner {r}", False, True))
-
+    specs = actor_specs(args)
     bundle = {"CPU": args.cpus_per_actor}
     if gpus:
         bundle["GPU"] = gpus
@@ -591,16 +605,16 @@ def build_actors(args):
             num_cpus=args.cpus_per_actor, num_gpus=gpus, scheduling_strategy=InGroup(pg, i)
         )
         handles.append(options.remote(args, *spec))
-    names = {}  # actor id -> its name, for error messages
-    for handle, spec in zip(handles, specs):
-        names[handle._actor_id.hex()] = spec[0]
-    actors = {
-        "generator": handles[:N],
-        "learner": handles[:first] + handles[N:],
-        "all": handles,
-        "pg": pg,
-        "names": names,
-    }
+    actors = {"generator": [], "learner": [], "colocated": [], "all": handles, "pg": pg}
+    actors["names"] = {}  # actor id -> its name, for error messages
+    for handle, (name, generator, learner) in zip(handles, specs):
+        actors["names"][handle._actor_id.hex()] = name
+        if generator:
+            actors["generator"].append(handle)
+        if learner:
+            actors["learner"].append(handle)
+        if generator and learner:
+            actors["colocated"].append(handle)
     ready = [a.__ray_ready__.remote() for a in handles]
     get(ready, "actor start-up (engine / policy load)", args, actors)
     if M > 1:  # the data-parallel group: rank 0 picks the rendezvous, all M join it at once
@@ -659,14 +673,15 @@ def join_shards(shards):
 
 
 def _push(actors, version, transport):
-    """Version `version` into every engine (refs): the colocated one in-process, the others from
-    ONE put of learner 0's weights."""
+    """Version `version` into every engine (refs): each colocated one in-process from the learner
+    beside it (the learners are in lockstep: the same weights), the others from ONE put of learner
+    0's weights."""
     lead = actors["learner"][0]
-    gens = actors["generator"]
+    colocated = actors["colocated"]
     syncs = []
-    if gens[0] is lead:
-        syncs.append(lead.sync.remote())
-    others = [g for g in gens if g is not lead]
+    for a in colocated:
+        syncs.append(a.sync.remote(version))
+    others = actors["generator"][len(colocated) :]
     if others:
         weights = lead.get_weights.options(**transport).remote(clone=bool(transport))
         for g in others:

@@ -8,6 +8,7 @@ object.
 Every mode processes the same samples (--steps rollout batches of --rollout-batch-size). Actors are
 built once per actor layout and reset between modes; wall time starts after the initial eval (warm
 engines). Modes: colocated-k1 (on-policy), colocated-k4 (4 GRPO-Clip steps per sync),
+colocated-k1-N2M2 (colocated x 2: two actors, each a vLLM engine and a data-parallel learner shard),
 disaggregated-sync, disaggregated-async-s1, and --scale's NxM points (disaggregated-async-s1 with N
 engines and M learners). device_s = wall x actors.
 
@@ -52,6 +53,7 @@ SIZES = {
 MODES = {
     "colocated-k1": ["--placement", "colocated"],
     "colocated-k4": ["--placement", "colocated", "--steps-per-rollout", "4"],
+    "colocated-k1-N2M2": "--placement colocated --num-generators 2 --num-learners 2".split(),
     "disaggregated-sync": ["--placement", "disaggregated"],
     "disaggregated-async-s1": ["--placement", "disaggregated", "--async", "--max-staleness", "1"],
 }

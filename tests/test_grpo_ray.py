@@ -1,8 +1,10 @@
 """grpo_ray.py on a real local Ray cluster (CPU, the tiny model, a keyword task built here).
 
 Covers:
-- colocated k=1 (with KL monitoring) and k=2 (stale batches take pi_old from the engine of version
-  v), then --resume, with a second (vLLM) generator fed by the same pushes;
+- colocated x 2 on vLLM (two actors, each an engine and a learner shard): k=1 (with KL monitoring)
+  and k=2 (stale batches take pi_old from the engine of version v), then --resume; each engine
+  takes its own learner's weights, the M = 2 gradient equals one learner's on the same batch;
+- the actor layouts of every placement (colocated: actor i is generator i and learner i);
 - disaggregated sync and async (vLLM generator, object store; async with TIS, the mismatch split
   into kernel and staleness parts), and async over Ray Direct Transport (gloo, HF engine);
 - engine and learner weights equal after the final sync; both trainers log grpo.py's keys; the
@@ -10,7 +12,7 @@ Covers:
   ends the run with a clear error naming it;
 - scale-out (HF engines): 2 generators x 2 data-parallel learners, async: shards joined in order at
   one version per step, one weight put per version, the M = 2 gradient equal to one learner's on
-  the same batch, --resume, a dead learner named;
+  the same batch, --resume, a dead learner named; the CLI colocated x 2 with a third generator;
 - join_shards only concatenates, and grpo.summarize of the joined shards equals that of the whole
   batch for every train/ key (no Ray needed); runtime.json holds each actor's runtime record.
 
@@ -182,6 +184,34 @@ def gradient(worker, gen, mode="group", **flags):
     return torch.cat(grads), history
 
 
+def assert_gradient_is_one_learners(learners, ref):
+    """The 2 learners' all-reduced gradient equals one learner's on the same joined batch (`ref`,
+    its advantages non-zero), unclipped (a factor M would hide behind the clip), with the seed's
+    norm and with DAPO's (the whole step's token count across shards); grpo_clip: the sharded
+    no-grad pi_old pass is in it too. And each learner really ran only its half: the two local
+    losses are parts of the whole."""
+    for flags in ({}, {"length_norm": "token"}):
+        in_group = [x.__ray_call__.remote(gradient, ref, **flags) for x in learners]
+        (g_a, h_a), (g_b, h_b) = ray.get(in_group, timeout=120)
+        alone = learners[0].__ray_call__.remote(gradient, ref, "alone", **flags)
+        g_1, h_1 = ray.get(alone, timeout=120)
+        assert torch.equal(g_a, g_b)
+        assert g_1.norm() > 0
+        assert ((g_a - g_1).norm() / g_1.norm()).item() <= 1e-6, (
+            f"M = 2 gradient differs from one learner's {flags}"
+        )
+        for k in ("train/loss", "train/grad_norm"):
+            expected = pytest.approx([h[k] for h in h_1], rel=1e-6)
+            assert [h[k] for h in h_a] == expected, (k, flags)
+        parts = []
+        for x in learners:
+            local = x.__ray_call__.remote(gradient, ref, "local", **flags)
+            _, history = ray.get(local, timeout=120)
+            parts.append(history[0]["train/loss"])
+        assert sum(parts) == pytest.approx(h_1[0]["train/loss"], rel=1e-5, abs=1e-7)
+        assert min(abs(p) for p in parts) > 0
+
+
 def test_eval_and_save_fall_on_the_first_push_past_each_multiple():
     # k = 4, --eval-every 10
     assert [v for v in range(4, 41, 4) if grpo_ray.due(10, v, 4)] == [12, 20, 32, 40]
@@ -198,7 +228,6 @@ BAD_MODES = [
     ("--placement disaggregated --async --loss no_baseline", "grpo_clip"),
     ("--placement disaggregated --weight-sync gloo", "engine hf"),
     ("--placement disaggregated --async --max-staleness 0", "integer > 0"),
-    ("--num-learners 2", "--placement disaggregated"),  # vLLM owns torch.distributed
     (
         "--placement disaggregated --engine hf --weight-sync gloo --num-generators 2",
         "object_store",
@@ -214,6 +243,35 @@ def test_parse_args_rejects_bad_modes(make_args, capsys):
             make_args(*flags.split())
         err = capsys.readouterr().err
         assert err.startswith("error:") and msg in err, (flags, err)
+
+
+# (flags, the actors' names in bundle order); the vLLM engine unless --engine hf
+LAYOUTS = [
+    ("", ["colocated 0"]),
+    ("--num-generators 2", ["colocated 0", "generator 1"]),
+    ("--num-learners 2", ["colocated 0", "learner 1"]),  # was refused with vLLM (issue 27)
+    ("--num-generators 2 --num-learners 2", ["colocated 0", "colocated 1"]),
+    ("--placement disaggregated", ["generator 0", "learner 0"]),
+    (
+        "--placement disaggregated --num-generators 2 --num-learners 2",
+        ["generator 0", "generator 1", "learner 0", "learner 1"],
+    ),
+]
+
+
+@pytest.mark.parametrize("flags,names", LAYOUTS)
+def test_actor_layouts(make_args, flags, names):
+    """Colocated, actor i is generator i and learner i for i < min(N, M), the rest one role each;
+    --devices counts the actors; any M with the vLLM engine (the learner group is not
+    torch.distributed's default group, which the engine owns)."""
+    args = make_args(*flags.split())
+    specs = grpo_ray.actor_specs(args)
+    assert [name for name, _, _ in specs] == names
+    assert args.devices == len(names)
+    assert sum(generator for _, generator, _ in specs) == args.num_generators
+    assert sum(learner for _, _, learner in specs) == args.num_learners
+    for name, generator, learner in specs:
+        assert (generator and learner) == name.startswith("colocated"), name
 
 
 # A step's scored groups (G = 4) for the shard tests: (answer rewards, format rewards) of each.
@@ -380,11 +438,17 @@ def test_bounded_get_names_the_phase(cluster):
 
 @requires_vllm
 def test_colocated_on_policy_then_k_steps(cluster, make_args):
+    """Colocated x 2 learners on the vLLM engine (issue 27): two actors, each an engine and a
+    learner shard taking turns. Both engines take the same version from the learner beside them
+    (no put), each samples its shard, the learners train the joined batch in lockstep with one
+    learner's gradient; then k = 2 and --resume on the same actors."""
     # seed 1: batch 0 has a signal
-    args = make_args("--kl-every", "1", "--num-generators", "2", "--seed", "1")
+    flags = "--kl-every 1 --num-generators 2 --num-learners 2 --seed 1"
+    args = make_args(*flags.split())
     actors = grpo_ray.build_actors(args)
     try:
         summary = grpo_ray.run(args, actors)
+        assert summary["mode"] == "colocated-k1-N2M2"
         rows = logged_steps(args)
         assert [r["step"] for r in rows] == [0, 1, 2]
         assert summary["lags"] == [0, 0, 0]
@@ -404,20 +468,32 @@ def test_colocated_on_policy_then_k_steps(cluster, make_args):
         assert summary["samples"] == 24
         assert summary["samples_per_s"] > 0
         assert {"generate", "score", "train", "weight_sync"} <= set(summary["phase_mean_s"])
-        generated = set()
-        for s in read(args, "timeline.json"):
-            if s["phase"] == "generate":
-                generated.add((s["actor"], s["step"]))
-        assert generated == {(a, t) for a in ("colocated", "generator 1") for t in range(3)}
+        timeline = read(args, "timeline.json")
+        by = {}  # phase -> sorted (actor, step) of its spans
+        for phase in ("generate", "train", "weight_sync", "get_weights"):
+            by[phase] = sorted((s["actor"], s["step"]) for s in timeline if s["phase"] == phase)
+        both = [(f"colocated {i}", t) for i in range(2) for t in range(3)]
+        assert by["generate"] == by["train"] == by["weight_sync"] == both
+        assert by["get_weights"] == [], "a colocated engine copies its own learner's weights"
         assert os.path.getsize(os.path.join(args.out, "timeline.png")) > 0
         assert os.path.exists(os.path.join(args.out, "checkpoint", "model.safetensors"))
-        # the colocated engine synced by an in-process copy, generator 1 from the put
+        # the learners in lockstep, and each engine holds the saved policy (learner 0's)
+        w0, w1 = ray.get([a.get_weights.remote() for a in actors["learner"]])
+        assert all(torch.equal(w0["weights"][k], w1["weights"][k]) for k in w0["weights"]), (
+            "learners out of lockstep"
+        )
         for gen in actors["generator"]:
             assert_synced(gen, args)
+        # the gradient of the two colocated learners equals one learner's on the joined batch
+        generating = [g.generate.remote(7, (i, 2)) for i, g in enumerate(actors["generator"])]
+        joined = grpo_ray.join_shards(ray.get(generating, timeout=120))
+        joined["batch"]["advantages"] = torch.linspace(-1.0, 1.0, len(joined["batch"]["raw"]))
+        assert_gradient_is_one_learners(actors["learner"], ray.put(joined))
 
         # Problem 7 B: k=2 batches from version v, the second one stale (pi_old = the engine's,
         # version v)
-        flags = "--steps-per-rollout 2 --loss grpo_clip --n-grpo-steps 4 --num-generators 2"
+        flags = "--steps-per-rollout 2 --loss grpo_clip --n-grpo-steps 4"
+        flags += " --num-generators 2 --num-learners 2"
         args = start(actors, make_args(*flags.split()))
         summary = grpo_ray.run(args, actors)
         assert summary["lags"] == [0, 1, 0, 1]
@@ -428,6 +504,7 @@ def test_colocated_on_policy_then_k_steps(cluster, make_args):
         # --resume: the run's flags and checkpoint, two more batches, rows of earlier steps kept
         resumed = start(actors, grpo_ray.parse_args(["--resume", args.out, "--n-grpo-steps", "6"]))
         assert resumed.steps_per_rollout == 2
+        assert (resumed.num_generators, resumed.num_learners) == (2, 2)
         assert resumed.lr == args.lr
         assert resumed.out == args.out
         summary = grpo_ray.run(resumed, actors)
@@ -640,15 +717,16 @@ def cli_command(args, out, *flags):
 
 def test_cli_smoke_joins_the_cluster(cluster, make_args, tmp_path):
     """The script end to end as a subprocess, joining this module's cluster through --address:
-    colocated with a second generator and a second learner (the colocated actor is generator 0 and
-    learner rank 0; HF engine)."""
-    flags = ["--n-grpo-steps", "2", "--num-generators", "2", "--num-learners", "2"]
+    colocated x 2 learners with a third generator (HF engine; 3 prompts a step): the two colocated
+    engines copy their own learner's weights, generator 2 reads learner 0's put."""
+    flags = ["--n-grpo-steps", "2", "--num-generators", "3", "--num-learners", "2"]
+    flags += ["--rollout-batch-size", "12", "--train-batch-size", "12"]
     flags += ["--placement-strategy", "spread"]
     cmd = cli_command(make_args(), tmp_path / "cli", *flags)
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert summary["mode"] == "colocated-k1-N2M2"
+    assert summary["mode"] == "colocated-k1-N3M2"
     assert summary["steps"] == 2
     assert summary["devices"] == 3
     outputs = ["summary.json", "timeline.png", "metrics.jsonl", "checkpoint", "dashboard.png"]
@@ -656,6 +734,14 @@ def test_cli_smoke_joins_the_cluster(cluster, make_args, tmp_path):
         assert os.path.exists(tmp_path / "cli" / name), name
     with open(tmp_path / "cli" / "runtime.json") as f:
         assert len(json.load(f)) == summary["devices"]  # one record per actor
+    with open(tmp_path / "cli" / "timeline.json") as f:
+        timeline = json.load(f)
+    by = {}  # phase -> the actors of its spans
+    for phase in ("generate", "train", "weight_sync", "get_weights"):
+        by[phase] = {s["actor"] for s in timeline if s["phase"] == phase}
+    assert by["generate"] == by["weight_sync"] == {"colocated 0", "colocated 1", "generator 2"}
+    assert by["train"] == {"colocated 0", "colocated 1"}
+    assert by["get_weights"] == {"colocated 0"}, "one put per version, for generator 2"
 
 
 def wait_for_step(out, step, proc, timeout=300):
@@ -765,7 +851,7 @@ def test_cli_killed_learner_is_one_line(cluster, make_args, tmp_path):
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, stderr[-3000:]
     last = stderr.strip().splitlines()[-1]
-    assert last.startswith("error: grpo_ray: colocated died during "), stderr[-3000:]
+    assert last.startswith("error: grpo_ray: colocated 0 died during "), stderr[-3000:]
     assert f"--resume {out} continues" in last
 
 
@@ -835,34 +921,10 @@ def test_generators_and_learners_scale_out(cluster, make_args):
         drawn = rng.sample(grpo.load_data(args)[0], args.n_prompts_per_rollout_batch)
         assert joined["batch"]["prompts"] == [r["prompt"] for r in drawn for _ in range(G)]
 
-        # gradient: the group's all-reduced gradient equals one learner's on the same batch,
-        # unclipped (a factor M would hide behind the clip), with the seed's norm and with DAPO's
-        # (the whole step's token count across shards); advantages forced non-zero; grpo_clip: the
-        # sharded no-grad pi_old pass is in it too
+        # gradient: the group's all-reduced gradient equals one learner's on the same batch
         joined["batch"]["advantages"] = torch.linspace(-1.0, 1.0, len(joined["batch"]["raw"]))
         ref = ray.put(joined)
-        for flags in ({}, {"length_norm": "token"}):
-            in_group = [x.__ray_call__.remote(gradient, ref, **flags) for x in actors["learner"]]
-            (g_a, h_a), (g_b, h_b) = ray.get(in_group, timeout=120)
-            alone = actors["learner"][0].__ray_call__.remote(gradient, ref, "alone", **flags)
-            g_1, h_1 = ray.get(alone, timeout=120)
-            assert torch.equal(g_a, g_b)
-            assert g_1.norm() > 0
-            assert ((g_a - g_1).norm() / g_1.norm()).item() <= 1e-6, (
-                f"M = 2 gradient differs from one learner's {flags}"
-            )
-            for k in ("train/loss", "train/grad_norm"):
-                expected = pytest.approx([h[k] for h in h_1], rel=1e-6)
-                assert [h[k] for h in h_a] == expected, (k, flags)
-            # ... and each learner really ran only its half: the two local losses are parts of
-            # the whole
-            parts = []
-            for x in actors["learner"]:
-                local = x.__ray_call__.remote(gradient, ref, "local", **flags)
-                _, history = ray.get(local, timeout=120)
-                parts.append(history[0]["train/loss"])
-            assert sum(parts) == pytest.approx(h_1[0]["train/loss"], rel=1e-5, abs=1e-7)
-            assert min(abs(p) for p in parts) > 0
+        assert_gradient_is_one_learners(actors["learner"], ref)
 
         # --resume: the run's flags (N, M included) and checkpoint, on the same actors
         resumed = start(actors, grpo_ray.parse_args(["--resume", args.out, "--n-grpo-steps", "5"]))
