@@ -32,10 +32,11 @@ mismatch together; timestamps are each actor's own clock.
 
   python grpo_ray.py --placement colocated --steps-per-rollout 4 --loss grpo_clip     # Problem 7 B
   python grpo_ray.py --placement disaggregated --async --loss grpo_clip                # Problem 8
-  python grpo_ray.py --address auto --model Qwen/Qwen2.5-Math-1.5B --placement disaggregated \\
-      --async --loss grpo_clip --num-generators 6 --num-learners 2    # 8 GPUs, on any nodes
-  python grpo_ray.py --address auto --model Qwen/Qwen2.5-Math-1.5B --placement colocated \\
-      --num-generators 8 --num-learners 8                            # 8 GPUs, engine + learner each
+  python grpo_ray.py --address auto --model Qwen/Qwen2.5-Math-1.5B-Instruct \\
+      --placement disaggregated --async --loss grpo_clip \\
+      --num-generators 6 --num-learners 2                            # 8 GPUs, on any nodes
+  python grpo_ray.py --address auto --model Qwen/Qwen2.5-Math-1.5B-Instruct \\
+      --placement colocated --num-generators 8 --num-learners 8      # 8 GPUs, engine + learner each
 """
 
 import datetime
