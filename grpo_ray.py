@@ -271,6 +271,8 @@ class Worker:
         """(Re)start a run on this actor: flags, data, start weights and version (the tests and the
         bench reuse actors across runs)."""
         self.args = args
+        # when this actor's last call ended: an RDT weight_sync span starts no earlier
+        self.free_at = time.time()
         torch.manual_seed(args.seed)
         # inside the actor: Ray has set CUDA_VISIBLE_DEVICES to its own GPU(s)
         self.runtime = grpo.setup_runtime(args)
@@ -304,6 +306,7 @@ class Worker:
             _span(self.name, "generate", t0, step, t_gen),
             _span(self.name, "score", t_gen, step),
         ]
+        self.free_at = spans[-1]["t1"]
         return {
             "step": step,
             "version": self.engine_version,
@@ -313,14 +316,32 @@ class Worker:
         }
 
     def set_weights(self, pushed, version):
-        """Load a pushed state dict (Ray resolved it from the object store or by an RDT transfer)
-        into the engine."""
-        t0 = time.time()
+        """Load a version pushed by learner 0 into the engine. Its weight_sync span
+        (time/weight_sync) holds the transfer and the load; the learner's copy is its own
+        get_weights span.
+        pushed: [ref] to learner 0's put (object store): wrapped in a list, so Ray leaves the fetch
+        and deserialisation to this call, timed once the put exists. Or the state dict itself (Ray
+        Direct Transport): Ray starts the receive in a thread of its own when the push is submitted
+        and ends it before this call starts (ray.get refuses gloo / nccl refs, and an RDT ref cannot
+        travel inside a list), so the span starts when the engine was free and the learner's copy
+        existed (the learner's clock): it holds the part of the receive the engine waited for."""
+        if isinstance(pushed, list):
+            ray.wait(pushed, fetch_local=False)  # learner 0's copy exists (nothing fetched yet)
+            t0 = time.time()
+            pushed = ray.get(pushed[0])
+        else:
+            made = pushed["spans"][0]["t1"]  # the end of learner 0's get_weights span
+            t0 = max(self.free_at, made)
+        return self._load(pushed, version, t0)
+
+    def _load(self, pushed, version, t0):
+        """The pushed state dict into the engine; the weight_sync span runs from t0 to now."""
         # rollout.load_policy_into_vllm takes a state dict
         rollout.load_policy_into_vllm(pushed["weights"], self.engine)
         self.engine_version = version
-        spans = pushed["spans"] + [_span(self.name, "weight_sync", t0, version - 1)]
-        return {"version": version, "spans": spans}
+        sync = _span(self.name, "weight_sync", t0, version - 1)
+        self.free_at = sync["t1"]
+        return {"version": version, "spans": pushed["spans"] + [sync]}
 
     def evaluate(self, version):
         """Greedy validation with the engine, which must hold `version`."""
@@ -333,11 +354,13 @@ class Worker:
         metrics, samples = common.greedy_eval(
             self.engine, self.val_rows, a.reward, a.max_tokens, a.min_tokens, a.grader_workers
         )
+        span = _span(self.name, "eval", t0, version)
+        self.free_at = span["t1"]
         return {
             "version": version,
             "metrics": metrics,
             "samples": samples[:16],
-            "spans": [_span(self.name, "eval", t0, version)],
+            "spans": [span],
         }
 
     def dp_address(self):
@@ -430,8 +453,9 @@ class Worker:
             version == self.version,
             f"{self.name}: push of version {version}, but its learner holds {self.version}",
         )
+        t0 = time.time()  # the weight_sync span: the copy
         weights = self.learner["policy"].state_dict()
-        return self.set_weights({"weights": weights, "spans": []}, self.version)
+        return self._load({"weights": weights, "spans": []}, self.version, t0)
 
 
 # ----------------------------------------------------------------------------- driver
@@ -686,7 +710,10 @@ def _push(actors, version, transport):
     if others:
         weights = lead.get_weights.options(**transport).remote(clone=bool(transport))
         for g in others:
-            syncs.append(g.set_weights.remote(weights, version))
+            if transport:  # RDT: Ray moves the tensors before set_weights starts
+                syncs.append(g.set_weights.remote(weights, version))
+            else:  # in a list: set_weights fetches it inside its timed span
+                syncs.append(g.set_weights.remote([weights], version))
     return syncs
 
 

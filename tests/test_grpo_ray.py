@@ -13,6 +13,8 @@ Covers:
 - scale-out (HF engines): 2 generators x 2 data-parallel learners, async: shards joined in order at
   one version per step, one weight put per version, the M = 2 gradient equal to one learner's on
   the same batch, --resume, a dead learner named; the CLI colocated x 2 with a third generator;
+- time/weight_sync holds the transfer: a push slow to deserialise (object store) lengthens the
+  span by as much; over RDT the span starts when the learner's copy exists (the engine idle);
 - join_shards only concatenates, and grpo.summarize of the joined shards equals that of the whole
   batch for every train/ key (no Ray needed); runtime.json holds each actor's runtime record.
 
@@ -637,6 +639,56 @@ def test_ctrl_c_saves_the_logged_steps_and_resume_continues(disaggregated, make_
     assert_synced(disaggregated["generator"][0], resumed)
 
 
+def slow_to_load(seconds):
+    """Ballast's unpickler: it sleeps, as a slow transfer would."""
+    time.sleep(seconds)
+    return seconds
+
+
+class Ballast:
+    """An object that takes `seconds` to deserialise: a transfer this single node cannot make slow
+    (one shared-memory object store)."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def __reduce__(self):
+        return (slow_to_load, (self.seconds,))
+
+
+@ray.remote(num_cpus=0)
+class SlowLearner:
+    """Stands in for learner 0 in grpo_ray._push: its get_weights returns real weights plus ballast
+    that takes `seconds` to deserialise."""
+
+    def __init__(self, pushed, seconds):
+        self.pushed = pushed
+        self.seconds = seconds
+
+    def get_weights(self, clone=False):
+        return dict(self.pushed, ballast=Ballast(self.seconds))
+
+
+@requires_vllm
+def test_weight_sync_times_the_transfer(disaggregated, make_args):
+    """time/weight_sync (the generator's weight_sync span) holds the fetch and deserialisation of
+    an object-store push, not only the load: a push that takes 1 s to deserialise gives a span of
+    at least 1 s (Ray resolved the ref before set_weights started: the span was the load alone)."""
+    args = make_args("--placement", "disaggregated")
+    pushed = ray.get(disaggregated["learner"][0].get_weights.remote(), timeout=60)
+    slow = SlowLearner.remote(pushed, 1.0)
+    actors = dict(disaggregated, learner=[slow])
+    t0 = time.time()
+    try:
+        (out,) = grpo_ray.get(grpo_ray._push(actors, 0, {}), "probe", args)
+    finally:
+        ray.kill(slow)
+    (sync,) = [s for s in out["spans"] if s["phase"] == "weight_sync"]
+    assert sync["t1"] - sync["t0"] >= 1.0, "time/weight_sync left the transfer out"
+    assert sync["t0"] >= t0
+    assert out["version"] == 0
+
+
 @requires_vllm
 def test_killed_generator_raises_not_hangs(disaggregated, make_args):
     # the last user of `disaggregated`: it kills its generator
@@ -694,6 +746,13 @@ def test_async_over_ray_direct_transport_gloo(cluster, make_args):
                 assert record["policy_device"] == record["vllm_device"] == "cpu", name
                 assert record["param_dtype"] == driver["param_dtype"], name
         assert_synced(actors["generator"][0], args)
+        # time/weight_sync over RDT: Ray receives before set_weights starts, so the span starts
+        # when the engine is free (here: idle) and the learner's copy exists; it holds the receive
+        version = args.n_grpo_steps
+        (out,) = ray.get(grpo_ray._push(actors, version, {"tensor_transport": "gloo"}), timeout=60)
+        copy_span, sync = out["spans"]
+        assert (copy_span["phase"], sync["phase"]) == ("get_weights", "weight_sync")
+        assert sync["t0"] == copy_span["t1"], "the RDT receive left out of time/weight_sync"
         learner = actors["learner"][0]
         pushed = learner.get_weights.options(tensor_transport="gloo").remote(clone=True)
         probe = actors["generator"][0].__ray_call__.remote(received_bytes, pushed)
