@@ -8,6 +8,7 @@ run's, refused bad input.
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -166,3 +167,28 @@ def test_bad_input_is_one_line_before_loading(tmp_path):
     flags = ["--train-path", str(path), "--ei-batch-size", "4", "--out", str(tmp_path / "o")]
     proc = run_ei(flags + ["--engine", "hf"], check=False)
     one_line_error(proc, "--ei-batch-size 4")
+
+
+def test_sigterm_saves_the_steps_done(tmp_path, monkeypatch, sigterm, capsys):
+    """SIGTERM during step 1's rollout, with the demo's --save-every 0: step 0 is saved (weights,
+    optimizer, counters) and the run exits 143."""
+    flags = TINY_FLAGS + ["--max-tokens", "8", "--n-ei-steps", "3", "--out", str(tmp_path)]
+    real = ei.sample
+
+    def sample(engine, train_rows, args, step):
+        if step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(engine, train_rows, args, step)
+
+    monkeypatch.setattr(ei, "sample", sample)
+    with pytest.raises(SystemExit) as exit_:
+        ei.main(ei.parse_args(flags))
+    assert exit_.value.code == 143
+    assert "SIGTERM: saving checkpoint" in capsys.readouterr().out
+    with open(tmp_path / "checkpoint" / "state.json") as f:
+        state = json.load(f)
+    rows = step_rows(metrics(tmp_path))
+    assert state["step"] == 1
+    assert [r["step"] for r in rows] == [0]
+    assert state["opt_step"] == rows[-1]["opt_step"]
+    assert os.path.isfile(tmp_path / "checkpoint" / "optimizer.pt")
