@@ -1,8 +1,9 @@
 """One dashboard figure per run, drawn from its metrics.jsonl; several runs overlay in the same
 layout (sweeps).
 
-grpo.py, grpo_ray.py and sft.py call plot_runs([run], os.path.join(run, "dashboard.png")) at the
-end of a run (and on Ctrl-C). To compare runs (one colour per run, named in the header):
+grpo.py, grpo_ray.py, sft.py and expert_iteration.py call plot_runs([run], os.path.join(run,
+"dashboard.png")) at the end of a run (and on Ctrl-C). To compare runs (one colour per run, named
+in the header):
 
   python plot.py runs/lr1e-5 runs/lr3e-5 runs/lr1e-4 --out plots/lr_sweep.png
   python plot.py runs/on runs/off --x time/wall --out plots/off_policy.png  # against wall seconds
@@ -34,10 +35,15 @@ from common import Parser, check, read_metrics
 # (title, keys, keys on a right-hand y axis): a line style per key; eval/ keys get markers
 PANELS = [
     ("validation (greedy)", ["eval/accuracy", "eval/format_reward"], []),
-    ("train reward", ["train/reward", "train/format_reward", "train/answer_reward"], []),
+    (
+        "train reward",
+        ["train/reward", "train/format_reward", "train/answer_reward", "train/kept_frac"],
+        [],
+    ),
     ("loss", ["train/loss", "train/nll_per_token"], []),
     ("grad norm (before clipping)", ["train/grad_norm"], []),
-    ("token entropy", ["train/entropy"], []),
+    # expert_iteration.py: over all sampled responses (train/entropy, as grpo.py's) and the kept
+    ("token entropy", ["train/entropy", "train/entropy_kept"], []),
     ("KL to reference / previous policy", ["train/kl_ref", "train/kl_prev"], []),
     # engine-vs-trainer KLs are orders of magnitude below kl_ref: their own panel, or they read as 0
     (
@@ -57,6 +63,7 @@ PHASES = {
     "time/generation": "tab:blue",
     "time/grading": "tab:cyan",
     "time/old_log_probs": "tab:olive",
+    "time/entropy": "tab:olive",  # expert_iteration.py's no-grad pass
     "time/training": "tab:red",
     "time/step": "tab:red",
     "time/weight_sync": "tab:green",

@@ -21,7 +21,14 @@ import pytest
 from conftest import ROOT
 
 README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-DRY_RUN = {"eval_zero_shot.py", "best_of_n.py", "sft.py", "grpo.py", "grpo_ray.py"}
+DRY_RUN = {
+    "eval_zero_shot.py",
+    "best_of_n.py",
+    "sft.py",
+    "grpo.py",
+    "grpo_ray.py",
+    "expert_iteration.py",
+}
 DATA_FLAGS = ("--data", "--train-path", "--val-path", "--eval-path")
 
 
@@ -210,6 +217,19 @@ def expect_sft(cfg, given):
     return out
 
 
+def expect_ei(cfg, given):
+    """The expert-iteration table's column for the run's profile (demo or hub), every flag the
+    command leaves open."""
+    header, *rows = table("settings:expert_iteration")
+    col = header.index(cfg["profile"])
+    out = {}
+    for row in rows:
+        dest = re.search(r"`--([a-z-]+)`", row[1]).group(1).replace("-", "_")
+        if dest not in given:
+            out[dest] = value(row[col])
+    return out
+
+
 def check_tables(label, script, cfg, given):
     """An effective configuration agrees with the README's settings tables on every flag `given`
     leaves open."""
@@ -217,6 +237,8 @@ def check_tables(label, script, cfg, given):
         expected = expect_grpo(cfg, given)
     elif script == "sft.py":
         expected = expect_sft(cfg, given)
+    elif script == "expert_iteration.py":
+        expected = expect_ei(cfg, given)
     else:
         expected = expect_eval(cfg, given)
     for k, v in expected.items():
@@ -249,6 +271,7 @@ SEED_MODELS = {
     ("001", "eval_zero_shot.py"): "Qwen/Qwen3-0.6B",
     ("001", "best_of_n.py"): "Qwen/Qwen3-0.6B",
     ("001", "grpo.py"): "Qwen/Qwen3-0.6B",
+    ("001", "expert_iteration.py"): "Qwen/Qwen3-0.6B",
     ("002", "eval_zero_shot.py"): "Qwen/Qwen3-1.7B",
     ("002", "grpo.py"): "Qwen/Qwen3-1.7B",
 }
@@ -336,6 +359,12 @@ TINY = {
     "grpo_ray.py": ["--n-grpo-steps", "4", "--timeout-s", "300"] + GRPO_TINY,
     "eval_zero_shot.py": "--limit 4 --max-tokens 12 --workers 1".split(),
     "best_of_n.py": "--limit 2 --n 4 --ns 1,2,4 --max-tokens 12 --workers 1".split(),
+    # 2 questions x 2 samples: a step that keeps nothing is a full step too
+    "expert_iteration.py": (
+        "--n-ei-steps 1 --ei-batch-size 2 --group-size 2 --batch-size 2 "
+        "--gradient-accumulation-steps 1 --max-tokens 12 --eval-n 2 --eval-every 0 "
+        "--grader-workers 0"
+    ).split(),
     "sft.py": (
         "--n-examples 4 --batch-size 2 --gradient-accumulation-steps 1 --steps 1 --eval-n 2 "
         "--eval-max-tokens 8 --eval-every 1"
@@ -377,6 +406,8 @@ STAND_INS = [
     (("Countdown zero-shot at 256/512/1024",), "hf", ["--max-tokens", "4,8,12"]),  # still a sweep
     (("Best-of-N at 1/4/8/16",), "hf", []),
     (("SFT, one size",), "hf", []),
+    (("embedded model, offline: expert iteration",), "hf", []),
+    (("GSM8K expert iteration",), "hf", []),
     (("embedded model from scratch",), "hf", ["--countdown-n", "32"]),
     (GRPO_COUNTDOWN_ROWS, "vllm", []),
     (GSM8K_ROWS, "hf", []),
@@ -488,6 +519,13 @@ def test_recipe_runs_end_to_end_on_a_stand_in(
 
     if hub and argv[0] in ("grpo.py", "grpo_ray.py"):  # the hub profile, trained
         assert cfg["profile"] == "hub"
+    if argv[0] == "expert_iteration.py":  # the profile of the model, and a step ran
+        profile = "demo"
+        if hub:
+            profile = "hub"
+        assert cfg["profile"] == profile
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            assert any("train/kept_frac" in json.loads(line) for line in f)
     if argv[0] in ("grpo.py", "grpo_ray.py"):
         with open(os.path.join(out, "metrics.jsonl")) as f:
             metrics = [json.loads(line) for line in f]
