@@ -14,7 +14,8 @@ in shard order, all at one policy version (checked), then summarised once by the
 object-store put that all N read. --num-learners M: a data-parallel group (torch.distributed, gloo
 on CPU / NCCL on GPU) where each trains 1/M of every optimizer step's rows and the gradients are
 all-reduced, so all M take one learner's step. Colocated, that actor is generator 0 and learner 0.
-The actors sit in one Ray placement group (--placement-strategy; --address auto joins a cluster). A
+The actors sit in one Ray placement group (--placement-strategy; --address auto joins a cluster);
+each applies grpo.py's --threads (default: Ray's OMP_NUM_THREADS = the actor's CPUs). A
 dead actor ends the run in one line naming it; Ctrl-C or SIGTERM saves the steps logged (exit 130 /
 143); --resume continues. --address fails in one line when no cluster answers within
 --connect-timeout-s.
@@ -539,9 +540,18 @@ def get(refs, what, args, actors=None):
         why = str(dead[0]).strip().splitlines()[-1]
         raise RayFailure(
             f"grpo_ray: {who} died during {what} ({type(dead[0]).__name__}: {why.strip()[:160]}); "
-            f"logs under {args.ray_tmp}/session_latest/logs; --resume {args.out} continues from "
-            "the last checkpoint"
+            f"logs under {logs_dir(args)}; --resume {args.out} continues from the last checkpoint"
         ) from e
+
+
+def logs_dir(args):
+    """Where the actors' logs are: the session's logs/ in the cluster's temp dir (--ray-tmp for a
+    cluster this driver started; a cluster joined with --address keeps its own, on each node)."""
+    context = ray.get_runtime_context()
+    path = os.path.join(context.get_temp_dir(), context.get_session_name(), "logs")
+    if args.address:
+        path += " on the actor's node"
+    return path
 
 
 def _error(ref):
