@@ -219,7 +219,12 @@ def test_a_run_saved_before_the_runtime_record_resumes(tiny_model_dir, tmp_path)
         restored = json.load(f)  # rewritten by the resumed run: its flags, no derived dtypes
     assert set(restored) == set(new_args)
     changed_by_the_resume = {"resume", "n_grpo_steps"}
-    for k in sorted(set(new_args) - changed_by_the_resume):
+    # flags added since the old run was saved (--threads): their defaults, and a notice says so
+    newer = set(new_args) - set(old_args)
+    for k in sorted(newer):
+        assert restored[k] == new_args[k], k
+        assert f"{k}={new_args[k]!r}" in resumed.stdout, k
+    for k in sorted(set(new_args) - changed_by_the_resume - newer):
         assert restored[k] == old_args[k], k
         assert old_args[k] == new_args[k] or old_args[k] == new_runtime.get(k), k
 
