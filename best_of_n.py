@@ -25,7 +25,8 @@ are of the sampled (temperature-scaled) distribution, as rollout.generate return
 the model's.
 
 Ctrl-C or SIGTERM (a scheduler's stop) exits 130 / 143 naming what was written: nothing until the
-samples are graded (one generation pass), then generations.jsonl, then best_of_n.json.
+samples are graded (one generation pass), then generations.jsonl, then best_of_n.json. --out is
+held for the run's life: a second run there is refused in one line naming the first.
 
 Examples:
   python best_of_n.py                              # embedded model, synthetic Countdown
@@ -52,6 +53,7 @@ from common import (
     positive_float,
     positive_int,
     probability,
+    set_threads,
     stop_exit_code,
     stop_name,
     stop_on_sigterm,
@@ -61,6 +63,7 @@ from eval_zero_shot import (
     add_data_flags,
     check_engine,
     check_out,
+    claim_out,
     default_max_tokens,
     describe,
     load_examples,
@@ -331,6 +334,12 @@ def parse_args(argv=None):
         default=min(8, os.cpu_count() or 1),
         help="grading processes",
     )
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="torch CPU threads (default: torch's, one per core); 1 on a busy shared machine",
+    )
     args = p.parse_args(argv)
     return resolve(args)
 
@@ -417,8 +426,10 @@ def main(argv=None):
         print(f"re-scoring {args.from_generations}", flush=True)
     else:
         print(describe(args), flush=True)
+        set_threads(args.threads)  # before the engine starts
     if args.dry_run:
         dry_run(args)
+    claim_out(args.out)  # held for this run's life: a second run there is refused
     written = []  # the files written so far, for a stop request's message
     try:
         score(args, written)

@@ -14,7 +14,8 @@
   resumable (`storage_error_line`).
 - The validation every trainer logs (`greedy_eval`), precision (fp32 master weights + bf16
   autocast, `resolve_precision`), the GPU share of a vLLM engine next to the policy
-  (`engine_share`), and a Ctrl-C that finishes the step before it stops (`finish_then_interrupt`).
+  (`engine_share`), the CPU threads (`set_threads`, --threads), and a Ctrl-C that finishes the
+  step before it stops (`finish_then_interrupt`).
 
 Not a script: the root scripts import it, e.g.
 
@@ -1116,6 +1117,37 @@ def autocast(device, compute_dtype):
     if compute_dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(str(device).split(":")[0], compute_dtype)
+
+
+# ----------------------------------------------------------------------------- CPU threads
+_TORCH_THREADS = {}  # "default": torch's own choice in this process, read before any change
+
+
+def set_threads(threads=None):
+    """Apply --threads: the torch (OpenMP) threads of everything this process computes, its rollout
+    engine included. None keeps torch's own choice (one per core, or $OMP_NUM_THREADS), so a run
+    without the flag computes exactly what it did before the flag existed. Prints the choice in
+    one line; returns the thread count.
+
+    Call it before the engine starts: a vLLM CPU engine replaces torch.set_num_threads with a
+    no-op when it starts (vllm/v1/worker/cpu_worker.py). torch._C's setter is the real one; the
+    in-process engine runs on this thread's pool, so it follows even a later call (a test, a
+    notebook or a reused Ray actor that starts a second run)."""
+    import torch
+
+    default = _TORCH_THREADS.setdefault("default", torch.get_num_threads())
+    want = default
+    how = "torch default; --threads N to change"
+    omp = os.environ.get("OMP_NUM_THREADS")
+    if omp:  # (a Ray actor's: Ray sets it to the actor's num_cpus)
+        how = f"torch default, from OMP_NUM_THREADS={omp}; --threads N to change"
+    if threads:
+        want = threads
+        how = "--threads"
+    if torch.get_num_threads() != want:
+        torch._C.set_num_threads(want)
+    print(f"threads: {want} ({how})", flush=True)
+    return torch.get_num_threads()
 
 
 # ----------------------------------------------------------------------------- Ctrl-C and SIGTERM

@@ -22,8 +22,9 @@ model's chat template, since a chat model's zero-shot numbers depend on it (Qwen
 off). --max-tokens takes a comma list and runs one generation pass per value on one engine
 (one summary row each); every row of generations.jsonl carries its max_tokens. --out is checked
 before any work, and existing results are kept unless --overwrite; --dry-run prints the effective
-configuration (one JSON line) and stops before anything loads. Ctrl-C or SIGTERM (a scheduler's
-stop) writes the examples graded so far (summary.json says where it stopped) and exits 130 / 143.
+configuration (one JSON line) and stops before anything loads. --out is held for the run's life (a
+second run there is refused). Ctrl-C or SIGTERM (a scheduler's stop) writes the examples graded so
+far (summary.json says where it stopped) and exits 130 / 143.
 
 Examples:
   python eval_zero_shot.py                      # embedded tiny model, synthetic Countdown
@@ -47,10 +48,12 @@ from common import (
     existing_file,
     fail,
     int_list,
+    lock_run_dir,
     nonneg_float,
     nonneg_int,
     positive_int,
     probability,
+    set_threads,
     stop_exit_code,
     stop_name,
     stop_on_sigterm,
@@ -173,6 +176,16 @@ def check_out(out, results, overwrite):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
         fail(f"--out {out}: cannot create or write it ({parent} is not a writable directory)")
+
+
+def claim_out(out):
+    """Hold --out for this run's life (common.lock_run_dir): a second run there is refused in one
+    line naming this one, instead of both writing the same files."""
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        fail(f"--out {out}: cannot create it ({e.strerror})")
+    lock_run_dir(out)
 
 
 def describe(args):
@@ -332,6 +345,12 @@ def parse_args(argv=None):
         default=min(8, os.cpu_count() or 1),
         help="grading processes",
     )
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="torch CPU threads (default: torch's, one per core); 1 on a busy shared machine",
+    )
     p.add_argument("--show", type=nonneg_int, default=3, help="examples printed per category")
     p.add_argument(
         "--chunk",
@@ -419,8 +438,10 @@ def main(argv=None):
     stop_on_sigterm()
     args = parse_args(argv)
     print(describe(args), flush=True)
+    set_threads(args.threads)  # before the engine starts
     if args.dry_run:
         dry_run(args)
+    claim_out(args.out)
     try:
         examples, stop = load_examples(args)
         prompts = [ex["prompt"] for ex in examples]

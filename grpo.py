@@ -396,6 +396,12 @@ def parse_args(argv=None):
         default=None,
         help="run each group's prompt once for its G responses (exact); default: on for CPU",
     )
+    g.add_argument(
+        "--threads",
+        type=common.positive_int,
+        default=None,
+        help="torch CPU threads (default: torch's, one per core); 1 on a busy shared machine",
+    )
     g = p.add_argument_group("run")  # --- run ---
     g.add_argument(
         "--seed",
@@ -549,10 +555,10 @@ def check_settings(args):
 # ----------------------------------------------------------------------------- setup
 def setup_runtime(args):
     """The runtime record: what this process decides from the flags and its own GPUs (a Ray actor
-    sees only its own), kept apart from args and saved as runtime.json. The policy on cuda:0 and
-    the engine on cuda:1 with 2 GPUs (seed 000's layout); with one GPU they share it; else CPU.
-    load_policy may turn shared_prefix off for a model whose cache does not reproduce its
-    log-probs."""
+    sees only its own), kept apart from args and saved as runtime.json; it applies --threads. The
+    policy on cuda:0 and the engine on cuda:1 with 2 GPUs (seed 000's layout); with one GPU they
+    share it; else CPU. load_policy may turn shared_prefix off for a model whose cache does not
+    reproduce its log-probs."""
     n_gpu = torch.cuda.device_count()
     policy_device = args.policy_device
     if policy_device is None:
@@ -574,6 +580,8 @@ def setup_runtime(args):
         f"devices: policy {policy_device} (weights {param_dtype}, compute {compute_dtype}), "
         f"engine {args.engine} on {vllm_device} ({n_gpu} GPUs visible)"
     )
+    # before the engine starts (a vLLM CPU engine makes torch.set_num_threads a no-op)
+    threads = common.set_threads(args.threads)
     return {
         "policy_device": policy_device,
         "vllm_device": vllm_device,
@@ -581,6 +589,7 @@ def setup_runtime(args):
         "compute_dtype": compute_dtype,
         "shared_prefix": shared_prefix,
         "gpus_visible": n_gpu,
+        "threads": threads,
     }
 
 

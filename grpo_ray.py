@@ -18,7 +18,8 @@ own (gloo on CPU / NCCL on GPU), not the default group, which an in-process vLLM
 Colocated, actor i is generator i and learner i for i < min(N, M) (N = M is verl's layout: an engine
 and a learner shard per device, taking turns); each such engine copies the weights of the learner
 beside it (the learners are in lockstep).
-The actors sit in one Ray placement group (--placement-strategy; --address auto joins a cluster). A
+The actors sit in one Ray placement group (--placement-strategy; --address auto joins a cluster);
+each applies grpo.py's --threads (default: Ray's OMP_NUM_THREADS = the actor's CPUs). A
 dead actor ends the run in one line naming it; Ctrl-C or SIGTERM saves the steps logged (exit 130 /
 143); --resume continues. --address fails in one line when no cluster answers within
 --connect-timeout-s.
@@ -570,9 +571,18 @@ def get(refs, what, args, actors=None):
         why = str(dead[0]).strip().splitlines()[-1]
         raise RayFailure(
             f"grpo_ray: {who} died during {what} ({type(dead[0]).__name__}: {why.strip()[:160]}); "
-            f"logs under {args.ray_tmp}/session_latest/logs; --resume {args.out} continues from "
-            "the last checkpoint"
+            f"logs under {logs_dir(args)}; --resume {args.out} continues from the last checkpoint"
         ) from e
+
+
+def logs_dir(args):
+    """Where the actors' logs are: the session's logs/ in the cluster's temp dir (--ray-tmp for a
+    cluster this driver started; a cluster joined with --address keeps its own, on each node)."""
+    context = ray.get_runtime_context()
+    path = os.path.join(context.get_temp_dir(), context.get_session_name(), "logs")
+    if args.address:
+        path += " on the actor's node"
+    return path
 
 
 def _error(ref):

@@ -60,6 +60,7 @@ from common import (  # noqa: E402
     output_file,
     positive_float,
     positive_int,
+    set_threads,
     stop_exit_code,
     stop_name,
     stop_on_sigterm,
@@ -867,6 +868,11 @@ def make_backend(args):
             "(or $OPENAI_MODEL)",
         )
 
+        check(
+            args.threads is None,
+            "--threads sets the torch threads of a local:MODEL engine; --llm openai runs no model",
+        )
+
         def remote_chat(msgs, seed):
             return openai_chat(url, model, msgs, args.temperature, args.max_tokens, seed)
 
@@ -893,6 +899,7 @@ def make_backend(args):
     engine_kwargs = {}
     if args.engine == "vllm":
         engine_kwargs = {"max_model_len": ctx, "enforce_eager": args.eager}
+    set_threads(args.threads)  # before the engine starts
     llm = rollout.init_engine(args.engine, target, args.device, args.seed, **engine_kwargs)
 
     def chat(msgs, seed):
@@ -1107,6 +1114,12 @@ def parse_args(argv=None):
         "--eager",
         action="store_true",
         help="local vllm: skip torch.compile (fast start, slower decode)",
+    )
+    s.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="local: torch CPU threads (default: torch's, one per core); 1 on a busy machine",
     )
     s.add_argument("--temperature", type=nonneg_float, default=0.8, help="sampling temperature")
     s.add_argument(

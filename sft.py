@@ -243,6 +243,12 @@ def parse_args(argv=None):
         action="store_true",
         help="shared GPU: free the engine between validations",
     )
+    g.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="torch CPU threads (default: torch's, one per core); 1 on a busy shared machine",
+    )
 
     g = p.add_argument_group("run")
     g.add_argument(
@@ -900,6 +906,7 @@ def save_model(args, model, tokenizer, step):
 def main(argv=None):
     common.stop_on_sigterm()  # SIGTERM (schedulers, `timeout`) finishes the step, as Ctrl-C does
     args = parse_args(argv)
+    threads = common.set_threads(args.threads)  # before the engine starts
     common.claim_run_dir(args.out, args.resume)
     recover_save_dir(args.save_dir)
     torch.manual_seed(args.seed)
@@ -930,7 +937,10 @@ def main(argv=None):
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     # the runtime record: what this model allows, kept apart from the flags (runtime.json)
-    runtime = {"shared_prefix": bool(args.shared_prefix and shared_prefix_works(model))}
+    runtime = {
+        "shared_prefix": bool(args.shared_prefix and shared_prefix_works(model)),
+        "threads": threads,
+    }
     if args.shared_prefix and not runtime["shared_prefix"]:
         print(
             "notice: --shared-prefix off: "

@@ -1,7 +1,8 @@
-"""bench/objectives.py and bench/grpo_step.py: each runs once as a subprocess at --quick size on the
-embedded model with the transformers engine and one thread (2 OpenMP threads stall on a busy
-2-core box), and its JSON is checked: the keys the README's tables read, and the arithmetic that
-must hold whatever the timings.
+"""bench/objectives.py, bench/grpo_step.py and bench/threads.py: each runs once as a subprocess at
+--quick size on the embedded model with the transformers engine and one thread (2 OpenMP threads
+stall on a busy 2-core box; threads.py compares that one with torch's default), and its JSON is
+checked: the keys the README's tables read, and the arithmetic that must hold whatever the
+timings.
 
 objectives.py runs with --step-lr 0, i.e. on-policy (pi = pi_old, every ratio 1), where the answers
 are known: the ratio losses with masked_mean give REINFORCE's gradient (cosine 1); the per-token
@@ -134,6 +135,34 @@ def test_grpo_step_keys_and_exactness():
     assert en["first_update"]["grad_norm"] > 0
     assert r["flops"]["matmul_1024_gflop_per_s"] > 0
     assert "training_shared_prefix_on_vs_matmul" in r["flops"]
+
+
+def test_threads_quiet_and_loaded():
+    """bench/threads.py: each setting (torch's default, --threads 1) ran in a process of its own
+    with that many threads, its engine included; quiet and loaded rounds alternated; the
+    competitors really ran and are gone; the ratios are the times' quotients."""
+    r = run_bench("threads.py")
+    assert {"config", "settings", "threads_1_over_default", "load_avg_1m"} <= set(r)
+    assert set(r["settings"]) == {"default", "threads_1"}
+    one = r["settings"]["threads_1"]
+    default = r["settings"]["default"]
+    assert one["threads"] == one["threads_after_engine_start"] == 1
+    assert default["threads"] == default["threads_after_engine_start"] >= 1
+    phases = {"step", "generation", "grading", "training", "weight_sync", "step_cpu"}
+    for s in (default, one):
+        for kind in ("quiet_s", "loaded_s"):
+            assert set(s[kind]) == phases
+            assert s[kind]["step"] > 0
+        ratio = s["loaded_s"]["step"] / s["quiet_s"]["step"]
+        assert s["loaded_over_quiet"]["step"] == pytest.approx(ratio, abs=2e-3)
+        rounds = r["config"]["rounds"]
+        assert len(s["samples_s"]["quiet"]["step"]) == len(s["samples_s"]["loaded"]["step"])
+        assert len(s["competitor_cpu_s"]) == rounds
+        assert sum(sum(cpus) for cpus in s["competitor_cpu_s"]) > 0  # they competed
+        for pid in s["competitor_pids"]:
+            assert not os.path.exists(f"/proc/{pid}"), "a competitor outlived the bench"
+    quiet = one["quiet_s"]["step"] / default["quiet_s"]["step"]
+    assert r["threads_1_over_default"]["quiet"] == pytest.approx(quiet, abs=2e-3)
 
 
 def test_flop_counter_counts_the_forwards_that_ran_with_grad(tiny_model_dir):

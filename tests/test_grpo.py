@@ -46,6 +46,7 @@ RUNTIME_KEYS = {
     "compute_dtype",
     "shared_prefix",
     "gpus_visible",
+    "threads",
 }
 KEYWORD = "the"
 # a tiny run: 4 prompts x 4 samples a step, one optimizer step of 2 microbatches, 16 tokens, on CPU
@@ -445,6 +446,32 @@ def make(live, *flags):
     )
     runtime = grpo.setup_runtime(args)
     return args, runtime
+
+
+def test_threads_reach_the_running_vllm_engine(live):
+    """--threads reaches the engine's forwards. A vLLM CPU engine, once started, has replaced
+    torch.set_num_threads with a no-op (vllm/v1/worker/cpu_worker.py): a second run in this process
+    (a test, a notebook, a reused Ray actor) sets its threads through torch._C's own setter
+    (common.set_threads), which the engine, running on this thread's pool, follows."""
+    import rollout
+
+    assert torch.set_num_threads is not torch._C.set_num_threads  # vLLM's no-op
+    before = torch.get_num_threads()
+    want = before + 1
+    seen = []  # torch's thread count inside each forward of the engine's model
+
+    def record(module, inputs):
+        seen.append(torch.get_num_threads())
+
+    hook = rollout._engine_model(live["engine"]).register_forward_pre_hook(record)
+    try:
+        args, runtime = make(live, "--threads", str(want))
+        rollout.generate(live["engine"], ["The answer is"], max_tokens=4, seed=0)
+    finally:
+        hook.remove()
+        torch._C.set_num_threads(before)
+    assert runtime["threads"] == want
+    assert seen and set(seen) == {want}
 
 
 def learner(policy, optimizer, ref_model=None, prev_model=None):

@@ -777,10 +777,12 @@ def cli_command(args, out, *flags):
 def test_cli_smoke_joins_the_cluster(cluster, make_args, tmp_path):
     """The script end to end as a subprocess, joining this module's cluster through --address:
     colocated x 2 learners with a third generator (HF engine; 3 prompts a step): the two colocated
-    engines copy their own learner's weights, generator 2 reads learner 0's put."""
+    engines copy their own learner's weights, generator 2 reads learner 0's put. --threads 2 reaches
+    every actor, each a process of its own (Ray's default there is OMP_NUM_THREADS = the actor's
+    CPUs, 1)."""
     flags = ["--n-grpo-steps", "2", "--num-generators", "3", "--num-learners", "2"]
     flags += ["--rollout-batch-size", "12", "--train-batch-size", "12"]
-    flags += ["--placement-strategy", "spread"]
+    flags += ["--placement-strategy", "spread", "--threads", "2"]
     cmd = cli_command(make_args(), tmp_path / "cli", *flags)
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -792,7 +794,12 @@ def test_cli_smoke_joins_the_cluster(cluster, make_args, tmp_path):
     for name in outputs + ["args.json", "runtime.json"]:
         assert os.path.exists(tmp_path / "cli" / name), name
     with open(tmp_path / "cli" / "runtime.json") as f:
-        assert len(json.load(f)) == summary["devices"]  # one record per actor
+        records = json.load(f)
+    assert len(records) == summary["devices"]  # one record per actor
+    for name, record in records.items():
+        assert record["threads"] == 2, name  # torch.get_num_threads() in the actor
+    # each says so at start (Ray forwards the lines, folding repeats into one)
+    assert "threads: 2 (--threads)" in proc.stdout + proc.stderr
     with open(tmp_path / "cli" / "timeline.json") as f:
         timeline = json.load(f)
     by = {}  # phase -> the actors of its spans
@@ -890,11 +897,14 @@ def descendants_titled(prefix):
 
 
 def test_cli_killed_learner_is_one_line(cluster, make_args, tmp_path):
-    """The script's learner killed (kill -9) mid-run: one `error:` line naming it and how to go
-    on, the last line on stderr, no traceback (it was the right message inside 89 lines)."""
+    """The script's learner killed (kill -9) mid-run: one `error:` line naming it, where its logs
+    are and how to go on, the last line on stderr, no traceback (it was the right message inside
+    89 lines). Joined with --address, the logs are in the cluster's session, not under --ray-tmp
+    (a local cluster's setting)."""
     out = tmp_path / "cli"
     before = descendants_titled("ray::Worker")  # this module's actors
-    cmd = cli_command(make_args(), out, "--n-grpo-steps", "5000")
+    flags = ["--n-grpo-steps", "5000", "--ray-tmp", str(tmp_path / "unused")]
+    cmd = cli_command(make_args(), out, *flags)
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -912,6 +922,10 @@ def test_cli_killed_learner_is_one_line(cluster, make_args, tmp_path):
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("error: grpo_ray: colocated 0 died during "), stderr[-3000:]
     assert f"--resume {out} continues" in last
+    context = ray.get_runtime_context()  # this module's cluster, the one the script joined
+    logs = os.path.join(context.get_temp_dir(), context.get_session_name(), "logs")
+    assert f"logs under {logs} on the actor's node;" in last
+    assert os.path.isdir(logs)
 
 
 def test_address_without_a_cluster_fails_in_one_line_within_the_timeout(make_args, tmp_path):

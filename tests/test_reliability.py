@@ -219,15 +219,27 @@ def test_a_run_saved_before_the_runtime_record_resumes(tiny_model_dir, tmp_path)
         restored = json.load(f)  # rewritten by the resumed run: its flags, no derived dtypes
     assert set(restored) == set(new_args)
     changed_by_the_resume = {"resume", "n_grpo_steps"}
-    for k in sorted(set(new_args) - changed_by_the_resume):
+    # flags added since the old run was saved (--threads): their defaults, and a notice says so
+    newer = set(new_args) - set(old_args)
+    for k in sorted(newer):
+        assert restored[k] == new_args[k], k
+        assert f"{k}={new_args[k]!r}" in resumed.stdout, k
+    for k in sorted(set(new_args) - changed_by_the_resume - newer):
         assert restored[k] == old_args[k], k
         assert old_args[k] == new_args[k] or old_args[k] == new_runtime.get(k), k
 
 
 # ----------------------------------------------------------------------------- sft sizes
 def test_sft_max_seq_len_below_every_example(tmp_path):
-    flags = ["--max-seq-len", "5", "--countdown-n", "16", "--eval-n", "0"]
-    r = run("sft.py", *flags, "--out", tmp_path / "out")
+    """Refused before the model loads. The embedded model's tokenizer and config beside junk
+    weights: a load would end in a traceback, which one_line_error refuses. That is the property,
+    so no tight wall-clock bound stands in for it (sft.py imports torch and tokenizes the examples
+    first: 20 s was too little on a loaded machine); the bound left only catches a hang."""
+    model = tmp_path / "model"
+    shutil.copytree(os.path.join(ROOT, "models", "countdown-tiny"), model)
+    (model / "model.safetensors").write_text("junk")
+    flags = ["--model", model, "--max-seq-len", "5", "--countdown-n", "16", "--eval-n", "0"]
+    r = run("sft.py", *flags, "--out", tmp_path / "out", timeout=300, fast=300)
     one_line_error(r, "only 0 pairs fit --max-seq-len 5: raise it to at least")
     assert "--batch-size" not in r.stderr
 
@@ -256,6 +268,8 @@ SEARCH_BAD_INPUTS = [
     ("--llm {url} --model m --out-dir {tmp}/afile", "--out-dir"),
     # a local model directory without a model
     ("--llm local:{tmp}/notmodel --engine hf --out-dir {tmp}/out", "no config.json"),
+    # --threads with a server: no engine here to apply it to
+    ("--llm {url} --model m --threads 1 --out-dir {tmp}/out", "--llm openai runs no model"),
 ]
 
 
@@ -306,8 +320,13 @@ def stop_holder(p):
 
 
 # (grpo_ray.py claims through the same call, before Ray starts; its refusal of an existing run
-# above shows it gets there)
-SECOND_RUNS = [("grpo.py", []), ("sft.py", ["--countdown-n", "16", "--eval-n", "0"])]
+# above shows it gets there; the evaluators hold their --out the same way, before they load)
+SECOND_RUNS = [
+    ("grpo.py", []),
+    ("sft.py", ["--countdown-n", "16", "--eval-n", "0"]),
+    ("eval_zero_shot.py", []),
+    ("best_of_n.py", []),
+]
 
 
 @pytest.mark.parametrize("script,flags", SECOND_RUNS)
@@ -692,6 +711,91 @@ def test_a_run_a_full_disk_stopped_before_its_first_save_resumes(tiny_model_dir,
     assert state["script"] == "sft.py"
     assert state["args"]["lr"] == 3e-3
     assert common.read_claim(out)["script"] == "sft.py"
+
+
+# ----------------------------------------------------------------------------- CPU threads
+# issue 26 (class 10): beside one other CPU-bound process on 2 cores, a GRPO step took 4.1x its
+# quiet time (2.4x on one thread): OpenMP's threads wait at every op's end for the one that shares
+# a core. Every script that computes with torch takes --threads N (default: torch's own choice, so
+# a run computes what it did before), applies it before its engine starts and says so at start in
+# one line. Elsewhere: sft.py's runtime.json records it (test_sft), every grpo_ray.py actor applies
+# it (test_grpo_ray), a running vLLM engine follows it (test_grpo), bench/threads.py measures it.
+@pytest.fixture
+def threads_restored():
+    """torch's thread count before the test (yielded), set back after it."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield threads
+    torch._C.set_num_threads(threads)
+
+
+def start_with_threads(script, flags, model_dir, tmp_path):
+    """A script in-process with `flags`, through its cheapest path that applies --threads: a dry
+    run (grpo.py, the evaluators print the choice before the configuration), a one-call search on
+    the tiny model (kissing.py: only a local engine has threads to set)."""
+    import best_of_n
+    import eval_zero_shot
+    import grpo
+    import kissing
+
+    out = ["--out", str(tmp_path / "out")]
+    if script == "kissing.py":
+        search = ["search", "--llm", f"local:{model_dir}", "--engine", "hf", "--iters", "1"]
+        search += ["--max-tokens", "8", "--out-dir", str(tmp_path / "out")]
+        kissing.main(search + flags)
+        return
+    try:
+        if script == "grpo.py":
+            grpo.main(grpo.parse_args(flags + out + ["--dry-run"]))
+        elif script == "eval_zero_shot.py":
+            eval_zero_shot.main(flags + out + ["--dry-run"])
+        else:
+            best_of_n.main(flags + out + ["--dry-run"])
+    except SystemExit as e:
+        assert e.code == 0
+
+
+THREADS_SCRIPTS = ["grpo.py", "eval_zero_shot.py", "best_of_n.py", "kissing.py"]
+
+
+@pytest.mark.parametrize("script", THREADS_SCRIPTS)
+def test_threads_flag_is_applied_and_printed_at_start(
+    script, tiny_model_dir, threads_restored, tmp_path, capsys
+):
+    import torch
+
+    n = threads_restored + 1  # not torch's choice
+    start_with_threads(script, ["--threads", str(n)], tiny_model_dir, tmp_path)
+    assert torch.get_num_threads() == n
+    assert f"threads: {n} (--threads)" in capsys.readouterr().out.splitlines()
+
+
+def test_without_threads_torch_keeps_its_choice(threads_restored, tmp_path, capsys):
+    import torch
+
+    start_with_threads("grpo.py", [], None, tmp_path)
+    assert torch.get_num_threads() == threads_restored
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith(f"threads: {threads_restored} (torch default")
+    assert "--threads N to change" in lines[1]
+    assert json.loads(lines[-1])["runtime"]["threads"] == threads_restored
+
+
+@pytest.mark.parametrize("value", ["0", "two"])
+@pytest.mark.parametrize("script", THREADS_SCRIPTS + ["sft.py", "grpo_ray.py"])
+def test_a_bad_thread_count_is_one_line(script, value, capsys):
+    import importlib
+
+    module = importlib.import_module(script.removesuffix(".py"))
+    argv = ["--threads", value]
+    if script == "kissing.py":
+        argv = ["search", "--llm", "local:m"] + argv
+    with pytest.raises(SystemExit) as e:
+        module.parse_args(argv)
+    assert e.value.code == 2
+    message = f"error: argument --threads: {value!r} is not an integer > 0 (see --help)"
+    assert capsys.readouterr().err.splitlines() == [message]
 
 
 # ------------------------------------------------ a stop request does not outlive its test

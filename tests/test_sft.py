@@ -107,10 +107,27 @@ def test_loss_decreases_and_run_dir_layout(tiny_model_dir, sft_jsonl, tmp_path):
     assert saved["eval_max_tokens"] == 2048
     assert saved["steps"] == 6
     # what the model allowed, apart from the flags (no --shared-prefix here)
-    assert json.load(open(tmp_path / "runtime.json")) == {"shared_prefix": False}
+    runtime = json.load(open(tmp_path / "runtime.json"))
+    assert runtime == {"shared_prefix": False, "threads": torch.get_num_threads()}
     assert os.path.exists(tmp_path / "dashboard.png")
     assert os.path.exists(tmp_path / "model" / "state.json")
     assert json.load(open(tmp_path / "checkpoint" / "state.json"))["step"] == 6
+
+
+def test_threads_flag_is_applied_at_start_and_recorded(tiny_model_dir, sft_jsonl, tmp_path, capsys):
+    """--threads: set before anything computes (a validation engine would make torch's own setter
+    a no-op), printed in one line at start, recorded in runtime.json."""
+    before = torch.get_num_threads()
+    want = before + 1  # not torch's choice
+    try:
+        sft.main(flags(tiny_model_dir, sft_jsonl, tmp_path, "--steps", "1", "--threads", want))
+        inside = torch.get_num_threads()
+    finally:
+        torch._C.set_num_threads(before)
+    assert inside == want
+    assert json.load(open(tmp_path / "runtime.json"))["threads"] == want
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"threads: {want} (--threads)"
 
 
 def test_grad_accum_equals_one_big_batch_and_old_spellings(tiny_model_dir, sft_jsonl, tmp_path):
@@ -138,7 +155,7 @@ def test_shared_prefix_gives_the_same_steps(tiny_model_dir, sft_jsonl, tmp_path)
         )
         runs[name] = train_rows(sft.main(argv + extra))
     # the tiny model's cache passes the check: the runs did differ in the prefix pass
-    assert json.load(open(tmp_path / "on" / "runtime.json")) == {"shared_prefix": True}
+    assert json.load(open(tmp_path / "on" / "runtime.json"))["shared_prefix"] is True
     for a, b in zip(runs["on"], runs["off"]):
         for k in ("train/loss", "train/grad_norm", "train/entropy", "train/nll_per_token"):
             assert a[k] == pytest.approx(b[k], rel=1e-5), k
@@ -403,7 +420,7 @@ def test_shared_prefix_falls_back_where_the_models_cache_fails_its_check(
     assert "notice: --shared-prefix off" in capsys.readouterr().out
     # the flag stays as given; the runtime record says what ran
     assert json.load(open(tmp_path / "args.json"))["shared_prefix"] is True
-    assert json.load(open(tmp_path / "runtime.json")) == {"shared_prefix": False}
+    assert json.load(open(tmp_path / "runtime.json"))["shared_prefix"] is False
 
 
 def test_reusing_out_without_resume_is_refused(tiny_model_dir, sft_jsonl, tmp_path, capsys):
