@@ -15,9 +15,9 @@ object-store put that all N read. --num-learners M: a data-parallel group (torch
 on CPU / NCCL on GPU) where each trains 1/M of every optimizer step's rows and the gradients are
 all-reduced, so all M take one learner's step. Colocated, that actor is generator 0 and learner 0.
 The actors sit in one Ray placement group (--placement-strategy; --address auto joins a cluster);
-each applies grpo.py's --threads (default: Ray's OMP_NUM_THREADS = the actor's CPUs). A
-dead actor ends the run in one line naming it; Ctrl-C or SIGTERM saves the steps logged (exit 130 /
-143); --resume continues. --address fails in one line when no cluster answers within
+each applies grpo.py's --threads (default: Ray's OMP_NUM_THREADS = the actor's CPUs). A dead actor
+ends the run in one line naming it and its logs; Ctrl-C or SIGTERM saves the steps logged (exit
+130 / 143); --resume continues. --address fails in one line when no cluster answers within
 --connect-timeout-s.
 --weight-sync gloo / nccl: Ray Direct Transport (one learner, one generator; nccl is Ray's
 documented API, NOT exercised in CI).
