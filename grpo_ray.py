@@ -19,9 +19,9 @@ Colocated, actor i is generator i and learner i for i < min(N, M) (N = M is verl
 and a learner shard per device, taking turns); each such engine copies the weights of the learner
 beside it (the learners are in lockstep).
 The actors sit in one Ray placement group (--placement-strategy; --address auto joins a cluster);
-each applies grpo.py's --threads (default: Ray's OMP_NUM_THREADS = the actor's CPUs). A
-dead actor ends the run in one line naming it; Ctrl-C or SIGTERM saves the steps logged (exit 130 /
-143); --resume continues. --address fails in one line when no cluster answers within
+each applies grpo.py's --threads (default: Ray's OMP_NUM_THREADS = the actor's CPUs). A dead actor
+ends the run in one line naming it and its logs; Ctrl-C or SIGTERM saves the steps logged (exit
+130 / 143); --resume continues. --address fails in one line when no cluster answers within
 --connect-timeout-s.
 --weight-sync gloo / nccl: Ray Direct Transport (one learner, one generator; nccl is Ray's
 documented API, NOT exercised in CI).

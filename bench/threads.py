@@ -4,8 +4,8 @@ object.
 
 Why: torch runs each op on its OpenMP threads, which meet at a barrier when the op ends. When
 another process takes one of two cores, the thread that shares it runs at half speed and the
-other waits for it at every barrier, so the whole step slows by more than the core it lost. One
-thread has no one to wait for.
+other waits for it (spinning) at every barrier, so the whole step slows by more than the core it
+lost. One thread has no one to wait for.
 
   python bench/threads.py                      # the bench config, 3 pairs of rounds, --threads 1
   python bench/threads.py --threads 2 --rounds 5 --competitors 2
@@ -16,14 +16,14 @@ Method: one child process per setting, each a grpo.py run's set-up with grpo.py'
 x 8 samples, <= 64 new tokens, micro batch 32; --quick: its smoke config). A child loads the data,
 the policy and the engine once, runs one untimed step, then --rounds pairs of rounds: quiet, loaded,
 quiet, loaded, ... (other jobs' load drifts; alternating spreads it over both kinds). A round is one
-whole step from the same start: collect (generation + grading), grpo.summarize, train_step, the
-weight push; then the policy gets its start weights back, the engine with them (the push), and the
-optimizer its empty state, so every round computes the same thing. A loaded round starts
---competitors busy loops (`while True: pass`, a core each) half a second before its step and kills
-them after it; each one's CPU seconds during the step are in the JSON (about the step's wall time:
-it did compete). Each number is its best over the rounds (other jobs only ever add time); every
-sample is in the JSON. The ratios: a setting's loaded step over its quiet one, and --threads N's
-step over the default's, quiet and loaded.
+whole step from the same start: collect (generation + grading), grpo.summarize, train_step, then
+the weight sync, which pushes the start weights (put back into the policy; the optimizer gets its
+empty state back too), so every round computes the same thing. A loaded round starts --competitors
+busy loops (`while True: pass`) half a second before its step and kills them after it; the cores
+they got during the step are in the JSON (competitor_cores: 1 each would be a fair share). Each
+number is its best over the rounds (other jobs only ever add time); every sample is in the JSON.
+The ratios: a setting's loaded step over its quiet one, and --threads N's step over the default's,
+quiet and loaded.
 """
 
 import contextlib
@@ -170,6 +170,7 @@ def measure(a):
         loaded = rounds["loaded"][-1]["step"]
         print(f"threads {a.child}, round {r}: step {quiet:.2f} s quiet, {loaded:.2f} s loaded")
     return {
+        "threads_flag": args.threads,  # grpo.py's --threads as parsed (None: torch's default)
         "threads": runtime["threads"],
         "threads_after_engine_start": torch.get_num_threads(),
         "rounds": rounds,
@@ -194,6 +195,7 @@ def run_child(a, setting):
 def summarize_setting(child):
     """A setting's best time per phase, quiet and loaded, their ratios, and every sample."""
     s = {
+        "threads_flag": child["threads_flag"],
         "threads": child["threads"],
         "threads_after_engine_start": child["threads_after_engine_start"],
     }
