@@ -441,7 +441,6 @@ def main(argv=None):
     set_threads(args.threads)  # before the engine starts
     if args.dry_run:
         dry_run(args)
-    claim_out(args.out)
     try:
         examples, stop = load_examples(args)
         prompts = [ex["prompt"] for ex in examples]
@@ -449,6 +448,8 @@ def main(argv=None):
             f"{len(examples)} examples | max_tokens {args.max_tokens} | "
             f"temperature {args.temperature} | stop {stop}"
         )
+        # held for this run's life; taken once the data loaded, so bad data leaves no --out behind
+        claim_out(args.out)
         llm = start_engine(args, prompts, max(args.max_tokens))
     except KeyboardInterrupt:
         print(f"\n{stop_name()} while loading: stopped; nothing written", file=sys.stderr)

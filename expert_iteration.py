@@ -245,6 +245,12 @@ def parse_args(argv=None):
         default=None,
         help="run a prompt once for its responses (exact); default: on for CPU",
     )
+    g.add_argument(
+        "--threads",
+        type=common.positive_int,
+        default=None,
+        help="torch CPU threads (default: torch's, one per core); 1 on a busy shared machine",
+    )
     g = p.add_argument_group("run")  # --- run ---
     g.add_argument(
         "--seed", type=nonneg, default=0, help="seeds question sampling, engine sampling, order"
