@@ -533,6 +533,10 @@ def build_learner(args, runtime):
     if args.resume:
         saved = torch.load(os.path.join(args.resume, "optimizer.pt"), map_location="cpu")
         optimizer.load_state_dict(saved)
+        # this run's --lr (a resume may override it): the saved groups hold the old one
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr
+            group["initial_lr"] = args.lr
     scheduler = torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0)
     return {
         "policy": policy,

@@ -681,6 +681,10 @@ def build_learner(args, runtime):
     if args.resume:
         saved = torch.load(os.path.join(args.resume, "optimizer.pt"), map_location="cpu")
         optimizer.load_state_dict(saved)
+        # this run's --lr (a resume may override it): the saved groups hold the old one
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr
+            group["initial_lr"] = args.lr
     # the frozen models keep the policy's own weight dtype (fp32 master weights stay fp32) and run
     # under the same autocast: at step 0 KL(pi || pi_init) and its gradient are exactly 0, not
     # bf16 rounding

@@ -1349,13 +1349,15 @@ def test_lr_schedule_per_optimizer_step_and_resume_continues_it(
         assert exit_.value.code == 143
         monkeypatch.undo()
         assert len(used) == 2  # step 0's
-        grpo.main(grpo.parse_args(["--resume", str(tmp_path / "run")]))
+        # the resume doubles --lr: the schedule continues from the new base lr
+        grpo.main(grpo.parse_args(["--resume", str(tmp_path / "run"), "--lr", "2e-3"]))
     finally:
         hook.remove()
     # 6 optimizer steps, warmup int(0.34 x 6) = 2: 1/2, 2/2, then cosine from 1 to 0.1 over the
     # other 4: 0.1 + 0.9 x (1 + cos(pi x k / 4)) / 2 for k = 0..3
     want = [0.5, 1.0, 1.0, 0.8681980515, 0.55, 0.2318019485]
-    assert used == pytest.approx([1e-3 * f for f in want], rel=1e-9)
+    base = [1e-3, 1e-3, 2e-3, 2e-3, 2e-3, 2e-3]
+    assert used == pytest.approx([b * f for b, f in zip(base, want)], rel=1e-9)
     rows = train_metrics(metrics(tmp_path / "run"))
     assert [r["opt_step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert [r["train/lr"] for r in rows] == used  # logged as taken
