@@ -178,7 +178,12 @@ def apply_chat_template(rows, model, mode):
         return rows
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    except OSError as e:  # no such directory, no hub access
+        cause = str(e).strip().split("\n")[0]
+        message = f"cannot load the tokenizer of {model} for its chat template ({cause})"
+        raise ValueError(message) from None
     template = tokenizer.chat_template
     if not template:
         raise ValueError(f"{model} has no chat template: drop --chat-template {mode}")

@@ -287,6 +287,8 @@ def test_chat_template_refuses_a_model_without_one_or_without_the_switch(
     assert apply_chat_template(rows, str(tmp_path), "on")[0]["prompt"] == "Q1"
     with pytest.raises(ValueError, match="has no thinking switch: use --chat-template on"):
         apply_chat_template(rows, str(tmp_path), "no_thinking")
+    with pytest.raises(ValueError, match="cannot load the tokenizer of .*MISSING for its chat"):
+        apply_chat_template(rows, str(tmp_path / "MISSING"), "on")
     # the script: one line, before any engine starts
     argv = ["--model", tiny_qwen3_dir, "--data", "synthetic", "--chat-template", "on"]
     one_line_error(run(*argv, "--out", str(tmp_path / "o"), timeout=120), "--chat-template")
