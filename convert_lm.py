@@ -156,11 +156,9 @@ def read_gpt2(vocab_path, merges_path, special_tokens):
 
 def read_pickle(vocab_path, merges_path):
     """(vocab, merges) from one pickle of both (a tuple or a dict), or from two pickles."""
-    with open(vocab_path, "rb") as f:
-        obj = pickle.load(f)
+    obj = read_one_pickle(vocab_path)
     if merges_path is not None:
-        with open(merges_path, "rb") as f:
-            return obj, pickle.load(f)
+        return obj, read_one_pickle(merges_path)
     if isinstance(obj, dict) and "vocab" in obj and "merges" in obj:
         return obj["vocab"], obj["merges"]
     if isinstance(obj, (tuple, list)) and len(obj) == 2:
@@ -169,6 +167,14 @@ def read_pickle(vocab_path, merges_path):
         f"{vocab_path}: expected (vocab, merges) or {{'vocab', 'merges'}}; "
         f"for a vocab-only pickle pass --merges too"
     )
+
+
+def read_one_pickle(path):
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, IndexError) as e:
+        raise ValueError(f"{path}: not a pickle this python can read ({e})") from None
 
 
 def build_tokenizer(vocab, merges, special_tokens, context_length):
@@ -227,7 +233,8 @@ def load_state_dict(path):
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # a pickle error or a foreign file: name the file and the cause
-        raise ValueError(f"cannot read it with torch.load ({type(e).__name__}: {e})") from None
+        cause = str(e).strip().splitlines()[0]  # torch's own advice runs to many lines
+        raise ValueError(f"cannot read it with torch.load ({type(e).__name__}: {cause})") from None
     if isinstance(obj, dict) and isinstance(obj.get("model"), dict):
         obj = obj["model"]
     if not isinstance(obj, dict) or "token_embeddings.weight" not in obj:

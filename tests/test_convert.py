@@ -415,6 +415,13 @@ BAD = [
     ("vocab", small_vocab, [], "token_embeddings.weight has 300 rows"),
     ("extra key", extra_key, [], "layers.0.attn.q_proj.bias is not a TransformerLM weight"),
     ("no merges", None, ["--merges"], "--tokenizer-format gpt2 needs --merges"),
+    ("not a checkpoint", None, ["--checkpoint", "{dir}/merges.txt"], "cannot read it with torch"),
+    (
+        "not a pickle",
+        None,
+        ["--tokenizer-format", "pickle", "--vocab", "{dir}/vocab.json"],
+        "not a pickle",
+    ),
 ]
 
 
@@ -429,7 +436,8 @@ def test_bad_input_is_one_line(student, tmp_path, capsys, what, mutate, flags, n
         i = argv.index("--merges")
         argv = argv[:i] + argv[i + 2 :]
     else:
-        argv += flags
+        for flag in flags:
+            argv.append(flag.replace("{dir}", str(tmp_path)))
     with pytest.raises(SystemExit) as e:
         convert_lm.main(argv)
     err = capsys.readouterr().err.strip().splitlines()
