@@ -250,11 +250,13 @@ def check_shapes(state, num_heads):
     """The sizes the shapes imply {vocab, d_model, layers, d_ff}; ValueError naming the first key
     that is missing, extra or misshapen, or the flag that does not fit."""
     V, D = state["token_embeddings.weight"].shape
-    L = 0
-    while f"layers.{L}.ln1.weight" in state:
-        L += 1
-    if L == 0:
-        raise ValueError("no layers.0.ln1.weight: expected the handout's state dict")
+    L = 0  # one more than the highest layer index any name has
+    for name in state:
+        parts = name.split(".")
+        if parts[0] == "layers" and len(parts) > 1 and parts[1].isdigit():
+            L = max(L, int(parts[1]) + 1)
+    if "layers.0.ffn.w1.weight" not in state:
+        raise ValueError("no layers.0.ffn.w1.weight: expected the handout's state dict")
     F = state["layers.0.ffn.w1.weight"].shape[0]
     if D % num_heads != 0 or (D // num_heads) % 2 != 0:
         raise ValueError(
@@ -299,21 +301,19 @@ def rope_halves(w, num_heads):
     return w.transpose(1, 2).reshape(d_out, d_in)  # (H, pair, head/2, d_in) -> rows
 
 
-def to_llama(state, num_heads):
+def to_llama(state, num_heads, layers):
     """The handout's state dict under HF Llama's names, q/k rows in rotate-half order, fp32."""
     out = {
         "model.embed_tokens.weight": state["token_embeddings.weight"],
         "model.norm.weight": state["ln_final.weight"],
         "lm_head.weight": state["lm_head.weight"],
     }
-    i = 0
-    while f"layers.{i}.ln1.weight" in state:
+    for i in range(layers):
         for name, hf_name in LAYER_NAMES.items():
             w = state[f"layers.{i}.{name}"]
             if name in ("attn.q_proj.weight", "attn.k_proj.weight"):
                 w = rope_halves(w, num_heads)
             out[f"model.layers.{i}.{hf_name}"] = w
-        i += 1
     for name, w in out.items():
         out[name] = w.detach().to(torch.float32).contiguous()
     return out
@@ -360,7 +360,7 @@ def main(argv=None):
         dtype="float32",
     )
     model = LlamaForCausalLM(config)
-    model.load_state_dict(to_llama(state, args.num_heads), strict=True)
+    model.load_state_dict(to_llama(state, args.num_heads, sizes["layers"]), strict=True)
     os.makedirs(args.out, exist_ok=True)
     model.save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)

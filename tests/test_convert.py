@@ -312,7 +312,7 @@ def test_rope_needs_the_permutation(student):
     would catch): the adjacent-pair and rotate-half conventions really differ."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    state = convert_lm.to_llama(student["sd"], SIZES["heads"])
+    state = convert_lm.to_llama(student["sd"], SIZES["heads"], SIZES["layers"])
     for i in range(SIZES["layers"]):
         for name in ("q_proj", "k_proj"):
             raw = student["sd"][f"layers.{i}.attn.{name}.weight"]
@@ -394,6 +394,10 @@ def drop_ln2(sd):
     del sd["layers.1.ln2.weight"]
 
 
+def drop_ln1(sd):
+    del sd["layers.1.ln1.weight"]
+
+
 def bad_w2(sd):
     sd["layers.1.ffn.w2.weight"] = torch.zeros(SIZES["d_ff"], SIZES["d_model"])
 
@@ -411,6 +415,7 @@ BAD = [
     ("missing file", None, ["--checkpoint", "nope.pt"], "nope.pt: no such file"),
     ("heads", None, ["--num-heads", "3"], "--num-heads 3 does not split d_model 64"),
     ("missing key", drop_ln2, [], "layers.1.ln2.weight is missing"),
+    ("missing ln1", drop_ln1, [], "layers.1.ln1.weight is missing"),
     ("shape", bad_w2, [], "layers.1.ffn.w2.weight has shape (128, 64), expected (64, 128)"),
     ("vocab", small_vocab, [], "token_embeddings.weight has 300 rows"),
     ("extra key", extra_key, [], "layers.0.attn.q_proj.bias is not a TransformerLM weight"),
