@@ -12,8 +12,9 @@
   a time and cut back to the checkpoint on resume (`restore_checkpoint`).
 - A full or read-only disk is one line naming the problem and what to do; the run stays
   resumable (`storage_error_line`).
-- The validation every trainer logs (`greedy_eval`), precision (fp32 master weights + bf16
-  autocast, `resolve_precision`), the GPU share of a vLLM engine next to the policy
+- The validation every trainer logs (`greedy_eval`; `sampled_eval` with --eval-samples) and the
+  run's weights-only series (`save_snapshot`, --keep-checkpoints), precision (fp32 master weights
+  + bf16 autocast, `resolve_precision`), the GPU share of a vLLM engine next to the policy
   (`engine_share`), the CPU threads (`set_threads`, --threads), and a Ctrl-C that finishes the
   step before it stops (`finish_then_interrupt`).
 
@@ -32,6 +33,7 @@ import glob
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -779,6 +781,42 @@ def save_model_checkpoint(
     return save_checkpoint(out_dir, write, name=name, keep=keep)
 
 
+SNAPSHOTS = "checkpoints"  # a run's weights-only series (--keep-checkpoints), beside checkpoint/
+SNAPSHOT_NAME = re.compile(r"step_(\d{4,})")  # checkpoints/step_0040: the weights after 40 steps
+
+
+def snapshots(run_dir):
+    """[(step, path)] of the series a run wrote in run_dir/checkpoints/, oldest first: directories
+    named step_NNNN that hold the state.json a save writes last. Anything else there is the
+    user's, never listed (so never deleted)."""
+    folder = os.path.join(run_dir, SNAPSHOTS)
+    found = []
+    if not os.path.isdir(folder):
+        return found
+    for name in sorted(os.listdir(folder)):
+        match = SNAPSHOT_NAME.fullmatch(name)
+        path = os.path.join(folder, name)
+        if match and read_json(os.path.join(path, "state.json"), "step"):
+            found.append((int(match.group(1)), path))
+    found.sort()
+    return found
+
+
+def save_snapshot(out_dir, model, tokenizer, args, state, keep):
+    """--keep-checkpoints N: the weights after state["step"] steps as out_dir/checkpoints/step_NNNN
+    (model, tokenizer, state.json; no optimizer), swapped in whole like checkpoint/; then the
+    oldest snapshots beyond `keep` are deleted. Saving a step twice (the last periodic save and
+    the run's end) writes it once. -> its path."""
+    name = os.path.join(SNAPSHOTS, f"step_{state['step']:04d}")
+    path = os.path.join(out_dir, name)
+    if not read_json(os.path.join(path, "state.json"), "step"):
+        save_model_checkpoint(out_dir, model, tokenizer, args, state, name=name)
+    series = snapshots(out_dir)
+    for _, old in series[: max(len(series) - keep, 0)]:
+        shutil.rmtree(old)
+    return path
+
+
 def start_wandb(project, args, axes):
     """A wandb run (None without a project) with the run's flags, each key pattern on its x-axis
     (seed 000 §4.3)."""
@@ -1029,7 +1067,11 @@ def greedy_eval(engine, rows, reward, max_tokens, min_tokens=0, workers=None):
     metrics = {}
     for k in ("reward", "format_reward", "answer_reward"):
         metrics[f"eval/{k}"] = sum(d[k] for d in dicts) / n
-    metrics["eval/accuracy"] = sum(1 for d in dicts if d["answer_reward"] >= 1) / n
+    correct = []  # per question: 1 when its answer reward is 1
+    for d in dicts:
+        correct.append(int(d["answer_reward"] >= 1))
+    metrics["eval/accuracy"], metrics["eval/accuracy_se"] = mean_se(correct)
+    metrics["eval/n_questions"] = len(rows)
     metrics["eval/response_len"] = sum(len(o["token_ids"]) for o in outs) / n
     metrics["eval/truncation_rate"] = sum(1 for o in outs if o["finish_reason"] == "length") / n
 
@@ -1039,6 +1081,96 @@ def greedy_eval(engine, rows, reward, max_tokens, min_tokens=0, workers=None):
             {"split": "eval", "prompt": r["prompt"], "response": o["text"], "ground_truth": g, **d}
         )
     return metrics, samples
+
+
+def mean_se(values):
+    """(mean, standard error of the mean) of per-question values: the sample standard deviation
+    (n - 1) / sqrt(n), the error bar every eval metric carries. One value: SE NaN (unknown)."""
+    n = len(values)
+    if n == 0:
+        return 0.0, float("nan")
+    mean = sum(values) / n
+    if n == 1:
+        return float(mean), float("nan")
+    variance = sum((v - mean) ** 2 for v in values) / (n - 1)
+    return float(mean), math.sqrt(variance / n)
+
+
+def sampled_metrics(correct, answers, k):
+    """eval/avg@k, eval/pass@k, eval/maj@k and their `_se` (over questions), from k graded
+    samples per question. correct, answers: per question, k flags and k normalised answers
+    (best_of_n.answer; None = no answer). avg@k = the fraction of a question's samples that are
+    right; pass@k and maj@k are best_of_n.py's estimators (pass@k: Chen et al.'s unbiased one, at
+    n = k it is "any sample right"; maj@k: the plurality answer, ties split)."""
+    from best_of_n import maj_at_k, pass_at_k
+
+    per_question = {"avg@k": [], "pass@k": [], "maj@k": []}
+    for flags, votes in zip(correct, answers):
+        c = sum(flags)
+        per_question["avg@k"].append(c / len(flags))
+        per_question["pass@k"].append(float(pass_at_k(len(flags), c, k)))
+        per_question["maj@k"].append(float(maj_at_k(votes, flags, k)))
+    metrics = {}
+    for name, values in per_question.items():
+        metrics[f"eval/{name}"], metrics[f"eval/{name}_se"] = mean_se(values)
+    return metrics
+
+
+def sampled_eval(
+    engine, rows, reward, k, temperature, max_tokens, min_tokens=0, workers=None, seed=0
+):
+    """Sampled validation (--eval-samples k, --eval-temperature T): k samples per question at T,
+    graded -> sampled_metrics' eval/ keys. The same seeds at every evaluation (sample j of question
+    i uses seed + j * len(rows) + i), so two steps differ by their weights, not their draws."""
+    import best_of_n
+    import grader
+    import rollout
+
+    prompts = [r["prompt"] for r in rows]
+    stop = []
+    if rows:
+        stop = rows[0]["stop"]
+    generations = rollout.generate(
+        engine,
+        prompts,
+        n=k,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        stop=stop,
+        seed=seed,
+    )
+    texts = []
+    gts = []
+    for r, samples in zip(rows, generations):
+        for o in samples:
+            texts.append(o["text"])
+            gts.append(r["ground_truth"])
+    dicts = grader.grade_batch(grader.REWARD_FNS[reward], texts, gts, workers=workers)
+    correct = []  # per question: its k samples' flags, then their answers
+    answers = []
+    for i in range(len(rows)):
+        graded = dicts[i * k : (i + 1) * k]
+        correct.append([d["answer_reward"] >= 1 for d in graded])
+        answers.append([best_of_n.answer(t) for t in texts[i * k : (i + 1) * k]])
+    return sampled_metrics(correct, answers, k)
+
+
+def eval_sampling_flags(g):
+    """--eval-samples and --eval-temperature, in a trainer's eval group (grpo.py, grpo_ray.py,
+    sft.py, expert_iteration.py)."""
+    g.add_argument(
+        "--eval-samples",
+        type=nonneg_int,
+        default=0,
+        help="sampled validation: k samples per question -> eval/avg@k, pass@k, maj@k (0 = off)",
+    )
+    g.add_argument(
+        "--eval-temperature",
+        type=positive_float,
+        default=1.0,
+        help="temperature of the --eval-samples samples (seed 001 evaluates GSM8K at 1.0)",
+    )
 
 
 # ----------------------------------------------------------------------------- precision

@@ -209,6 +209,7 @@ def parse_args(argv=None):
         help="greedy validation every N steps (0 = start/end)",
     )
     g.add_argument("--eval-n", type=pos, default=None, help="validation questions")
+    common.eval_sampling_flags(g)
     g.add_argument(
         "--grader-workers", type=nonneg, default=2, help="grading processes (0 = in this process)"
     )

@@ -4,10 +4,12 @@ Each step of `main`:
   rollout + reward  `collect`: G engine samples per question -> grades
   advantage         `summarize`: group-normalised advantages and the batch's metrics, once per
                     step (grpo_ray.py calls it on its generators' joined shards)
-  (eval)            every --eval-every steps, greedy, on the engine's weights
+  (eval)            every --eval-every steps, greedy, on the engine's weights (and with
+                    --eval-samples k, k samples per question: avg@k, pass@k, maj@k)
   train             `train_step`: pi_old by a no-grad pass when a ratio needs it, then epochs x
                     train batches x microbatches, gradient clipping, AdamW; log
-  save, sync        a checkpoint every --save-every steps; the new weights into the engine
+  save, sync        a checkpoint every --save-every steps (--keep-checkpoints N: the last N
+                    saves' weights too, checkpoints/step_NNNN); the new weights into the engine
 grpo_ray.py runs the same collect and train_step in Ray actors. Without --model this is the offline
 demo: the embedded model on CPU. The flags are read-only after `resolve`; what this process decides
 at run time (devices, dtypes, whether the model allows --shared-prefix) is the runtime record
@@ -354,6 +356,7 @@ def parse_args(argv=None):
         help="greedy validation every N steps (0 = start/end)",
     )
     g.add_argument("--eval-n", type=pos, default=None, help="validation questions")
+    common.eval_sampling_flags(g)
     g.add_argument(
         "--kl-every",
         type=nonneg,
@@ -419,6 +422,12 @@ def parse_args(argv=None):
         type=nonneg,
         default=None,
         help="checkpoint every N steps (0 = only at the end)",
+    )
+    g.add_argument(
+        "--keep-checkpoints",
+        type=nonneg,
+        default=0,
+        help="also keep the weights of the last N saves as checkpoints/step_NNNN (0 = none)",
     )
     g.add_argument(
         "--resume",
@@ -536,6 +545,10 @@ def check_settings(args):
         not (args.shared_prefix and args.gradient_checkpointing),
         "--shared-prefix runs the prompt once into the KV cache, which gradient checkpointing"
         " turns off: pass --no-shared-prefix or drop --gradient-checkpointing",
+    )
+    check(
+        not args.keep_checkpoints or args.save_every,
+        "--keep-checkpoints keeps the --save-every checkpoints: set --save-every N",
     )
     check(
         args.sleep_engine is False or args.engine == "vllm",
@@ -1378,6 +1391,24 @@ def _eval_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_run)
     metrics, samples = common.greedy_eval(
         engine, val_rows, args.reward, args.max_tokens, args.min_tokens, args.grader_workers
     )
+    sampled = ""
+    if args.eval_samples:
+        metrics |= common.sampled_eval(
+            engine,
+            val_rows,
+            args.reward,
+            args.eval_samples,
+            args.eval_temperature,
+            args.max_tokens,
+            args.min_tokens,
+            args.grader_workers,
+            args.seed,
+        )
+        k = args.eval_samples
+        sampled = (
+            f" | avg@{k} {metrics['eval/avg@k']:.3f} | pass@{k} {metrics['eval/pass@k']:.3f} | "
+            f"maj@{k} {metrics['eval/maj@k']:.3f}"
+        )
     row = {
         "step": step,
         "opt_step": state["opt_step"],
@@ -1388,7 +1419,7 @@ def _eval_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_run)
     print(
         f"eval step {step} | accuracy {metrics['eval/accuracy']:.3f} | "
         f"reward {metrics['eval/reward']:.3f} | format {metrics['eval/format_reward']:.3f} | "
-        f"len {metrics['eval/response_len']:.1f}",
+        f"len {metrics['eval/response_len']:.1f}{sampled}",
         flush=True,
     )
     train = []
@@ -1516,6 +1547,10 @@ def main(args):
                     state,
                     {"optimizer.pt": learner["optimizer"].state_dict()},
                 )
+                if args.keep_checkpoints:
+                    common.save_snapshot(
+                        args.out, policy, learner["tokenizer"], args, state, args.keep_checkpoints
+                    )
             # --- sync weights into the engine for the next rollout ---
             if args.sleep_engine:
                 sync_s = engines.wake_engine(engine, policy)  # wakes it, then pushes the weights
@@ -1556,6 +1591,10 @@ def main(args):
                 state,
                 {"optimizer.pt": learner["optimizer"].state_dict()},
             )
+            if args.keep_checkpoints:
+                common.save_snapshot(
+                    args.out, policy, learner["tokenizer"], args, state, args.keep_checkpoints
+                )
             plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
     except KeyboardInterrupt:
         interrupted = True

@@ -355,6 +355,18 @@ class Worker:
         metrics, samples = common.greedy_eval(
             self.engine, self.val_rows, a.reward, a.max_tokens, a.min_tokens, a.grader_workers
         )
+        if a.eval_samples:
+            metrics |= common.sampled_eval(
+                self.engine,
+                self.val_rows,
+                a.reward,
+                a.eval_samples,
+                a.eval_temperature,
+                a.max_tokens,
+                a.min_tokens,
+                a.grader_workers,
+                a.seed,
+            )
         span = _span(self.name, "eval", t0, version)
         self.free_at = span["t1"]
         return {
@@ -423,7 +435,7 @@ class Worker:
         }
 
     def save(self, out_dir, state):
-        return common.save_model_checkpoint(
+        path = common.save_model_checkpoint(
             out_dir,
             self.learner["policy"],
             self.learner["tokenizer"],
@@ -431,6 +443,16 @@ class Worker:
             state,
             {"optimizer.pt": self.learner["optimizer"].state_dict()},
         )
+        if self.args.keep_checkpoints:
+            common.save_snapshot(
+                out_dir,
+                self.learner["policy"],
+                self.learner["tokenizer"],
+                self.args,
+                state,
+                self.args.keep_checkpoints,
+            )
+        return path
 
     def get_weights(self, clone=False):
         """{"weights", "spans"} to push: a CPU copy, or with clone=True a device clone for RDT (Ray

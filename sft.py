@@ -218,6 +218,7 @@ def parse_args(argv=None):
         default=None,
         help="default 2048; 128 for the embedded model",
     )
+    common.eval_sampling_flags(g)
     g.add_argument("--wandb", default=None, help="wandb project name (off when omitted)")
 
     g = p.add_argument_group("systems")
@@ -266,6 +267,12 @@ def parse_args(argv=None):
         help="write <out>/checkpoint every N steps (0: at the end)",
     )
     g.add_argument(
+        "--keep-checkpoints",
+        type=nonneg_int,
+        default=0,
+        help="also keep the weights of the last N saves as checkpoints/step_NNNN (0 = none)",
+    )
+    g.add_argument(
         "--resume",
         default=None,
         help="run or checkpoint dir: its flags (given ones override) and state",
@@ -312,6 +319,10 @@ def resolve(args):
         f"of --gradient-accumulation-steps {args.gradient_accumulation_steps}",
     )
     args.micro_batch_size = args.batch_size // args.gradient_accumulation_steps
+    check(
+        not args.keep_checkpoints or args.save_every,
+        "--keep-checkpoints keeps the --save-every checkpoints: set --save-every N",
+    )
     check(
         not (args.shared_prefix and args.gradient_checkpointing),
         "--shared-prefix needs the KV cache: drop it or --gradient-checkpointing",
@@ -719,6 +730,16 @@ def validate(llm, model, val_rows, args, done, n_evals, t_run, wandb_run):
     else:
         push_s = rollout.load_policy_into_vllm(model, llm)
     metrics, samples = common.greedy_eval(llm, val_rows, args.eval_reward, args.eval_max_tokens)
+    if args.eval_samples:
+        metrics |= common.sampled_eval(
+            llm,
+            val_rows,
+            args.eval_reward,
+            args.eval_samples,
+            args.eval_temperature,
+            args.eval_max_tokens,
+            seed=args.seed,
+        )
     if args.sleep_engine:
         rollout.sleep_engine(llm)  # its memory goes back to training until the next validation
     row = {
@@ -741,8 +762,8 @@ def validate(llm, model, val_rows, args, done, n_evals, t_run, wandb_run):
 
 def save_checkpoint(args, model, tokenizer, optimizer, scheduler, step):
     """<out>/checkpoint: common.save_model_checkpoint's layout (as grpo.py's), plus the lr
-    schedule's position."""
-    return common.save_model_checkpoint(
+    schedule's position; with --keep-checkpoints, the weights in the series too."""
+    path = common.save_model_checkpoint(
         args.out,
         model,
         tokenizer,
@@ -750,6 +771,11 @@ def save_checkpoint(args, model, tokenizer, optimizer, scheduler, step):
         {"step": step},
         extra={"optimizer.pt": optimizer.state_dict(), "scheduler.pt": scheduler.state_dict()},
     )
+    if args.keep_checkpoints:
+        common.save_snapshot(
+            args.out, model, tokenizer, args, {"step": step}, args.keep_checkpoints
+        )
+    return path
 
 
 # ------------------------------------------------------------------------------ the final model dir

@@ -1385,3 +1385,72 @@ def test_chat_template_shapes_the_train_and_validation_prompts(
     with pytest.raises(SystemExit):
         grpo.load_data(no_template)
     assert "has no chat template: drop --chat-template on" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- sampled validation
+def test_sampled_metrics_by_hand():
+    """3 questions x 4 samples: avg@4, pass@4, maj@4 and their standard errors over questions,
+    each computed here by hand."""
+    correct = [
+        [True, False, False, False],  # 1 of 4 right; the right answer "7" is outvoted by "8" x 2
+        [False, False, False, False],  # none right
+        [True, True, True, False],  # 3 of 4 right: "5" wins the vote
+    ]
+    answers = [["7", "8", "8", None], ["1", "2", None, None], ["5", "5", "5", "6"]]
+    m = common.sampled_metrics(correct, answers, 4)
+    # avg@4: 1/4, 0, 3/4 -> mean 1/3; SE = sample std / sqrt(3)
+    avg = [0.25, 0.0, 0.75]
+    assert m["eval/avg@k"] == pytest.approx(1 / 3)
+    assert m["eval/avg@k_se"] == pytest.approx(statistics.stdev(avg) / math.sqrt(3))
+    # pass@4 with n = k = 4: "any of the 4 right": 1, 0, 1
+    assert m["eval/pass@k"] == pytest.approx(2 / 3)
+    assert m["eval/pass@k_se"] == pytest.approx(statistics.stdev([1, 0, 1]) / math.sqrt(3))
+    # maj@4 (all 4 samples vote): "8" beats "7"; no right answer; "5" wins -> 0, 0, 1
+    assert m["eval/maj@k"] == pytest.approx(1 / 3)
+    assert m["eval/maj@k_se"] == pytest.approx(statistics.stdev([0, 0, 1]) / math.sqrt(3))
+    # k = 2 of 4 (the unbiased estimators): question 0's pass@2 = 1 - C(3,2)/C(4,2) = 1/2
+    m2 = common.sampled_metrics(correct, answers, 2)
+    assert m2["eval/pass@k"] == pytest.approx((0.5 + 0 + 1) / 3)
+    # a tie splits: answers "a" (right) and "b" 1 vote each -> maj@2 = 1/2
+    tie = common.sampled_metrics([[True, False]], [["a", "b"]], 2)
+    assert tie["eval/maj@k"] == pytest.approx(0.5)
+    assert math.isnan(tie["eval/maj@k_se"])  # one question: no standard error
+    assert set(m) <= readme_glossary()
+
+
+def test_snapshots_written_rotated_and_resumed(tiny_model_dir, task_file, tmp_path):
+    """--keep-checkpoints 1 --save-every 1 over 2 steps keeps checkpoints/step_0002 (weights
+    only, beside the resumable checkpoint/); a directory of the user's in checkpoints/ stays; a
+    resume to 3 steps rotates on (step_0003). --eval-samples 2 adds the sampled keys to the final
+    eval row, which says how many questions it used."""
+    out = tmp_path / "run"
+    flags = tiny_flags(tiny_model_dir, task_file, *STOP_FLAGS, "--n-grpo-steps", "2")
+    flags += ["--save-every", "1", "--keep-checkpoints", "1", "--eval-samples", "2"]
+    os.makedirs(out / "checkpoints" / "mine")  # the user's: never deleted
+    with open(out / "checkpoints" / "mine" / "notes.txt", "w") as f:
+        f.write("keep")
+    grpo.main(grpo.parse_args(flags + ["--out", str(out), "--threads", "1"]))
+    assert [s for s, _ in common.snapshots(out)] == [2]
+    assert sorted(os.listdir(out / "checkpoints")) == ["mine", "step_0002"]
+    snapshot = set(os.listdir(out / "checkpoints" / "step_0002"))
+    assert {"config.json", "model.safetensors", "state.json"} <= snapshot
+    assert "optimizer.pt" not in snapshot  # weights only
+    assert "optimizer.pt" in os.listdir(out / "checkpoint")
+    evals = [r for r in metrics(out) if "eval/accuracy" in r]
+    assert evals[-1]["eval/n_questions"] == 8
+    for key in ("avg@k", "pass@k", "maj@k"):
+        assert 0 <= evals[-1][f"eval/{key}"] <= 1
+        assert f"eval/{key}_se" in evals[-1]
+    assert evals[-1]["eval/avg@k"] <= evals[-1]["eval/pass@k"]
+    missing = sorted(logged_keys(metrics(out)) - readme_glossary())
+    assert not missing, missing
+    grpo.main(grpo.parse_args(["--resume", str(out), "--n-grpo-steps", "3"]))
+    assert [s for s, _ in common.snapshots(out)] == [3]
+    assert os.path.exists(out / "checkpoints" / "mine" / "notes.txt")
+
+
+def test_keep_checkpoints_needs_save_every(tiny_model_dir, task_file, capsys):
+    flags = tiny_flags(tiny_model_dir, task_file, "--keep-checkpoints", "2", "--save-every", "0")
+    with pytest.raises(SystemExit):
+        grpo.parse_args(flags + ["--out", "/tmp/unused"])
+    assert "--keep-checkpoints keeps the --save-every checkpoints" in capsys.readouterr().err
