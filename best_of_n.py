@@ -49,6 +49,7 @@ from common import (
     existing_file,
     fail,
     int_list,
+    mean_se,
     nonneg_int,
     positive_float,
     positive_int,
@@ -58,17 +59,22 @@ from common import (
     stop_name,
     stop_on_sigterm,
 )
-from data import EMBEDDED_MODEL, read_jsonl, write_json_atomic, write_jsonl_atomic
+from data import read_jsonl, write_json_atomic, write_jsonl_atomic
 from eval_zero_shot import (
     add_data_flags,
+    add_model_flag,
     check_engine,
     check_out,
+    check_sweep_out,
     claim_out,
     default_max_tokens,
     describe,
+    expand_models,
     load_examples,
     start_engine,
+    sweep_args,
     task_flags,
+    write_sweep,
 )
 from grader import REWARD_FNS, grade_batch, last_boxed
 
@@ -273,11 +279,7 @@ def read_generations(path):
 def parse_args(argv=None):
     p = Parser(description="pass@k, Best@k (log-prob selection) and maj@k from N samples.")
     # --- model ---
-    p.add_argument(
-        "--model",
-        default=EMBEDDED_MODEL,
-        help="model dir or hub id (default: the embedded tiny model)",
-    )
+    add_model_flag(p)
     p.add_argument(
         "--engine",
         default="vllm",
@@ -348,7 +350,9 @@ def resolve(args):
     """The defaults that depend on other flags, and the checks that need no model: each a
     one-line error. After this, args is only read."""
     args.ns = sorted(set(args.ns))
+    args.sweep, args.model = expand_models(args.model)
     if args.from_generations:
+        check(not args.sweep, "--from-generations re-scores one file: drop the --model sweep")
         here = os.path.dirname(os.path.abspath(args.from_generations))
         args.out = args.out or here
         results = ["best_of_n.json"]  # what --out may hold only with --overwrite
@@ -360,7 +364,11 @@ def resolve(args):
     args.prompt, args.reward, args.data = task_flags(args)
     args.max_tokens = args.max_tokens or default_max_tokens(args.task, args.model)
     args.out = args.out or os.path.join("runs", f"bon_{args.task}")
-    check_out(args.out, ["generations.jsonl", "best_of_n.json"], args.overwrite)
+    results = ["generations.jsonl", "best_of_n.json"]
+    if args.sweep:
+        check_sweep_out(args, results)
+    else:
+        check_out(args.out, results, args.overwrite)
     check_engine(args.engine)
     return args
 
@@ -432,7 +440,23 @@ def main(argv=None):
     claim_out(args.out)  # held for this run's life: a second run there is refused
     written = []  # the files written so far, for a stop request's message
     try:
-        score(args, written)
+        if not args.sweep:
+            score(args, written)
+            return
+        # a checkpoint sweep: each snapshot scored into --out/<label>, one row each
+        rows = []
+        for snapshot, one in sweep_args(args):
+            print(f"== {snapshot['label']}: {snapshot['model']}", flush=True)
+            result, graded = score(one, written)
+            accuracy = []  # per prompt: the fraction of its samples that are right
+            for r in graded:
+                right = [x["answer_reward"] >= 1 for x in r["samples"]]
+                accuracy.append(sum(right) / len(right))
+            row = {**snapshot, "num_prompts": result["num_prompts"]}
+            row["accuracy"], row["accuracy_se"] = mean_se(accuracy)
+            row["ks"] = result["rows"]
+            rows.append(row)
+        write_sweep(args.out, rows, f"{args.task} T={args.temperature} n={args.n}")
     except KeyboardInterrupt:
         message = f"{stop_name()}: stopped before anything was written"
         if written:
@@ -445,8 +469,9 @@ def main(argv=None):
 
 def score(args, written):
     """Generate (or read) the samples, compute the metrics, write them and the plot; each file
-    written is added to `written`."""
+    written is added to `written`. -> (the metrics, the graded rows)."""
     out = args.out
+    os.makedirs(out, exist_ok=True)  # (a sweep's snapshot folder)
     if args.from_generations:
         rows = read_generations(args.from_generations)
         n = min(len(r["samples"]) for r in rows)
@@ -484,6 +509,7 @@ def score(args, written):
         f"accuracy (mean over all samples = pass@1) {result['accuracy']:.4f} | "
         f"wrote {path} and best_of_n.png"
     )
+    return result, rows
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ Examples:
       --dry-run
 """
 
+import argparse
 import importlib.util
 import json
 import os
@@ -47,13 +48,17 @@ from common import (
     dry_run,
     existing_file,
     fail,
+    find_checkpoint,
     int_list,
     lock_run_dir,
+    mean_se,
     nonneg_float,
     nonneg_int,
     positive_int,
     probability,
+    read_json,
     set_threads,
+    snapshots,
     stop_exit_code,
     stop_name,
     stop_on_sigterm,
@@ -302,14 +307,22 @@ def add_data_flags(p):
     )
 
 
+def add_model_flag(p):
+    """--model: one model, or several / a run directory for a checkpoint sweep (best_of_n.py's
+    too)."""
+    p.add_argument(
+        "--model",
+        nargs="+",
+        default=[EMBEDDED_MODEL],
+        help="model dir or hub id (default: the embedded tiny model); several, or a run dir "
+        "(its checkpoints/ series and checkpoint/): one summary row per snapshot",
+    )
+
+
 def parse_args(argv=None):
     p = Parser(description="Zero-shot evaluation with the seeds' three reward categories.")
     # --- model ---
-    p.add_argument(
-        "--model",
-        default=EMBEDDED_MODEL,
-        help="model dir or hub id (default: the embedded tiny model)",
-    )
+    add_model_flag(p)
     p.add_argument(
         "--engine",
         default="vllm",
@@ -365,12 +378,21 @@ def parse_args(argv=None):
 def resolve(args):
     """The defaults that depend on --task/--model, and the checks that need no model: each a
     one-line error. After this, args is only read."""
+    args.sweep, args.model = expand_models(args.model)
     args.prompt, args.reward, args.data = task_flags(args)
     args.max_tokens = args.max_tokens or [default_max_tokens(args.task, args.model)]
     if args.temperature is None:
         args.temperature = SEED_SETTINGS[args.task][1]
     args.out = args.out or os.path.join("runs", f"eval_{args.task}")
-    check_out(args.out, ["generations.jsonl", "summary.json"], args.overwrite)
+    results = ["generations.jsonl", "summary.json"]
+    if args.sweep:
+        check(
+            len(args.max_tokens) == 1,
+            "a checkpoint sweep evaluates one --max-tokens: pass one value",
+        )
+        check_sweep_out(args, results)
+    else:
+        check_out(args.out, results, args.overwrite)
     check_engine(args.engine)
     return args
 
@@ -441,6 +463,24 @@ def main(argv=None):
     set_threads(args.threads)  # before the engine starts
     if args.dry_run:
         dry_run(args)
+    if not args.sweep:
+        evaluate(args)
+        return
+    claim_out(args.out)
+    rows = []
+    for snapshot, one in sweep_args(args):
+        print(f"== {snapshot['label']}: {snapshot['model']}", flush=True)
+        summary, graded = evaluate(one, claim=False)
+        row = {**snapshot, **summary["rows"][0]}
+        row["accuracy_se"] = mean_se([int(r["answer_reward"] >= 1) for r in graded])[1]
+        rows.append(row)
+    write_sweep(args.out, rows, f"{args.task} T={args.temperature}")
+
+
+def evaluate(args, claim=True):
+    """One model: generate, grade and write generations.jsonl and summary.json into args.out
+    (held while it runs; claim=False: a sweep's snapshot folder, in the --out the sweep holds).
+    -> (summary, graded rows)."""
     try:
         examples, stop = load_examples(args)
         prompts = [ex["prompt"] for ex in examples]
@@ -449,7 +489,9 @@ def main(argv=None):
             f"temperature {args.temperature} | stop {stop}"
         )
         # held for this run's life; taken once the data loaded, so bad data leaves no --out behind
-        claim_out(args.out)
+        if claim:
+            claim_out(args.out)
+        os.makedirs(args.out, exist_ok=True)
         llm = start_engine(args, prompts, max(args.max_tokens))
     except KeyboardInterrupt:
         print(f"\n{stop_name()} while loading: stopped; nothing written", file=sys.stderr)
@@ -522,6 +564,130 @@ def main(argv=None):
             file=sys.stderr,
         )
         raise SystemExit(stop_exit_code())
+    return summary, all_rows
+
+
+# -------------------------------------------------- a checkpoint sweep (shared with best_of_n.py)
+SWEEP_FILES = ("checkpoints.json", "checkpoints.png")  # a sweep's summary rows and its plot
+
+
+def snapshot_step(path):
+    """The step in a checkpoint's state.json, else None (a model dir or hub id)."""
+    state = read_json(os.path.join(path, "state.json"), "step")
+    if state is None:
+        return None
+    return state["step"]
+
+
+def expand_models(paths):
+    """--model's values -> (the snapshots of a checkpoint sweep, the model to check the task
+    against). One model dir or hub id is no sweep ([], it). A run directory (it holds
+    checkpoint/ or checkpoints/) gives its series, oldest first, then checkpoint/ unless the
+    series has its step; several values are each expanded so. A snapshot is {"label" (its folder
+    in --out), "step" (None when unknown), "model"}."""
+    is_run = []
+    for path in paths:
+        has_checkpoint = os.path.isdir(os.path.join(path, "checkpoint"))
+        is_run.append(has_checkpoint or bool(snapshots(path)))
+    if len(paths) == 1 and not is_run[0]:
+        return [], paths[0]
+    sweep = []
+    for path, run in zip(paths, is_run):
+        found = []
+        if run:
+            for step, snapshot in snapshots(path):
+                found.append((step, snapshot))
+            final = find_checkpoint(path, repair=False)
+            if final is not None and snapshot_step(final) not in [s for s, _ in found]:
+                found.append((snapshot_step(final), final))
+            check(found, f"--model {path}: a run directory with no complete checkpoint")
+        else:
+            found.append((snapshot_step(path), path))
+        for step, model in found:
+            label = f"step_{step:04d}"
+            if step is None:
+                label = os.path.basename(model.rstrip("/")) or model
+            sweep.append({"label": label, "step": step, "model": model})
+    labels = [s["label"] for s in sweep]
+    for label in labels:
+        check(
+            labels.count(label) == 1,
+            f"--model: two snapshots would both write {label}/; sweep one run directory at a "
+            "time, or models with different names",
+        )
+    for s in sweep:
+        check_model_dir(s["model"])
+    return sweep, sweep[0]["model"]
+
+
+def check_sweep_out(args, results):
+    """A sweep's --out: free of SWEEP_FILES, and each snapshot's folder of `results`, unless
+    --overwrite (as check_out)."""
+    check_out(args.out, list(SWEEP_FILES), args.overwrite)
+    for s in args.sweep:
+        check_out(os.path.join(args.out, s["label"]), results, args.overwrite)
+
+
+def sweep_args(args):
+    """[(snapshot, its args)]: each snapshot evaluated as a one-model run into --out/<label>
+    (a copy of args; args itself stays as parsed)."""
+    out = []
+    for s in args.sweep:
+        one = dict(vars(args))
+        one["model"] = s["model"]
+        one["out"] = os.path.join(args.out, s["label"])
+        one["sweep"] = []
+        out.append((s, argparse.Namespace(**one)))
+    return out
+
+
+def best_snapshot(rows):
+    """The row with the highest accuracy (the earliest on a tie)."""
+    best = rows[0]
+    for row in rows[1:]:
+        if row["accuracy"] > best["accuracy"]:
+            best = row
+    return best
+
+
+def write_sweep(out, rows, title):
+    """checkpoints.json (one summary row per snapshot, and the best) and checkpoints.png
+    (accuracy ± SE against step); prints the table and names the best snapshot. -> the best."""
+    best = best_snapshot(rows)
+    for row in rows:
+        se = row["accuracy_se"]
+        mark = ""
+        if row is best:
+            mark = "  <- best"
+        print(f"{row['label']:>14} | accuracy {row['accuracy']:.4f} ± {se:.4f}{mark}")
+    steps = [row["step"] for row in rows]
+    xlabel = "step"
+    if None in steps:
+        steps = list(range(len(rows)))  # some snapshot has no step: their order
+        xlabel = "snapshot (--model order)"
+    write_json_atomic(os.path.join(out, SWEEP_FILES[0]), {"rows": rows, "best": best})
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    accuracy = [row["accuracy"] for row in rows]
+    se = [row["accuracy_se"] for row in rows]
+    ax.errorbar(steps, accuracy, yerr=se, marker="o", capsize=3, label="accuracy ± SE")
+    ax.plot(steps[rows.index(best)], best["accuracy"], "r*", markersize=12, label="best")
+    ax.legend()
+    ax.set(xlabel=xlabel, ylabel="accuracy", title=title[-60:])
+    fig.tight_layout()
+    path = os.path.join(out, SWEEP_FILES[1])
+    fig.savefig(path + ".tmp", format="png", dpi=120)
+    plt.close(fig)
+    os.replace(path + ".tmp", path)
+    print(
+        f"best: {best['label']} ({best['model']}) accuracy {best['accuracy']:.4f} ± "
+        f"{best['accuracy_se']:.4f} | wrote {out}/{SWEEP_FILES[0]} and {SWEEP_FILES[1]}"
+    )
+    return best
 
 
 if __name__ == "__main__":

@@ -357,3 +357,36 @@ def test_sigterm_leaves_consistent_files(
     monkeypatch.undo()
     best_of_n.main(["--from-generations", str(generations), "--ns", "1,2"])
     assert json.load(open(out / "best_of_n.json"))["num_prompts"] == 2
+
+
+def test_sweep_over_several_models_one_row_per_snapshot(tiny_model_dir, problems, tmp_path):
+    """Two --model snapshots (checkpoint folders with their step): one row each in
+    checkpoints.json with pass@k / maj@k per k, accuracy ± SE over prompts, the best named; each
+    snapshot's folder holds a single run's files."""
+    import shutil
+
+    import best_of_n
+
+    models = []
+    for step in (5, 10):
+        path = tmp_path / "run" / "checkpoints" / f"step_{step:04d}"
+        shutil.copytree(tiny_model_dir, path)
+        with open(path / "state.json", "w") as f:
+            json.dump({"step": step}, f)
+        models.append(str(path))
+    out = tmp_path / "bon"
+    argv = ["--model", *models, "--engine", "hf", "--data", problems, "--limit", "2", "--n", "2"]
+    argv += ["--ns", "1,2", "--max-tokens", "4", "--out", str(out), "--workers", "1"]
+    best_of_n.main(argv + ["--threads", "1"])
+    with open(out / "checkpoints.json") as f:
+        sweep = json.load(f)
+    assert [r["step"] for r in sweep["rows"]] == [5, 10]
+    for r in sweep["rows"]:
+        assert [k["k"] for k in r["ks"]] == [1, 2]
+        with open(out / r["label"] / "best_of_n.json") as f:
+            single = json.load(f)
+        assert r["accuracy"] == pytest.approx(single["accuracy"])
+        assert r["ks"] == single["rows"]
+        assert r["accuracy_se"] >= 0
+    assert sweep["best"]["label"] == "step_0005"  # the same weights: a tie goes to the earliest
+    assert os.path.exists(out / "checkpoints.png")

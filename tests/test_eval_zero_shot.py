@@ -310,3 +310,75 @@ def test_end_to_end_with_the_chat_template(tiny_qwen3_chat_dir, problems, tmp_pa
     for row in rows:
         assert row["prompt"].startswith("<|im_start|>user\nAnswer the following problem.")
         assert row["prompt"].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+# ----------------------------------------------------------------------------- checkpoint sweep
+@pytest.fixture(scope="module")
+def run_dir(tiny_model_dir, tmp_path_factory):
+    """A run directory as grpo.py --keep-checkpoints leaves it: checkpoints/step_0001 and _0002,
+    the resumable checkpoint/ at step 3, and a folder of the user's (not a snapshot)."""
+    import shutil
+
+    run = tmp_path_factory.mktemp("run")
+    for step, name in [
+        (1, "checkpoints/step_0001"),
+        (2, "checkpoints/step_0002"),
+        (3, "checkpoint"),
+    ]:
+        shutil.copytree(tiny_model_dir, run / name)
+        with open(run / name / "state.json", "w") as f:
+            json.dump({"step": step, "opt_step": step}, f)
+    os.makedirs(run / "checkpoints" / "notes")
+    return run
+
+
+def test_sweep_over_a_run_directory_one_row_per_snapshot(run_dir, problems, tmp_path, capsys):
+    import eval_zero_shot
+
+    out = tmp_path / "sweep"
+    argv = ["--model", str(run_dir), "--engine", "hf", "--data", problems, "--limit", "2"]
+    argv += ["--max-tokens", "4", "--out", str(out), "--workers", "1", "--threads", "1"]
+    eval_zero_shot.main(argv)
+    with open(out / "checkpoints.json") as f:
+        sweep = json.load(f)
+    assert [r["step"] for r in sweep["rows"]] == [1, 2, 3]
+    assert [r["label"] for r in sweep["rows"]] == ["step_0001", "step_0002", "step_0003"]
+    assert sweep["rows"][2]["model"] == str(run_dir / "checkpoint")
+    for r in sweep["rows"]:
+        assert r["n"] == 2 and "accuracy_se" in r
+        # each snapshot's own one-model output, as a single run writes it
+        with open(out / r["label"] / "summary.json") as f:
+            assert json.load(f)["rows"][0]["accuracy"] == r["accuracy"]
+    # the same weights everywhere: a tie, the earliest is best
+    assert sweep["best"]["label"] == "step_0001"
+    assert "best: step_0001" in capsys.readouterr().out
+    assert os.path.getsize(out / "checkpoints.png") > 5_000
+    # a second sweep into the same --out is refused unless --overwrite
+    with pytest.raises(SystemExit):
+        eval_zero_shot.parse_args(argv)
+    assert "pass --overwrite" in capsys.readouterr().err
+
+
+def test_write_sweep_names_the_best_and_draws_error_bars(tmp_path, monkeypatch):
+    """Hand-made rows: the best is the highest accuracy; the plot draws accuracy ± SE."""
+    import matplotlib.figure
+
+    import eval_zero_shot
+
+    drawn = []
+    real = matplotlib.axes.Axes.errorbar
+
+    def errorbar(ax, x, y, yerr=None, **kw):
+        drawn.append((list(x), list(y), list(yerr)))
+        return real(ax, x, y, yerr=yerr, **kw)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", errorbar)
+    rows = []
+    for step, acc, se in [(10, 0.2, 0.05), (20, 0.5, 0.04), (30, 0.4, 0.06)]:
+        rows.append({"label": f"step_{step:04d}", "step": step, "model": "m", "accuracy": acc})
+        rows[-1]["accuracy_se"] = se
+    best = eval_zero_shot.write_sweep(str(tmp_path), rows, "t")
+    assert best["step"] == 20
+    assert drawn == [([10, 20, 30], [0.2, 0.5, 0.4], [0.05, 0.04, 0.06])]
+    with open(tmp_path / "checkpoints.json") as f:
+        assert json.load(f)["best"]["step"] == 20
