@@ -15,12 +15,13 @@ eval_zero_shot.py output (its summary.json). The table is printed and written be
 
   python plot.py --compare runs/eval_countdown runs/cd_256 runs/cd_512 --out runs/cd_final.png
 
-Layout: a grid of line panels (colour = run, line style = key, markers on validation keys) and one
-time panel. A panel no run has data for is dropped, so an sft run gets a compact grid (no reward or
-KL panels); a key one run lacks is skipped for that run only. Rows that share an x are averaged:
-with --x step (the rollout step) those are the several optimizer steps of one rollout batch.
-NaN and None are skipped. The time panel is a stacked bar per run, total seconds per phase: where
-the run's time went.
+Layout: a grid of line panels (colour = run, line style = key, markers on validation keys, ± 1
+standard error bars on those logged with an `_se`, e.g. eval/accuracy_se) and one time panel. A
+panel no run has data for is dropped, so an sft run gets a compact grid (no reward or KL panels); a
+key one run lacks is skipped for that run only. Rows that share an x are averaged: with --x step
+(the rollout step) those are the several optimizer steps of one rollout batch. NaN and None are
+skipped. The time panel is a stacked bar per run, total seconds per phase: where the run's time
+went.
 
 The API: build_figure(run_dirs, x) -> a matplotlib Figure (tests read its axes); plot_runs(...)
 writes it atomically; plot_timeline(...) draws grpo_ray.py's Gantt chart.
@@ -35,6 +36,7 @@ from common import Parser, check, read_metrics
 # (title, keys, keys on a right-hand y axis): a line style per key; eval/ keys get markers
 PANELS = [
     ("validation (greedy)", ["eval/accuracy", "eval/format_reward"], []),
+    ("validation (sampled, --eval-samples k)", ["eval/avg@k", "eval/pass@k", "eval/maj@k"], []),
     (
         "train reward",
         ["train/reward", "train/format_reward", "train/answer_reward", "train/kept_frac"],
@@ -85,6 +87,16 @@ def series(rows, key, x):
             acc.setdefault(r[x], []).append(float(r[key]))
     xs = sorted(acc)
     return xs, [sum(acc[k]) / len(acc[k]) for k in xs]
+
+
+def error_bars(rows, key, x, xs):
+    """The standard error (`<key>_se`, logged beside eval metrics) at each of xs, 0 where a row
+    has none; None when the run logs no SE for key: no error bars."""
+    se_xs, se = series(rows, key + "_se", x)
+    if not se_xs:
+        return None
+    at = dict(zip(se_xs, se))
+    return [at.get(v, 0.0) for v in xs]
 
 
 def time_split(rows):
@@ -144,29 +156,25 @@ def _line_panel(ax, runs, title, keys, right, x):
     from matplotlib.lines import Line2D
 
     names = keys + right
-    curves = []  # (run index, key index, label, xs, ys)
+    curves = []  # (run index, key index, label, xs, ys, standard errors or None)
     for i, (name, rows) in enumerate(runs):
         for j, key in enumerate(names):
             xs, ys = series(rows, key, x)
             if xs:  # a key this run lacks: skipped for this run only
-                curves.append((i, j, f"{name} {key}", xs, ys))
+                curves.append((i, j, f"{name} {key}", xs, ys, error_bars(rows, key, x, xs)))
     twin = None
-    if any(j >= len(keys) for _, j, _, _, _ in curves):
+    if any(j >= len(keys) for _, j, _, _, _, _ in curves):
         twin = ax.twinx()
-    for i, j, label, xs, ys in curves:
+    for i, j, label, xs, ys, se in curves:
         on = ax
         if j >= len(keys):
             on = twin
-        on.plot(
-            xs,
-            ys,
-            color=f"C{i}",
-            linestyle=STYLES[j],
-            marker=_marker(names[j]),
-            markersize=3,
-            label=label,
-        )
-    shown = sorted({j for _, j, _, _, _ in curves})
+        style = dict(color=f"C{i}", linestyle=STYLES[j], marker=_marker(names[j]), markersize=3)
+        if se is None:
+            on.plot(xs, ys, label=label, **style)
+        else:
+            on.errorbar(xs, ys, yerr=se, capsize=2, label=label, **style)  # ± 1 SE
+    shown = sorted({j for _, j, _, _, _, _ in curves})
     if len(names) > 1:
         # which line style is which key (colours are runs: the header says which); on the top
         # axes, over the lines

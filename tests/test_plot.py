@@ -57,9 +57,17 @@ def grpo_rows(n_steps=4, opt_per_step=2, kl=True):
                     "time/wall": 4.0 * opt + 1,
                     "time/eval": 3.0,
                     "eval/accuracy": 0.2 + 0.1 * s,
+                    "eval/accuracy_se": 0.01 * (s + 1),
+                    "eval/n_questions": 100,
                     "eval/format_reward": 0.9,
                     "eval/response_len": 30.0,
                     "eval/truncation_rate": 0.5,
+                    "eval/avg@k": 0.1 + 0.1 * s,
+                    "eval/avg@k_se": 0.02,
+                    "eval/pass@k": 0.3 + 0.1 * s,
+                    "eval/pass@k_se": 0.03,
+                    "eval/maj@k": 0.2 + 0.1 * s,
+                    "eval/maj@k_se": 0.025,
                 }
             )
     return rows
@@ -146,6 +154,7 @@ def test_grpo_run_writes_one_dashboard_with_every_panel(tmp_path):
     assert len(loss) == 1
     assert list(loss[0].get_ydata()) == [0.5, 1.5, 2.5, 3.5]  # 2 optimizer steps averaged
     val = panels(fig)["validation (greedy)"].lines
+    val = [line for line in val if not line.get_label().startswith("_")]  # not error-bar caps
     assert all(line.get_marker() == "o" for line in val)
     assert list(val[0].get_xdata()) == [0, 2]
     assert "grpo_a | step 3 | val acc 0.200 -> 0.400" in fig.legends[0].get_texts()[0].get_text()
@@ -376,3 +385,43 @@ def test_compare_names_other_settings_and_refuses_other_directories(tmp_path):
     assert "neither a training run" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.png").exists()
+
+
+def errorbar_data(ax):
+    """[(label, xs, ys, standard errors)] of the error-bar curves drawn on ax."""
+    from matplotlib.container import ErrorbarContainer
+
+    drawn = []
+    for c in ax.containers:
+        if isinstance(c, ErrorbarContainer):
+            line, _, (bars,) = c.lines
+            se = [(top[1] - bottom[1]) / 2 for bottom, top in bars.get_segments()]
+            drawn.append((c.get_label(), list(line.get_xdata()), list(line.get_ydata()), se))
+    return drawn
+
+
+def test_eval_metrics_with_a_standard_error_get_error_bars_in_every_overlaid_run(tmp_path):
+    """eval/accuracy ± eval/accuracy_se and the sampled keys ± theirs, for each overlaid run; a
+    run without SEs (sft's rows here) is drawn as a plain line."""
+    a = write_run(tmp_path / "a", grpo_rows())
+    b_rows = grpo_rows()
+    for r in b_rows:
+        if "eval/accuracy" in r:
+            r["eval/accuracy"] += 0.05
+    b = write_run(tmp_path / "b", b_rows)
+    c = write_run(tmp_path / "c", sft_rows())
+    p = panels(plot.build_figure([a, b, c]))
+    greedy = errorbar_data(p["validation (greedy)"])
+    assert ("a eval/accuracy", [0, 2], [0.2, 0.4], [0.01, 0.03]) in [
+        (label, xs, ys, pytest.approx(se)) for label, xs, ys, se in greedy
+    ]
+    labels = [label for label, _, _, _ in greedy]
+    assert "b eval/accuracy" in labels
+    assert "c eval/accuracy" not in labels  # no SE logged: a plain line
+    sampled = errorbar_data(p["validation (sampled, --eval-samples k)"])
+    assert sorted(label for label, _, _, _ in sampled) == sorted(
+        f"{run} eval/{key}" for run in "ab" for key in ("avg@k", "pass@k", "maj@k")
+    )
+    for label, _, _, se in sampled:
+        if label.endswith("pass@k"):
+            assert se == pytest.approx([0.03, 0.03])
