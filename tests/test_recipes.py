@@ -289,6 +289,17 @@ def test_every_seed_row_runs_the_seeds_model():
     assert checked == set(SEED_MODELS)
 
 
+def test_seed_001_trainer_rows_validate_sampled_at_t_1():
+    """Seed 001 evaluates GSM8K at T 1.0: each of its GSM8K trainer rows adds sampled validation
+    at that temperature."""
+    rows = [(label, argv) for label, argv in recipes() if "gsm8k_train.jsonl" in argv]
+    assert len(rows) >= 9
+    for label, argv in rows:
+        flags = dict(pairs(argv))
+        assert int(flags.get("--eval-samples", 0)) > 0, label
+        assert flags.get("--eval-temperature") == "1.0", label
+
+
 def test_seed_001_problems_8_to_13_each_have_a_gsm8k_row():
     """Problem 11 asks for no run; the others train on GSM8K with seed 001's model."""
     for problem in ("Problem 8", "Problem 9", "Problem 10", "Problems 11–12", "Problem 13"):
@@ -532,6 +543,10 @@ def test_recipe_runs_end_to_end_on_a_stand_in(
         assert any("train/loss" in m for m in metrics)
         # KL drift only when asked
         assert any("train/kl_ref" in m for m in metrics) == (cfg["kl_every"] > 0)
+    if cfg.get("eval_samples"):  # seed 001's GSM8K rows: sampled validation at T 1.0, logged
+        assert cfg["eval_temperature"] == 1.0
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            assert any("eval/pass@k" in json.loads(line) for line in f)
     if argv[0] == "grpo_ray.py":  # the schedule and transport asked for
         with open(os.path.join(out, "summary.json")) as f:
             summary = json.load(f)
