@@ -394,7 +394,8 @@ def errorbar_data(ax):
     drawn = []
     for c in ax.containers:
         if isinstance(c, ErrorbarContainer):
-            line, _, (bars,) = c.lines
+            line = c.lines[0]  # (data line, cap lines, bar collections)
+            bars = c.lines[2][0]
             se = [(top[1] - bottom[1]) / 2 for bottom, top in bars.get_segments()]
             drawn.append((c.get_label(), list(line.get_xdata()), list(line.get_ydata()), se))
     return drawn

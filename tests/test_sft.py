@@ -679,6 +679,8 @@ def test_from_scratch_cli_smoke_with_hf_engine_validation(tmp_path):
     cmd += ["--steps", "2", "--batch-size", "8", "--gradient-accumulation-steps", "2"]
     cmd += ["--shared-prefix", "--lr", "1e-3"]
     cmd += ["--eval-n", "4", "--eval-every", "1", "--engine", "hf", "--out", str(tmp_path)]
+    cmd += ["--eval-samples", "2", "--eval-max-tokens", "32"]
+    cmd += ["--save-every", "1", "--keep-checkpoints", "1"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "step 2/2 |" in res.stdout and "eval 2 @ step 2" in res.stdout
@@ -696,6 +698,13 @@ def test_from_scratch_cli_smoke_with_hf_engine_validation(tmp_path):
     ):
         assert all(0 <= r[k] for r in evals), k
     assert all(r["eval/accuracy"] <= r["eval/format_reward"] + 1e-9 for r in evals)
+    # --eval-samples 2: the sampled keys beside the greedy ones; the question count
+    for r in evals:
+        assert r["eval/n_questions"] == 4
+        assert 0 <= r["eval/avg@k"] <= r["eval/pass@k"] <= 1
+        assert "eval/maj@k_se" in r
+    # --keep-checkpoints 1: the last save's weights only
+    assert os.listdir(tmp_path / "checkpoints") == ["step_0002"]
     assert os.path.exists(tmp_path / "rollouts" / "step_0002.jsonl")
     assert os.path.exists(tmp_path / "dashboard.png")
     for f in ("config.json", "model.safetensors", "tokenizer.json", "state.json"):
