@@ -22,7 +22,8 @@ Departures from the seeds (their settings, and ours, are in PROFILES):
 - seed 002's loop calls scheduler.step() without naming a schedule: the lr is constant unless
   --warmup-frac / --min-lr-frac ask for sft.py's warmup and cosine decay (lr_factor);
 - the seeds' raw prompt text by default; --chat-template wraps it in the model's chat template.
-The extras (DAPO, rollout importance sampling, KL monitoring, ...) are in the README.
+The extras (DAPO, rollout importance sampling, KL monitoring, the advantage estimators, CISPO, the
+entropy controls, ...) are in the README.
 
 Examples:
   python grpo.py                                                  # offline CPU demo

@@ -90,6 +90,18 @@ def test_objectives_keys_and_on_policy_gradients(objectives):
         assert bucket["per_token_weight"] == pytest.approx(1 / max_tokens, rel=1e-4)
     for bucket in r["objectives"]["dapo"]["per_token_weight_by_length"].values():
         assert bucket["per_token_weight"] == pytest.approx(n / n_tok, rel=1e-4)
+    # the estimators and controls of issue 31: RLOO is G / (G - 1) x GRPO's advantages (same
+    # normaliser); on-policy CISPO is DAPO (ratio 1, token norm); the entropy controls move it
+    G = r["config"]["group_size"]
+    o = r["objectives"]
+    assert cos["rloo"] == pytest.approx(1.0, abs=1e-4)
+    assert o["rloo"]["grad_norm"] == pytest.approx(G / (G - 1) * rwb["grad_norm"], rel=1e-4)
+    assert r["grad_cosine"]["dapo"]["cispo"] == pytest.approx(1.0, abs=1e-4)
+    assert o["cispo"]["grad_norm"] == pytest.approx(o["dapo"]["grad_norm"], rel=1e-4)
+    bonus = o["grpo_clip_entropy_bonus"]["grad_norm"]
+    assert abs(bonus - o["grpo_clip"]["grad_norm"]) > 1e-6 * bonus
+    assert r["grad_cosine"]["grpo_clip"]["grpo_clip_top20_entropy"] < 0.9999
+    assert o["passk_4"]["grad_norm"] > 0
 
 
 def test_grpo_step_keys_and_exactness():
