@@ -12,7 +12,8 @@ ours (the README lists them). Each step of `main`:
   train             SFT on the kept pairs, --epochs passes of --batch-size optimizer steps of
                     sft.py's `train_step` (its loss, microbatches and clipping); log
   save, sync        a checkpoint every --save-every steps; the new weights into the engine
-It reuses grpo.py's engine, sampling, validation and policy loading and sft.py's train step.
+It reuses grpo.py's flag groups, data loading, learner, engine, sampling, validation, checkpoint
+and run end, and sft.py's train step.
 
 How it departs from the lecture's loop and from grpo.py:
 - it trains on the kept responses' text, re-tokenised (sft.py's train step), not on the engine's
@@ -214,8 +215,9 @@ def load_data(args):
 # ----------------------------------------------------------------------------- sample / keep
 def sample(engine, train_rows, args, step):
     """--ei-batch-size questions, G engine samples each, graded -> (batch: grpo.rollout's
-    group-major lists plus "rewards" (the reward dicts) and "ban_token_ids", stats: seconds of
-    generation and grading). The questions and seeds are grpo.py's for the step."""
+    group-major lists plus "rewards" (the reward dicts), "stop_token_ids" (the engine's) and
+    "ban_token_ids" (those, with --min-tokens), stats: seconds of generation and grading). The
+    questions and seeds are grpo.py's for the step."""
     t0 = time.perf_counter()
     seed = grpo.sample_seed(args, step)
     questions = random.Random(seed).sample(train_rows, args.ei_batch_size)

@@ -26,10 +26,12 @@ import losses
 import plot
 
 # 2 questions x 4 samples a step, SFT in microbatches of 2, greedy validation on 2 questions at the
-# end only, on CPU: the embedded model answers a Countdown question in 30-60 tokens
+# end only, on CPU: the embedded model answers a Countdown question in 30-60 tokens. One torch
+# thread: on a loaded machine two spin-waiting threads made the same run 30x slower
 TINY_FLAGS = (
     "--ei-batch-size 2 --group-size 4 --batch-size 4 --gradient-accumulation-steps 2 "
-    "--max-tokens 64 --eval-n 2 --eval-every 0 --grader-workers 0 --engine hf --lr 1e-3"
+    "--max-tokens 64 --eval-n 2 --eval-every 0 --grader-workers 0 --engine hf --lr 1e-3 "
+    "--threads 1"
 ).split()
 
 RIGHT = {"reward": 1.0, "format_reward": 1.0, "answer_reward": 1.0}
