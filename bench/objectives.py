@@ -224,7 +224,7 @@ def flat_grads(policy, tensors, args, runtime, ban_ids, g_toks, g_ents):
     mbs = args.micro_train_batch_size
     for s in range(0, N, mbs):
         idx = torch.arange(s, min(s + mbs, N))
-        for rows, mb, L, P in grpo._forwards(tensors, idx, runtime["shared_prefix"], "cpu"):
+        for rows, mb, L, P in grpo.forward_passes(tensors, idx, runtime["shared_prefix"], "cpu"):
             scored = losses.get_response_log_probs(
                 policy,
                 **mb,
