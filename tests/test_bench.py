@@ -198,3 +198,39 @@ def test_flop_counter_counts_the_forwards_that_ran_with_grad(tiny_model_dir):
     losses.get_response_log_probs(model, ids[:, :-1], ids[:, 1:], prefix_len=5)
     assert counter["tokens"] == 5 + 4 * 6
     assert counter["flops"] == 3 * (2 * W * (5 + 24) + attn * (15 + 4 * (6 * 5 + 21)))
+
+
+@pytest.fixture(scope="module")
+def estimator_lab():
+    """bench/estimators.py --quick, in-process: its cells keyed (estimator, policy, G)."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import estimators
+
+    lines = []
+    rows, config = estimators.run(estimators.parse(["--quick"]), emit=lines.append)
+    assert len(lines) == len(rows)
+    return {(r["estimator"], r["policy"], r["G"]): r for r in rows}, config
+
+
+def test_estimator_lab_unbiased_where_theory_says(estimator_lab):
+    """Against the exact gradient by enumeration: REINFORCE on-policy is unbiased (its error is
+    the noise an unbiased estimator of its variance shows, its scale 1); Dr. GRPO's group mean
+    includes the sample itself, so its expectation is exactly (G - 1) / G times the gradient; the
+    seeds' GRPO (1/L per token) and REINFORCE on stale samples are biased well beyond the noise.
+    A wrong exact gradient, sampler or loss fails the first check."""
+    cells, config = estimator_lab
+    assert config["responses_per_prompt"] == 121  # 1 + 3 + 9 + 27 ended, 81 truncated
+    for G in (4, 8):
+        c = cells[("reinforce", "on_policy", G)]
+        assert c["cosine"] > 0.99, c
+        assert c["rel_err"] < 3 * c["noise_floor"], c
+        assert abs(c["scale"] - 1) < 3 * c["noise_floor"], c
+        c = cells[("dr_grpo", "on_policy", G)]
+        assert c["cosine"] > 0.99, c
+        assert abs(c["scale"] - (G - 1) / G) < 3 * c["noise_floor"], c
+        c = cells[("grpo", "on_policy", G)]
+        assert c["rel_err"] > 5 * c["noise_floor"], c
+        assert c["clip_fraction"] == 0  # on-policy every ratio is 1
+        c = cells[("reinforce", "stale", G)]
+        assert c["rel_err"] > 5 * c["noise_floor"], c
+        assert cells[("grpo", "stale", G)]["clip_fraction"] > 0
