@@ -341,6 +341,7 @@ def run(a, emit=print):
     """Every cell's stats (emit(json line) as each is done) and the config; returns (rows,
     config)."""
     t0 = time.perf_counter()
+    c0 = time.process_time()
     toy = enumerate_responses()
     theta, theta_old = policies(toy, a.seed, a.stale_step)
     k = 1
@@ -376,6 +377,7 @@ def run(a, emit=print):
             "threads": torch.get_num_threads(),
             "load_avg_1m": os.getloadavg()[0],
             "time_s": round(time.perf_counter() - t0, 1),
+            "cpu_s": round(time.process_time() - c0, 1),
         }
     )
     return rows, config
