@@ -577,6 +577,7 @@ LOSS_NORMS = [
     ("grpo_clip", "masked_normalize"),
     ("grpo_no_clip", "masked_mean"),
     ("gspo", "token"),
+    ("cispo", "token"),  # MiniMax-M1's reduction
 ]
 
 
