@@ -9,7 +9,12 @@ verifiable and binary: 1 if the response ends with END and its digits sum to x m
 
 The exact gradients, by enumerating all 363 (prompt, response) pairs and autograd:
 - the expected reward J = mean over x of E_y[r(x, y)] (every estimator but passk);
-- the pass@k objective mean over x of 1 - (1 - p_x)^k, p_x = E_y[r(x, y)] (passk).
+- the pass@k objective mean over x of 1 - (1 - p_x)^k, p_x = E_y[r(x, y)] (passk, --passk-k; its
+  cells need G > k, at G = k its advantages are all 0).
+
+The estimators (ESTIMATORS): REINFORCE (raw reward), RLOO, the seeds' GRPO (group std, clipped
+ratio, 1/L per token) and it without the std or the clip, Dr. GRPO, DAPO's token norm and
+clip-higher, GSPO, CISPO and pass@k, each as grpo.py's flags would set losses.py.
 
 The estimates are OUR code: each seed samples one batch (3 prompts x G responses, the G of a prompt
 consecutive, as grpo.py lays them out), losses.py computes its advantages and
@@ -33,7 +38,7 @@ Prints one JSON line per cell, then one line with the config and the run time; d
 docs/estimators.png.
 
   python bench/estimators.py                  # all estimators, G in 2,4,8,16, 10000 seeds a cell
-  python bench/estimators.py --quick          # a few estimators, G 4 and 8, seconds (the test's)
+  python bench/estimators.py --quick          # 5 estimators, G 4 and 8, seconds (the test's)
   python bench/estimators.py --groups 2,4 --estimators reinforce,grpo --seeds 20000
 """
 
@@ -59,49 +64,57 @@ MAX_LEN = 4  # tokens per response, END included
 CLIPRANGE = 0.2  # grpo.py's default --cliprange
 ADVANTAGE_EPS = 1e-6  # grpo.py's default --advantage-eps
 
-# name -> how grpo.py trains it: the advantage (None: the raw reward), whether it divides by the
-# group's std, the loss, its length norm (masked_normalize with constant 1 = the sequence's sum,
-# REINFORCE's own scale; grpo.py's default constant, --max-tokens, only divides it by a number)
-# and the objective whose gradient it estimates
+# name -> how grpo.py trains it: the advantage (a key of losses.ADVANTAGES; None: the raw reward),
+# its normaliser (--adv-std), the loss, its length norm (masked_normalize with constant 1 = the
+# sequence's sum, REINFORCE's own scale; grpo.py's default constant, --max-tokens, only divides it
+# by a number), clip ranges where they differ from grpo.py's defaults, and the objective whose
+# gradient it estimates
 ESTIMATORS = {
     "reinforce": {
         "advantage": None,
-        "std": False,
+        "adv_std": "none",
         "loss": "no_baseline",
+        "length_norm": "masked_normalize",
+        "objective": "reward",
+    },
+    "rloo": {  # Ahmadian et al. 2024
+        "advantage": "rloo",
+        "adv_std": "none",
+        "loss": "reinforce_with_baseline",
         "length_norm": "masked_normalize",
         "objective": "reward",
     },
     "grpo": {  # the seeds' GRPO
         "advantage": "grpo",
-        "std": True,
+        "adv_std": "group",
         "loss": "grpo_clip",
         "length_norm": "masked_mean",
         "objective": "reward",
     },
     "grpo_no_std": {
         "advantage": "grpo",
-        "std": False,
+        "adv_std": "none",
         "loss": "grpo_clip",
         "length_norm": "masked_mean",
         "objective": "reward",
     },
     "grpo_no_clip": {  # seed 001's unclipped ratio
         "advantage": "grpo",
-        "std": True,
+        "adv_std": "group",
         "loss": "grpo_no_clip",
         "length_norm": "masked_mean",
         "objective": "reward",
     },
     "dr_grpo": {  # Liu et al. 2025
         "advantage": "grpo",
-        "std": False,
+        "adv_std": "none",
         "loss": "grpo_clip",
         "length_norm": "masked_normalize",
         "objective": "reward",
     },
     "dapo": {  # Yu et al. 2025: token norm, clip-higher 0.28
         "advantage": "grpo",
-        "std": True,
+        "adv_std": "group",
         "loss": "grpo_clip",
         "length_norm": "token",
         "cliprange_high": 0.28,
@@ -109,14 +122,30 @@ ESTIMATORS = {
     },
     "gspo": {  # Zheng et al. 2025, grpo.py's default clip range
         "advantage": "grpo",
-        "std": True,
+        "adv_std": "group",
         "loss": "gspo",
         "length_norm": "masked_mean",
         "objective": "reward",
     },
+    "cispo": {  # MiniMax-M1 2025: token norm, no lower bound on the ratio, upper 1.28
+        "advantage": "grpo",
+        "adv_std": "group",
+        "loss": "cispo",
+        "length_norm": "token",
+        "cliprange": 1.0,
+        "cliprange_high": 0.28,
+        "objective": "reward",
+    },
+    "passk": {  # Chen et al. 2025's pass@k advantage, against the pass@k objective
+        "advantage": "passk",
+        "adv_std": "none",
+        "loss": "reinforce_with_baseline",
+        "length_norm": "masked_normalize",
+        "objective": "passk",
+    },
 }
 STYLES = ["-", "--"]  # the figure: the 11th estimator on gets a dashed line
-QUICK_ESTIMATORS = ["reinforce", "dr_grpo", "grpo"]
+QUICK_ESTIMATORS = ["reinforce", "rloo", "dr_grpo", "grpo", "passk"]
 
 
 def parse(argv=None):
@@ -139,6 +168,12 @@ def parse(argv=None):
         default=1.0,
         help="the stale behaviour policy is this far (L2, in theta) behind pi, one normalised "
         "ascent step on the expected reward",
+    )
+    p.add_argument(
+        "--passk-k",
+        type=common.positive_int,
+        default=2,
+        help="k of the passk estimator and objective (its cells need G > k)",
     )
     p.add_argument("--seed", type=common.nonneg_int, default=3, help="seed of theta and samples")
     p.add_argument(
@@ -253,13 +288,15 @@ def sample_batches(toy, theta_behaviour, G, seeds, gen):
     return idx, prompt
 
 
-def advantages(spec, raw, G):
+def advantages(spec, raw, G, k):
     """The advantages losses.py computes for rewards raw (S, B): groups are G consecutive rows,
-    so all seeds go through at once. (S, B)."""
+    so all seeds go through at once (no estimator here normalises by the batch). (S, B)."""
     if spec["advantage"] is None:
         return raw
     flat = raw.reshape(-1)  # (S * B,)
-    adv, _ = losses.group_normalized_advantages(flat, G, ADVANTAGE_EPS, spec["std"])
+    adv, _ = losses.compute_advantages(
+        flat, G, spec["advantage"], spec["adv_std"], ADVANTAGE_EPS, passk_k=k
+    )
     return adv.view(raw.shape)
 
 
@@ -268,21 +305,21 @@ def settings_of(spec):
     high = spec.get("cliprange_high")
     return losses.LossSettings(
         loss=spec["loss"],
-        cliprange=CLIPRANGE,
+        cliprange=spec.get("cliprange", CLIPRANGE),
         cliprange_high=high,
         length_norm=spec["length_norm"],
         normalize_constant=1.0,
     )
 
 
-def estimates(spec, theta, theta_old, toy, idx, prompt, G):
+def estimates(spec, theta, theta_old, toy, idx, prompt, G, k):
     """One estimate per seed of the objective's gradient: (S, D) and the mean clip fraction."""
     settings = settings_of(spec)
     tokens = toy["tokens"][idx]  # (S, B, T)
     state = toy["state"][idx]  # (S, B, T)
     mask = toy["mask"][idx]  # (S, B, T)
     raw = toy["reward"][prompt, idx]  # (S, B)
-    adv = advantages(spec, raw, G)  # (S, B)
+    adv = advantages(spec, raw, G, k)  # (S, B)
     old = token_log_probs(theta_old, prompt, tokens, state, mask)  # (S, B, T)
 
     def loss_of(th, tok, st, m, a, r, o):  # one seed's batch: (B, T) each, a and r (B,)
@@ -344,9 +381,9 @@ def run(a, emit=print):
     c0 = time.process_time()
     toy = enumerate_responses()
     theta, theta_old = policies(toy, a.seed, a.stale_step)
-    k = 1
     exact = {
-        "reward": exact_gradient(theta, toy, "reward", k),
+        "reward": exact_gradient(theta, toy, "reward", 1),
+        "passk": exact_gradient(theta, toy, "passk", a.passk_k),
     }
     names = a.estimators.split(",")
     rows = []
@@ -360,7 +397,9 @@ def run(a, emit=print):
                 config["ratios"][f"G{G}"] = ratio_stats(theta, theta_old, toy, idx, prompt)
             for name in names:
                 spec = ESTIMATORS[name]
-                est, clip = estimates(spec, theta, theta_b, toy, idx, prompt, G)
+                if spec["advantage"] == "passk" and G <= a.passk_k:
+                    continue  # pass@k's advantages are all 0 at k = G
+                est, clip = estimates(spec, theta, theta_b, toy, idx, prompt, G, a.passk_k)
                 row = {"estimator": name, "policy": policy, "G": G, "seeds": a.seeds}
                 row.update(cell_stats(est, exact[spec["objective"]]))
                 row["clip_fraction"] = round(clip, 4)
@@ -374,6 +413,7 @@ def run(a, emit=print):
             "success_prob": [round(p, 4) for p in (probs * toy["reward"]).sum(-1).tolist()],
             "mean_len": round((probs * toy["mask"].sum(-1)).sum(-1).mean().item(), 3),
             "stale_step": a.stale_step,
+            "passk_k": a.passk_k,
             "threads": torch.get_num_threads(),
             "load_avg_1m": os.getloadavg()[0],
             "time_s": round(time.perf_counter() - t0, 1),
