@@ -144,7 +144,9 @@ ESTIMATORS = {
         "objective": "passk",
     },
 }
-STYLES = ["-", "--"]  # the figure: the 11th estimator on gets a dashed line
+POLICY_TITLES = {"on_policy": "on-policy", "stale": "stale sampler"}
+# the figure: a marker per estimator, so lines that coincide (on-policy every ratio is 1) show
+MARKERS = ["o", "s", "^", "v", "D", "x", "+", "*", "<", ">", "P", "h"]
 QUICK_ESTIMATORS = ["reinforce", "rloo", "dr_grpo", "grpo", "passk"]
 
 
@@ -449,15 +451,16 @@ def draw(rows, path):
                 cells = [r for r in rows if r["policy"] == policy and r["estimator"] == name]
                 xs = [r["G"] for r in cells]
                 ys = [r[key] for r in cells]
-                style = STYLES[n // 10]
-                ax.plot(xs, ys, style, marker="o", markersize=3, label=name)
+                marker = MARKERS[n % len(MARKERS)]
+                ax.plot(xs, ys, marker=marker, markersize=5, fillstyle="none", label=name)
             ax.set_xscale("log", base=2)
             ax.set_yscale(yscale)
             ax.set_xlabel("group size G")
-            ax.set_title(f"{policy}: {title}", fontsize=10)
+            ax.set_title(f"{POLICY_TITLES[policy]}: {title}", fontsize=10)
             ax.grid(alpha=0.3)
-    axes[0, -1].legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 0.88, 1))
     tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=110)
     plt.close(fig)

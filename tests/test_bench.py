@@ -211,7 +211,7 @@ def estimator_lab():
     rows, config = estimators.run(estimators.parse(["--quick"]), emit=lines.append)
     assert len(lines) == len(rows)
     cells = {(r["estimator"], r["policy"], r["G"]): r for r in rows}
-    return estimators, cells, config
+    return {"module": estimators, "cells": cells, "config": config}
 
 
 def test_estimator_lab_unbiased_where_theory_says(estimator_lab):
@@ -221,7 +221,8 @@ def test_estimator_lab_unbiased_where_theory_says(estimator_lab):
     pass@k's advantages give (G - k) / (k G) times the pass@k objective's gradient; the seeds' GRPO
     (1/L per token) and REINFORCE on stale samples are biased well beyond the noise. A wrong exact
     gradient, sampler or loss fails the first check."""
-    _, cells, config = estimator_lab
+    cells = estimator_lab["cells"]
+    config = estimator_lab["config"]
     assert config["responses_per_prompt"] == 121  # 1 + 3 + 9 + 27 ended, 81 truncated
     k = config["passk_k"]
     known_scale = {"reinforce": lambda G: 1.0, "rloo": lambda G: 1.0}
@@ -249,7 +250,9 @@ def test_estimator_lab_variance_is_reinforces_exact_variance(estimator_lab):
     import torch
     from torch.func import grad, vmap
 
-    estimators, cells, config = estimator_lab
+    estimators = estimator_lab["module"]
+    cells = estimator_lab["cells"]
+    config = estimator_lab["config"]
     toy = estimators.enumerate_responses()
     theta, _ = estimators.policies(toy, 3, config["stale_step"])
     probs = estimators.response_probs(theta, toy)  # (P, R)
