@@ -204,6 +204,10 @@ def resolve(a):
     unknown = [e for e in a.estimators.split(",") if e not in ESTIMATORS]
     common.check(not unknown, f"--estimators: unknown {unknown}; choose from {list(ESTIMATORS)}")
     common.check(min(a.groups) >= 2, "--groups: each G must be >= 2 (a group needs a baseline)")
+    common.check(
+        "passk" not in a.estimators.split(",") or max(a.groups) > a.passk_k,
+        f"--passk-k {a.passk_k}: passk needs a G above it in --groups {a.groups}",
+    )
 
 
 # ----------------------------------------------------------------------------- the toy policy
@@ -400,7 +404,7 @@ def run(a, emit=print):
             for name in names:
                 spec = ESTIMATORS[name]
                 if spec["advantage"] == "passk" and G <= a.passk_k:
-                    continue  # pass@k's advantages are all 0 at k = G
+                    continue  # passk needs G > k (at G = k every advantage is 0)
                 est, clip = estimates(spec, theta, theta_b, toy, idx, prompt, G, a.passk_k)
                 row = {"estimator": name, "policy": policy, "G": G, "seeds": a.seeds}
                 row.update(cell_stats(est, exact[spec["objective"]]))
