@@ -234,7 +234,9 @@ def parse_args(argv=None):
         choices=losses.LOSS_TYPES,
         help="policy-gradient loss (seed 001's GRPO-Clip, GRPO-No-Clip are accepted)",
     )
-    g.add_argument("--cliprange", type=pfloat, default=0.2, help="epsilon of GRPO-Clip / GSPO")
+    g.add_argument(
+        "--cliprange", type=pfloat, default=0.2, help="epsilon of GRPO-Clip / GSPO / CISPO"
+    )
     g.add_argument(
         "--cliprange-high",
         type=pfloat,
@@ -254,12 +256,44 @@ def parse_args(argv=None):
         help="masked_normalize divisor; default --max-tokens",
     )
     g.add_argument(
+        "--advantage",
+        default="grpo",
+        choices=list(losses.ADVANTAGES),
+        help="advantage estimator: group mean (grpo), leave-one-out mean (rloo), pass@k (passk)",
+    )
+    g.add_argument(
+        "--passk-k",
+        type=pos,
+        default=None,
+        help="k of --advantage passk (1 <= k < --group-size)",
+    )
+    g.add_argument(
+        "--adv-std",
+        default=None,
+        choices=losses.ADV_STDS,
+        help="divide advantages by the group's reward std (default), the batch's std of the"
+        " centred advantages (with grpo: REINFORCE++-baseline) or nothing (Dr. GRPO)",
+    )
+    g.add_argument(
         "--std-norm",
         action=common.argparse.BooleanOptionalAction,
-        default=True,
-        help="divide advantages by group std",
+        default=None,
+        help="older spelling: --std-norm is --adv-std group, --no-std-norm --adv-std none",
     )
-    g.add_argument("--advantage-eps", type=pfloat, default=None, help="added to the group std")
+    g.add_argument("--advantage-eps", type=pfloat, default=None, help="added to the std")
+    g.add_argument(
+        "--entropy-coef",
+        type=common.nonneg_float,
+        default=0.0,
+        help="entropy bonus: the loss minus this x the response tokens' entropy",
+    )
+    g.add_argument(
+        "--entropy-top-quantile",
+        type=common.probability,
+        default=1.0,
+        help="only this fraction of the optimizer step's response tokens, the highest-entropy"
+        " ones, carry the policy-gradient loss (Wang et al. 2025: 0.2; 1 = all)",
+    )
     g.add_argument(
         "--kl-beta",
         type=common.nonneg_float,
@@ -495,6 +529,19 @@ def resolve(args):
         " rollout batch trains -A log pi on data from an older policy, uncorrected:"
         f" use a loss with a ratio ({', '.join(losses.RATIO_LOSSES)})",
     )
+    # --adv-std is the normaliser; --std-norm / --no-std-norm spell group / none
+    spelled = None  # the --adv-std that --std-norm / --no-std-norm spell
+    if args.std_norm is True:
+        spelled = "group"
+    elif args.std_norm is False:
+        spelled = "none"
+    check(
+        args.adv_std is None or spelled is None or args.adv_std == spelled,
+        f"--adv-std {args.adv_std} contradicts --std-norm={args.std_norm} (--adv-std {spelled}):"
+        " pass only --adv-std",
+    )
+    if args.adv_std is None:
+        args.adv_std = spelled or "group"
     # pi_old by a no-grad pass (seed 000 asks for it on-policy too)
     args.needs_old = losses.LOSSES[args.loss].needs_old or args.rollout_is != "none"
     check_settings(args)
@@ -505,8 +552,30 @@ def check_settings(args):
     """The settings that contradict each other, each a one-line error naming the fix."""
     check = common.check
     check(
-        not args.std_norm or args.group_size >= 2,
-        "--std-norm needs --group-size >= 2 (or pass --no-std-norm)",
+        args.adv_std != "group" or args.group_size >= 2,
+        "--adv-std group needs --group-size >= 2 (or pass --adv-std none or batch)",
+    )
+    check(
+        args.advantage == "grpo" or args.loss != "no_baseline",
+        f"--advantage {args.advantage}: --loss no_baseline trains on the raw rewards, not on"
+        " advantages; choose another --loss",
+    )
+    check(
+        args.advantage != "rloo" or args.group_size >= 2,
+        "--advantage rloo needs --group-size >= 2 (a leave-one-out mean)",
+    )
+    check(
+        args.passk_k is None or args.advantage == "passk",
+        "--passk-k is the k of --advantage passk: add --advantage passk or drop --passk-k",
+    )
+    check(
+        args.advantage != "passk" or args.passk_k is not None,
+        "--advantage passk needs --passk-k K (1 <= K < --group-size)",
+    )
+    check(
+        args.advantage != "passk" or args.passk_k < args.group_size,
+        f"--passk-k {args.passk_k} must be below --group-size {args.group_size}"
+        " (at K = G every advantage is 0)",
     )
     check(
         args.min_tokens <= args.max_tokens,
@@ -916,8 +985,13 @@ def summarize(batch, shard_stats, args):
     batch["advantages"] (N,) and returns the step's rollout metrics. shard_stats: collect's stats
     of each shard (one for grpo.py; the shards ran side by side, so a time is their longest). A
     new metric is one line here."""
-    adv, meta = losses.group_normalized_advantages(
-        batch["raw"], args.group_size, args.advantage_eps, args.std_norm
+    adv, meta = losses.compute_advantages(
+        batch["raw"],
+        args.group_size,
+        args.advantage,
+        args.adv_std,
+        args.advantage_eps,
+        args.passk_k or 1,
     )
     if args.dynamic_sampling:
         # a group the filter calls flat is in the batch only when a shard found nothing to learn
@@ -1023,14 +1097,17 @@ def _shard(rows, dp):
     return rows[start:end]
 
 
-def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None):
-    """(N, T) label log-probs under `model` at the sampling temperature, no grad. With dp each
-    learner scores its shard of the rows, and the results are summed."""
+def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None, rows=None, key="log_probs"):
+    """(N, T) label log-probs under `model` at the sampling temperature, no grad; key
+    "token_entropy": the entropies instead. Of `rows` only (the others read 0), by default all.
+    With dp each learner scores its shard of the rows, and the results are summed."""
     N, T = tensors["labels"].shape
     out = torch.zeros(N, T)  # (N, T)
     device = next(model.parameters()).device
     was_training = model.training
-    rows = _shard(torch.arange(N), dp)
+    if rows is None:
+        rows = torch.arange(N)
+    rows = _shard(rows, dp)
     mbs = args.micro_train_batch_size
     shared_prefix = runtime["shared_prefix"]
     model.eval()
@@ -1042,11 +1119,12 @@ def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None):
                 result = losses.get_response_log_probs(
                     model,
                     **mb,
+                    return_token_entropy=key == "token_entropy",
                     temperature=args.temperature,
                     ban_token_ids=ban_ids,
                     prefix_len=P,
                 )
-                out[idx, :L] = result["log_probs"].float().cpu()  # (rows, L)
+                out[idx, :L] = result[key].float().cpu()  # (rows, L)
     model.train(was_training)
     out = out.clone()  # a normal tensor: inference tensors cannot enter autograd later
     if dp is None:
@@ -1064,6 +1142,7 @@ def loss_settings(args):
         normalize_constant=args.normalize_constant,
         kl_beta=args.kl_beta,
         kl_estimator=args.kl_estimator,
+        entropy_coef=args.entropy_coef,
     )
 
 
@@ -1196,6 +1275,9 @@ def _updates(learner, batch, tensors, args, runtime, step, dp=None):
             ratio_min = math.inf
             ratio_max = -math.inf
             n_tok = max(int(mask[rows].sum()), 1)  # DAPO token norm: the whole step's tokens
+            keep = None  # (N, T) the tokens that carry the policy gradient; None: all
+            if args.entropy_top_quantile < 1:
+                keep = top_entropy_tokens(policy, tensors, rows, args, runtime, ban_ids, dp)
             mine = _shard(rows, dp)
             for start in range(0, len(mine), mbs):
                 for idx, mb, L, P in _forwards(
@@ -1212,6 +1294,9 @@ def _updates(learner, batch, tensors, args, runtime, step, dp=None):
                         )
                     mb_mask = mask[idx, :L].to(device)  # (rows, L)
                     share = len(idx) / len(rows)  # this forward's part of the step's rows
+                    mb_keep = None
+                    if keep is not None:
+                        mb_keep = keep[idx, :L].to(device)  # (rows, L)
                     loss, meta = losses.grpo_microbatch_loss(
                         out["log_probs"],
                         mb_mask,
@@ -1223,6 +1308,8 @@ def _updates(learner, batch, tensors, args, runtime, step, dp=None):
                         is_weights=_rows(tensors, "is_weights", idx, L, device),
                         gradient_accumulation_steps=1 / share,
                         step_tokens=n_tok,
+                        token_entropy=out["token_entropy"],
+                        entropy_mask=mb_keep,
                     )
                     loss.backward()
                     # token averages over the whole step, whatever the forwards' split
@@ -1262,8 +1349,23 @@ def _updates(learner, batch, tensors, args, runtime, step, dp=None):
             row["train/grad_norm"] = grad_norm.item()
             row["train/epoch"] = epoch
             row["train/lr"] = optimizer.param_groups[0]["lr"]
+            if keep is not None:
+                row["train/entropy_mask_frac"] = keep[rows].sum().item() / n_tok
             history.append(row)
     return history
+
+
+def top_entropy_tokens(policy, tensors, rows, args, runtime, ban_ids, dp=None):
+    """(N, T) bool: of the optimizer step's `rows`, the response tokens whose entropy is in the
+    top --entropy-top-quantile of the step's response tokens (Wang et al. 2025 take the quantile
+    over the batch). The step's microbatches run one at a time, so their entropies come from a
+    no-grad pass over the step's rows first (with dp, every learner's share): one more forward
+    per optimizer step, and the same tokens however the step is split into microbatches."""
+    entropy = batch_log_probs(policy, tensors, args, runtime, ban_ids, dp, rows, "token_entropy")
+    mask = tensors["response_mask"]  # (N, T)
+    keep = torch.zeros_like(mask)  # (N, T)
+    keep[rows] = losses.top_entropy_mask(entropy[rows], mask[rows], args.entropy_top_quantile)
+    return keep
 
 
 def _reduce(params, sums, ratio_min, ratio_max, dp):
