@@ -9,16 +9,17 @@ verifiable and binary: 1 if the response ends with END and its digits sum to x m
 
 The exact gradients, by enumerating all 363 (prompt, response) pairs and autograd:
 - the expected reward J = mean over x of E_y[r(x, y)] (every estimator but passk);
-- the pass@k objective mean over x of 1 - (1 - p_x)^k, p_x = E_y[r(x, y)] (passk, --passk-k; its
-  cells need G > k, at G = k its advantages are all 0).
+- the pass@k objective mean over x of 1 - (1 - p_x)^k, p_x = E_y[r(x, y)] (passk, k from its
+  --passk-k; its cells need G > k, at G = k its advantages are all 0).
 
 The estimators (ESTIMATORS): REINFORCE (raw reward), RLOO, the seeds' GRPO (group std, clipped
 ratio, 1/L per token) and it without the std or the clip, Dr. GRPO, DAPO's token norm and
-clip-higher, GSPO, CISPO and pass@k, each as grpo.py's flags would set losses.py.
+clip-higher, GSPO, CISPO and pass@k, each the grpo.py command line that trains it, resolved by
+grpo.parse_args: its advantages and loss settings are what grpo.py would compute.
 
 The estimates are OUR code: each seed samples one batch (3 prompts x G responses, the G of a prompt
-consecutive, as grpo.py lays them out), losses.py computes its advantages and
-losses.grpo_microbatch_loss its loss with the real LossSettings, and autograd takes the loss's
+consecutive, as grpo.py lays them out), losses.compute_advantages computes its advantages and
+losses.grpo_microbatch_loss its loss with grpo.loss_settings(args), and autograd takes the loss's
 gradient in theta (torch.func.vmap runs the seeds at once; the estimate is minus that gradient).
 Two behaviour policies: on-policy (the samples come from pi = pi_old) and stale (the samples and
 pi_old come from the policy one normalised ascent step before pi, so the ratios pi / pi_old differ
@@ -54,6 +55,7 @@ import torch  # noqa: E402
 from torch.func import grad, vmap  # noqa: E402
 
 import common  # noqa: E402
+import grpo  # noqa: E402
 import losses  # noqa: E402
 
 N_PROMPTS = 3  # prompt x asks for digits summing to x mod 3
@@ -61,88 +63,28 @@ DIGITS = 3  # tokens 0, 1, 2
 END = 3  # the end token
 VOCAB = 4
 MAX_LEN = 4  # tokens per response, END included
-CLIPRANGE = 0.2  # grpo.py's default --cliprange
-ADVANTAGE_EPS = 1e-6  # grpo.py's default --advantage-eps
+CLIPRANGE = 0.2  # grpo.py's default --cliprange (ratio_stats' band)
+# the lab's masked_normalize divides by 1, the sequence's sum (REINFORCE's own scale); grpo.py's
+# default --normalize-constant, --max-tokens, only divides the same gradient by a number
+SUM = "--length-norm masked_normalize --normalize-constant 1"
 
-# name -> how grpo.py trains it: the advantage (a key of losses.ADVANTAGES; None: the raw reward),
-# its normaliser (--adv-std), the loss, its length norm (masked_normalize with constant 1 = the
-# sequence's sum, REINFORCE's own scale; grpo.py's default constant, --max-tokens, only divides it
-# by a number), clip ranges where they differ from grpo.py's defaults, and the objective whose
-# gradient it estimates
+# name -> the grpo.py flags that train it, resolved by grpo.parse_args: the advantages are
+# losses.compute_advantages of those args (as grpo.summarize calls it), the loss settings
+# grpo.loss_settings(args). --advantage passk is measured against the pass@k objective, the others
+# against the expected reward.
 ESTIMATORS = {
-    "reinforce": {
-        "advantage": None,
-        "adv_std": "none",
-        "loss": "no_baseline",
-        "length_norm": "masked_normalize",
-        "objective": "reward",
-    },
-    "rloo": {  # Ahmadian et al. 2024
-        "advantage": "rloo",
-        "adv_std": "none",
-        "loss": "reinforce_with_baseline",
-        "length_norm": "masked_normalize",
-        "objective": "reward",
-    },
-    "grpo": {  # the seeds' GRPO
-        "advantage": "grpo",
-        "adv_std": "group",
-        "loss": "grpo_clip",
-        "length_norm": "masked_mean",
-        "objective": "reward",
-    },
-    "grpo_no_std": {
-        "advantage": "grpo",
-        "adv_std": "none",
-        "loss": "grpo_clip",
-        "length_norm": "masked_mean",
-        "objective": "reward",
-    },
-    "grpo_no_clip": {  # seed 001's unclipped ratio
-        "advantage": "grpo",
-        "adv_std": "group",
-        "loss": "grpo_no_clip",
-        "length_norm": "masked_mean",
-        "objective": "reward",
-    },
-    "dr_grpo": {  # Liu et al. 2025
-        "advantage": "grpo",
-        "adv_std": "none",
-        "loss": "grpo_clip",
-        "length_norm": "masked_normalize",
-        "objective": "reward",
-    },
-    "dapo": {  # Yu et al. 2025: token norm, clip-higher 0.28
-        "advantage": "grpo",
-        "adv_std": "group",
-        "loss": "grpo_clip",
-        "length_norm": "token",
-        "cliprange_high": 0.28,
-        "objective": "reward",
-    },
-    "gspo": {  # Zheng et al. 2025, grpo.py's default clip range
-        "advantage": "grpo",
-        "adv_std": "group",
-        "loss": "gspo",
-        "length_norm": "masked_mean",
-        "objective": "reward",
-    },
-    "cispo": {  # MiniMax-M1 2025: token norm, no lower bound on the ratio, upper 1.28
-        "advantage": "grpo",
-        "adv_std": "group",
-        "loss": "cispo",
-        "length_norm": "token",
-        "cliprange": 1.0,
-        "cliprange_high": 0.28,
-        "objective": "reward",
-    },
-    "passk": {  # Chen et al. 2025's pass@k advantage, against the pass@k objective
-        "advantage": "passk",
-        "adv_std": "none",
-        "loss": "reinforce_with_baseline",
-        "length_norm": "masked_normalize",
-        "objective": "passk",
-    },
+    "reinforce": f"--loss no_baseline {SUM}",
+    "rloo": f"--advantage rloo --adv-std none {SUM}",  # Ahmadian et al. 2024
+    "grpo": "--loss grpo_clip",  # the seeds' GRPO
+    "grpo_no_std": "--loss grpo_clip --adv-std none",
+    "grpo_no_clip": "--loss grpo_no_clip",  # seed 001's unclipped ratio
+    "dr_grpo": f"--loss grpo_clip --adv-std none {SUM}",  # Liu et al. 2025
+    "dapo": "--loss grpo_clip --length-norm token --cliprange-high 0.28",  # Yu et al. 2025
+    "gspo": "--loss gspo",  # Zheng et al. 2025, grpo.py's default clip range
+    # MiniMax-M1 2025: the step's tokens, no lower bound on the ratio, upper 1.28
+    "cispo": "--loss cispo --length-norm token --cliprange 1 --cliprange-high 0.28",
+    # Chen et al. 2025's pass@k advantages
+    "passk": f"--advantage passk --passk-k 2 --adv-std none {SUM}",
 }
 POLICY_TITLES = {"on_policy": "on-policy", "stale": "stale sampler"}
 # the figure: a marker per estimator, so lines that coincide (on-policy every ratio is 1) show
@@ -171,12 +113,6 @@ def parse(argv=None):
         help="the stale behaviour policy is this far (L2, in theta) behind pi, one normalised "
         "ascent step on the expected reward",
     )
-    p.add_argument(
-        "--passk-k",
-        type=common.positive_int,
-        default=2,
-        help="k of the passk estimator and objective (its cells need G > k)",
-    )
     p.add_argument("--seed", type=common.nonneg_int, default=3, help="seed of theta and samples")
     p.add_argument(
         "--figure",
@@ -204,10 +140,6 @@ def resolve(a):
     unknown = [e for e in a.estimators.split(",") if e not in ESTIMATORS]
     common.check(not unknown, f"--estimators: unknown {unknown}; choose from {list(ESTIMATORS)}")
     common.check(min(a.groups) >= 2, "--groups: each G must be >= 2 (a group needs a baseline)")
-    common.check(
-        "passk" not in a.estimators.split(",") or max(a.groups) > a.passk_k,
-        f"--passk-k {a.passk_k}: passk needs a G above it in --groups {a.groups}",
-    )
 
 
 # ----------------------------------------------------------------------------- the toy policy
@@ -273,6 +205,14 @@ def exact_gradient(theta, toy, objective, k):
     return g.reshape(-1)
 
 
+def objective_of(args):
+    """The objective an estimator's resolved grpo.py args estimate the gradient of, and its k:
+    ("passk", k) for --advantage passk, else ("reward", 1)."""
+    if args.advantage == "passk":
+        return "passk", args.passk_k
+    return "reward", 1
+
+
 def policies(toy, seed, stale_step):
     """theta (pi, at which the gradients are taken) and theta_old (the stale behaviour policy, one
     ascent step of L2 length stale_step before theta)."""
@@ -294,38 +234,24 @@ def sample_batches(toy, theta_behaviour, G, seeds, gen):
     return idx, prompt
 
 
-def advantages(spec, raw, G, k):
-    """The advantages losses.py computes for rewards raw (S, B): groups are G consecutive rows,
-    so all seeds go through at once (no estimator here normalises by the batch). (S, B)."""
-    if spec["advantage"] is None:
-        return raw
+def advantages(args, raw, G):
+    """The advantages grpo.summarize computes for rewards raw (S, B): groups are G consecutive
+    rows, so all seeds go through at once (no estimator here normalises by the batch). (S, B)."""
     flat = raw.reshape(-1)  # (S * B,)
     adv, _ = losses.compute_advantages(
-        flat, G, spec["advantage"], spec["adv_std"], ADVANTAGE_EPS, passk_k=k
+        flat, G, args.advantage, args.adv_std, args.advantage_eps, args.passk_k or 1
     )
     return adv.view(raw.shape)
 
 
-def settings_of(spec):
-    """The LossSettings grpo.py would build for this estimator."""
-    high = spec.get("cliprange_high")
-    return losses.LossSettings(
-        loss=spec["loss"],
-        cliprange=spec.get("cliprange", CLIPRANGE),
-        cliprange_high=high,
-        length_norm=spec["length_norm"],
-        normalize_constant=1.0,
-    )
-
-
-def estimates(spec, theta, theta_old, toy, idx, prompt, G, k):
+def estimates(args, theta, theta_old, toy, idx, prompt, G):
     """One estimate per seed of the objective's gradient: (S, D) and the mean clip fraction."""
-    settings = settings_of(spec)
+    settings = grpo.loss_settings(args)
     tokens = toy["tokens"][idx]  # (S, B, T)
     state = toy["state"][idx]  # (S, B, T)
     mask = toy["mask"][idx]  # (S, B, T)
     raw = toy["reward"][prompt, idx]  # (S, B)
-    adv = advantages(spec, raw, G, k)  # (S, B)
+    adv = advantages(args, raw, G)  # (S, B)
     old = token_log_probs(theta_old, prompt, tokens, state, mask)  # (S, B, T)
 
     def loss_of(th, tok, st, m, a, r, o):  # one seed's batch: (B, T) each, a and r (B,)
@@ -387,11 +313,12 @@ def run(a, emit=print):
     c0 = time.process_time()
     toy = enumerate_responses()
     theta, theta_old = policies(toy, a.seed, a.stale_step)
-    exact = {
-        "reward": exact_gradient(theta, toy, "reward", 1),
-        "passk": exact_gradient(theta, toy, "passk", a.passk_k),
-    }
     names = a.estimators.split(",")
+    flags = {name: grpo.parse_args(ESTIMATORS[name].split()) for name in names}
+    objectives = {name: objective_of(args) for name, args in flags.items()}
+    exact = {}  # (objective, k) -> its exact gradient (D,)
+    for objective, k in objectives.values():
+        exact[(objective, k)] = exact_gradient(theta, toy, objective, k)
     rows = []
     behaviours = {"on_policy": theta, "stale": theta_old}
     config = {"ratios": {}}
@@ -402,12 +329,12 @@ def run(a, emit=print):
             if policy == "stale":
                 config["ratios"][f"G{G}"] = ratio_stats(theta, theta_old, toy, idx, prompt)
             for name in names:
-                spec = ESTIMATORS[name]
-                if spec["advantage"] == "passk" and G <= a.passk_k:
+                objective, k = objectives[name]
+                if objective == "passk" and G <= k:
                     continue  # passk needs G > k (at G = k every advantage is 0)
-                est, clip = estimates(spec, theta, theta_b, toy, idx, prompt, G, a.passk_k)
+                est, clip = estimates(flags[name], theta, theta_b, toy, idx, prompt, G)
                 row = {"estimator": name, "policy": policy, "G": G, "seeds": a.seeds}
-                row.update(cell_stats(est, exact[spec["objective"]]))
+                row.update(cell_stats(est, exact[(objective, k)]))
                 row["clip_fraction"] = round(clip, 4)
                 rows.append(row)
                 emit(json.dumps(row))
@@ -419,7 +346,8 @@ def run(a, emit=print):
             "success_prob": [round(p, 4) for p in (probs * toy["reward"]).sum(-1).tolist()],
             "mean_len": round((probs * toy["mask"].sum(-1)).sum(-1).mean().item(), 3),
             "stale_step": a.stale_step,
-            "passk_k": a.passk_k,
+            "flags": {name: ESTIMATORS[name] for name in names},
+            "objectives": objectives,
             "threads": torch.get_num_threads(),
             "load_avg_1m": os.getloadavg()[0],
             "time_s": round(time.perf_counter() - t0, 1),

@@ -224,7 +224,7 @@ def test_estimator_lab_unbiased_where_theory_says(estimator_lab):
     cells = estimator_lab["cells"]
     config = estimator_lab["config"]
     assert config["responses_per_prompt"] == 121  # 1 + 3 + 9 + 27 ended, 81 truncated
-    k = config["passk_k"]
+    k = config["objectives"]["passk"][1]
     known_scale = {"reinforce": lambda G: 1.0, "rloo": lambda G: 1.0}
     known_scale["dr_grpo"] = lambda G: (G - 1) / G
     known_scale["passk"] = lambda G: (G - k) / (k * G)
