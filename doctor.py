@@ -270,21 +270,30 @@ def listing(points, limit=5):
     return text
 
 
-def sample_excerpt(run, split, chars=160):
-    """The newest rollout sample of `split` as one line of evidence, or "" when none is saved."""
+def sample_excerpt(run, split, best=False, chars=160):
+    """A rollout sample of `split` from the newest file holding one (best: its highest-reward
+    one, else its first) as one line of evidence, or "" when none is saved."""
     for name, samples in reversed(run["rollouts"]):
+        chosen = None
         for sample in samples:
             if sample.get("split") != split or not isinstance(sample.get("response"), str):
                 continue
-            text = sample["response"].strip().replace("\n", "\\n")
-            if len(text) > chars:
-                text = "..." + text[-chars:]
-            scores = []
-            for key in ("reward", "format_reward", "answer_reward"):
-                value = number(sample.get(key))
-                if value is not None:
-                    scores.append(f"{key} {fmt(value)}")
-            return f'a {split} sample in rollouts/{name} ({", ".join(scores)}): "{text}"'
+            reward = number(sample.get("reward"))
+            if chosen is None:
+                chosen = sample
+            elif best and reward is not None and reward > (number(chosen.get("reward")) or 0):
+                chosen = sample
+        if chosen is None:
+            continue
+        text = chosen["response"].strip().replace("\n", "\\n")
+        if len(text) > chars:
+            text = "..." + text[-chars:]
+        scores = []
+        for key in ("reward", "format_reward", "answer_reward"):
+            value = number(chosen.get(key))
+            if value is not None:
+                scores.append(f"{key} {fmt(value)}")
+        return f'a {split} sample in rollouts/{name} ({", ".join(scores)}): "{text}"'
     return ""
 
 
@@ -665,9 +674,9 @@ def check_reward_vs_validation(run):
         f"{best_row['step']}) to {fmt(final)} (step {final_row['step']}): {fmt(best - final)} "
         f"is {fmt((best - final) / se)} standard errors on {n} questions"
     )
-    sample = sample_excerpt(run, "train")
+    sample = sample_excerpt(run, "train", best=True)
     if sample:
-        evidence += f"; {sample}"
+        evidence += f"; the best-rewarded {sample.removeprefix('a ')}"
     return [
         finding(
             "warning",

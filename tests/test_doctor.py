@@ -78,9 +78,9 @@ def write_run(
 ):
     """A run directory in grpo.py's layout. step(i) -> the overrides of step i's row; evals:
     {step: accuracy} (default: 0.3 rising to 0.5 every 5 steps); samples: the train samples of
-    rollouts/step_NNNN.jsonl (after eval samples, as grpo.py writes them); lines: raw lines
-    appended to metrics.jsonl. The run asked for --n-grpo-steps n_steps unless args says
-    "stopped_early"."""
+    rollouts/step_NNNN.jsonl, after one eval sample, as grpo.py writes them (a response, or a
+    dict of fields; rewards 0 unless given); lines: raw lines appended to metrics.jsonl. The run
+    asked for --n-grpo-steps n_steps unless args says "stopped_early"."""
     args = {**args, "n_grpo_steps": n_steps}
     if args.pop("stopped_early", False):
         args["n_grpo_steps"] = 30
@@ -116,16 +116,19 @@ def write_run(
         "answer_reward": 1.0,
     }
     train = []
-    for response in samples or []:
+    for sample in samples or []:
+        if isinstance(sample, str):
+            sample = {"response": sample}
         train.append(
             {
                 "split": "train",
                 "prompt": "Q",
-                "response": response,
+                "response": "",
                 "ground_truth": "1",
                 "reward": 0.0,
                 "format_reward": 0.0,
                 "answer_reward": 0.0,
+                **sample,
             }
         )
     with open(os.path.join(path, "rollouts", f"step_{n_steps:04d}.jsonl"), "w") as f:
@@ -313,10 +316,13 @@ def test_training_reward_rising_while_validation_falls(tmp_path, grpo_args, caps
         return {"train/reward": 0.2 + 0.03 * i}
 
     evals = {0: 0.3, 5: 0.6, 10: 0.5, 15: 0.45, 20: 0.4}
-    run = write_run(tmp_path / "run", grpo_args, step=step, evals=evals, samples=["hack"])
+    hacked = {"response": "<answer> 1 </answer> 1 1 1 1", "reward": 1.0, "answer_reward": 1.0}
+    samples = ["no answer", hacked, "no answer either"]
+    run = write_run(tmp_path / "run", grpo_args, step=step, evals=evals, samples=samples)
     code, found = findings(capsys, run)
     f = found["reward_up_validation_down"]
     assert f["severity"] == "warning"
+    assert "1 1 1 1" in f["evidence"]  # the best-rewarded train sample of the newest rollouts
     assert "from 0.6 (step 5) to 0.4 (step 20)" in f["evidence"]
     assert f["values"]["best_step"] == 5
     # within two standard errors of 200 questions: no claim
