@@ -331,8 +331,10 @@ def check_nonfinite(run):
                 bad.append((row, key, value))
     if not bad:
         return []
-    row, key, value = bad[0]
-    keys = sorted({key for _, key, _ in bad})
+    row = bad[0][0]  # the first bad row, key and value
+    key = bad[0][1]
+    value = bad[0][2]
+    keys = sorted({name for _, name, _ in bad})
     return [
         finding(
             "problem",
@@ -791,7 +793,7 @@ def check_eval_size(run):
             mean = statistics.fmean(value for _, value, _ in points)
             spread = max(mean * (1 - mean), 0.01)
             need = math.ceil(2 * Z**2 * spread / EVAL_RESOLUTION**2)
-            needed = f" (about {need} questions resolve {fmt(EVAL_RESOLUTION)})"
+            needed = f" {need} (what resolves {fmt(EVAL_RESOLUTION)} at this accuracy)"
         evidence = (
             f"{key} on {size}: SE {fmt(se)}, so two evaluations must differ by "
             f"{fmt(resolution)} ({fmt(Z)} SEs of a difference) to count"
@@ -854,7 +856,8 @@ def check_loss_zero(run):
     grads = series(run["train"], "train/grad_norm")
     grad = ""
     if grads:
-        grad = f"; train/grad_norm, median {fmt(statistics.median(v for _, v in grads))}, is not"
+        median_grad = statistics.median(value for _, value in grads)
+        grad = f", while train/grad_norm (median {fmt(median_grad)}) is not near 0"
     low = min(value for _, value in points)
     high = max(value for _, value in points)
     return [
@@ -971,8 +974,8 @@ def final_eval(run):
     """{"step", "accuracy", "se"} of the run's last evaluation with a standard error, or None."""
     for key, points in eval_metrics(run):
         if key == "eval/accuracy":
-            row, value, se = points[-1]
-            return {"step": row["step"], "accuracy": value, "se": se}
+            last = points[-1]  # (row, value, se)
+            return {"step": last[0]["step"], "accuracy": last[1], "se": last[2]}
     return None
 
 

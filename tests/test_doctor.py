@@ -490,3 +490,25 @@ def test_missing_run_dir_or_metrics_is_one_line(tmp_path, grpo_args, capsys, mis
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: {target}: ")
+
+
+def test_every_threshold_is_in_the_readme_table_with_its_value():
+    from conftest import ROOT
+
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        section = f.read().split("## Run doctor", 1)[1].split("\n## ", 1)[0]
+    thresholds = []
+    for name, value in vars(doctor).items():
+        if name.isupper() and isinstance(value, (int, float)) and not isinstance(value, bool):
+            thresholds.append((name, value))
+    assert len(thresholds) >= 20
+    for name, value in thresholds:
+        rows = []
+        for line in section.split("\n"):
+            if line.startswith(f"| `{name}`") or f", `{name}`" in line.split(" | ")[0]:
+                rows.append(line)
+        assert len(rows) == 1, f"{name}: no row of the README's thresholds table"
+        cells = rows[0].split(" | ")
+        names = cells[0].removeprefix("| ").replace("`", "").split(", ")
+        values = cells[1].split(", ")
+        assert float(values[names.index(name)]) == value, f"{name}: the README says {cells[1]}"
