@@ -195,7 +195,7 @@ def read_run(run_dir):
         "dir": run_dir,
         "script": script_of(run_dir, saved, rows),
         "args": saved,
-        "has_args": os.path.isfile(os.path.join(run_dir, "args.json")),
+        "has_args": bool(saved),
         "train": train,
         "steps": steps,
         "evals": eval_rows,
@@ -881,9 +881,11 @@ def check_incomplete(run):
     wanted = number(flag(run, "n_grpo_steps"))
     if wanted is None:
         wanted = number(flag(run, "n_ei_steps"))
-    if wanted is None or not run["steps"]:
+    if wanted is None:
         return []
-    done = run["steps"][-1]["step"] + 1
+    done = 0
+    if run["steps"]:
+        done = run["steps"][-1]["step"] + 1
     if done >= wanted:
         return []
     return [
@@ -891,8 +893,8 @@ def check_incomplete(run):
             "notice",
             "incomplete",
             "the run logged fewer steps than it asked for",
-            f"steps logged up to {done - 1} of {int(wanted)}: stopped, crashed or still "
-            "running; the diagnoses cover the steps logged",
+            f"{done} of {int(wanted)} steps logged: stopped, crashed or still running; the "
+            "diagnoses cover the steps logged",
             ["--resume the run directory to continue it"],
             {"done": done, "wanted": int(wanted)},
         )
@@ -956,7 +958,10 @@ def diagnose(run_dir):
             "(zero-variance groups, loss, ratios, KL) do not apply"
         )
     if not run["has_args"]:
-        note += " no args.json: the checks that need the run's flags (clip, eval size) are skipped"
+        note += (
+            " no readable args.json: the checks that need the run's flags (clip, eval size) "
+            "are skipped"
+        )
     return {
         "run": run_dir,
         "script": script,
@@ -1024,12 +1029,11 @@ def render_finding(f):
     return lines
 
 
-def plural(counts, severity):
-    """ "1 warning", "2 warnings", "0 problems" from a count per severity."""
-    n = counts.get(severity, 0)
+def plural(n, word):
+    """ "1 warning", "2 warnings", "0 problems"."""
     if n == 1:
-        return f"1 {severity}"
-    return f"{n} {severity}s"
+        return f"1 {word}"
+    return f"{n} {word}s"
 
 
 def render(reports, comparisons):
@@ -1039,21 +1043,22 @@ def render(reports, comparisons):
         steps = f"{report['steps']} steps"
         if report["script"] in RL:
             steps = f"{report['steps']} rollout steps ({report['opt_steps']} optimizer steps)"
-        lines.append(
-            f"== {report['run']}: {report['script']}, {steps}, {report['evals']} evaluations"
-        )
+        evals = plural(report["evals"], "evaluation")
+        lines.append(f"== {report['run']}: {report['script']}, {steps}, {evals}")
         if report["note"]:
             lines.append(report["note"])
         for f in report["findings"]:
             lines += render_finding(f)
-        counts = {}
+        counts = {"problem": 0, "warning": 0, "notice": 0}
         for f in report["findings"]:
-            counts[f["severity"]] = counts.get(f["severity"], 0) + 1
-        if counts.get("problem") or counts.get("warning"):
-            summary = f"-> {plural(counts, 'problem')}, {plural(counts, 'warning')}"
+            counts[f["severity"]] += 1
+        if counts["problem"] or counts["warning"]:
+            summary = (
+                f"-> {plural(counts['problem'], 'problem')}, {plural(counts['warning'], 'warning')}"
+            )
         else:
             summary = "-> clean: no problems or warnings"
-        lines.append(f"{summary}, {plural(counts, 'notice')}")
+        lines.append(f"{summary}, {plural(counts['notice'], 'notice')}")
         lines.append("")
     if comparisons:
         lines.append("== comparing the runs")

@@ -405,7 +405,17 @@ def test_malformed_rows_and_a_stopped_run_are_notices(tmp_path, grpo_args, capsy
         17,
         18,
     ]  # after 12 step rows and 3 eval rows
-    assert "steps logged up to 11 of 30" in found["incomplete"]["evidence"]
+    assert "12 of 30 steps logged" in found["incomplete"]["evidence"]
+
+
+def test_a_run_stopped_before_its_first_step(tmp_path, grpo_args, capsys):
+    run = write_run(tmp_path / "run", grpo_args)
+    with open(os.path.join(run, "metrics.jsonl"), "w") as f:
+        f.write(json.dumps(eval_row(0, 0.3)) + "\n")  # the eval before step 0's update
+    code, out = run_doctor(capsys, run)
+    assert code == 0
+    assert "grpo.py, 0 rollout steps (0 optimizer steps), 1 evaluation" in out
+    assert "0 of 20 steps logged" in out
 
 
 # ----------------------------------------------------------------------------- runs of each kind
@@ -474,7 +484,7 @@ def test_expert_iteration_and_sft_runs_are_not_grpo_runs(tmp_path, capsys):
             f.write(json.dumps(row) + "\n")
     code, out = run_doctor(capsys, str(sft))
     assert code == 0
-    assert "sft.py" in out and "not a GRPO run" in out and "no args.json" in out
+    assert "sft.py" in out and "not a GRPO run" in out and "no readable args.json" in out
     assert "loss ~ 0" not in out and "entropy" not in out
 
 
