@@ -92,8 +92,11 @@ def read_rows(path):
     line numbers of those that are not (a crash mid-write, a hand edit): skipped, not fatal."""
     rows = []
     skipped = []
-    with open(path, "rb") as f:
-        lines = f.read().split(b"\n")
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().split(b"\n")
+    except OSError as e:
+        common.fail(f"{path}: cannot read it ({e.strerror})")
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
