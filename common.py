@@ -266,14 +266,12 @@ def resume_from(parser, argv, args, needs=(), script=None):
         lock_run_dir(run_dir, "--resume", script)
     ckpt = find_checkpoint(args.resume, repair=False)  # again: now no other run can change it
     state = {}
-    if ckpt and os.path.isfile(os.path.join(ckpt, "adapter_config.json")):
-        # a LoRA run's checkpoint: the adapter; its base is the run's --model
-        check(
-            os.path.isfile(os.path.join(ckpt, "adapter_model.safetensors")),
-            f"--resume {ckpt}: adapter_model.safetensors is missing (a broken checkpoint)",
-        )
-    elif ckpt:
-        check_model_dir(ckpt, "--resume")  # a broken checkpoint names its missing file
+    if ckpt:
+        if os.path.isfile(os.path.join(ckpt, "adapter_config.json")):
+            # a LoRA run's checkpoint: the adapter; its base is the run's --model
+            needs = ("adapter_model.safetensors", *needs)
+        else:
+            check_model_dir(ckpt, "--resume")  # a broken checkpoint names its missing file
         for f in needs:
             check(
                 os.path.isfile(os.path.join(ckpt, f)),

@@ -46,6 +46,7 @@ import common
 import data
 import grader
 import grpo
+import lora
 import losses
 import rollout as engines
 import sft
@@ -274,6 +275,7 @@ def parse_args(argv=None):
     g.add_argument(
         "--dry-run", action="store_true", help="print the effective settings as JSON and exit"
     )
+    lora.add_flags(p)  # --lora-rank, ... (lora.py)
     args = p.parse_args(argv)
     if args.resume:
         common.resume_from(p, argv, args, needs=("optimizer.pt",))
@@ -287,7 +289,9 @@ def resolve(args):
         args.profile = "demo"
     else:
         args.profile = "hub"
-    if not args.resume:  # a resumed run loads its checkpoint
+    lora.check_flags(args)
+    # a resumed run loads its checkpoint (a LoRA checkpoint's adapter goes on --model's base)
+    if not args.resume or args.lora_rank:
         args.model = common.check_model_dir(args.model or data.EMBEDDED_MODEL)
     for name, value in PROFILES[args.profile].items():
         if getattr(args, name) is None:
@@ -525,10 +529,15 @@ def sft_on_kept(learner, batch, kept, args, runtime, step):
 
 def build_learner(args, runtime):
     """{"policy", "tokenizer", "optimizer" (AdamW, sft.py's betas), "scheduler" (constant: the
-    number of optimizer steps depends on what is kept)}; a resumed run's optimizer state."""
-    policy, tokenizer = grpo.load_policy(args.resume or args.model, args, runtime)
+    number of optimizer steps depends on what is kept)}; a resumed run's optimizer state. With
+    LoRA (grpo.build_learner's): the base in the compute dtype, the optimizer on the adapters."""
+    dtype = None  # the master-weight dtype
+    if args.lora_rank:
+        dtype = runtime["compute_dtype"]
+    policy, tokenizer = grpo.load_policy(lora.model_path(args), args, runtime, dtype)
+    policy = lora.wrap(policy, args)  # LoRA: adapters, from --resume's checkpoint if resumed
     optimizer = torch.optim.AdamW(
-        policy.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95)
+        lora.trainable(policy), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95)
     )
     if args.resume:
         saved = torch.load(os.path.join(args.resume, "optimizer.pt"), map_location="cpu")
@@ -622,7 +631,9 @@ def main(args):
         if args.resume:
             saved = common.restore_checkpoint(args.resume, args.out)
             state = {k: v for k, v in saved.items() if k in state}
-        engine = grpo.make_engine(args.resume or args.model, args, runtime, policy)
+        engine = grpo.make_engine(lora.model_path(args), args, runtime, policy)
+        if args.resume and args.lora_rank:
+            engines.load_policy_into_vllm(policy, engine)  # the base + the checkpoint's adapter
     except KeyboardInterrupt:
         grpo.stopped(f"{common.stop_name()} while loading: stopped before training; nothing saved")
     data.write_json_atomic(os.path.join(args.out, "args.json"), common.jsonable(vars(args)))
@@ -732,6 +743,8 @@ def main(args):
                 {"optimizer.pt": learner["optimizer"].state_dict()},
             )
             plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
+            if args.export_merged:
+                lora.export_merged(policy, learner["tokenizer"], args.export_merged)
     except KeyboardInterrupt:
         interrupted = True
         if path is None:

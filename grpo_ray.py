@@ -430,7 +430,7 @@ class Worker:
         }
 
     def save(self, out_dir, state):
-        return common.save_model_checkpoint(
+        path = common.save_model_checkpoint(
             out_dir,
             self.learner["policy"],
             self.learner["tokenizer"],
@@ -438,6 +438,11 @@ class Worker:
             state,
             {"optimizer.pt": self.learner["optimizer"].state_dict()},
         )
+        if self.args.export_merged and state["step"] == self.args.n_grpo_steps:
+            lora.export_merged(
+                self.learner["policy"], self.learner["tokenizer"], self.args.export_merged
+            )
+        return path
 
     def get_weights(self, clone=False):
         """{"weights", "spans"} to push: a CPU copy, or with clone=True a device clone for RDT (Ray

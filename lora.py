@@ -18,8 +18,8 @@ chunked head and shared-prefix path run unchanged). What the trainers get from h
   plain HF model for the evaluation scripts and serving.
 Without --lora-rank every function is the identity (or a no-op) and peft is never imported.
 
-Written against peft's documented low-level API rather than by hand: its layer classes cover
-quantized (bitsandbytes) bases and fan-in/fan-out conventions a hand-written wrapper would not.
+Written against peft's documented low-level API rather than by hand: its layer classes handle
+fan-in/fan-out conventions and quantized bases, and its adapter files are what other tools read.
 """
 
 import contextlib
@@ -93,6 +93,11 @@ def check_device(args, device):
         not args.qlora or str(device).startswith("cuda"),
         f"--qlora needs a CUDA policy device (bitsandbytes' 4-bit kernels), not {device}: "
         "drop --qlora (plain --lora-rank runs on CPU)",
+    )
+    # never run here (no GPU): refused rather than silently trained as plain LoRA
+    common.check(
+        not args.qlora,
+        "--qlora: the 4-bit base is not implemented yet (untested without a GPU); drop --qlora",
     )
 
 
