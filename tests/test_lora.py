@@ -31,6 +31,9 @@ def lora_run(model, task, out, *extra):
     flags = tiny_flags(model, task, "--engine", "hf", "--lora-rank", "4", "--eval-every", "0")
     flags += ["--rollout-batch-size", "8", "--train-batch-size", "8", "--max-tokens", "6"]
     flags += ["--min-tokens", "1", "--kl-every", "1", "--eval-n", "2", "--out", str(out), *extra]
+    # a gradient without the keyword: every response past 2 tokens is penalised (DAPO's soft
+    # length penalty), and no_baseline trains on that raw reward
+    flags += ["--loss", "no_baseline", "--no-std-norm", "--overlong-buffer", "4"]
     grpo.main(grpo.parse_args(flags))
 
 
