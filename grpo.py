@@ -46,6 +46,7 @@ import torch
 import common
 import data
 import grader
+import lora
 import losses
 import rollout as engines
 
@@ -316,6 +317,7 @@ def parse_args(argv=None):
     )
     systems_flags(p)  # --- systems ---
     run_flags(p)  # --- run ---
+    lora.add_flags(p)  # --- lora: --lora-rank, ... (lora.py) ---
     args = p.parse_args(argv)
     if args.resume:
         common.resume_from(p, argv, args, needs=("optimizer.pt",))
@@ -524,14 +526,17 @@ def resolve(args):
     else:
         args.profile = "hub"
     # frozen copies of the policy to keep: pi_init (the KL penalty's reference, or KL monitoring's)
-    # and pi_{t-1} (KL monitoring's previous policy)
+    # and pi_{t-1} (KL monitoring's previous policy). None with LoRA: pi_init is the policy with its
+    # adapters off, pi_{t-1} a copy of the adapters
     args.frozen_models = 0
-    if args.kl_beta > 0 or args.kl_every > 0:
+    if (args.kl_beta > 0 or args.kl_every > 0) and not args.lora_rank:
         args.frozen_models += 1
-    if args.kl_every > 0:
+    if args.kl_every > 0 and not args.lora_rank:
         args.frozen_models += 1
-    # a resumed run loads its checkpoint: its --model is needed only as the KL reference
-    resumed_without_kl = args.resume and not args.frozen_models
+    lora.check_flags(args)
+    # a resumed run loads its checkpoint: its --model is needed only as the KL reference, or as
+    # the base of a LoRA checkpoint's adapter
+    resumed_without_kl = args.resume and not args.frozen_models and not args.lora_rank
     if not resumed_without_kl:
         args.model = common.check_model_dir(args.model or data.EMBEDDED_MODEL)
     defaults = {**PROFILES[args.profile], **TASK_PROFILES.get(args.task, {})}
@@ -695,6 +700,7 @@ def setup_runtime(args):
         if n_gpu > 1:
             vllm_device = "cuda:1"
     param_dtype, compute_dtype = common.resolve_precision(policy_device, args.dtype, args.pure_bf16)
+    lora.check_device(args, policy_device)
     # on CUDA the saving is only the prompt's share of a long response: see the README
     shared_prefix = args.shared_prefix
     if shared_prefix is None:
@@ -805,10 +811,16 @@ def load_policy(path, args, runtime, dtype=None):
 def build_learner(args, runtime):
     """The learner of grpo.py and of each grpo_ray.py learner actor: {"policy", "tokenizer",
     "optimizer" (AdamW), "ref_model" (frozen pi_init or None), "prev_model" (frozen pi_{t-1} or
-    None)}."""
-    policy, tokenizer = load_policy(args.resume or args.model, args, runtime)
+    None)}. With LoRA the base is in the compute dtype (frozen: no fp32 master copy), the optimizer
+    holds the fp32 adapters only, "ref_model" is the policy itself (train_step turns its adapters
+    off) and pi_{t-1} is "prev_adapters": {"step", "weights"} (lora.adapter_state)."""
+    dtype = None  # the master-weight dtype
+    if args.lora_rank:
+        dtype = runtime["compute_dtype"]
+    policy, tokenizer = load_policy(lora.model_path(args), args, runtime, dtype)
+    policy = lora.wrap(policy, args)  # LoRA: adapters, from --resume's checkpoint if resumed
     optimizer = torch.optim.AdamW(
-        policy.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95)
+        lora.trainable(policy), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95)
     )
     # every grpo_ray.py learner loads the one checkpoint: the group stays in lockstep
     if args.resume:
@@ -836,6 +848,8 @@ def build_learner(args, runtime):
         learner["ref_model"] = frozen[0]
     if len(frozen) >= 2:
         learner["prev_model"] = frozen[1]
+    if args.lora_rank and (args.kl_beta > 0 or args.kl_every > 0):
+        learner["ref_model"] = policy  # pi_init: the base, read with lora.adapters_off
     return learner
 
 
@@ -1274,14 +1288,21 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
             tensors["is_weights"] = weights
     ref = None  # (N, T) pi_init
     if (args.kl_beta or do_kl) and ref_model is not None:
-        ref = batch_log_probs(ref_model, tensors, args, runtime, ban_ids, dp)
+        with lora.adapters_off(ref_model):  # LoRA: the policy without its adapters
+            ref = batch_log_probs(ref_model, tensors, args, runtime, ban_ids, dp)
     if args.kl_beta and ref is not None:
         tensors["ref_log_probs"] = ref
     if do_kl:
         kl_ref = losses.kl_divergence(cur, ref, mask, args.kl_estimator)
         metrics["train/kl_ref"] = kl_ref.item()
+        prev = None  # (N, T) pi_{t-1}
+        prev_adapters = learner.get("prev_adapters")
         if prev_model is not None and getattr(prev_model, "holds_step", None) == step - 1:
-            prev = batch_log_probs(prev_model, tensors, args, runtime, ban_ids, dp)  # pi_{t-1}
+            prev = batch_log_probs(prev_model, tensors, args, runtime, ban_ids, dp)
+        if prev_adapters is not None and prev_adapters["step"] == step - 1:
+            with lora.loaded(policy, prev_adapters["weights"]):  # LoRA: pi_{t-1}'s adapters
+                prev = batch_log_probs(policy, tensors, args, runtime, ban_ids, dp)
+        if prev is not None:
             kl_prev = losses.kl_divergence(cur, prev, mask, args.kl_estimator)
             metrics["train/kl_prev"] = kl_prev.item()
             if lag == 1:
@@ -1294,6 +1315,8 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
     if prev_model is not None and args.kl_every and (step + 1) % args.kl_every == 0:
         prev_model.load_state_dict(policy.state_dict())  # pi_t, the next step's previous policy
         prev_model.holds_step = step
+    if args.lora_rank and args.kl_every and (step + 1) % args.kl_every == 0:
+        learner["prev_adapters"] = {"step": step, "weights": lora.adapter_state(policy)}
     metrics["time/old_log_probs"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     history = _updates(learner, batch, tensors, args, runtime, step, dp)
@@ -1656,6 +1679,8 @@ def finish_run(engine, val_rows, learner, args, n_steps, state, t_run, wandb_run
         with guard:
             path = save_checkpoint(learner, args, state)
             plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
+            if args.export_merged:
+                lora.export_merged(learner["policy"], learner["tokenizer"], args.export_merged)
     except KeyboardInterrupt:
         interrupted = True
         if path is None:
@@ -1686,7 +1711,9 @@ def main(args):
         learner = build_learner(args, runtime)
         policy = learner["policy"]
         state = start_state(args)  # a resumed run's counters
-        engine = make_engine(args.resume or args.model, args, runtime, policy)
+        engine = make_engine(lora.model_path(args), args, runtime, policy)
+        if args.resume and args.lora_rank:
+            engines.load_policy_into_vllm(policy, engine)  # the base + the checkpoint's adapter
     except KeyboardInterrupt:
         stopped(f"{common.stop_name()} while loading: stopped before training; nothing saved")
     write_settings(args, runtime)  # args.json, runtime.json

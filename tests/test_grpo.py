@@ -27,6 +27,7 @@ import torch.optim.optimizer as optimizer_hooks
 import common
 import grader
 import grpo
+import lora
 import losses
 from conftest import HAS_VLLM, ROOT
 
@@ -1097,6 +1098,102 @@ def test_sync_makes_engine_match_policy(live):
         assert hf.tolist()[: len(engine_ids)] == engine_ids, (
             "engine greedy tokens differ from the policy's"
         )
+
+
+# ----------------------------------------------------------------------------- LoRA (lora.py)
+def lora_learner(live, *flags):
+    """(args, runtime, grpo.build_learner's dict) of a rank-4 LoRA run on the live batch's flags."""
+    args, runtime = make(live, "--lora-rank", "4", *flags)
+    return args, runtime, grpo.build_learner(args, runtime)
+
+
+def test_lora_push_gives_the_engine_the_merged_model(live, tmp_path):
+    """A LoRA policy with B != 0, pushed: the vLLM engine's greedy tokens are those of peft's own
+    merge (PeftModel.from_pretrained on the saved adapter, merge_and_unload) in transformers. The
+    chunked log-prob head and the shared-prefix path score the LoRA policy as that merged model."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    args, runtime, built = lora_learner(live)
+    policy = built["policy"]
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.05)
+    lora.save_adapter(policy, str(tmp_path), base=live["model_dir"])
+    base = AutoModelForCausalLM.from_pretrained(live["model_dir"], dtype=torch.float32).eval()
+    fresh = AutoModelForCausalLM.from_pretrained(live["model_dir"], dtype=torch.float32)
+    merged = PeftModel.from_pretrained(fresh, str(tmp_path)).merge_and_unload().eval()
+    prompts = [r["prompt"] for r in live["rows"][:4]]
+    changed = 0  # prompts whose greedy tokens the adapters change
+    try:
+        grpo.engines.load_policy_into_vllm(policy, live["engine"])
+        outs = grpo.engines.generate(live["engine"], prompts, n=1, temperature=0.0, max_tokens=10)
+    finally:  # the other tests' engine holds the base
+        grpo.engines.load_policy_into_vllm(base, live["engine"])
+    for o in outs:
+        ids = torch.tensor([o[0]["prompt_token_ids"]])
+        engine_ids = o[0]["token_ids"]
+        with torch.no_grad():
+            hf = merged.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0)
+            plain = base.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0)
+        assert hf[0, ids.shape[1] :].tolist()[: len(engine_ids)] == engine_ids
+        changed += plain[0, ids.shape[1] :].tolist()[: len(engine_ids)] != engine_ids
+    assert changed > 0
+    # the chunked head runs over the LoRA body; with and without the shared prefix
+    assert policy._logprob_fast_path and runtime["shared_prefix"]
+    tensors = grpo.collate(live["batch"], args)
+    mask = tensors["response_mask"]
+    ban = live["batch"]["ban_token_ids"]
+    plain_runtime = dict(runtime, shared_prefix=False)
+    want = grpo.batch_log_probs(merged, tensors, args, plain_runtime, ban)
+    before = grpo.batch_log_probs(base, tensors, args, plain_runtime, ban)
+    assert (want - before)[mask].abs().max() > 0.1
+    for shared in (True, False):
+        got = grpo.batch_log_probs(policy, tensors, args, dict(runtime, shared_prefix=shared), ban)
+        assert (got - want)[mask].abs().max() <= 1e-4, shared
+
+
+def test_lora_trains_only_fp32_adapters_against_the_base_with_adapters_off(live):
+    """LoRA: the optimizer holds the adapters only (fp32), the base never moves; the KL reference is
+    the policy with its adapters off (no frozen copy): KL 0 at step 0, the base model's own
+    log-probs later; pi_{t-1} is a copy of the adapters (at step 1 it is pi_0, whose B = 0: the
+    base, so kl_prev = kl_ref)."""
+    flags = ["--kl-beta", "0.5", "--kl-every", "1", "--loss", "grpo_clip"]
+    args, runtime, built = lora_learner(live, *flags)
+    policy = built["policy"]
+    assert args.frozen_models == 0
+    assert built["ref_model"] is policy and built["prev_model"] is None
+    adapters = {}
+    for name, p in policy.named_parameters():
+        if ".lora_" in name:
+            adapters[name] = p
+    held = [p for group in built["optimizer"].param_groups for p in group["params"]]
+    n_linear = 7 * policy.config.num_hidden_layers  # q k v o gate up down
+    assert len(held) == len(adapters) == 2 * n_linear
+    assert {id(p) for p in held} == {id(p) for p in adapters.values()}
+    assert all(p.dtype == torch.float32 for p in held)
+    frozen = {}
+    for name, p in policy.named_parameters():
+        if ".lora_" not in name:
+            frozen[name] = p.detach().clone()
+    _, m0 = grpo.train_step(built, live["batch"], args, runtime, 0)
+    assert m0["train/kl_ref"] == 0.0
+    _, m1 = grpo.train_step(built, live["batch"], args, runtime, 1)
+    assert m1["train/kl_ref"] > 0
+    assert m1["train/kl_prev"] == m1["train/kl_ref"]
+    for name, p in policy.named_parameters():
+        if ".lora_" not in name:
+            assert torch.equal(p, frozen[name]), name
+    tensors = grpo.collate(live["batch"], args)
+    ban = live["batch"]["ban_token_ids"]
+    base = grpo.load_policy(live["model_dir"], args, runtime)[0]
+    with lora.adapters_off(policy):
+        off = grpo.batch_log_probs(policy, tensors, args, runtime, ban)
+    assert torch.equal(off, grpo.batch_log_probs(base, tensors, args, runtime, ban))
+    on = grpo.batch_log_probs(policy, tensors, args, runtime, ban)
+    assert not torch.equal(on, off)  # and the adapters are back on
 
 
 def test_engine_share_on_a_shared_gpu_counts_the_trainers_memory(monkeypatch):
