@@ -183,6 +183,8 @@ def resolve(args):
     # (grpo.make_engine sizes the engine's GPU share with it), every response token scored
     # (grpo.collate)
     args.frozen_models = 0
+    args.kl_beta = 0.0  # no KL term: grpo.build_learner keeps no LoRA reference
+    args.kl_every = 0
     args.mask_truncated = False
 
     check = common.check
