@@ -269,7 +269,11 @@ def resume_from(parser, argv, args, needs=(), script=None):
     ckpt = find_checkpoint(args.resume, repair=False)  # again: now no other run can change it
     state = {}
     if ckpt:
-        check_model_dir(ckpt, "--resume")  # a broken checkpoint names its missing file
+        if os.path.isfile(os.path.join(ckpt, "adapter_config.json")):
+            # a LoRA run's checkpoint: the adapter; its base is the run's --model
+            needs = ("adapter_model.safetensors", *needs)
+        else:
+            check_model_dir(ckpt, "--resume")  # a broken checkpoint names its missing file
         for f in needs:
             check(
                 os.path.isfile(os.path.join(ckpt, f)),
@@ -762,12 +766,16 @@ def save_model_checkpoint(
     import torch
 
     import data
+    import lora
 
     if script is None:
         script = this_script() or read_claim(out_dir).get("script")
 
     def write(tmp):
-        model.save_pretrained(tmp)
+        if lora.lora_layers(model):
+            lora.save_adapter(model, tmp, base=args.model)  # LoRA: the adapter only (small)
+        else:
+            model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         for name, obj in (extra or {}).items():
             torch.save(obj, os.path.join(tmp, name))
@@ -1100,9 +1108,10 @@ def sampled_metrics(correct, answers, k):
     """eval/avg@k, eval/pass@k, eval/maj@k and their `_se` (over questions), from k graded
     samples per question. correct, answers: per question, k flags and k normalised answers
     (best_of_n.answer; None = no answer). avg@k = the fraction of a question's samples that are
-    right; pass@k and maj@k are best_of_n.py's estimators (pass@k: Chen et al.'s unbiased one, at
-    n = k it is "any sample right"; maj@k: the plurality answer, ties split)."""
-    from best_of_n import maj_at_k, pass_at_k
+    right; pass@k is losses.pass_at_k (Chen et al.'s unbiased estimator; at n = k, "any sample
+    right") and maj@k best_of_n.maj_at_k (the plurality answer, ties split)."""
+    from best_of_n import maj_at_k
+    from losses import pass_at_k
 
     per_question = {"avg@k": [], "pass@k": [], "maj@k": []}
     for flags, votes in zip(correct, answers):

@@ -24,7 +24,8 @@ Departures from the seeds (their settings, and ours, are in PROFILES):
 - seed 002's loop calls scheduler.step() without naming a schedule: the lr is constant unless
   --warmup-frac / --min-lr-frac ask for sft.py's warmup and cosine decay (lr_factor);
 - the seeds' raw prompt text by default; --chat-template wraps it in the model's chat template.
-The extras (DAPO, rollout importance sampling, KL monitoring, ...) are in the README.
+The extras (DAPO, rollout importance sampling, KL monitoring, the advantage estimators, CISPO, the
+entropy controls, ...) are in the README.
 
 Examples:
   python grpo.py                                                  # offline CPU demo
@@ -47,6 +48,7 @@ import torch
 import common
 import data
 import grader
+import lora
 import losses
 import rollout as engines
 
@@ -131,49 +133,7 @@ def parse_args(argv=None):
     pos = common.positive_int
     nonneg = common.nonneg_int
     pfloat = common.positive_float
-    g = p.add_argument_group("model and data")  # --- model and data ---
-    g.add_argument(
-        "--model",
-        default=None,
-        help="HF hub id or local dir; omitted = the embedded model (demo profile)",
-    )
-    g.add_argument(
-        "--task", default="countdown", choices=sorted(data.TASKS), help="task (data.load_task)"
-    )
-    g.add_argument(
-        "--prompt", default=None, help="prompts/<name>.prompt; default: data.task_defaults"
-    )
-    g.add_argument(
-        "--reward",
-        default=None,
-        choices=sorted(grader.REWARD_FNS),
-        help="reward fn; default: the task's",
-    )
-    g.add_argument(
-        "--chat-template",
-        default="off",
-        choices=data.CHAT_TEMPLATES,
-        help="wrap each prompt in the model's chat template (on; no_thinking: Qwen3's switch off)",
-    )
-    g.add_argument(
-        "--train-path",
-        type=common.data_path,
-        default=None,
-        help="train JSONL, 'synthetic' (Countdown), or the hub set",
-    )
-    g.add_argument(
-        "--val-path",
-        type=common.data_path,
-        default=None,
-        help="validation file; default: the task's test split",
-    )
-    g.add_argument("--train-n", type=nonneg, default=None, help="train questions to load (0 = all)")
-    g.add_argument(
-        "--data-seed",
-        type=nonneg,
-        default=0,
-        help="seed of the synthetic data set (kept apart from --seed)",
-    )
+    model_and_data_flags(p)  # --- model and data ---
     g = p.add_argument_group("optimisation")  # --- optimisation ---
     g.add_argument("--lr", type=pfloat, default=None, help="AdamW learning rate")
     g.add_argument(
@@ -211,23 +171,7 @@ def parse_args(argv=None):
         default=1,
         help="passes over each rollout batch (>1 = off-policy)",
     )
-    g.add_argument("--max-grad-norm", type=pfloat, default=1.0, help="gradient-norm clip")
-    g.add_argument(
-        "--gradient-checkpointing",
-        action="store_true",
-        help="recompute activations (memory for time)",
-    )
-    g.add_argument(
-        "--dtype",
-        default="auto",
-        choices=common.DTYPES,
-        help="compute dtype (auto: bf16 on CUDA, fp32 on CPU)",
-    )
-    g.add_argument(
-        "--pure-bf16",
-        action="store_true",
-        help="bf16 weights + AdamW state (half the memory; drops small updates)",
-    )
+    trainer_flags(g)  # --max-grad-norm, --gradient-checkpointing, --dtype, --pure-bf16
     g = p.add_argument_group("loss")  # --- loss ---
     g.add_argument(
         "--loss",
@@ -236,7 +180,9 @@ def parse_args(argv=None):
         choices=losses.LOSS_TYPES,
         help="policy-gradient loss (seed 001's GRPO-Clip, GRPO-No-Clip are accepted)",
     )
-    g.add_argument("--cliprange", type=pfloat, default=0.2, help="epsilon of GRPO-Clip / GSPO")
+    g.add_argument(
+        "--cliprange", type=pfloat, default=0.2, help="epsilon of GRPO-Clip / GSPO / CISPO"
+    )
     g.add_argument(
         "--cliprange-high",
         type=pfloat,
@@ -256,12 +202,44 @@ def parse_args(argv=None):
         help="masked_normalize divisor; default --max-tokens",
     )
     g.add_argument(
+        "--advantage",
+        default="grpo",
+        choices=list(losses.ADVANTAGES),
+        help="advantage estimator: group mean (grpo), leave-one-out mean (rloo), pass@k (passk)",
+    )
+    g.add_argument(
+        "--passk-k",
+        type=pos,
+        default=None,
+        help="k of --advantage passk (1 <= k < --group-size)",
+    )
+    g.add_argument(
+        "--adv-std",
+        default=None,
+        choices=losses.ADV_STDS,
+        help="divide advantages by the group's reward std (default), the batch's std of the"
+        " centred advantages (with grpo: REINFORCE++-baseline) or nothing (Dr. GRPO)",
+    )
+    g.add_argument(
         "--std-norm",
         action=common.argparse.BooleanOptionalAction,
-        default=True,
-        help="divide advantages by group std",
+        default=None,
+        help="older spelling: --std-norm is --adv-std group, --no-std-norm --adv-std none",
     )
-    g.add_argument("--advantage-eps", type=pfloat, default=None, help="added to the group std")
+    g.add_argument("--advantage-eps", type=pfloat, default=None, help="added to the std")
+    g.add_argument(
+        "--entropy-coef",
+        type=common.nonneg_float,
+        default=0.0,
+        help="entropy bonus: the loss minus this x the response tokens' entropy",
+    )
+    g.add_argument(
+        "--entropy-top-quantile",
+        type=common.probability,
+        default=1.0,
+        help="only this fraction of the optimizer step's response tokens, the highest-entropy"
+        " ones, carry the policy-gradient loss (Wang et al. 2025: 0.2; 1 = all)",
+    )
     g.add_argument(
         "--kl-beta",
         type=common.nonneg_float,
@@ -331,10 +309,105 @@ def parse_args(argv=None):
         default=0,
         help="DAPO soft length penalty over the last N tokens",
     )
+    sampling_flags(p)  # --- sampling ---
+    g = eval_flags(p)  # --- eval and logging ---
+    g.add_argument(
+        "--kl-every",
+        type=nonneg,
+        default=0,
+        help="log KL to the initial and previous policy every N steps",
+    )
+    systems_flags(p)  # --- systems ---
+    run_flags(p)  # --- run ---
+    lora.add_flags(p)  # --- lora: --lora-rank, ... (lora.py) ---
+    args = p.parse_args(argv)
+    if args.resume:
+        common.resume_from(p, argv, args, needs=("optimizer.pt",))
+    return resolve(args)
+
+
+# The flag groups grpo.py and expert_iteration.py share, each as --help shows it (grpo_ray.py takes
+# all of grpo.py's). A script adds its own flags to a group it gets back.
+def model_and_data_flags(p):
+    """The "model and data" flags of grpo.py and expert_iteration.py; -> the group."""
+    g = p.add_argument_group("model and data")  # --- model and data ---
+    g.add_argument(
+        "--model",
+        default=None,
+        help="HF hub id or local dir; omitted = the embedded model (demo profile)",
+    )
+    g.add_argument(
+        "--task", default="countdown", choices=sorted(data.TASKS), help="task (data.load_task)"
+    )
+    g.add_argument(
+        "--prompt", default=None, help="prompts/<name>.prompt; default: data.task_defaults"
+    )
+    g.add_argument(
+        "--reward",
+        default=None,
+        choices=sorted(grader.REWARD_FNS),
+        help="reward fn; default: the task's",
+    )
+    g.add_argument(
+        "--chat-template",
+        default="off",
+        choices=data.CHAT_TEMPLATES,
+        help="wrap each prompt in the model's chat template (on; no_thinking: Qwen3's switch off)",
+    )
+    g.add_argument(
+        "--train-path",
+        type=common.data_path,
+        default=None,
+        help="train JSONL, 'synthetic' (Countdown), or the hub set",
+    )
+    g.add_argument(
+        "--val-path",
+        type=common.data_path,
+        default=None,
+        help="validation file; default: the task's test split",
+    )
+    g.add_argument(
+        "--train-n", type=common.nonneg_int, default=None, help="train questions to load (0 = all)"
+    )
+    g.add_argument(
+        "--data-seed",
+        type=common.nonneg_int,
+        default=0,
+        help="seed of the synthetic data set (kept apart from --seed)",
+    )
+    return g
+
+
+def trainer_flags(g):
+    """--max-grad-norm, --gradient-checkpointing, --dtype, --pure-bf16 on group `g` (grpo.py's
+    optimisation group, expert_iteration.py's SFT group)."""
+    g.add_argument(
+        "--max-grad-norm", type=common.positive_float, default=1.0, help="gradient-norm clip"
+    )
+    g.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="recompute activations (memory for time)",
+    )
+    g.add_argument(
+        "--dtype",
+        default="auto",
+        choices=common.DTYPES,
+        help="compute dtype (auto: bf16 on CUDA, fp32 on CPU)",
+    )
+    g.add_argument(
+        "--pure-bf16",
+        action="store_true",
+        help="bf16 weights + AdamW state (half the memory; drops small updates)",
+    )
+
+
+def sampling_flags(p):
+    """The "sampling" flags of grpo.py and expert_iteration.py; -> the group."""
     g = p.add_argument_group("sampling")  # --- sampling ---
     g.add_argument(
         "--temperature",
-        type=pfloat,
+        type=common.positive_float,
         default=None,
         help="rollout temperature; log-probs use the same",
     )
@@ -343,30 +416,39 @@ def parse_args(argv=None):
     )
     g.add_argument(
         "--min-tokens",
-        type=nonneg,
+        type=common.nonneg_int,
         default=None,
         help="minimum response tokens (stop tokens banned before)",
     )
-    g.add_argument("--max-tokens", type=pos, default=None, help="maximum response tokens")
+    g.add_argument(
+        "--max-tokens", type=common.positive_int, default=None, help="maximum response tokens"
+    )
+    return g
+
+
+def eval_flags(p):
+    """The "eval and logging" flags of grpo.py and expert_iteration.py; -> the group."""
     g = p.add_argument_group("eval and logging")  # --- eval and logging ---
     g.add_argument(
         "--eval-every",
-        type=nonneg,
+        type=common.nonneg_int,
         default=None,
         help="greedy validation every N steps (0 = start/end)",
     )
-    g.add_argument("--eval-n", type=pos, default=None, help="validation questions")
+    g.add_argument("--eval-n", type=common.positive_int, default=None, help="validation questions")
     common.eval_sampling_flags(g)
     g.add_argument(
-        "--kl-every",
-        type=nonneg,
-        default=0,
-        help="log KL to the initial and previous policy every N steps",
-    )
-    g.add_argument(
-        "--grader-workers", type=nonneg, default=2, help="grading processes (0 = in this process)"
+        "--grader-workers",
+        type=common.nonneg_int,
+        default=2,
+        help="grading processes (0 = in this process)",
     )
     g.add_argument("--wandb", default=None, help="wandb project name (off when omitted)")
+    return g
+
+
+def systems_flags(p):
+    """The "systems" flags of grpo.py and expert_iteration.py; -> the group."""
     g = p.add_argument_group("systems")  # --- systems ---
     g.add_argument(
         "--engine",
@@ -405,10 +487,15 @@ def parse_args(argv=None):
         default=None,
         help="torch CPU threads (default: torch's, one per core); 1 on a busy shared machine",
     )
+    return g
+
+
+def run_flags(p):
+    """The "run" flags of grpo.py and expert_iteration.py; -> the group."""
     g = p.add_argument_group("run")  # --- run ---
     g.add_argument(
         "--seed",
-        type=nonneg,
+        type=common.nonneg_int,
         default=0,
         help="seeds prompt sampling, engine sampling, shuffling, torch",
     )
@@ -419,13 +506,13 @@ def parse_args(argv=None):
     )
     g.add_argument(
         "--save-every",
-        type=nonneg,
+        type=common.nonneg_int,
         default=None,
         help="checkpoint every N steps (0 = only at the end)",
     )
     g.add_argument(
         "--keep-checkpoints",
-        type=nonneg,
+        type=common.nonneg_int,
         default=0,
         help="also keep the weights of the last N saves as checkpoints/step_NNNN (0 = none)",
     )
@@ -437,10 +524,7 @@ def parse_args(argv=None):
     g.add_argument(
         "--dry-run", action="store_true", help="print the effective settings as JSON and exit"
     )
-    args = p.parse_args(argv)
-    if args.resume:
-        common.resume_from(p, argv, args, needs=("optimizer.pt",))
-    return resolve(args)
+    return g
 
 
 def resolve(args):
@@ -451,14 +535,17 @@ def resolve(args):
     else:
         args.profile = "hub"
     # frozen copies of the policy to keep: pi_init (the KL penalty's reference, or KL monitoring's)
-    # and pi_{t-1} (KL monitoring's previous policy)
+    # and pi_{t-1} (KL monitoring's previous policy). None with LoRA: pi_init is the policy with its
+    # adapters off, pi_{t-1} a copy of the adapters
     args.frozen_models = 0
-    if args.kl_beta > 0 or args.kl_every > 0:
+    if (args.kl_beta > 0 or args.kl_every > 0) and not args.lora_rank:
         args.frozen_models += 1
-    if args.kl_every > 0:
+    if args.kl_every > 0 and not args.lora_rank:
         args.frozen_models += 1
-    # a resumed run loads its checkpoint: its --model is needed only as the KL reference
-    resumed_without_kl = args.resume and not args.frozen_models
+    lora.check_flags(args)
+    # a resumed run loads its checkpoint: its --model is needed only as the KL reference, or as
+    # the base of a LoRA checkpoint's adapter
+    resumed_without_kl = args.resume and not args.frozen_models and not args.lora_rank
     if not resumed_without_kl:
         args.model = common.check_model_dir(args.model or data.EMBEDDED_MODEL)
     defaults = {**PROFILES[args.profile], **TASK_PROFILES.get(args.task, {})}
@@ -504,22 +591,64 @@ def resolve(args):
         " rollout batch trains -A log pi on data from an older policy, uncorrected:"
         f" use a loss with a ratio ({', '.join(losses.RATIO_LOSSES)})",
     )
+    # --adv-std is the normaliser; --std-norm / --no-std-norm spell group / none
+    spelled = None  # the --adv-std that --std-norm / --no-std-norm spell
+    if args.std_norm is True:
+        spelled = "group"
+    elif args.std_norm is False:
+        spelled = "none"
+    check(
+        args.adv_std is None or spelled is None or args.adv_std == spelled,
+        f"--adv-std {args.adv_std} contradicts --std-norm={args.std_norm} (--adv-std {spelled}):"
+        " pass only --adv-std",
+    )
+    if args.adv_std is None:
+        args.adv_std = spelled or "group"
     # pi_old by a no-grad pass (seed 000 asks for it on-policy too)
     args.needs_old = losses.LOSSES[args.loss].needs_old or args.rollout_is != "none"
     check_settings(args)
     return args
 
 
+def check_keep_checkpoints(args):
+    """--keep-checkpoints keeps saves: it needs --save-every (grpo.py's and expert_iteration.py's
+    check)."""
+    common.check(
+        not args.keep_checkpoints or args.save_every,
+        "--keep-checkpoints keeps the --save-every checkpoints: set --save-every N",
+    )
+
+
 def check_settings(args):
     """The settings that contradict each other, each a one-line error naming the fix."""
     check = common.check
+    check_sampling_and_systems(args)
+    check_keep_checkpoints(args)
     check(
-        not args.std_norm or args.group_size >= 2,
-        "--std-norm needs --group-size >= 2 (or pass --no-std-norm)",
+        args.adv_std != "group" or args.group_size >= 2,
+        "--adv-std group needs --group-size >= 2 (or pass --adv-std none or batch)",
     )
     check(
-        args.min_tokens <= args.max_tokens,
-        f"--min-tokens {args.min_tokens} must be <= --max-tokens {args.max_tokens}",
+        args.advantage == "grpo" or args.loss != "no_baseline",
+        f"--advantage {args.advantage}: --loss no_baseline trains on the raw rewards, not on"
+        " advantages; choose another --loss",
+    )
+    check(
+        args.advantage != "rloo" or args.group_size >= 2,
+        "--advantage rloo needs --group-size >= 2 (a leave-one-out mean)",
+    )
+    check(
+        args.passk_k is None or args.advantage == "passk",
+        "--passk-k is the k of --advantage passk: add --advantage passk or drop --passk-k",
+    )
+    check(
+        args.advantage != "passk" or args.passk_k is not None,
+        "--advantage passk needs --passk-k K (1 <= K < --group-size)",
+    )
+    check(
+        args.advantage != "passk" or args.passk_k < args.group_size,
+        f"--passk-k {args.passk_k} must be below --group-size {args.group_size}"
+        " (at K = G every advantage is 0)",
     )
     check(
         args.overlong_buffer < args.max_tokens,
@@ -541,19 +670,6 @@ def check_settings(args):
         args.kl_beta == 0 or args.kl_estimator != "seq",
         "--kl-estimator seq is for monitoring; the penalty needs k1, k2 or k3",
     )
-    check(
-        not (args.shared_prefix and args.gradient_checkpointing),
-        "--shared-prefix runs the prompt once into the KV cache, which gradient checkpointing"
-        " turns off: pass --no-shared-prefix or drop --gradient-checkpointing",
-    )
-    check(
-        not args.keep_checkpoints or args.save_every,
-        "--keep-checkpoints keeps the --save-every checkpoints: set --save-every N",
-    )
-    check(
-        args.sleep_engine is False or args.engine == "vllm",
-        "--sleep-engine frees vLLM's GPU memory: use --engine vllm",
-    )
     # sample_seed's blocks: 16 bits each for --seed and the step, 16 rounds of 2^20 seeds a step
     check(
         args.seed < SEED_SPACE and args.n_grpo_steps < SEED_SPACE,
@@ -562,6 +678,25 @@ def check_settings(args):
     check(
         args.dynamic_sampling_max_rounds < 16 and 2 * args.rollout_batch_size <= 2**20,
         "--dynamic-sampling-max-rounds must be < 16 and --rollout-batch-size <= 2^19",
+    )
+
+
+def check_sampling_and_systems(args):
+    """The "sampling" and "systems" flags that contradict each other (grpo.py's and
+    expert_iteration.py's), each a one-line error naming the fix."""
+    check = common.check
+    check(
+        args.min_tokens <= args.max_tokens,
+        f"--min-tokens {args.min_tokens} must be <= --max-tokens {args.max_tokens}",
+    )
+    check(
+        not (args.shared_prefix and args.gradient_checkpointing),
+        "--shared-prefix runs the prompt once into the KV cache, which gradient checkpointing"
+        " turns off: pass --no-shared-prefix or drop --gradient-checkpointing",
+    )
+    check(
+        args.sleep_engine is False or args.engine == "vllm",
+        "--sleep-engine frees vLLM's GPU memory: use --engine vllm",
     )
 
 
@@ -584,6 +719,7 @@ def setup_runtime(args):
         if n_gpu > 1:
             vllm_device = "cuda:1"
     param_dtype, compute_dtype = common.resolve_precision(policy_device, args.dtype, args.pure_bf16)
+    lora.check_device(args, policy_device)
     # on CUDA the saving is only the prompt's share of a long response: see the README
     shared_prefix = args.shared_prefix
     if shared_prefix is None:
@@ -607,8 +743,27 @@ def setup_runtime(args):
 
 
 def load_data(args):
-    """(train rows, validation rows), each row with its formatted "prompt". Missing or empty data
-    is a one-line error."""
+    """(train rows, validation rows), each row with its formatted "prompt" (load_rows). Missing or
+    empty data, or fewer questions than a rollout batch, is a one-line error."""
+    train, val = load_rows(args)
+    common.check(
+        len(train) >= args.n_prompts_per_rollout_batch,
+        f"{len(train)} train questions < {args.n_prompts_per_rollout_batch} prompts per rollout"
+        " batch: more data or a smaller --rollout-batch-size",
+    )
+    if args.train_path == "synthetic":
+        print(
+            f"data: synthetic Countdown (data.generate_countdown), {len(train)} train / "
+            f"{len(val)} test problems"
+        )
+    return train, val
+
+
+def load_rows(args):
+    """The "model and data" flags' (train rows, validation rows), for grpo.py and
+    expert_iteration.py: --train-n train and --eval-n validation questions, each row with its
+    formatted "prompt" (in the chat template with --chat-template). Missing data or an empty
+    validation set is a one-line error."""
     train = common.attempt(
         data.load_task,
         args.task,
@@ -637,17 +792,7 @@ def load_data(args):
     val = common.attempt(
         data.apply_chat_template, val, tokenizer_path, args.chat_template, what="--chat-template"
     )
-    common.check(
-        len(train) >= args.n_prompts_per_rollout_batch,
-        f"{len(train)} train questions < {args.n_prompts_per_rollout_batch} prompts per rollout"
-        " batch: more data or a smaller --rollout-batch-size",
-    )
     common.check(len(val) > 0, "the validation set is empty: check --val-path")
-    if args.train_path == "synthetic":
-        print(
-            f"data: synthetic Countdown (data.generate_countdown), {len(train)} train / "
-            f"{len(val)} test problems"
-        )
     return train, val
 
 
@@ -685,10 +830,16 @@ def load_policy(path, args, runtime, dtype=None):
 def build_learner(args, runtime):
     """The learner of grpo.py and of each grpo_ray.py learner actor: {"policy", "tokenizer",
     "optimizer" (AdamW), "ref_model" (frozen pi_init or None), "prev_model" (frozen pi_{t-1} or
-    None)}."""
-    policy, tokenizer = load_policy(args.resume or args.model, args, runtime)
+    None)}. With LoRA the base is in the compute dtype (frozen: no fp32 master copy), the optimizer
+    holds the fp32 adapters only, "ref_model" is the policy itself (train_step turns its adapters
+    off) and pi_{t-1} is "prev_adapters": {"step", "weights"} (lora.adapter_state)."""
+    dtype = None  # the master-weight dtype
+    if args.lora_rank:
+        dtype = runtime["compute_dtype"]
+    policy, tokenizer = load_policy(lora.model_path(args), args, runtime, dtype)
+    policy = lora.wrap(policy, args)  # LoRA: adapters, from --resume's checkpoint if resumed
     optimizer = torch.optim.AdamW(
-        policy.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95)
+        lora.trainable(policy), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95)
     )
     # every grpo_ray.py learner loads the one checkpoint: the group stays in lockstep
     if args.resume:
@@ -716,6 +867,8 @@ def build_learner(args, runtime):
         learner["ref_model"] = frozen[0]
     if len(frozen) >= 2:
         learner["prev_model"] = frozen[1]
+    if args.lora_rank and (args.kl_beta > 0 or args.kl_every > 0):
+        learner["ref_model"] = policy  # pi_init: the base, read with lora.adapters_off
     return learner
 
 
@@ -929,8 +1082,13 @@ def summarize(batch, shard_stats, args):
     batch["advantages"] (N,) and returns the step's rollout metrics. shard_stats: collect's stats
     of each shard (one for grpo.py; the shards ran side by side, so a time is their longest). A
     new metric is one line here."""
-    adv, meta = losses.group_normalized_advantages(
-        batch["raw"], args.group_size, args.advantage_eps, args.std_norm
+    adv, meta = losses.compute_advantages(
+        batch["raw"],
+        args.group_size,
+        args.advantage,
+        args.adv_std,
+        args.advantage_eps,
+        args.passk_k or 1,
     )
     if args.dynamic_sampling:
         # a group the filter calls flat is in the batch only when a shard found nothing to learn
@@ -996,7 +1154,7 @@ def collate(batch, args, pad_id=0):
     }
 
 
-def _forwards(tensors, idx, shared_prefix, device):
+def forward_passes(tensors, idx, shared_prefix, device):
     """The forward passes of microbatch rows `idx` (a tensor of row numbers). Yields, for each:
     (rows, mb, L, P) with mb the rows' input_ids, labels and ban_mask trimmed to their longest
     length L and moved to `device`, plus their lengths; P is the shared prefix's length.
@@ -1036,30 +1194,34 @@ def _shard(rows, dp):
     return rows[start:end]
 
 
-def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None):
-    """(N, T) label log-probs under `model` at the sampling temperature, no grad. With dp each
-    learner scores its shard of the rows, and the results are summed."""
+def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None, rows=None, key="log_probs"):
+    """(N, T) label log-probs under `model` at the sampling temperature, no grad; key
+    "token_entropy": the entropies instead. Of `rows` only (the others read 0), by default all.
+    With dp each learner scores its shard of the rows, and the results are summed."""
     N, T = tensors["labels"].shape
     out = torch.zeros(N, T)  # (N, T)
     device = next(model.parameters()).device
     was_training = model.training
-    rows = _shard(torch.arange(N), dp)
+    if rows is None:
+        rows = torch.arange(N)
+    rows = _shard(rows, dp)
     mbs = args.micro_train_batch_size
     shared_prefix = runtime["shared_prefix"]
     model.eval()
     with torch.inference_mode(), common.autocast(device, runtime["compute_dtype"]):
         for start in range(0, len(rows), mbs):
-            for idx, mb, L, P in _forwards(
+            for idx, mb, L, P in forward_passes(
                 tensors, rows[start : start + mbs], shared_prefix, device
             ):
                 result = losses.get_response_log_probs(
                     model,
                     **mb,
+                    return_token_entropy=key == "token_entropy",
                     temperature=args.temperature,
                     ban_token_ids=ban_ids,
                     prefix_len=P,
                 )
-                out[idx, :L] = result["log_probs"].float().cpu()  # (rows, L)
+                out[idx, :L] = result[key].float().cpu()  # (rows, L)
     model.train(was_training)
     out = out.clone()  # a normal tensor: inference tensors cannot enter autograd later
     if dp is None:
@@ -1077,6 +1239,7 @@ def loss_settings(args):
         normalize_constant=args.normalize_constant,
         kl_beta=args.kl_beta,
         kl_estimator=args.kl_estimator,
+        entropy_coef=args.entropy_coef,
     )
 
 
@@ -1144,14 +1307,21 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
             tensors["is_weights"] = weights
     ref = None  # (N, T) pi_init
     if (args.kl_beta or do_kl) and ref_model is not None:
-        ref = batch_log_probs(ref_model, tensors, args, runtime, ban_ids, dp)
+        with lora.adapters_off(ref_model):  # LoRA: the policy without its adapters
+            ref = batch_log_probs(ref_model, tensors, args, runtime, ban_ids, dp)
     if args.kl_beta and ref is not None:
         tensors["ref_log_probs"] = ref
     if do_kl:
         kl_ref = losses.kl_divergence(cur, ref, mask, args.kl_estimator)
         metrics["train/kl_ref"] = kl_ref.item()
+        prev = None  # (N, T) pi_{t-1}
+        prev_adapters = learner.get("prev_adapters")
         if prev_model is not None and getattr(prev_model, "holds_step", None) == step - 1:
-            prev = batch_log_probs(prev_model, tensors, args, runtime, ban_ids, dp)  # pi_{t-1}
+            prev = batch_log_probs(prev_model, tensors, args, runtime, ban_ids, dp)
+        if prev_adapters is not None and prev_adapters["step"] == step - 1:
+            with lora.loaded(policy, prev_adapters["weights"]):  # LoRA: pi_{t-1}'s adapters
+                prev = batch_log_probs(policy, tensors, args, runtime, ban_ids, dp)
+        if prev is not None:
             kl_prev = losses.kl_divergence(cur, prev, mask, args.kl_estimator)
             metrics["train/kl_prev"] = kl_prev.item()
             if lag == 1:
@@ -1164,6 +1334,8 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
     if prev_model is not None and args.kl_every and (step + 1) % args.kl_every == 0:
         prev_model.load_state_dict(policy.state_dict())  # pi_t, the next step's previous policy
         prev_model.holds_step = step
+    if args.lora_rank and args.kl_every and (step + 1) % args.kl_every == 0:
+        learner["prev_adapters"] = {"step": step, "weights": lora.adapter_state(policy)}
     metrics["time/old_log_probs"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     history = _updates(learner, batch, tensors, args, runtime, step, dp)
@@ -1209,9 +1381,12 @@ def _updates(learner, batch, tensors, args, runtime, step, dp=None):
             ratio_min = math.inf
             ratio_max = -math.inf
             n_tok = max(int(mask[rows].sum()), 1)  # DAPO token norm: the whole step's tokens
+            keep = None  # (N, T) the tokens that carry the policy gradient; None: all
+            if args.entropy_top_quantile < 1:
+                keep = top_entropy_tokens(policy, tensors, rows, args, runtime, ban_ids, dp)
             mine = _shard(rows, dp)
             for start in range(0, len(mine), mbs):
-                for idx, mb, L, P in _forwards(
+                for idx, mb, L, P in forward_passes(
                     tensors, mine[start : start + mbs], shared_prefix, device
                 ):
                     with common.autocast(device, runtime["compute_dtype"]):
@@ -1225,6 +1400,9 @@ def _updates(learner, batch, tensors, args, runtime, step, dp=None):
                         )
                     mb_mask = mask[idx, :L].to(device)  # (rows, L)
                     share = len(idx) / len(rows)  # this forward's part of the step's rows
+                    mb_keep = None
+                    if keep is not None:
+                        mb_keep = keep[idx, :L].to(device)  # (rows, L)
                     loss, meta = losses.grpo_microbatch_loss(
                         out["log_probs"],
                         mb_mask,
@@ -1236,6 +1414,8 @@ def _updates(learner, batch, tensors, args, runtime, step, dp=None):
                         is_weights=_rows(tensors, "is_weights", idx, L, device),
                         gradient_accumulation_steps=1 / share,
                         step_tokens=n_tok,
+                        token_entropy=out["token_entropy"],
+                        entropy_mask=mb_keep,
                     )
                     loss.backward()
                     # token averages over the whole step, whatever the forwards' split
@@ -1275,8 +1455,23 @@ def _updates(learner, batch, tensors, args, runtime, step, dp=None):
             row["train/grad_norm"] = grad_norm.item()
             row["train/epoch"] = epoch
             row["train/lr"] = optimizer.param_groups[0]["lr"]
+            if keep is not None:
+                row["train/entropy_mask_frac"] = keep[rows].sum().item() / n_tok
             history.append(row)
     return history
+
+
+def top_entropy_tokens(policy, tensors, rows, args, runtime, ban_ids, dp=None):
+    """(N, T) bool: of the optimizer step's `rows`, the response tokens whose entropy is in the
+    top --entropy-top-quantile of the step's response tokens (Wang et al. 2025 take the quantile
+    over the batch). The step's microbatches run one at a time, so their entropies come from a
+    no-grad pass over the step's rows first (with dp, every learner's share): one more forward
+    per optimizer step, and the same tokens however the step is split into microbatches."""
+    entropy = batch_log_probs(policy, tensors, args, runtime, ban_ids, dp, rows, "token_entropy")
+    mask = tensors["response_mask"]  # (N, T)
+    keep = torch.zeros_like(mask)  # (N, T)
+    keep[rows] = losses.top_entropy_mask(entropy[rows], mask[rows], args.entropy_top_quantile)
+    return keep
 
 
 def _reduce(params, sums, ratio_min, ratio_max, dp):
@@ -1383,7 +1578,7 @@ def step_line(step, args, row):
     return f"step {step + 1}/{args.n_grpo_steps} | " + " | ".join(parts)
 
 
-def _eval_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_run):
+def evaluate_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_run):
     """Greedy validation on the engine's weights: logs the eval/ row and prints its line, then
     writes rollouts/step_NNNN.jsonl (32 validation samples, then the first 2 train groups of
     `batch` when given). -> the seconds it took (not counted as step time)."""
@@ -1452,10 +1647,99 @@ def stopped(message):
     raise SystemExit(common.stop_exit_code())
 
 
+def start_state(args):
+    """The run's counters {"step", "opt_step", "wall"}: zero, or a resumed run's checkpoint's
+    (common.restore_checkpoint also cuts metrics.jsonl back to them)."""
+    state = {"step": 0, "opt_step": 0, "wall": 0.0}
+    if args.resume:
+        saved = common.restore_checkpoint(args.resume, args.out)
+        state = {k: v for k, v in saved.items() if k in state}
+    return state
+
+
+def write_settings(args, runtime):
+    """The run's flags and runtime record: <out>/args.json and <out>/runtime.json."""
+    data.write_json_atomic(os.path.join(args.out, "args.json"), common.jsonable(vars(args)))
+    data.write_json_atomic(os.path.join(args.out, "runtime.json"), common.jsonable(runtime))
+
+
+def sync_weights(engine, policy, args):
+    """The policy's weights into the engine (waking it first with --sleep-engine). -> seconds."""
+    if args.sleep_engine:
+        return engines.wake_engine(engine, policy)  # wakes it, then pushes the weights
+    return engines.load_policy_into_vllm(policy, engine)
+
+
+def stopped_in_loop(args, state, dirty):
+    """A stop request (Ctrl-C, SIGTERM) caught in the step loop: inside a step's updates (`dirty`)
+    nothing consistent is there to save, so exit; else say that the steps done will be saved."""
+    if dirty:
+        stopped(
+            f"aborted inside step {state['step']}'s updates: nothing saved; "
+            f"--resume {args.out} restarts from the last checkpoint"
+        )
+    print(
+        f"\n{common.stop_name()}: saving checkpoint and plots (resume restarts at step "
+        f"{state['step']})",
+        flush=True,
+    )
+
+
+def save_checkpoint(learner, args, state):
+    """<out>/checkpoint (common.save_model_checkpoint's layout): the policy, its tokenizer, the
+    flags, `state` and the AdamW state; with --keep-checkpoints N, the weights in the series
+    checkpoints/step_NNNN too (common.save_snapshot). -> its path."""
+    optimizer = learner["optimizer"].state_dict()
+    path = common.save_model_checkpoint(
+        args.out, learner["policy"], learner["tokenizer"], args, state, {"optimizer.pt": optimizer}
+    )
+    if args.keep_checkpoints:
+        common.save_snapshot(
+            args.out, learner["policy"], learner["tokenizer"], args, state, args.keep_checkpoints
+        )
+    return path
+
+
+def finish_run(engine, val_rows, learner, args, n_steps, state, t_run, wandb_run, interrupted):
+    """The end of a grpo.py or expert_iteration.py run after `n_steps` steps (or a stop request):
+    the final validation (skipped after a stop), the checkpoint and the dashboard, then exit 130 or
+    143 if the run was stopped. A stop request lets the save finish, unless the run is stopping
+    already: then it is the second request, and the last complete checkpoint stays."""
+    import plot
+
+    if not interrupted:
+        try:
+            evaluate_and_dump(engine, val_rows, args, n_steps, state, t_run, None, wandb_run)
+        except KeyboardInterrupt:
+            interrupted = True  # every step is trained: save them; a resume runs the eval
+            print(f"\n{common.stop_name()}: final eval skipped; saving checkpoint", flush=True)
+    state["wall"] = time.perf_counter() - t_run
+    guard = common.finish_then_interrupt("the checkpoint save")
+    if interrupted:
+        guard = contextlib.nullcontext()
+    path = None
+    try:
+        with guard:
+            path = save_checkpoint(learner, args, state)
+            plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
+            if args.export_merged:
+                lora.export_merged(learner["policy"], learner["tokenizer"], args.export_merged)
+    except KeyboardInterrupt:
+        interrupted = True
+        if path is None:
+            stopped(
+                f"{common.stop_name()} again while saving: stopped; {args.out} keeps its last "
+                f"complete checkpoint"
+            )
+    print(f"checkpoint {path} | dashboard + metrics in {args.out} | {state['wall']:.0f}s")
+    if wandb_run is not None:
+        wandb_run.finish()
+    if interrupted:
+        raise SystemExit(common.stop_exit_code())  # 130 / 143, after everything is saved
+
+
 def main(args):
     from tqdm import tqdm
-
-    import plot
 
     # SIGTERM (a scheduler's time limit, `timeout`, a container stop) stops the run as Ctrl-C does:
     # the step in flight finishes, the steps done are saved, exit 143
@@ -1469,15 +1753,13 @@ def main(args):
         train_rows, val_rows = load_data(args)
         learner = build_learner(args, runtime)
         policy = learner["policy"]
-        state = {"step": 0, "opt_step": 0, "wall": 0.0}
-        if args.resume:
-            saved = common.restore_checkpoint(args.resume, args.out)
-            state = {k: v for k, v in saved.items() if k in state}
-        engine = make_engine(args.resume or args.model, args, runtime, policy)
+        state = start_state(args)  # a resumed run's counters
+        engine = make_engine(lora.model_path(args), args, runtime, policy)
+        if args.resume and args.lora_rank:
+            engines.load_policy_into_vllm(policy, engine)  # the base + the checkpoint's adapter
     except KeyboardInterrupt:
         stopped(f"{common.stop_name()} while loading: stopped before training; nothing saved")
-    data.write_json_atomic(os.path.join(args.out, "args.json"), common.jsonable(vars(args)))
-    data.write_json_atomic(os.path.join(args.out, "runtime.json"), common.jsonable(runtime))
+    write_settings(args, runtime)  # args.json, runtime.json
     axes = {"train/*": "opt_step", "eval/*": "step"}  # eval has its own x axis
     wandb_run = common.start_wandb(args.wandb, args, axes)
     if args.off_policy:
@@ -1508,7 +1790,7 @@ def main(args):
             metrics = summarize(batch, [stats], args)
             # --- eval: greedy on the engine's weights, the policy after `step` updates ---
             if args.eval_every and step % args.eval_every == 0:
-                eval_s = _eval_and_dump(
+                eval_s = evaluate_and_dump(
                     engine, val_rows, args, step, state, t_run, batch, wandb_run
                 )
                 t_step += eval_s  # not step time
@@ -1539,75 +1821,16 @@ def main(args):
                 dirty = False
             # --- save ---
             if args.save_every and (step + 1) % args.save_every == 0:
-                common.save_model_checkpoint(
-                    args.out,
-                    policy,
-                    learner["tokenizer"],
-                    args,
-                    state,
-                    {"optimizer.pt": learner["optimizer"].state_dict()},
-                )
-                if args.keep_checkpoints:
-                    common.save_snapshot(
-                        args.out, policy, learner["tokenizer"], args, state, args.keep_checkpoints
-                    )
+                save_checkpoint(learner, args, state)
             # --- sync weights into the engine for the next rollout ---
-            if args.sleep_engine:
-                sync_s = engines.wake_engine(engine, policy)  # wakes it, then pushes the weights
-            else:
-                sync_s = engines.load_policy_into_vllm(policy, engine)
+            sync_s = sync_weights(engine, policy, args)
     except KeyboardInterrupt:
         interrupted = True
-        if dirty:
-            stopped(
-                f"aborted inside step {state['step']}'s updates: nothing saved; "
-                f"--resume {args.out} restarts from the last checkpoint"
-            )
-        print(
-            f"\n{common.stop_name()}: saving checkpoint and plots (resume restarts at step "
-            f"{state['step']})",
-            flush=True,
-        )
-    if not interrupted:
-        try:
-            _eval_and_dump(engine, val_rows, args, args.n_grpo_steps, state, t_run, None, wandb_run)
-        except KeyboardInterrupt:
-            interrupted = True  # every step is trained: save them; a resume runs the eval
-            print(f"\n{common.stop_name()}: final eval skipped; saving checkpoint", flush=True)
-    # --- save: a stop request lets it finish, unless the run is stopping already (then it is the
-    # second request: stop now, the last complete checkpoint stays) ---
-    state["wall"] = time.perf_counter() - t_run
-    guard = common.finish_then_interrupt("the checkpoint save")
-    if interrupted:
-        guard = contextlib.nullcontext()
-    path = None
-    try:
-        with guard:
-            path = common.save_model_checkpoint(
-                args.out,
-                policy,
-                learner["tokenizer"],
-                args,
-                state,
-                {"optimizer.pt": learner["optimizer"].state_dict()},
-            )
-            if args.keep_checkpoints:
-                common.save_snapshot(
-                    args.out, policy, learner["tokenizer"], args, state, args.keep_checkpoints
-                )
-            plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
-    except KeyboardInterrupt:
-        interrupted = True
-        if path is None:
-            stopped(
-                f"{common.stop_name()} again while saving: stopped; {args.out} keeps its last "
-                f"complete checkpoint"
-            )
-    print(f"checkpoint {path} | dashboard + metrics in {args.out} | {state['wall']:.0f}s")
-    if wandb_run is not None:
-        wandb_run.finish()
-    if interrupted:
-        raise SystemExit(common.stop_exit_code())  # 130 / 143, after everything is saved
+        stopped_in_loop(args, state, dirty)  # exits if inside a step's updates
+    # --- final eval (not after a stop request), save, exit ---
+    finish_run(
+        engine, val_rows, learner, args, args.n_grpo_steps, state, t_run, wandb_run, interrupted
+    )
 
 
 if __name__ == "__main__":
