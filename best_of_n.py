@@ -284,6 +284,11 @@ def parse_args(argv=None):
         help="rollout engine, one of rollout.ENGINES (hf = transformers)",
     )
     p.add_argument(
+        "--eager",
+        action="store_true",
+        help="vllm without torch.compile: starts in seconds rather than ~a minute, decodes slower (smoke tests, debugging)",
+    )
+    p.add_argument(
         "--from-generations",
         type=existing_file,
         default=None,

@@ -261,6 +261,7 @@ def start_engine(args, prompts, max_tokens):
 
         tok = AutoTokenizer.from_pretrained(args.model)
         extra["max_model_len"] = max(len(tok(p).input_ids) for p in prompts) + max_tokens
+        extra["enforce_eager"] = args.eager
     return rollout.init_engine(args.engine, args.model, device=device, seed=args.seed, **extra)
 
 
@@ -314,6 +315,11 @@ def parse_args(argv=None):
         "--engine",
         default="vllm",
         help="rollout engine, one of rollout.ENGINES (hf = transformers)",
+    )
+    p.add_argument(
+        "--eager",
+        action="store_true",
+        help="vllm without torch.compile: starts in seconds rather than ~a minute, decodes slower (smoke tests, debugging)",
     )
     # --- data: --task --data --split --prompt --reward --limit --data-seed ---
     add_data_flags(p)

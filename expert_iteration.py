@@ -221,6 +221,12 @@ def parse_args(argv=None):
         help="rollout engine (hf = transformers)",
     )
     g.add_argument(
+        "--eager",
+        action="store_true",
+        help="vllm without torch.compile: starts in seconds rather than ~a minute, decodes slower "
+        "(smoke tests, debugging)",
+    )
+    g.add_argument(
         "--policy-device", default=None, help="trained policy's device; default cuda:0, else cpu"
     )
     g.add_argument(
