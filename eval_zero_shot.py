@@ -319,7 +319,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--eager",
         action="store_true",
-        help="vllm without torch.compile: starts in seconds rather than ~a minute, decodes slower (smoke tests, debugging)",
+        help="vllm without torch.compile: fast start, slower decoding (smoke tests, debugging)",
     )
     # --- data: --task --data --split --prompt --reward --limit --data-seed ---
     add_data_flags(p)

@@ -374,7 +374,7 @@ def parse_args(argv=None):
     g.add_argument(
         "--eager",
         action="store_true",
-        help="vllm without torch.compile: starts in seconds rather than ~a minute, decodes slower (smoke tests, debugging)",
+        help="vllm without torch.compile: fast start, slower decoding (smoke tests, debugging)",
     )
     g.add_argument(
         "--policy-device", default=None, help="trained policy's device; default cuda:0, else cpu"
