@@ -4,25 +4,27 @@ Seed 001 (Problem 15) compares GRPO's entropy with "what you observed in the EI 
 lecture sets expert iteration beside policy gradients; no seed gives its settings, so PROFILES holds
 ours (the README lists them). Each step of `main`:
   rollout + reward  `sample`: --ei-batch-size questions, --group-size engine samples each, graded
-  keep              `keep_correct`: the responses with answer reward 1 (at most --max-per-question
-                    of a question's)
+  keep              `keep_correct`: the responses with answer reward 1 that the engine finished
+                    (at most --max-per-question of a question's)
   (eval)            every --eval-every steps, greedy, on the engine's weights (grpo.py's)
   entropy           `response_entropy`: a no-grad pass of the policy over every sampled response,
                     at the sampling temperature, as grpo.py's train/entropy reads it
-  train             SFT on the kept pairs: ceil(--epochs x kept / --batch-size) optimizer steps of
+  train             SFT on the kept pairs, --epochs passes of --batch-size optimizer steps of
                     sft.py's `train_step` (its loss, microbatches and clipping); log
   save, sync        a checkpoint every --save-every steps; the new weights into the engine
-It reuses grpo.py's engine, sampling, validation and policy loading and sft.py's train step.
+It reuses grpo.py's flag groups, data loading, learner, engine, sampling, validation, checkpoint
+and run end, and sft.py's train step.
 
 How it departs from the lecture's loop and from grpo.py:
 - it trains on the kept responses' text, re-tokenised (sft.py's train step), not on the engine's
-  token ids: what SFT on a data set of filtered samples does;
+  token ids: what SFT on a data set of filtered samples does; a response the engine ended with its
+  EOS token keeps it (as text), so the model learns to stop;
+- a correct response cut at --max-tokens is not kept (train/truncated_correct_frac counts them);
 - the lr is constant: how many optimizer steps a run takes depends on how much is kept;
 - the policy and its AdamW state carry over from step to step (no restart from the base model);
-- an optimizer step always holds --batch-size pairs: the kept pairs are drawn in seeded
-  permutations, one after another (sft.py's order), so a step with fewer kept pairs than
-  --batch-size repeats some;
-- a step that keeps nothing trains nothing (its row has no train/loss).
+- each epoch is a seeded permutation of the kept pairs cut into optimizer steps of --batch-size,
+  the last one smaller (its loss still the mean over its pairs): no pair is repeated to fill a step;
+- a step that keeps nothing trains nothing (a notice; its row has no train/loss).
 Without --model this is the offline demo: the embedded model on CPU, 5 steps of 48 questions x 8
 samples, the 1920 sampled responses of grpo.py's demo (30 steps x 64).
 
@@ -33,7 +35,6 @@ Examples:
   python expert_iteration.py --group-size 16 --max-per-question 2 --epochs 1 --dry-run
 """
 
-import contextlib
 import math
 import os
 import random
@@ -92,193 +93,54 @@ PROFILES = {
 
 # ----------------------------------------------------------------------------- config
 def parse_args(argv=None):
-    """The flags, grouped as --help shows them; an unset flag comes from PROFILES (see resolve)."""
+    """The flags, grouped as --help shows them; an unset flag comes from PROFILES (see resolve).
+    The groups named in grpo.py are grpo.py's flags, with the same meaning."""
     p = common.Parser(
         description="Expert iteration: SFT on the policy's own correct samples. "
         "Unset flags come from PROFILES."
     )
     pos = common.positive_int
-    nonneg = common.nonneg_int
-    pfloat = common.positive_float
-    g = p.add_argument_group("model and data")  # --- model and data ---
-    g.add_argument(
-        "--model",
-        default=None,
-        help="HF hub id or local dir; omitted = the embedded model (demo profile)",
-    )
-    g.add_argument(
-        "--task", default="countdown", choices=sorted(data.TASKS), help="task (data.load_task)"
-    )
-    g.add_argument(
-        "--prompt", default=None, help="prompts/<name>.prompt; default: data.task_defaults"
-    )
-    g.add_argument(
-        "--reward",
-        default=None,
-        choices=sorted(grader.REWARD_FNS),
-        help="reward fn; default: the task's (kept = answer reward 1)",
-    )
-    g.add_argument(
-        "--chat-template",
-        default="off",
-        choices=data.CHAT_TEMPLATES,
-        help="wrap each prompt in the model's chat template (on; no_thinking: Qwen3's switch off)",
-    )
-    g.add_argument(
-        "--train-path",
-        type=common.data_path,
-        default=None,
-        help="train JSONL, 'synthetic' (Countdown), or the hub set",
-    )
-    g.add_argument(
-        "--val-path",
-        type=common.data_path,
-        default=None,
-        help="validation file; default: the task's test split",
-    )
-    g.add_argument("--train-n", type=nonneg, default=None, help="train questions to load (0 = all)")
-    g.add_argument(
-        "--data-seed",
-        type=nonneg,
-        default=0,
-        help="seed of the synthetic data set (kept apart from --seed)",
-    )
+    grpo.model_and_data_flags(p)  # --- model and data ---
     g = p.add_argument_group("expert iteration")  # --- expert iteration ---
     g.add_argument("--n-ei-steps", type=pos, default=None, help="sample-filter-SFT rounds")
     g.add_argument("--ei-batch-size", type=pos, default=None, help="questions sampled per step")
     g.add_argument("--group-size", type=pos, default=None, help="G samples per question")
     g.add_argument(
         "--max-per-question",
-        type=nonneg,
+        type=common.nonneg_int,
         default=0,
         help="keep at most this many correct responses of a question (0 = all)",
     )
     g = p.add_argument_group("SFT (sft.py's train step)")  # --- SFT ---
-    g.add_argument("--lr", type=pfloat, default=None, help="AdamW learning rate (constant)")
-    g.add_argument("--epochs", type=pfloat, default=None, help="passes over each step's kept pairs")
-    g.add_argument("--batch-size", type=pos, default=None, help="pairs per optimizer step")
+    g.add_argument(
+        "--lr", type=common.positive_float, default=None, help="AdamW learning rate (constant)"
+    )
+    g.add_argument(
+        "--epochs",
+        type=common.positive_float,
+        default=None,
+        help="passes over each step's kept pairs",
+    )
+    g.add_argument(
+        "--batch-size", type=pos, default=None, help="pairs per optimizer step (at most)"
+    )
     g.add_argument(
         "--gradient-accumulation-steps",
         type=pos,
         default=None,
-        help="microbatches per optimizer step",
+        help="microbatches per optimizer step of --batch-size pairs",
     )
     g.add_argument(
         "--normalize-constant",
-        type=pfloat,
+        type=common.positive_float,
         default=1.0,
         help="per-pair summed NLL is divided by this (sft.py's)",
     )
-    g.add_argument("--max-grad-norm", type=pfloat, default=1.0, help="gradient-norm clip")
-    g.add_argument(
-        "--gradient-checkpointing",
-        action="store_true",
-        help="recompute activations (memory for time)",
-    )
-    g.add_argument(
-        "--dtype",
-        default="auto",
-        choices=common.DTYPES,
-        help="compute dtype (auto: bf16 on CUDA, fp32 on CPU)",
-    )
-    g.add_argument(
-        "--pure-bf16",
-        action="store_true",
-        help="bf16 weights + AdamW state (half the memory; drops small updates)",
-    )
-    g = p.add_argument_group("sampling")  # --- sampling ---
-    g.add_argument(
-        "--temperature",
-        type=pfloat,
-        default=None,
-        help="rollout temperature; the entropy is read at the same",
-    )
-    g.add_argument("--top-p", type=common.probability, default=1.0, help="nucleus sampling")
-    g.add_argument(
-        "--min-tokens",
-        type=nonneg,
-        default=None,
-        help="minimum response tokens (stop tokens banned before)",
-    )
-    g.add_argument("--max-tokens", type=pos, default=None, help="maximum response tokens")
-    g = p.add_argument_group("eval and logging")  # --- eval and logging ---
-    g.add_argument(
-        "--eval-every",
-        type=nonneg,
-        default=None,
-        help="greedy validation every N steps (0 = start/end)",
-    )
-    g.add_argument("--eval-n", type=pos, default=None, help="validation questions")
-    g.add_argument(
-        "--grader-workers", type=nonneg, default=2, help="grading processes (0 = in this process)"
-    )
-    g.add_argument("--wandb", default=None, help="wandb project name (off when omitted)")
-    g = p.add_argument_group("systems")  # --- systems ---
-    g.add_argument(
-        "--engine",
-        default="vllm",
-        choices=engines.ENGINES,
-        help="rollout engine (hf = transformers)",
-    )
-    g.add_argument(
-        "--eager",
-        action="store_true",
-        help="vllm without torch.compile: fast start, slower decoding (smoke tests, debugging)",
-    )
-    g.add_argument(
-        "--policy-device", default=None, help="trained policy's device; default cuda:0, else cpu"
-    )
-    g.add_argument(
-        "--vllm-device",
-        default=None,
-        help="engine device; default cuda:1 with 2 GPUs, else the policy's",
-    )
-    g.add_argument(
-        "--gpu-memory-utilization",
-        type=common.probability,
-        default=None,
-        help="engine GPU share; default sized",
-    )
-    g.add_argument(
-        "--sleep-engine",
-        action="store_true",
-        help="one shared GPU: free the engine's memory while training",
-    )
-    g.add_argument(
-        "--shared-prefix",
-        action=common.argparse.BooleanOptionalAction,
-        default=None,
-        help="run a prompt once for its responses (exact); default: on for CPU",
-    )
-    g.add_argument(
-        "--threads",
-        type=common.positive_int,
-        default=None,
-        help="torch CPU threads (default: torch's, one per core); 1 on a busy shared machine",
-    )
-    g = p.add_argument_group("run")  # --- run ---
-    g.add_argument(
-        "--seed", type=nonneg, default=0, help="seeds question sampling, engine sampling, order"
-    )
-    g.add_argument(
-        "--out",
-        default=None,
-        help="run dir (args.json, metrics.jsonl, rollouts/, dashboard.png, checkpoint/)",
-    )
-    g.add_argument(
-        "--save-every",
-        type=nonneg,
-        default=None,
-        help="checkpoint every N steps (0 = only at the end)",
-    )
-    g.add_argument(
-        "--resume",
-        default=None,
-        help="run dir (or its checkpoint/) to continue, with its saved flags",
-    )
-    g.add_argument(
-        "--dry-run", action="store_true", help="print the effective settings as JSON and exit"
-    )
+    grpo.trainer_flags(g)  # --max-grad-norm, --gradient-checkpointing, --dtype, --pure-bf16
+    grpo.sampling_flags(p)  # --- sampling ---
+    grpo.eval_flags(p)  # --- eval and logging ---
+    grpo.systems_flags(p)  # --- systems ---
+    grpo.run_flags(p)  # --- run ---
     args = p.parse_args(argv)
     if args.resume:
         common.resume_from(p, argv, args, needs=("optimizer.pt",))
@@ -325,19 +187,7 @@ def resolve(args):
         "--batch-size must be divisible by --gradient-accumulation-steps",
     )
     args.micro_batch_size = args.batch_size // args.gradient_accumulation_steps
-    check(
-        args.min_tokens <= args.max_tokens,
-        f"--min-tokens {args.min_tokens} must be <= --max-tokens {args.max_tokens}",
-    )
-    check(
-        not (args.shared_prefix and args.gradient_checkpointing),
-        "--shared-prefix runs the prompt once into the KV cache, which gradient checkpointing"
-        " turns off: pass --no-shared-prefix or drop --gradient-checkpointing",
-    )
-    check(
-        args.sleep_engine is False or args.engine == "vllm",
-        "--sleep-engine frees vLLM's GPU memory: use --engine vllm",
-    )
+    grpo.check_sampling_and_systems(args)
     # grpo.sample_seed's blocks: 16 bits each for --seed and the step, 2^20 seeds a step
     check(
         args.seed < grpo.SEED_SPACE and args.n_ei_steps < grpo.SEED_SPACE,
@@ -351,49 +201,23 @@ def resolve(args):
 
 
 def load_data(args):
-    """(train rows, validation rows), each row with its formatted "prompt". Missing or empty data
-    is a one-line error."""
-    train = common.attempt(
-        data.load_task,
-        args.task,
-        "train",
-        args.train_path,
-        args.train_n or None,
-        args.data_seed,
-        prompt=args.prompt,
-        what="--train-path",
-    )
-    val = common.attempt(
-        data.load_task,
-        args.task,
-        "test",
-        args.val_path,
-        args.eval_n,
-        args.data_seed,
-        prompt=args.prompt,
-        what="--val-path",
-    )
-    tokenizer_path = args.resume or args.model  # a checkpoint holds the tokenizer
-    train = common.attempt(
-        data.apply_chat_template, train, tokenizer_path, args.chat_template, what="--chat-template"
-    )
-    val = common.attempt(
-        data.apply_chat_template, val, tokenizer_path, args.chat_template, what="--chat-template"
-    )
+    """(train rows, validation rows), each row with its formatted "prompt" (grpo.load_rows). Missing
+    or empty data, or fewer questions than --ei-batch-size, is a one-line error."""
+    train, val = grpo.load_rows(args)
     common.check(
         len(train) >= args.ei_batch_size,
         f"{len(train)} train questions < --ei-batch-size {args.ei_batch_size}: more data or a"
         " smaller --ei-batch-size",
     )
-    common.check(len(val) > 0, "the validation set is empty: check --val-path")
     return train, val
 
 
 # ----------------------------------------------------------------------------- sample / keep
 def sample(engine, train_rows, args, step):
     """--ei-batch-size questions, G engine samples each, graded -> (batch: grpo.rollout's
-    group-major lists plus "rewards" (the reward dicts) and "ban_token_ids", stats: seconds of
-    generation and grading). The questions and seeds are grpo.py's for the step."""
+    group-major lists plus "rewards" (the reward dicts), "stop_token_ids" (the engine's) and
+    "ban_token_ids" (those, with --min-tokens), stats: seconds of generation and grading). The
+    questions and seeds are grpo.py's for the step."""
     t0 = time.perf_counter()
     seed = grpo.sample_seed(args, step)
     questions = random.Random(seed).sample(train_rows, args.ei_batch_size)
@@ -405,22 +229,25 @@ def sample(engine, train_rows, args, step):
         batch["ground_truths"],
         workers=args.grader_workers,
     )
+    # the engine's stop token ids (its EOS): a kept response that ended with one trains on it
+    batch["stop_token_ids"] = engines.min_tokens_banned_ids(engine)
     batch["ban_token_ids"] = []
     if args.min_tokens:
-        batch["ban_token_ids"] = engines.min_tokens_banned_ids(engine)  # the entropy bans them too
+        batch["ban_token_ids"] = batch["stop_token_ids"]  # the entropy bans them too
     stats = {"generation_s": t1 - t0, "grading_s": time.perf_counter() - t1}
     return batch, stats
 
 
 def keep_correct(batch, args):
     """The rows of `batch` to train on: each response with answer reward 1 (the one meaning of
-    accuracy), the first --max-per-question of a question's G when that is set."""
+    accuracy) that the engine finished (one cut at --max-tokens would teach the model to ramble
+    on: summarize counts those), the first --max-per-question of a question's G when that is set."""
     G = args.group_size
     kept = []
     for start in range(0, len(batch["rewards"]), G):
         n_kept = 0  # this question's kept responses
         for i in range(start, start + G):
-            if batch["rewards"][i]["answer_reward"] < 1:
+            if batch["rewards"][i]["answer_reward"] < 1 or batch["truncated"][i]:
                 continue
             if args.max_per_question and n_kept == args.max_per_question:
                 break
@@ -443,7 +270,9 @@ def response_entropy(policy, batch, args, runtime):
     with torch.inference_mode(), common.autocast(device, runtime["compute_dtype"]):
         for start in range(0, N, args.micro_batch_size):
             chunk = rows[start : start + args.micro_batch_size]
-            for idx, mb, L, P in grpo._forwards(tensors, chunk, runtime["shared_prefix"], device):
+            for idx, mb, L, P in grpo.forward_passes(
+                tensors, chunk, runtime["shared_prefix"], device
+            ):
                 out = losses.get_response_log_probs(
                     policy,
                     **mb,
@@ -464,11 +293,15 @@ def summarize(batch, kept, entropy, stats):
     sums, counts = entropy
     rewards = batch["rewards"]
     lengths = [len(ids) for ids in batch["response_ids"]]
+    cut_correct = []  # 1 for a correct response cut at --max-tokens (not kept), else 0
+    for d, truncated in zip(rewards, batch["truncated"]):
+        cut_correct.append(int(d["answer_reward"] == 1 and truncated))
     metrics = {
         "train/reward": fmean([d["reward"] for d in rewards]),
         "train/format_reward": fmean([d["format_reward"] for d in rewards]),
         "train/answer_reward": fmean([d["answer_reward"] for d in rewards]),
         "train/kept_frac": len(kept) / len(rewards),
+        "train/truncated_correct_frac": fmean(cut_correct),
         "train/entropy": (sums.sum() / counts.sum().clamp(min=1)).item(),
         "train/response_len_mean": fmean(lengths),
         "train/response_len_max": max(lengths),
@@ -484,27 +317,49 @@ def summarize(batch, kept, entropy, stats):
 
 
 # ----------------------------------------------------------------------------- train
-def sft_on_kept(learner, batch, kept, args, runtime, step):
-    """SFT on the kept responses: ceil(--epochs x kept / --batch-size) optimizer steps of
-    sft.train_step, each on --batch-size pairs taken in order from seeded permutations of the kept
-    pairs (sft.py's order). -> the step's train metrics ({} when nothing is kept)."""
-    if not kept:
-        return {}
+def sft_pairs(batch, kept, tokenizer):
+    """The kept responses as sft.py's pairs {"prompt", "response", "n_tokens"}. The response is the
+    engine's text; when its token ids ended with a stop token (the engine's EOS) that token is
+    appended as text, which the tokenizer reads back as the one special id: the decoded text drops
+    it, and without it a prompt with no stop string never teaches the model to stop."""
+    stop_ids = set(batch["stop_token_ids"])
     pairs = []
     for i in kept:
-        n_tokens = len(batch["prompt_ids"][i]) + len(batch["response_ids"][i])  # sorts microbatches
-        pairs.append(
-            {"prompt": batch["prompts"][i], "response": batch["responses"][i], "n_tokens": n_tokens}
-        )
-    n_steps = math.ceil(args.epochs * len(pairs) / args.batch_size)
-    order = []
-    for epoch in range(math.ceil(n_steps * args.batch_size / len(pairs))):
-        perm = list(range(len(pairs)))
+        response = batch["responses"][i]
+        response_ids = batch["response_ids"][i]
+        if response_ids and response_ids[-1] in stop_ids:
+            response = response + tokenizer.decode(response_ids[-1:])  # e.g. "<|im_end|>"
+        n_tokens = len(batch["prompt_ids"][i]) + len(response_ids)  # sorts microbatches
+        pairs.append({"prompt": batch["prompts"][i], "response": response, "n_tokens": n_tokens})
+    return pairs
+
+
+def sft_batches(n_pairs, args, step):
+    """The optimizer steps of one EI step's SFT on n_pairs kept pairs, as lists of pair indices:
+    each epoch a seeded permutation of the pairs cut into steps of --batch-size, its last step
+    smaller; a fractional last epoch takes the first ceil(fraction x n_pairs) of its permutation.
+    No pair is in a step twice."""
+    n_visits = math.ceil(args.epochs * n_pairs)  # pair visits over all epochs
+    batches = []
+    for epoch in range(math.ceil(args.epochs)):
+        perm = list(range(n_pairs))
         random.Random(f"{args.seed}-{step}-{epoch}").shuffle(perm)
-        order += perm
+        perm = perm[: n_visits - epoch * n_pairs]  # all of it, but in a fractional last epoch
+        for start in range(0, len(perm), args.batch_size):
+            batches.append(perm[start : start + args.batch_size])
+    return batches
+
+
+def sft_on_kept(learner, batch, kept, args, runtime, step):
+    """SFT on the kept responses: sft.train_step on each of sft_batches' steps (the loss is the
+    mean over a step's pairs, also in a smaller last one). -> the step's train metrics ({} with a
+    notice when nothing is kept: no update)."""
+    if not kept:
+        print(f"notice: step {step}: no correct response kept; no SFT update this step")
+        return {}
+    pairs = sft_pairs(batch, kept, learner["tokenizer"])
     history = []
-    for k in range(n_steps):
-        chosen = order[k * args.batch_size : (k + 1) * args.batch_size]
+    for chosen in sft_batches(len(pairs), args, step):
         history.append(
             sft.train_step(
                 learner["policy"],
@@ -524,31 +379,17 @@ def sft_on_kept(learner, batch, kept, args, runtime, step):
         "train/grad_norm": fmean([h["train/grad_norm"] for h in history]),
         "train/lr": history[-1]["train/lr"],
         "train/tokens_per_s": fmean([h["train/tokens_per_s"] for h in history]),
-        "train/sft_steps": n_steps,
+        "train/sft_steps": len(history),
     }
 
 
 def build_learner(args, runtime):
-    """{"policy", "tokenizer", "optimizer" (AdamW, sft.py's betas), "scheduler" (constant: the
-    number of optimizer steps depends on what is kept)}; a resumed run's optimizer state."""
-    policy, tokenizer = grpo.load_policy(args.resume or args.model, args, runtime)
-    optimizer = torch.optim.AdamW(
-        policy.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95)
-    )
-    if args.resume:
-        saved = torch.load(os.path.join(args.resume, "optimizer.pt"), map_location="cpu")
-        optimizer.load_state_dict(saved)
-        # this run's --lr (a resume may override it): the saved groups hold the old one
-        for group in optimizer.param_groups:
-            group["lr"] = args.lr
-            group["initial_lr"] = args.lr
-    scheduler = torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0)
-    return {
-        "policy": policy,
-        "tokenizer": tokenizer,
-        "optimizer": optimizer,
-        "scheduler": scheduler,
-    }
+    """grpo.build_learner's {"policy", "tokenizer", "optimizer" (AdamW; a resumed run's state)}
+    (no frozen models), plus "scheduler" for sft.train_step: constant, as the number of optimizer
+    steps depends on what is kept."""
+    learner = grpo.build_learner(args, runtime)
+    learner["scheduler"] = torch.optim.lr_scheduler.ConstantLR(learner["optimizer"], factor=1.0)
+    return learner
 
 
 # ----------------------------------------------------------------------------- main
@@ -562,6 +403,7 @@ STEP_KEYS = [
     "train/format_reward",
     "train/answer_reward",
     "train/kept_frac",
+    "train/truncated_correct_frac",
     "train/entropy",
     "train/response_len_mean",
     "train/response_len_max",
@@ -610,8 +452,6 @@ def step_line(step, args, row):
 def main(args):
     from tqdm import tqdm
 
-    import plot
-
     # SIGTERM stops the run as Ctrl-C does: the step in flight finishes, the steps done are saved
     common.stop_on_sigterm()
     runtime = grpo.setup_runtime(args)
@@ -623,15 +463,11 @@ def main(args):
         train_rows, val_rows = load_data(args)
         learner = build_learner(args, runtime)
         policy = learner["policy"]
-        state = {"step": 0, "opt_step": 0, "wall": 0.0}
-        if args.resume:
-            saved = common.restore_checkpoint(args.resume, args.out)
-            state = {k: v for k, v in saved.items() if k in state}
+        state = grpo.start_state(args)  # a resumed run's counters
         engine = grpo.make_engine(args.resume or args.model, args, runtime, policy)
     except KeyboardInterrupt:
         grpo.stopped(f"{common.stop_name()} while loading: stopped before training; nothing saved")
-    data.write_json_atomic(os.path.join(args.out, "args.json"), common.jsonable(vars(args)))
-    data.write_json_atomic(os.path.join(args.out, "runtime.json"), common.jsonable(runtime))
+    grpo.write_settings(args, runtime)  # args.json, runtime.json
     wandb_run = common.start_wandb(args.wandb, args, {"train/*": "step", "eval/*": "step"})
     print(
         f"{len(train_rows)} train / {len(val_rows)} val questions | "
@@ -656,7 +492,7 @@ def main(args):
             kept = keep_correct(batch, args)
             # --- eval: greedy on the engine's weights, the policy after `step` EI steps ---
             if args.eval_every and step % args.eval_every == 0:
-                eval_s = grpo._eval_and_dump(
+                eval_s = grpo.evaluate_and_dump(
                     engine, val_rows, args, step, state, t_run, batch, wandb_run
                 )
                 t_step += eval_s  # not step time
@@ -687,68 +523,16 @@ def main(args):
                 dirty = False
             # --- save ---
             if args.save_every and (step + 1) % args.save_every == 0:
-                common.save_model_checkpoint(
-                    args.out,
-                    policy,
-                    learner["tokenizer"],
-                    args,
-                    state,
-                    {"optimizer.pt": learner["optimizer"].state_dict()},
-                )
+                grpo.save_checkpoint(learner, args, state)
             # --- sync weights into the engine for the next rollout ---
-            if args.sleep_engine:
-                sync_s = engines.wake_engine(engine, policy)  # wakes it, then pushes the weights
-            else:
-                sync_s = engines.load_policy_into_vllm(policy, engine)
+            sync_s = grpo.sync_weights(engine, policy, args)
     except KeyboardInterrupt:
         interrupted = True
-        if dirty:
-            grpo.stopped(
-                f"aborted inside step {state['step']}'s updates: nothing saved; "
-                f"--resume {args.out} restarts from the last checkpoint"
-            )
-        print(
-            f"\n{common.stop_name()}: saving checkpoint and plots (resume restarts at step "
-            f"{state['step']})",
-            flush=True,
-        )
-    if not interrupted:
-        try:
-            grpo._eval_and_dump(
-                engine, val_rows, args, args.n_ei_steps, state, t_run, None, wandb_run
-            )
-        except KeyboardInterrupt:
-            interrupted = True  # every step is trained: save them; a resume runs the eval
-            print(f"\n{common.stop_name()}: final eval skipped; saving checkpoint", flush=True)
-    # --- save: a stop request lets it finish, unless the run is stopping already ---
-    state["wall"] = time.perf_counter() - t_run
-    guard = common.finish_then_interrupt("the checkpoint save")
-    if interrupted:
-        guard = contextlib.nullcontext()
-    path = None
-    try:
-        with guard:
-            path = common.save_model_checkpoint(
-                args.out,
-                policy,
-                learner["tokenizer"],
-                args,
-                state,
-                {"optimizer.pt": learner["optimizer"].state_dict()},
-            )
-            plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
-    except KeyboardInterrupt:
-        interrupted = True
-        if path is None:
-            grpo.stopped(
-                f"{common.stop_name()} again while saving: stopped; {args.out} keeps its last "
-                f"complete checkpoint"
-            )
-    print(f"checkpoint {path} | dashboard + metrics in {args.out} | {state['wall']:.0f}s")
-    if wandb_run is not None:
-        wandb_run.finish()
-    if interrupted:
-        raise SystemExit(common.stop_exit_code())  # 130 / 143, after everything is saved
+        grpo.stopped_in_loop(args, state, dirty)  # exits if inside a step's updates
+    # --- final eval (not after a stop request), save, exit ---
+    grpo.finish_run(
+        engine, val_rows, learner, args, args.n_ei_steps, state, t_run, wandb_run, interrupted
+    )
 
 
 if __name__ == "__main__":

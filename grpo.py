@@ -129,49 +129,7 @@ def parse_args(argv=None):
     pos = common.positive_int
     nonneg = common.nonneg_int
     pfloat = common.positive_float
-    g = p.add_argument_group("model and data")  # --- model and data ---
-    g.add_argument(
-        "--model",
-        default=None,
-        help="HF hub id or local dir; omitted = the embedded model (demo profile)",
-    )
-    g.add_argument(
-        "--task", default="countdown", choices=sorted(data.TASKS), help="task (data.load_task)"
-    )
-    g.add_argument(
-        "--prompt", default=None, help="prompts/<name>.prompt; default: data.task_defaults"
-    )
-    g.add_argument(
-        "--reward",
-        default=None,
-        choices=sorted(grader.REWARD_FNS),
-        help="reward fn; default: the task's",
-    )
-    g.add_argument(
-        "--chat-template",
-        default="off",
-        choices=data.CHAT_TEMPLATES,
-        help="wrap each prompt in the model's chat template (on; no_thinking: Qwen3's switch off)",
-    )
-    g.add_argument(
-        "--train-path",
-        type=common.data_path,
-        default=None,
-        help="train JSONL, 'synthetic' (Countdown), or the hub set",
-    )
-    g.add_argument(
-        "--val-path",
-        type=common.data_path,
-        default=None,
-        help="validation file; default: the task's test split",
-    )
-    g.add_argument("--train-n", type=nonneg, default=None, help="train questions to load (0 = all)")
-    g.add_argument(
-        "--data-seed",
-        type=nonneg,
-        default=0,
-        help="seed of the synthetic data set (kept apart from --seed)",
-    )
+    model_and_data_flags(p)  # --- model and data ---
     g = p.add_argument_group("optimisation")  # --- optimisation ---
     g.add_argument("--lr", type=pfloat, default=None, help="AdamW learning rate")
     g.add_argument(
@@ -209,23 +167,7 @@ def parse_args(argv=None):
         default=1,
         help="passes over each rollout batch (>1 = off-policy)",
     )
-    g.add_argument("--max-grad-norm", type=pfloat, default=1.0, help="gradient-norm clip")
-    g.add_argument(
-        "--gradient-checkpointing",
-        action="store_true",
-        help="recompute activations (memory for time)",
-    )
-    g.add_argument(
-        "--dtype",
-        default="auto",
-        choices=common.DTYPES,
-        help="compute dtype (auto: bf16 on CUDA, fp32 on CPU)",
-    )
-    g.add_argument(
-        "--pure-bf16",
-        action="store_true",
-        help="bf16 weights + AdamW state (half the memory; drops small updates)",
-    )
+    trainer_flags(g)  # --max-grad-norm, --gradient-checkpointing, --dtype, --pure-bf16
     g = p.add_argument_group("loss")  # --- loss ---
     g.add_argument(
         "--loss",
@@ -329,10 +271,104 @@ def parse_args(argv=None):
         default=0,
         help="DAPO soft length penalty over the last N tokens",
     )
+    sampling_flags(p)  # --- sampling ---
+    g = eval_flags(p)  # --- eval and logging ---
+    g.add_argument(
+        "--kl-every",
+        type=nonneg,
+        default=0,
+        help="log KL to the initial and previous policy every N steps",
+    )
+    systems_flags(p)  # --- systems ---
+    run_flags(p)  # --- run ---
+    args = p.parse_args(argv)
+    if args.resume:
+        common.resume_from(p, argv, args, needs=("optimizer.pt",))
+    return resolve(args)
+
+
+# The flag groups grpo.py and expert_iteration.py share, each as --help shows it (grpo_ray.py takes
+# all of grpo.py's). A script adds its own flags to a group it gets back.
+def model_and_data_flags(p):
+    """The "model and data" flags of grpo.py and expert_iteration.py; -> the group."""
+    g = p.add_argument_group("model and data")  # --- model and data ---
+    g.add_argument(
+        "--model",
+        default=None,
+        help="HF hub id or local dir; omitted = the embedded model (demo profile)",
+    )
+    g.add_argument(
+        "--task", default="countdown", choices=sorted(data.TASKS), help="task (data.load_task)"
+    )
+    g.add_argument(
+        "--prompt", default=None, help="prompts/<name>.prompt; default: data.task_defaults"
+    )
+    g.add_argument(
+        "--reward",
+        default=None,
+        choices=sorted(grader.REWARD_FNS),
+        help="reward fn; default: the task's",
+    )
+    g.add_argument(
+        "--chat-template",
+        default="off",
+        choices=data.CHAT_TEMPLATES,
+        help="wrap each prompt in the model's chat template (on; no_thinking: Qwen3's switch off)",
+    )
+    g.add_argument(
+        "--train-path",
+        type=common.data_path,
+        default=None,
+        help="train JSONL, 'synthetic' (Countdown), or the hub set",
+    )
+    g.add_argument(
+        "--val-path",
+        type=common.data_path,
+        default=None,
+        help="validation file; default: the task's test split",
+    )
+    g.add_argument(
+        "--train-n", type=common.nonneg_int, default=None, help="train questions to load (0 = all)"
+    )
+    g.add_argument(
+        "--data-seed",
+        type=common.nonneg_int,
+        default=0,
+        help="seed of the synthetic data set (kept apart from --seed)",
+    )
+    return g
+
+
+def trainer_flags(g):
+    """--max-grad-norm, --gradient-checkpointing, --dtype, --pure-bf16 on group `g` (grpo.py's
+    optimisation group, expert_iteration.py's SFT group)."""
+    g.add_argument(
+        "--max-grad-norm", type=common.positive_float, default=1.0, help="gradient-norm clip"
+    )
+    g.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="recompute activations (memory for time)",
+    )
+    g.add_argument(
+        "--dtype",
+        default="auto",
+        choices=common.DTYPES,
+        help="compute dtype (auto: bf16 on CUDA, fp32 on CPU)",
+    )
+    g.add_argument(
+        "--pure-bf16",
+        action="store_true",
+        help="bf16 weights + AdamW state (half the memory; drops small updates)",
+    )
+
+
+def sampling_flags(p):
+    """The "sampling" flags of grpo.py and expert_iteration.py; -> the group."""
     g = p.add_argument_group("sampling")  # --- sampling ---
     g.add_argument(
         "--temperature",
-        type=pfloat,
+        type=common.positive_float,
         default=None,
         help="rollout temperature; log-probs use the same",
     )
@@ -341,29 +377,38 @@ def parse_args(argv=None):
     )
     g.add_argument(
         "--min-tokens",
-        type=nonneg,
+        type=common.nonneg_int,
         default=None,
         help="minimum response tokens (stop tokens banned before)",
     )
-    g.add_argument("--max-tokens", type=pos, default=None, help="maximum response tokens")
+    g.add_argument(
+        "--max-tokens", type=common.positive_int, default=None, help="maximum response tokens"
+    )
+    return g
+
+
+def eval_flags(p):
+    """The "eval and logging" flags of grpo.py and expert_iteration.py; -> the group."""
     g = p.add_argument_group("eval and logging")  # --- eval and logging ---
     g.add_argument(
         "--eval-every",
-        type=nonneg,
+        type=common.nonneg_int,
         default=None,
         help="greedy validation every N steps (0 = start/end)",
     )
-    g.add_argument("--eval-n", type=pos, default=None, help="validation questions")
+    g.add_argument("--eval-n", type=common.positive_int, default=None, help="validation questions")
     g.add_argument(
-        "--kl-every",
-        type=nonneg,
-        default=0,
-        help="log KL to the initial and previous policy every N steps",
-    )
-    g.add_argument(
-        "--grader-workers", type=nonneg, default=2, help="grading processes (0 = in this process)"
+        "--grader-workers",
+        type=common.nonneg_int,
+        default=2,
+        help="grading processes (0 = in this process)",
     )
     g.add_argument("--wandb", default=None, help="wandb project name (off when omitted)")
+    return g
+
+
+def systems_flags(p):
+    """The "systems" flags of grpo.py and expert_iteration.py; -> the group."""
     g = p.add_argument_group("systems")  # --- systems ---
     g.add_argument(
         "--engine",
@@ -407,10 +452,15 @@ def parse_args(argv=None):
         default=None,
         help="torch CPU threads (default: torch's, one per core); 1 on a busy shared machine",
     )
+    return g
+
+
+def run_flags(p):
+    """The "run" flags of grpo.py and expert_iteration.py; -> the group."""
     g = p.add_argument_group("run")  # --- run ---
     g.add_argument(
         "--seed",
-        type=nonneg,
+        type=common.nonneg_int,
         default=0,
         help="seeds prompt sampling, engine sampling, shuffling, torch",
     )
@@ -421,7 +471,7 @@ def parse_args(argv=None):
     )
     g.add_argument(
         "--save-every",
-        type=nonneg,
+        type=common.nonneg_int,
         default=None,
         help="checkpoint every N steps (0 = only at the end)",
     )
@@ -433,10 +483,7 @@ def parse_args(argv=None):
     g.add_argument(
         "--dry-run", action="store_true", help="print the effective settings as JSON and exit"
     )
-    args = p.parse_args(argv)
-    if args.resume:
-        common.resume_from(p, argv, args, needs=("optimizer.pt",))
-    return resolve(args)
+    return g
 
 
 def resolve(args):
@@ -509,13 +556,10 @@ def resolve(args):
 def check_settings(args):
     """The settings that contradict each other, each a one-line error naming the fix."""
     check = common.check
+    check_sampling_and_systems(args)
     check(
         not args.std_norm or args.group_size >= 2,
         "--std-norm needs --group-size >= 2 (or pass --no-std-norm)",
-    )
-    check(
-        args.min_tokens <= args.max_tokens,
-        f"--min-tokens {args.min_tokens} must be <= --max-tokens {args.max_tokens}",
     )
     check(
         args.overlong_buffer < args.max_tokens,
@@ -537,15 +581,6 @@ def check_settings(args):
         args.kl_beta == 0 or args.kl_estimator != "seq",
         "--kl-estimator seq is for monitoring; the penalty needs k1, k2 or k3",
     )
-    check(
-        not (args.shared_prefix and args.gradient_checkpointing),
-        "--shared-prefix runs the prompt once into the KV cache, which gradient checkpointing"
-        " turns off: pass --no-shared-prefix or drop --gradient-checkpointing",
-    )
-    check(
-        args.sleep_engine is False or args.engine == "vllm",
-        "--sleep-engine frees vLLM's GPU memory: use --engine vllm",
-    )
     # sample_seed's blocks: 16 bits each for --seed and the step, 16 rounds of 2^20 seeds a step
     check(
         args.seed < SEED_SPACE and args.n_grpo_steps < SEED_SPACE,
@@ -554,6 +589,25 @@ def check_settings(args):
     check(
         args.dynamic_sampling_max_rounds < 16 and 2 * args.rollout_batch_size <= 2**20,
         "--dynamic-sampling-max-rounds must be < 16 and --rollout-batch-size <= 2^19",
+    )
+
+
+def check_sampling_and_systems(args):
+    """The "sampling" and "systems" flags that contradict each other (grpo.py's and
+    expert_iteration.py's), each a one-line error naming the fix."""
+    check = common.check
+    check(
+        args.min_tokens <= args.max_tokens,
+        f"--min-tokens {args.min_tokens} must be <= --max-tokens {args.max_tokens}",
+    )
+    check(
+        not (args.shared_prefix and args.gradient_checkpointing),
+        "--shared-prefix runs the prompt once into the KV cache, which gradient checkpointing"
+        " turns off: pass --no-shared-prefix or drop --gradient-checkpointing",
+    )
+    check(
+        args.sleep_engine is False or args.engine == "vllm",
+        "--sleep-engine frees vLLM's GPU memory: use --engine vllm",
     )
 
 
@@ -599,8 +653,27 @@ def setup_runtime(args):
 
 
 def load_data(args):
-    """(train rows, validation rows), each row with its formatted "prompt". Missing or empty data
-    is a one-line error."""
+    """(train rows, validation rows), each row with its formatted "prompt" (load_rows). Missing or
+    empty data, or fewer questions than a rollout batch, is a one-line error."""
+    train, val = load_rows(args)
+    common.check(
+        len(train) >= args.n_prompts_per_rollout_batch,
+        f"{len(train)} train questions < {args.n_prompts_per_rollout_batch} prompts per rollout"
+        " batch: more data or a smaller --rollout-batch-size",
+    )
+    if args.train_path == "synthetic":
+        print(
+            f"data: synthetic Countdown (data.generate_countdown), {len(train)} train / "
+            f"{len(val)} test problems"
+        )
+    return train, val
+
+
+def load_rows(args):
+    """The "model and data" flags' (train rows, validation rows), for grpo.py and
+    expert_iteration.py: --train-n train and --eval-n validation questions, each row with its
+    formatted "prompt" (in the chat template with --chat-template). Missing data or an empty
+    validation set is a one-line error."""
     train = common.attempt(
         data.load_task,
         args.task,
@@ -629,17 +702,7 @@ def load_data(args):
     val = common.attempt(
         data.apply_chat_template, val, tokenizer_path, args.chat_template, what="--chat-template"
     )
-    common.check(
-        len(train) >= args.n_prompts_per_rollout_batch,
-        f"{len(train)} train questions < {args.n_prompts_per_rollout_batch} prompts per rollout"
-        " batch: more data or a smaller --rollout-batch-size",
-    )
     common.check(len(val) > 0, "the validation set is empty: check --val-path")
-    if args.train_path == "synthetic":
-        print(
-            f"data: synthetic Countdown (data.generate_countdown), {len(train)} train / "
-            f"{len(val)} test problems"
-        )
     return train, val
 
 
@@ -989,7 +1052,7 @@ def collate(batch, args, pad_id=0):
     }
 
 
-def _forwards(tensors, idx, shared_prefix, device):
+def forward_passes(tensors, idx, shared_prefix, device):
     """The forward passes of microbatch rows `idx` (a tensor of row numbers). Yields, for each:
     (rows, mb, L, P) with mb the rows' input_ids, labels and ban_mask trimmed to their longest
     length L and moved to `device`, plus their lengths; P is the shared prefix's length.
@@ -1042,7 +1105,7 @@ def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None):
     model.eval()
     with torch.inference_mode(), common.autocast(device, runtime["compute_dtype"]):
         for start in range(0, len(rows), mbs):
-            for idx, mb, L, P in _forwards(
+            for idx, mb, L, P in forward_passes(
                 tensors, rows[start : start + mbs], shared_prefix, device
             ):
                 result = losses.get_response_log_probs(
@@ -1204,7 +1267,7 @@ def _updates(learner, batch, tensors, args, runtime, step, dp=None):
             n_tok = max(int(mask[rows].sum()), 1)  # DAPO token norm: the whole step's tokens
             mine = _shard(rows, dp)
             for start in range(0, len(mine), mbs):
-                for idx, mb, L, P in _forwards(
+                for idx, mb, L, P in forward_passes(
                     tensors, mine[start : start + mbs], shared_prefix, device
                 ):
                     with common.autocast(device, runtime["compute_dtype"]):
@@ -1376,7 +1439,7 @@ def step_line(step, args, row):
     return f"step {step + 1}/{args.n_grpo_steps} | " + " | ".join(parts)
 
 
-def _eval_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_run):
+def evaluate_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_run):
     """Greedy validation on the engine's weights: logs the eval/ row and prints its line, then
     writes rollouts/step_NNNN.jsonl (32 validation samples, then the first 2 train groups of
     `batch` when given). -> the seconds it took (not counted as step time)."""
@@ -1427,10 +1490,91 @@ def stopped(message):
     raise SystemExit(common.stop_exit_code())
 
 
+def start_state(args):
+    """The run's counters {"step", "opt_step", "wall"}: zero, or a resumed run's checkpoint's
+    (common.restore_checkpoint also cuts metrics.jsonl back to them)."""
+    state = {"step": 0, "opt_step": 0, "wall": 0.0}
+    if args.resume:
+        saved = common.restore_checkpoint(args.resume, args.out)
+        state = {k: v for k, v in saved.items() if k in state}
+    return state
+
+
+def write_settings(args, runtime):
+    """The run's flags and runtime record: <out>/args.json and <out>/runtime.json."""
+    data.write_json_atomic(os.path.join(args.out, "args.json"), common.jsonable(vars(args)))
+    data.write_json_atomic(os.path.join(args.out, "runtime.json"), common.jsonable(runtime))
+
+
+def sync_weights(engine, policy, args):
+    """The policy's weights into the engine (waking it first with --sleep-engine). -> seconds."""
+    if args.sleep_engine:
+        return engines.wake_engine(engine, policy)  # wakes it, then pushes the weights
+    return engines.load_policy_into_vllm(policy, engine)
+
+
+def stopped_in_loop(args, state, dirty):
+    """A stop request (Ctrl-C, SIGTERM) caught in the step loop: inside a step's updates (`dirty`)
+    nothing consistent is there to save, so exit; else say that the steps done will be saved."""
+    if dirty:
+        stopped(
+            f"aborted inside step {state['step']}'s updates: nothing saved; "
+            f"--resume {args.out} restarts from the last checkpoint"
+        )
+    print(
+        f"\n{common.stop_name()}: saving checkpoint and plots (resume restarts at step "
+        f"{state['step']})",
+        flush=True,
+    )
+
+
+def save_checkpoint(learner, args, state):
+    """<out>/checkpoint (common.save_model_checkpoint's layout): the policy, its tokenizer, the
+    flags, `state` and the AdamW state. -> its path."""
+    optimizer = learner["optimizer"].state_dict()
+    return common.save_model_checkpoint(
+        args.out, learner["policy"], learner["tokenizer"], args, state, {"optimizer.pt": optimizer}
+    )
+
+
+def finish_run(engine, val_rows, learner, args, n_steps, state, t_run, wandb_run, interrupted):
+    """The end of a grpo.py or expert_iteration.py run after `n_steps` steps (or a stop request):
+    the final validation (skipped after a stop), the checkpoint and the dashboard, then exit 130 or
+    143 if the run was stopped. A stop request lets the save finish, unless the run is stopping
+    already: then it is the second request, and the last complete checkpoint stays."""
+    import plot
+
+    if not interrupted:
+        try:
+            evaluate_and_dump(engine, val_rows, args, n_steps, state, t_run, None, wandb_run)
+        except KeyboardInterrupt:
+            interrupted = True  # every step is trained: save them; a resume runs the eval
+            print(f"\n{common.stop_name()}: final eval skipped; saving checkpoint", flush=True)
+    state["wall"] = time.perf_counter() - t_run
+    guard = common.finish_then_interrupt("the checkpoint save")
+    if interrupted:
+        guard = contextlib.nullcontext()
+    path = None
+    try:
+        with guard:
+            path = save_checkpoint(learner, args, state)
+            plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
+    except KeyboardInterrupt:
+        interrupted = True
+        if path is None:
+            stopped(
+                f"{common.stop_name()} again while saving: stopped; {args.out} keeps its last "
+                f"complete checkpoint"
+            )
+    print(f"checkpoint {path} | dashboard + metrics in {args.out} | {state['wall']:.0f}s")
+    if wandb_run is not None:
+        wandb_run.finish()
+    if interrupted:
+        raise SystemExit(common.stop_exit_code())  # 130 / 143, after everything is saved
+
+
 def main(args):
     from tqdm import tqdm
-
-    import plot
 
     # SIGTERM (a scheduler's time limit, `timeout`, a container stop) stops the run as Ctrl-C does:
     # the step in flight finishes, the steps done are saved, exit 143
@@ -1444,15 +1588,11 @@ def main(args):
         train_rows, val_rows = load_data(args)
         learner = build_learner(args, runtime)
         policy = learner["policy"]
-        state = {"step": 0, "opt_step": 0, "wall": 0.0}
-        if args.resume:
-            saved = common.restore_checkpoint(args.resume, args.out)
-            state = {k: v for k, v in saved.items() if k in state}
+        state = start_state(args)  # a resumed run's counters
         engine = make_engine(args.resume or args.model, args, runtime, policy)
     except KeyboardInterrupt:
         stopped(f"{common.stop_name()} while loading: stopped before training; nothing saved")
-    data.write_json_atomic(os.path.join(args.out, "args.json"), common.jsonable(vars(args)))
-    data.write_json_atomic(os.path.join(args.out, "runtime.json"), common.jsonable(runtime))
+    write_settings(args, runtime)  # args.json, runtime.json
     axes = {"train/*": "opt_step", "eval/*": "step"}  # eval has its own x axis
     wandb_run = common.start_wandb(args.wandb, args, axes)
     if args.off_policy:
@@ -1483,7 +1623,7 @@ def main(args):
             metrics = summarize(batch, [stats], args)
             # --- eval: greedy on the engine's weights, the policy after `step` updates ---
             if args.eval_every and step % args.eval_every == 0:
-                eval_s = _eval_and_dump(
+                eval_s = evaluate_and_dump(
                     engine, val_rows, args, step, state, t_run, batch, wandb_run
                 )
                 t_step += eval_s  # not step time
@@ -1514,67 +1654,16 @@ def main(args):
                 dirty = False
             # --- save ---
             if args.save_every and (step + 1) % args.save_every == 0:
-                common.save_model_checkpoint(
-                    args.out,
-                    policy,
-                    learner["tokenizer"],
-                    args,
-                    state,
-                    {"optimizer.pt": learner["optimizer"].state_dict()},
-                )
+                save_checkpoint(learner, args, state)
             # --- sync weights into the engine for the next rollout ---
-            if args.sleep_engine:
-                sync_s = engines.wake_engine(engine, policy)  # wakes it, then pushes the weights
-            else:
-                sync_s = engines.load_policy_into_vllm(policy, engine)
+            sync_s = sync_weights(engine, policy, args)
     except KeyboardInterrupt:
         interrupted = True
-        if dirty:
-            stopped(
-                f"aborted inside step {state['step']}'s updates: nothing saved; "
-                f"--resume {args.out} restarts from the last checkpoint"
-            )
-        print(
-            f"\n{common.stop_name()}: saving checkpoint and plots (resume restarts at step "
-            f"{state['step']})",
-            flush=True,
-        )
-    if not interrupted:
-        try:
-            _eval_and_dump(engine, val_rows, args, args.n_grpo_steps, state, t_run, None, wandb_run)
-        except KeyboardInterrupt:
-            interrupted = True  # every step is trained: save them; a resume runs the eval
-            print(f"\n{common.stop_name()}: final eval skipped; saving checkpoint", flush=True)
-    # --- save: a stop request lets it finish, unless the run is stopping already (then it is the
-    # second request: stop now, the last complete checkpoint stays) ---
-    state["wall"] = time.perf_counter() - t_run
-    guard = common.finish_then_interrupt("the checkpoint save")
-    if interrupted:
-        guard = contextlib.nullcontext()
-    path = None
-    try:
-        with guard:
-            path = common.save_model_checkpoint(
-                args.out,
-                policy,
-                learner["tokenizer"],
-                args,
-                state,
-                {"optimizer.pt": learner["optimizer"].state_dict()},
-            )
-            plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
-    except KeyboardInterrupt:
-        interrupted = True
-        if path is None:
-            stopped(
-                f"{common.stop_name()} again while saving: stopped; {args.out} keeps its last "
-                f"complete checkpoint"
-            )
-    print(f"checkpoint {path} | dashboard + metrics in {args.out} | {state['wall']:.0f}s")
-    if wandb_run is not None:
-        wandb_run.finish()
-    if interrupted:
-        raise SystemExit(common.stop_exit_code())  # 130 / 143, after everything is saved
+        stopped_in_loop(args, state, dirty)  # exits if inside a step's updates
+    # --- final eval (not after a stop request), save, exit ---
+    finish_run(
+        engine, val_rows, learner, args, args.n_grpo_steps, state, t_run, wandb_run, interrupted
+    )
 
 
 if __name__ == "__main__":

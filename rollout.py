@@ -574,11 +574,38 @@ class HFEngine:
         return results
 
 
+def cpu_engine_refusal(model_id):
+    """Why vLLM's CPU engine cannot run model_id, or None.
+
+    Its attention kernels exist for the head sizes CPUAttentionBackend lists (32, 64, 80, ...); any
+    other (e.g. a converted assignment-1 model with d_model 256 over 16 heads: 16) starts, then
+    fails at the first request ("Unsupported CPU attention configuration: head_dim=16"). The list
+    is the backend's own; 48 runs here too, but is not listed, so it takes the fallback.
+    """
+    from transformers import AutoConfig
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    config = AutoConfig.from_pretrained(model_id)
+    head = getattr(config, "head_dim", None)
+    if head is None and getattr(config, "num_attention_heads", None):
+        head = config.hidden_size // config.num_attention_heads
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head is None or head in supported:
+        return None
+    return f"vLLM's CPU engine has no attention kernel for head size {head} (it runs {supported})"
+
+
 def init_engine(kind, model_id, device="cpu", seed=0, **kwargs):
     """kind "vllm" -> init_vllm(model_id, device, seed, **kwargs);
-    "hf" -> HFEngine(model_id, device, seed)."""
+    "hf" -> HFEngine(model_id, device, seed). A model vLLM's CPU engine cannot run
+    (cpu_engine_refusal) gets the HFEngine, with a one-line notice."""
     if kind not in ENGINES:
         raise ValueError(f"init_engine: unknown engine {kind!r}; use one of {ENGINES}")
+    if kind == "vllm" and torch.device(device).type == "cpu":
+        refusal = cpu_engine_refusal(model_id)
+        if refusal:
+            print(f"notice: {refusal}: running it with --engine hf instead", flush=True)
+            kind = "hf"
     if kind == "hf":
         return HFEngine(model_id, device=device, seed=seed)
     return init_vllm(model_id, device=device, seed=seed, **kwargs)

@@ -625,7 +625,8 @@ def lr_lambda(step, total, warmup, min_frac):
 
 
 def train_step(model, tokenizer, optimizer, scheduler, pairs, args, shared_prefix):
-    """One optimizer step over `pairs`, sorted by length into microbatches (little padding).
+    """One optimizer step over `pairs` (at most --batch-size; the loss is their mean), sorted by
+    length into microbatches of --batch-size / --gradient-accumulation-steps (little padding).
     shared_prefix: the runtime record's verdict (a microbatch's common prompt prefix runs once).
 
     Returns the step's train/ and time/ metrics."""
@@ -666,9 +667,13 @@ def train_step(model, tokenizer, optimizer, scheduler, pairs, args, shared_prefi
                 prefix_len=prefix_len,
                 lengths=lengths,
             )
-        # backward, outside autocast
+        # backward, outside autocast. Each microbatch's mean is weighted by its share of the
+        # step's pairs, so the step's gradient is the mean over its pairs: the divisor is
+        # --gradient-accumulation-steps when the step is full (sft.py's always are), more for a
+        # smaller last microbatch (expert_iteration.py's last step of an epoch)
+        divisor = len(pairs) / len(mb)
         loss, meta = sft_microbatch_train_step(
-            out["log_probs"], mask, args.gradient_accumulation_steps, args.normalize_constant
+            out["log_probs"], mask, divisor, args.normalize_constant
         )
         k = int(meta["num_response_tokens"])
         loss_sum = loss_sum + float(loss)

@@ -208,7 +208,7 @@ def flat_grads(policy, tensors, args, runtime, ban_ids, g_toks):
     mbs = args.micro_train_batch_size
     for s in range(0, N, mbs):
         idx = torch.arange(s, min(s + mbs, N))
-        for rows, mb, L, P in grpo._forwards(tensors, idx, runtime["shared_prefix"], "cpu"):
+        for rows, mb, L, P in grpo.forward_passes(tensors, idx, runtime["shared_prefix"], "cpu"):
             lp = losses.get_response_log_probs(
                 policy, **mb, temperature=args.temperature, ban_token_ids=ban_ids, prefix_len=P
             )["log_probs"]

@@ -1,16 +1,19 @@
-"""expert_iteration.py: keep_correct on hand-built batches (the correct responses exactly, the
---max-per-question cap), the entropy it logs against grpo.py's train/entropy on one real batch, and
-two steps end to end on the embedded model as subprocesses (--engine hf: no engine start-up),
-straight through and as one step plus a --resume: the logged keys (each in the README's glossary),
-the kept fraction equal to the fraction answered correctly, the resumed step equal to the straight
-run's, refused bad input.
+"""expert_iteration.py, in-process on the embedded model (--engine hf: no engine start-up):
+keep_correct on hand-built batches (the correct, finished responses exactly, the --max-per-question
+cap, a correct response cut at --max-tokens counted and not kept), the EOS token a kept response
+ended with in its SFT target, the optimizer steps of a step's SFT (no pair repeated) and their
+gradient (the mean over a step's pairs, against a hand computation), the entropy it logs against
+grpo.py's train/entropy on one real batch (module fixture `live`), and two steps of main() end to
+end, straight through and as one step plus a --resume (module fixture `runs`): the logged keys (each
+in the README's glossary), the kept fraction, the resumed step equal to the straight run's, refused
+bad input, SIGTERM.
 """
 
+import contextlib
+import io
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,26 +22,20 @@ from test_grpo import readme_glossary
 import data
 import expert_iteration as ei
 import grpo
+import losses
 import plot
-from conftest import ROOT, one_line_error
 
 # 2 questions x 4 samples a step, SFT in microbatches of 2, greedy validation on 2 questions at the
-# end only, on CPU: the embedded model answers a Countdown question in 30-60 tokens
+# end only, on CPU: the embedded model answers a Countdown question in 30-60 tokens. One torch
+# thread: on a loaded machine two spin-waiting threads made the same run 30x slower
 TINY_FLAGS = (
     "--ei-batch-size 2 --group-size 4 --batch-size 4 --gradient-accumulation-steps 2 "
-    "--max-tokens 64 --eval-n 2 --eval-every 0 --grader-workers 0 --engine hf --lr 1e-3"
+    "--max-tokens 64 --eval-n 2 --eval-every 0 --grader-workers 0 --engine hf --lr 1e-3 "
+    "--threads 1"
 ).split()
 
 RIGHT = {"reward": 1.0, "format_reward": 1.0, "answer_reward": 1.0}
 WRONG = {"reward": 0.1, "format_reward": 1.0, "answer_reward": 0.0}
-
-
-def run_ei(flags, check=True):
-    cmd = [sys.executable, os.path.join(ROOT, "expert_iteration.py"), *flags]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
-    if check:
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return proc
 
 
 def metrics(out):
@@ -51,6 +48,46 @@ def step_rows(rows):
     return [r for r in rows if "train/kept_frac" in r]
 
 
+def run_main(flags):
+    """expert_iteration.main in this process -> its stdout."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        ei.main(ei.parse_args(flags))
+    return out.getvalue()
+
+
+def hand_batch(tokenizer, prompts, responses, eos_ended):
+    """A batch as ei.sample returns it, for the pairs' columns: each response's token ids with the
+    tokenizer's EOS after them where eos_ended says so."""
+    batch = {"prompts": prompts, "responses": responses, "prompt_ids": [], "response_ids": []}
+    for prompt, response, eos in zip(prompts, responses, eos_ended):
+        batch["prompt_ids"].append(tokenizer(prompt)["input_ids"])
+        ids = tokenizer(response, add_special_tokens=False)["input_ids"]
+        if eos:
+            ids = ids + [tokenizer.eos_token_id]
+        batch["response_ids"].append(ids)
+    batch["stop_token_ids"] = [tokenizer.eos_token_id]
+    return batch
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    """The step-0 batch of the tiny flags, sampled by the HF engine, and what made it."""
+    args = ei.parse_args(TINY_FLAGS + ["--out", str(tmp_path_factory.mktemp("ei_live"))])
+    runtime = grpo.setup_runtime(args)
+    train_rows, _ = ei.load_data(args)
+    learner = ei.build_learner(args, runtime)
+    engine = grpo.make_engine(args.model, args, runtime)
+    batch, stats = ei.sample(engine, train_rows, args, 0)
+    return {
+        "args": args,
+        "runtime": runtime,
+        "learner": learner,
+        "batch": batch,
+        "stats": stats,
+    }
+
+
 # ----------------------------------------------------------------------------- keep_correct
 @pytest.mark.parametrize("cap,want", [(0, [0, 2, 3, 7]), (1, [0, 7]), (2, [0, 2, 7])])
 def test_keep_correct_keeps_the_correct_responses_up_to_the_cap(cap, want):
@@ -58,28 +95,130 @@ def test_keep_correct_keeps_the_correct_responses_up_to_the_cap(cap, want):
     last. A wrong answer in the right format is not kept."""
     args = ei.parse_args(["--group-size", "4", "--max-per-question", str(cap)])
     rewards = [RIGHT, WRONG, RIGHT, RIGHT] + [WRONG] * 3 + [RIGHT]
-    assert ei.keep_correct({"rewards": rewards}, args) == want
+    assert ei.keep_correct({"rewards": rewards, "truncated": [False] * 8}, args) == want
+
+
+def test_a_correct_response_cut_at_max_tokens_is_counted_not_kept():
+    """Sample 1 is correct but was cut at --max-tokens (so were the wrong sample 2): not kept, and
+    train/truncated_correct_frac counts it (1 of 4); the kept fraction does not."""
+    args = ei.parse_args(["--group-size", "4"])
+    batch = {
+        "rewards": [RIGHT, RIGHT, WRONG, RIGHT],
+        "truncated": [False, True, True, False],
+        "response_ids": [[5] * 10, [5] * 64, [5] * 64, [5] * 20],
+    }
+    kept = ei.keep_correct(batch, args)
+    assert kept == [0, 3]
+    entropy = (torch.ones(4), torch.full((4,), 2.0))  # (N,) sums, (N,) token counts
+    logged = ei.summarize(batch, kept, entropy, {"generation_s": 0.0, "grading_s": 0.0})
+    assert logged["train/truncated_correct_frac"] == 0.25
+    assert logged["train/kept_frac"] == 0.5
+    assert logged["train/answer_reward"] == 0.75
+
+
+# ----------------------------------------------------------------------------- SFT targets
+def test_a_response_the_engine_ended_with_eos_trains_on_eos(live):
+    """The engine's text drops the EOS it stopped on: the pair's response puts it back, and sft.py's
+    tokenisation turns it into the one EOS id as the last target. A response ended by the stop
+    string gets no EOS."""
+    tokenizer = live["learner"]["tokenizer"]
+    eos = tokenizer.eos_token_id
+    assert eos in live["batch"]["stop_token_ids"]  # the engine's stop ids hold the tokenizer's EOS
+    prompts = ["Using 1 2 3, make 6.", "Using 2 2, make 4."]
+    responses = ["<answer>1+2+3</answer> done", "<answer>2+2</answer>"]
+    batch = hand_batch(tokenizer, prompts, responses, eos_ended=[True, False])
+    pairs = ei.sft_pairs(batch, [0, 1], tokenizer)
+    assert [p["n_tokens"] for p in pairs] == [
+        len(p) + len(r) for p, r in zip(batch["prompt_ids"], batch["response_ids"])
+    ]
+    t = losses.tokenize_prompt_and_output(
+        [p["prompt"] for p in pairs], [p["response"] for p in pairs], tokenizer
+    )
+    for i in range(2):
+        targets = t["labels"][i][t["response_mask"][i]].tolist()
+        assert targets == batch["response_ids"][i]  # the engine's ids, EOS included in row 0
+    assert targets[-1] != eos
+
+
+# ----------------------------------------------------------------------------- SFT steps
+def test_each_epoch_trains_every_kept_pair_once_without_repeats():
+    args = ei.parse_args(["--batch-size", "4", "--gradient-accumulation-steps", "2"])
+    assert args.epochs == 2  # the demo profile's
+    # fewer kept pairs than --batch-size: one step of the 3 an epoch, none repeated to fill it
+    batches = ei.sft_batches(3, args, step=0)
+    assert [sorted(b) for b in batches] == [[0, 1, 2], [0, 1, 2]]
+    # 10 pairs, 1.5 epochs: 4 + 4 + 2, then the first 5 of a new permutation in 4 + 1
+    flags = ["--batch-size", "4", "--gradient-accumulation-steps", "2", "--epochs", "1.5"]
+    args = ei.parse_args(flags)
+    batches = ei.sft_batches(10, args, step=0)
+    assert [len(b) for b in batches] == [4, 4, 2, 4, 1]
+    assert sorted(batches[0] + batches[1] + batches[2]) == list(range(10))
+    for b in batches:
+        assert len(set(b)) == len(b)
+
+
+def test_nothing_kept_is_no_update_and_a_notice(capsys):
+    args = ei.parse_args([])
+    assert ei.sft_on_kept(None, {}, [], args, None, step=3) == {}
+    assert "notice: step 3: no correct response kept; no SFT update" in capsys.readouterr().out
+
+
+def test_a_short_step_is_the_mean_over_its_pairs_at_the_gradient_level(live):
+    """3 kept pairs, --batch-size 4 in microbatches of 2: one optimizer step of the 3 (a microbatch
+    of 2 and one of 1). With SGD at lr 1 and no clipping the update is minus the gradient, which
+    must be that of mean over the 3 pairs of (summed response NLL / --normalize-constant), computed
+    here pair by pair (the old fill-by-repeating or a 1/--gradient-accumulation-steps weight per
+    microbatch gives another)."""
+    flags = ["--batch-size", "4", "--gradient-accumulation-steps", "2", "--epochs", "1"]
+    flags += ["--max-grad-norm", "1e9", "--normalize-constant", "3"]
+    args = ei.parse_args(flags)
+    runtime = live["runtime"]
+    policy, tokenizer = grpo.load_policy(args.model, args, runtime)
+    optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)
+    learner = {
+        "policy": policy,
+        "tokenizer": tokenizer,
+        "optimizer": optimizer,
+        "scheduler": torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0),
+    }
+    prompts = ["Using 1 2 3, make 6.", "Using 2 2, make 4.", "Using 5 7 9 11, make 2."]
+    responses = ["<answer>1+2+3</answer>", "<answer>2+2</answer>", "<answer>(9-7)</answer>"]
+    batch = hand_batch(tokenizer, prompts, responses, eos_ended=[True, False, True])
+    pairs = ei.sft_pairs(batch, [0, 1, 2], tokenizer)
+    before = [p.detach().clone() for p in policy.parameters()]
+    # the hand computation: each pair alone, its summed NLL over the engine's response ids
+    policy.zero_grad()
+    for i in range(3):
+        ids = torch.tensor([batch["prompt_ids"][i] + batch["response_ids"][i]])  # (1, T)
+        logits = policy(ids).logits[0, :-1].float()  # (T-1, V)
+        log_probs = logits.log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]  # (T-1,)
+        n_prompt = len(batch["prompt_ids"][i])
+        nll = -log_probs[n_prompt - 1 :].sum()  # the response tokens' labels
+        (nll / args.normalize_constant / 3).backward()
+    expected = [p.grad.detach().clone() for p in policy.parameters()]
+    policy.zero_grad()
+    assert [p["response"] for p in pairs] != responses  # EOS appended on rows 0 and 2
+    row = ei.sft_on_kept(learner, batch, [0, 1, 2], args, runtime, step=0)
+    assert row["train/sft_steps"] == 1
+    for p, p0, g in zip(policy.parameters(), before, expected):
+        torch.testing.assert_close(p0 - p.detach(), g, rtol=1e-3, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- entropy
-def test_entropy_over_all_responses_is_grpo_train_entropy(tmp_path):
+def test_entropy_over_all_responses_is_grpo_train_entropy(live):
     """On one real batch of the embedded model, the entropy expert_iteration.py logs over all
     sampled responses equals grpo.py's train/entropy (its training forward, one optimizer step on
     the same batch): the two curves compare."""
-    args = ei.parse_args(TINY_FLAGS + ["--out", str(tmp_path / "ei")])
-    runtime = grpo.setup_runtime(args)
-    train_rows, _ = ei.load_data(args)
-    learner = ei.build_learner(args, runtime)
-    engine = grpo.make_engine(args.model, args, runtime)
-    batch, stats = ei.sample(engine, train_rows, args, 0)
+    args = live["args"]
+    runtime = live["runtime"]
+    batch = dict(live["batch"])
     kept = ei.keep_correct(batch, args)
-    logged = ei.summarize(
-        batch, kept, ei.response_entropy(learner["policy"], batch, args, runtime), stats
-    )
+    entropy = ei.response_entropy(live["learner"]["policy"], batch, args, runtime)
+    logged = ei.summarize(batch, kept, entropy, live["stats"])
     sizes = ["--rollout-batch-size", "8", "--group-size", "4", "--train-batch-size", "8"]
     gargs = grpo.parse_args(sizes + ["--gradient-accumulation-steps", "2", "--max-tokens", "64"])
     batch["raw"] = torch.tensor([d["reward"] for d in batch["rewards"]])
-    grpo.summarize(batch, [stats], gargs)
+    grpo.summarize(batch, [live["stats"]], gargs)
     history, _ = grpo.train_step(grpo.build_learner(gargs, runtime), batch, gargs, runtime, 0)
     assert logged["train/entropy"] == pytest.approx(history[0]["train/entropy"], rel=1e-4)
     # the kept ones: the same per-token entropies, weighted over the kept responses' tokens only
@@ -92,17 +231,17 @@ def test_entropy_over_all_responses_is_grpo_train_entropy(tmp_path):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Two steps straight through; one step, then --resume naming only the run and the new step
-    count."""
+    count. In this process (main() as the script runs it)."""
     d = tmp_path_factory.mktemp("ei")
-    straight = run_ei(TINY_FLAGS + ["--n-ei-steps", "2", "--out", str(d / "straight")])
-    run_ei(TINY_FLAGS + ["--n-ei-steps", "1", "--out", str(d / "resumed")])
-    resumed = run_ei(["--resume", str(d / "resumed"), "--n-ei-steps", "2"])
+    straight = run_main(TINY_FLAGS + ["--n-ei-steps", "2", "--out", str(d / "straight")])
+    run_main(TINY_FLAGS + ["--n-ei-steps", "1", "--out", str(d / "resumed")])
+    resumed = run_main(["--resume", str(d / "resumed"), "--n-ei-steps", "2"])
     return {
         "dir": d,
         "straight": metrics(d / "straight"),
         "resumed": metrics(d / "resumed"),
-        "stdout": straight.stdout,
-        "resume_stdout": resumed.stdout,
+        "stdout": straight,
+        "resume_stdout": resumed,
     }
 
 
@@ -112,12 +251,13 @@ def test_two_steps_log_every_key_keep_the_correct_ones_and_save(runs):
     assert [r["step"] for r in steps] == [0, 1]
     for r in steps:
         assert set(ei.STEP_KEYS) <= set(r), set(ei.STEP_KEYS) - set(r)
-        # answer rewards are 0 or 1 and nothing is capped: kept = answered correctly
-        assert r["train/kept_frac"] == r["train/answer_reward"]
+        # answer rewards are 0 or 1 and nothing is capped: kept = answered correctly and finished
+        answered = r["train/kept_frac"] + r["train/truncated_correct_frac"]
+        assert answered == pytest.approx(r["train/answer_reward"])
         if r["train/kept_frac"] > 0:
             assert set(ei.SFT_KEYS) <= set(r), set(ei.SFT_KEYS) - set(r)
-            # ceil(1 epoch x kept / 4 pairs a step)
-            assert r["train/sft_steps"] == -(-round(r["train/kept_frac"] * 8) // 4)
+            # 2 epochs (the demo's) of ceil(kept / 4 pairs a step)
+            assert r["train/sft_steps"] == 2 * -(-round(r["train/kept_frac"] * 8) // 4)
         else:
             assert "train/loss" not in r
     assert steps[1]["opt_step"] == steps[0]["opt_step"] + steps[1].get("train/sft_steps", 0)
@@ -158,15 +298,25 @@ def test_resume_continues_as_the_straight_run(runs):
         assert resumed[1]["train/loss"] == pytest.approx(straight[1]["train/loss"], rel=1e-4)
 
 
-def test_bad_input_is_one_line_before_loading(tmp_path):
-    proc = run_ei(["--batch-size", "3", "--gradient-accumulation-steps", "2"], check=False)
-    one_line_error(proc, "--batch-size must be divisible by --gradient-accumulation-steps")
+def one_line_error_in_process(capsys, call, needle):
+    """call() stops with one `error: ...` line on stderr containing needle, exit code 2."""
+    with pytest.raises(SystemExit) as exit_:
+        call()
+    assert exit_.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], lines
+
+
+def test_bad_input_is_one_line_before_loading(tmp_path, capsys):
+    flags = ["--batch-size", "3", "--gradient-accumulation-steps", "2"]
+    needle = "--batch-size must be divisible by --gradient-accumulation-steps"
+    one_line_error_in_process(capsys, lambda: ei.parse_args(flags), needle)
     path = tmp_path / "two.jsonl"
     rows = [{"numbers": [3, 4, 5], "target": 17}] * 2
     data.write_jsonl_atomic(str(path), rows)
     flags = ["--train-path", str(path), "--ei-batch-size", "4", "--out", str(tmp_path / "o")]
-    proc = run_ei(flags + ["--engine", "hf"], check=False)
-    one_line_error(proc, "--ei-batch-size 4")
+    args = ei.parse_args(flags)
+    one_line_error_in_process(capsys, lambda: ei.load_data(args), "--ei-batch-size 4")
 
 
 def test_sigterm_saves_the_steps_done(tmp_path, monkeypatch, sigterm, capsys):

@@ -227,3 +227,51 @@ def test_args_is_written_only_at_parse_time(path):
     with open(os.path.join(ROOT, path)) as f:
         source = f.read()
     assert args_writes(source, path) == []
+
+
+# ------------------------------------------------------------- no reaching into another's privates
+def private_uses(source, path):
+    """Every use of another root module's private name (`grpo._forwards`), as `path:line: name`: a
+    function another script calls is public, with a plain name."""
+    local = set()  # what this file calls the repository's root modules it imports
+    tree = ast.parse(source, path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if os.path.isfile(os.path.join(ROOT, alias.name + ".py")):
+                    local.add(alias.asname or alias.name)
+    found = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in local
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
+            found.append(f"{path}:{node.lineno}: {node.value.id}.{node.attr}")
+    return found
+
+
+def test_the_private_check_catches_a_call_of_another_modules_private_function():
+    assert private_uses("import grpo\ngrpo._forwards(x)\n", "x.py") == ["x.py:2: grpo._forwards"]
+    assert private_uses("import rollout as engines\nengines._device_ctx(x)\n", "x.py") != []
+    assert private_uses("import grpo\ngrpo.forward_passes(x)\nos._exit(0)\n", "x.py") == []
+
+
+# the benches that instrument a private function from outside (what they measure is inside it)
+INSTRUMENTED = {
+    "bench/grpo_step.py": ["grpo._updates"],  # wrapped to time the training part of a step
+    "bench/grader_throughput.py": ["grader._sympy_equal_any_thread"],  # its cache cleared
+}
+
+
+@pytest.mark.parametrize("path", scripts())
+def test_scripts_call_no_private_function_of_another(path):
+    with open(os.path.join(ROOT, path)) as f:
+        source = f.read()
+    found = []
+    for use in private_uses(source, path):
+        if use.split(": ")[1] not in INSTRUMENTED.get(path, []):
+            found.append(use)
+    assert found == []
