@@ -6,7 +6,7 @@ metrics from such a file without a model. Metrics are exact expectations over a 
 k-subset of a prompt's n samples (not "the first k"), averaged over prompts, computed in closed
 form with exact fractions (c = correct samples; correct = answer_reward == 1, the accuracy of
 every script):
-  pass@k = 1 - C(n-c, k) / C(n, k)                                      (Chen et al. 2021)
+  pass@k = 1 - C(n-c, k) / C(n, k)                     (Chen et al. 2021; losses.pass_at_k)
   Best@k : sort samples by mean token log-prob (descending, ties by sample index); the sample of
            rank i is the pick iff it is in the subset and no better-ranked one is, which has
            probability C(n-1-i, k-1) / C(n, k); Best@k = sum_i correct_i * that.
@@ -71,14 +71,10 @@ from eval_zero_shot import (
     task_flags,
 )
 from grader import REWARD_FNS, grade_batch, last_boxed
+from losses import pass_at_k
 
 
 # --------------------------------------------------------------------------------------- estimators
-def pass_at_k(n, c, k):
-    """P(at least one of a random k-subset of n samples, c of them correct, is correct)."""
-    return 1 - Fraction(comb(n - c, k), comb(n, k))
-
-
 def best_at_k(correct, scores, k):
     """P(the highest-scoring sample of a random k-subset is correct); ties go to the lower index."""
     n = len(correct)

@@ -267,7 +267,11 @@ def resume_from(parser, argv, args, needs=(), script=None):
     ckpt = find_checkpoint(args.resume, repair=False)  # again: now no other run can change it
     state = {}
     if ckpt:
-        check_model_dir(ckpt, "--resume")  # a broken checkpoint names its missing file
+        if os.path.isfile(os.path.join(ckpt, "adapter_config.json")):
+            # a LoRA run's checkpoint: the adapter; its base is the run's --model
+            needs = ("adapter_model.safetensors", *needs)
+        else:
+            check_model_dir(ckpt, "--resume")  # a broken checkpoint names its missing file
         for f in needs:
             check(
                 os.path.isfile(os.path.join(ckpt, f)),
@@ -760,12 +764,16 @@ def save_model_checkpoint(
     import torch
 
     import data
+    import lora
 
     if script is None:
         script = this_script() or read_claim(out_dir).get("script")
 
     def write(tmp):
-        model.save_pretrained(tmp)
+        if lora.lora_layers(model):
+            lora.save_adapter(model, tmp, base=args.model)  # LoRA: the adapter only (small)
+        else:
+            model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         for name, obj in (extra or {}).items():
             torch.save(obj, os.path.join(tmp, name))

@@ -47,6 +47,7 @@ import common
 import data
 import grader
 import grpo
+import lora
 import losses
 import rollout as engines
 import sft
@@ -141,6 +142,7 @@ def parse_args(argv=None):
     grpo.eval_flags(p)  # --- eval and logging ---
     grpo.systems_flags(p)  # --- systems ---
     grpo.run_flags(p)  # --- run ---
+    lora.add_flags(p)  # --- lora: --lora-rank, ... (lora.py) ---
     args = p.parse_args(argv)
     if args.resume:
         common.resume_from(p, argv, args, needs=("optimizer.pt",))
@@ -154,7 +156,9 @@ def resolve(args):
         args.profile = "demo"
     else:
         args.profile = "hub"
-    if not args.resume:  # a resumed run loads its checkpoint
+    lora.check_flags(args)
+    # a resumed run loads its checkpoint (a LoRA checkpoint's adapter goes on --model's base)
+    if not args.resume or args.lora_rank:
         args.model = common.check_model_dir(args.model or data.EMBEDDED_MODEL)
     for name, value in PROFILES[args.profile].items():
         if getattr(args, name) is None:
@@ -179,6 +183,8 @@ def resolve(args):
     # (grpo.make_engine sizes the engine's GPU share with it), every response token scored
     # (grpo.collate)
     args.frozen_models = 0
+    args.kl_beta = 0.0  # no KL term: grpo.build_learner keeps no LoRA reference
+    args.kl_every = 0
     args.mask_truncated = False
 
     check = common.check
@@ -464,7 +470,9 @@ def main(args):
         learner = build_learner(args, runtime)
         policy = learner["policy"]
         state = grpo.start_state(args)  # a resumed run's counters
-        engine = grpo.make_engine(args.resume or args.model, args, runtime, policy)
+        engine = grpo.make_engine(lora.model_path(args), args, runtime, policy)
+        if args.resume and args.lora_rank:
+            engines.load_policy_into_vllm(policy, engine)  # the base + the checkpoint's adapter
     except KeyboardInterrupt:
         grpo.stopped(f"{common.stop_name()} while loading: stopped before training; nothing saved")
     grpo.write_settings(args, runtime)  # args.json, runtime.json

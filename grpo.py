@@ -22,7 +22,8 @@ Departures from the seeds (their settings, and ours, are in PROFILES):
 - seed 002's loop calls scheduler.step() without naming a schedule: the lr is constant unless
   --warmup-frac / --min-lr-frac ask for sft.py's warmup and cosine decay (lr_factor);
 - the seeds' raw prompt text by default; --chat-template wraps it in the model's chat template.
-The extras (DAPO, rollout importance sampling, KL monitoring, ...) are in the README.
+The extras (DAPO, rollout importance sampling, KL monitoring, the advantage estimators, CISPO, the
+entropy controls, ...) are in the README.
 
 Examples:
   python grpo.py                                                  # offline CPU demo
@@ -45,6 +46,7 @@ import torch
 import common
 import data
 import grader
+import lora
 import losses
 import rollout as engines
 
@@ -176,7 +178,9 @@ def parse_args(argv=None):
         choices=losses.LOSS_TYPES,
         help="policy-gradient loss (seed 001's GRPO-Clip, GRPO-No-Clip are accepted)",
     )
-    g.add_argument("--cliprange", type=pfloat, default=0.2, help="epsilon of GRPO-Clip / GSPO")
+    g.add_argument(
+        "--cliprange", type=pfloat, default=0.2, help="epsilon of GRPO-Clip / GSPO / CISPO"
+    )
     g.add_argument(
         "--cliprange-high",
         type=pfloat,
@@ -196,12 +200,44 @@ def parse_args(argv=None):
         help="masked_normalize divisor; default --max-tokens",
     )
     g.add_argument(
+        "--advantage",
+        default="grpo",
+        choices=list(losses.ADVANTAGES),
+        help="advantage estimator: group mean (grpo), leave-one-out mean (rloo), pass@k (passk)",
+    )
+    g.add_argument(
+        "--passk-k",
+        type=pos,
+        default=None,
+        help="k of --advantage passk (1 <= k < --group-size)",
+    )
+    g.add_argument(
+        "--adv-std",
+        default=None,
+        choices=losses.ADV_STDS,
+        help="divide advantages by the group's reward std (default), the batch's std of the"
+        " centred advantages (with grpo: REINFORCE++-baseline) or nothing (Dr. GRPO)",
+    )
+    g.add_argument(
         "--std-norm",
         action=common.argparse.BooleanOptionalAction,
-        default=True,
-        help="divide advantages by group std",
+        default=None,
+        help="older spelling: --std-norm is --adv-std group, --no-std-norm --adv-std none",
     )
-    g.add_argument("--advantage-eps", type=pfloat, default=None, help="added to the group std")
+    g.add_argument("--advantage-eps", type=pfloat, default=None, help="added to the std")
+    g.add_argument(
+        "--entropy-coef",
+        type=common.nonneg_float,
+        default=0.0,
+        help="entropy bonus: the loss minus this x the response tokens' entropy",
+    )
+    g.add_argument(
+        "--entropy-top-quantile",
+        type=common.probability,
+        default=1.0,
+        help="only this fraction of the optimizer step's response tokens, the highest-entropy"
+        " ones, carry the policy-gradient loss (Wang et al. 2025: 0.2; 1 = all)",
+    )
     g.add_argument(
         "--kl-beta",
         type=common.nonneg_float,
@@ -281,6 +317,7 @@ def parse_args(argv=None):
     )
     systems_flags(p)  # --- systems ---
     run_flags(p)  # --- run ---
+    lora.add_flags(p)  # --- lora: --lora-rank, ... (lora.py) ---
     args = p.parse_args(argv)
     if args.resume:
         common.resume_from(p, argv, args, needs=("optimizer.pt",))
@@ -494,14 +531,17 @@ def resolve(args):
     else:
         args.profile = "hub"
     # frozen copies of the policy to keep: pi_init (the KL penalty's reference, or KL monitoring's)
-    # and pi_{t-1} (KL monitoring's previous policy)
+    # and pi_{t-1} (KL monitoring's previous policy). None with LoRA: pi_init is the policy with its
+    # adapters off, pi_{t-1} a copy of the adapters
     args.frozen_models = 0
-    if args.kl_beta > 0 or args.kl_every > 0:
+    if (args.kl_beta > 0 or args.kl_every > 0) and not args.lora_rank:
         args.frozen_models += 1
-    if args.kl_every > 0:
+    if args.kl_every > 0 and not args.lora_rank:
         args.frozen_models += 1
-    # a resumed run loads its checkpoint: its --model is needed only as the KL reference
-    resumed_without_kl = args.resume and not args.frozen_models
+    lora.check_flags(args)
+    # a resumed run loads its checkpoint: its --model is needed only as the KL reference, or as
+    # the base of a LoRA checkpoint's adapter
+    resumed_without_kl = args.resume and not args.frozen_models and not args.lora_rank
     if not resumed_without_kl:
         args.model = common.check_model_dir(args.model or data.EMBEDDED_MODEL)
     defaults = {**PROFILES[args.profile], **TASK_PROFILES.get(args.task, {})}
@@ -547,6 +587,19 @@ def resolve(args):
         " rollout batch trains -A log pi on data from an older policy, uncorrected:"
         f" use a loss with a ratio ({', '.join(losses.RATIO_LOSSES)})",
     )
+    # --adv-std is the normaliser; --std-norm / --no-std-norm spell group / none
+    spelled = None  # the --adv-std that --std-norm / --no-std-norm spell
+    if args.std_norm is True:
+        spelled = "group"
+    elif args.std_norm is False:
+        spelled = "none"
+    check(
+        args.adv_std is None or spelled is None or args.adv_std == spelled,
+        f"--adv-std {args.adv_std} contradicts --std-norm={args.std_norm} (--adv-std {spelled}):"
+        " pass only --adv-std",
+    )
+    if args.adv_std is None:
+        args.adv_std = spelled or "group"
     # pi_old by a no-grad pass (seed 000 asks for it on-policy too)
     args.needs_old = losses.LOSSES[args.loss].needs_old or args.rollout_is != "none"
     check_settings(args)
@@ -558,8 +611,30 @@ def check_settings(args):
     check = common.check
     check_sampling_and_systems(args)
     check(
-        not args.std_norm or args.group_size >= 2,
-        "--std-norm needs --group-size >= 2 (or pass --no-std-norm)",
+        args.adv_std != "group" or args.group_size >= 2,
+        "--adv-std group needs --group-size >= 2 (or pass --adv-std none or batch)",
+    )
+    check(
+        args.advantage == "grpo" or args.loss != "no_baseline",
+        f"--advantage {args.advantage}: --loss no_baseline trains on the raw rewards, not on"
+        " advantages; choose another --loss",
+    )
+    check(
+        args.advantage != "rloo" or args.group_size >= 2,
+        "--advantage rloo needs --group-size >= 2 (a leave-one-out mean)",
+    )
+    check(
+        args.passk_k is None or args.advantage == "passk",
+        "--passk-k is the k of --advantage passk: add --advantage passk or drop --passk-k",
+    )
+    check(
+        args.advantage != "passk" or args.passk_k is not None,
+        "--advantage passk needs --passk-k K (1 <= K < --group-size)",
+    )
+    check(
+        args.advantage != "passk" or args.passk_k < args.group_size,
+        f"--passk-k {args.passk_k} must be below --group-size {args.group_size}"
+        " (at K = G every advantage is 0)",
     )
     check(
         args.overlong_buffer < args.max_tokens,
@@ -630,6 +705,7 @@ def setup_runtime(args):
         if n_gpu > 1:
             vllm_device = "cuda:1"
     param_dtype, compute_dtype = common.resolve_precision(policy_device, args.dtype, args.pure_bf16)
+    lora.check_device(args, policy_device)
     # on CUDA the saving is only the prompt's share of a long response: see the README
     shared_prefix = args.shared_prefix
     if shared_prefix is None:
@@ -740,10 +816,16 @@ def load_policy(path, args, runtime, dtype=None):
 def build_learner(args, runtime):
     """The learner of grpo.py and of each grpo_ray.py learner actor: {"policy", "tokenizer",
     "optimizer" (AdamW), "ref_model" (frozen pi_init or None), "prev_model" (frozen pi_{t-1} or
-    None)}."""
-    policy, tokenizer = load_policy(args.resume or args.model, args, runtime)
+    None)}. With LoRA the base is in the compute dtype (frozen: no fp32 master copy), the optimizer
+    holds the fp32 adapters only, "ref_model" is the policy itself (train_step turns its adapters
+    off) and pi_{t-1} is "prev_adapters": {"step", "weights"} (lora.adapter_state)."""
+    dtype = None  # the master-weight dtype
+    if args.lora_rank:
+        dtype = runtime["compute_dtype"]
+    policy, tokenizer = load_policy(lora.model_path(args), args, runtime, dtype)
+    policy = lora.wrap(policy, args)  # LoRA: adapters, from --resume's checkpoint if resumed
     optimizer = torch.optim.AdamW(
-        policy.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95)
+        lora.trainable(policy), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95)
     )
     # every grpo_ray.py learner loads the one checkpoint: the group stays in lockstep
     if args.resume:
@@ -771,6 +853,8 @@ def build_learner(args, runtime):
         learner["ref_model"] = frozen[0]
     if len(frozen) >= 2:
         learner["prev_model"] = frozen[1]
+    if args.lora_rank and (args.kl_beta > 0 or args.kl_every > 0):
+        learner["ref_model"] = policy  # pi_init: the base, read with lora.adapters_off
     return learner
 
 
@@ -985,8 +1069,13 @@ def summarize(batch, shard_stats, args):
     batch["advantages"] (N,) and returns the step's rollout metrics. shard_stats: collect's stats
     of each shard (one for grpo.py; the shards ran side by side, so a time is their longest). A
     new metric is one line here."""
-    adv, meta = losses.group_normalized_advantages(
-        batch["raw"], args.group_size, args.advantage_eps, args.std_norm
+    adv, meta = losses.compute_advantages(
+        batch["raw"],
+        args.group_size,
+        args.advantage,
+        args.adv_std,
+        args.advantage_eps,
+        args.passk_k or 1,
     )
     if args.dynamic_sampling:
         # a group the filter calls flat is in the batch only when a shard found nothing to learn
@@ -1092,14 +1181,17 @@ def _shard(rows, dp):
     return rows[start:end]
 
 
-def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None):
-    """(N, T) label log-probs under `model` at the sampling temperature, no grad. With dp each
-    learner scores its shard of the rows, and the results are summed."""
+def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None, rows=None, key="log_probs"):
+    """(N, T) label log-probs under `model` at the sampling temperature, no grad; key
+    "token_entropy": the entropies instead. Of `rows` only (the others read 0), by default all.
+    With dp each learner scores its shard of the rows, and the results are summed."""
     N, T = tensors["labels"].shape
     out = torch.zeros(N, T)  # (N, T)
     device = next(model.parameters()).device
     was_training = model.training
-    rows = _shard(torch.arange(N), dp)
+    if rows is None:
+        rows = torch.arange(N)
+    rows = _shard(rows, dp)
     mbs = args.micro_train_batch_size
     shared_prefix = runtime["shared_prefix"]
     model.eval()
@@ -1111,11 +1203,12 @@ def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None):
                 result = losses.get_response_log_probs(
                     model,
                     **mb,
+                    return_token_entropy=key == "token_entropy",
                     temperature=args.temperature,
                     ban_token_ids=ban_ids,
                     prefix_len=P,
                 )
-                out[idx, :L] = result["log_probs"].float().cpu()  # (rows, L)
+                out[idx, :L] = result[key].float().cpu()  # (rows, L)
     model.train(was_training)
     out = out.clone()  # a normal tensor: inference tensors cannot enter autograd later
     if dp is None:
@@ -1133,6 +1226,7 @@ def loss_settings(args):
         normalize_constant=args.normalize_constant,
         kl_beta=args.kl_beta,
         kl_estimator=args.kl_estimator,
+        entropy_coef=args.entropy_coef,
     )
 
 
@@ -1200,14 +1294,21 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
             tensors["is_weights"] = weights
     ref = None  # (N, T) pi_init
     if (args.kl_beta or do_kl) and ref_model is not None:
-        ref = batch_log_probs(ref_model, tensors, args, runtime, ban_ids, dp)
+        with lora.adapters_off(ref_model):  # LoRA: the policy without its adapters
+            ref = batch_log_probs(ref_model, tensors, args, runtime, ban_ids, dp)
     if args.kl_beta and ref is not None:
         tensors["ref_log_probs"] = ref
     if do_kl:
         kl_ref = losses.kl_divergence(cur, ref, mask, args.kl_estimator)
         metrics["train/kl_ref"] = kl_ref.item()
+        prev = None  # (N, T) pi_{t-1}
+        prev_adapters = learner.get("prev_adapters")
         if prev_model is not None and getattr(prev_model, "holds_step", None) == step - 1:
-            prev = batch_log_probs(prev_model, tensors, args, runtime, ban_ids, dp)  # pi_{t-1}
+            prev = batch_log_probs(prev_model, tensors, args, runtime, ban_ids, dp)
+        if prev_adapters is not None and prev_adapters["step"] == step - 1:
+            with lora.loaded(policy, prev_adapters["weights"]):  # LoRA: pi_{t-1}'s adapters
+                prev = batch_log_probs(policy, tensors, args, runtime, ban_ids, dp)
+        if prev is not None:
             kl_prev = losses.kl_divergence(cur, prev, mask, args.kl_estimator)
             metrics["train/kl_prev"] = kl_prev.item()
             if lag == 1:
@@ -1220,6 +1321,8 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
     if prev_model is not None and args.kl_every and (step + 1) % args.kl_every == 0:
         prev_model.load_state_dict(policy.state_dict())  # pi_t, the next step's previous policy
         prev_model.holds_step = step
+    if args.lora_rank and args.kl_every and (step + 1) % args.kl_every == 0:
+        learner["prev_adapters"] = {"step": step, "weights": lora.adapter_state(policy)}
     metrics["time/old_log_probs"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     history = _updates(learner, batch, tensors, args, runtime, step, dp)
@@ -1265,6 +1368,9 @@ def _updates(learner, batch, tensors, args, runtime, step, dp=None):
             ratio_min = math.inf
             ratio_max = -math.inf
             n_tok = max(int(mask[rows].sum()), 1)  # DAPO token norm: the whole step's tokens
+            keep = None  # (N, T) the tokens that carry the policy gradient; None: all
+            if args.entropy_top_quantile < 1:
+                keep = top_entropy_tokens(policy, tensors, rows, args, runtime, ban_ids, dp)
             mine = _shard(rows, dp)
             for start in range(0, len(mine), mbs):
                 for idx, mb, L, P in forward_passes(
@@ -1281,6 +1387,9 @@ def _updates(learner, batch, tensors, args, runtime, step, dp=None):
                         )
                     mb_mask = mask[idx, :L].to(device)  # (rows, L)
                     share = len(idx) / len(rows)  # this forward's part of the step's rows
+                    mb_keep = None
+                    if keep is not None:
+                        mb_keep = keep[idx, :L].to(device)  # (rows, L)
                     loss, meta = losses.grpo_microbatch_loss(
                         out["log_probs"],
                         mb_mask,
@@ -1292,6 +1401,8 @@ def _updates(learner, batch, tensors, args, runtime, step, dp=None):
                         is_weights=_rows(tensors, "is_weights", idx, L, device),
                         gradient_accumulation_steps=1 / share,
                         step_tokens=n_tok,
+                        token_entropy=out["token_entropy"],
+                        entropy_mask=mb_keep,
                     )
                     loss.backward()
                     # token averages over the whole step, whatever the forwards' split
@@ -1331,8 +1442,23 @@ def _updates(learner, batch, tensors, args, runtime, step, dp=None):
             row["train/grad_norm"] = grad_norm.item()
             row["train/epoch"] = epoch
             row["train/lr"] = optimizer.param_groups[0]["lr"]
+            if keep is not None:
+                row["train/entropy_mask_frac"] = keep[rows].sum().item() / n_tok
             history.append(row)
     return history
+
+
+def top_entropy_tokens(policy, tensors, rows, args, runtime, ban_ids, dp=None):
+    """(N, T) bool: of the optimizer step's `rows`, the response tokens whose entropy is in the
+    top --entropy-top-quantile of the step's response tokens (Wang et al. 2025 take the quantile
+    over the batch). The step's microbatches run one at a time, so their entropies come from a
+    no-grad pass over the step's rows first (with dp, every learner's share): one more forward
+    per optimizer step, and the same tokens however the step is split into microbatches."""
+    entropy = batch_log_probs(policy, tensors, args, runtime, ban_ids, dp, rows, "token_entropy")
+    mask = tensors["response_mask"]  # (N, T)
+    keep = torch.zeros_like(mask)  # (N, T)
+    keep[rows] = losses.top_entropy_mask(entropy[rows], mask[rows], args.entropy_top_quantile)
+    return keep
 
 
 def _reduce(params, sums, ratio_min, ratio_max, dp):
@@ -1559,6 +1685,8 @@ def finish_run(engine, val_rows, learner, args, n_steps, state, t_run, wandb_run
         with guard:
             path = save_checkpoint(learner, args, state)
             plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
+            if args.export_merged:
+                lora.export_merged(learner["policy"], learner["tokenizer"], args.export_merged)
     except KeyboardInterrupt:
         interrupted = True
         if path is None:
@@ -1589,7 +1717,9 @@ def main(args):
         learner = build_learner(args, runtime)
         policy = learner["policy"]
         state = start_state(args)  # a resumed run's counters
-        engine = make_engine(args.resume or args.model, args, runtime, policy)
+        engine = make_engine(lora.model_path(args), args, runtime, policy)
+        if args.resume and args.lora_rank:
+            engines.load_policy_into_vllm(policy, engine)  # the base + the checkpoint's adapter
     except KeyboardInterrupt:
         stopped(f"{common.stop_name()} while loading: stopped before training; nothing saved")
     write_settings(args, runtime)  # args.json, runtime.json

@@ -54,6 +54,7 @@ import torch
 import common
 import data
 import grpo
+import lora
 import losses
 import plot
 import rollout
@@ -277,7 +278,7 @@ class Worker:
         torch.manual_seed(args.seed)
         # inside the actor: Ray has set CUDA_VISIBLE_DEVICES to its own GPU(s)
         self.runtime = grpo.setup_runtime(args)
-        path, saved = _start(args)
+        saved = _start(args)[1]
         self.version = saved["step"]  # batches the learner trained on
         self.engine_version = saved["step"]  # the version of the engine's weights
         # the learner first: a colocated engine's memory share is sized from the policy beside it
@@ -287,11 +288,17 @@ class Worker:
             beside = self.learner["policy"]
         if self.is_generator:
             self.train_rows, self.val_rows = grpo.load_data(args)
+            # a LoRA checkpoint holds the adapter: the engine starts from the base, then takes the
+            # merged weights
+            stale = bool(args.resume and args.lora_rank)
             if self.engine is None:
-                self.engine = grpo.make_engine(path, args, self.runtime, beside)
+                self.engine = grpo.make_engine(lora.model_path(args), args, self.runtime, beside)
             else:  # a reused actor: its engine takes the new run's start weights
-                policy = grpo.load_policy(path, args, self.runtime)[0]
-                rollout.load_policy_into_vllm(policy.state_dict(), self.engine)
+                stale = True
+            if stale:
+                policy = grpo.load_policy(lora.model_path(args), args, self.runtime)[0]
+                policy = lora.wrap(policy, args)  # LoRA: the adapter from --resume
+                rollout.load_policy_into_vllm(policy, self.engine)
         return os.getpid()
 
     def runtime_record(self):
@@ -423,7 +430,7 @@ class Worker:
         }
 
     def save(self, out_dir, state):
-        return common.save_model_checkpoint(
+        path = common.save_model_checkpoint(
             out_dir,
             self.learner["policy"],
             self.learner["tokenizer"],
@@ -431,13 +438,19 @@ class Worker:
             state,
             {"optimizer.pt": self.learner["optimizer"].state_dict()},
         )
+        if self.args.export_merged and state["step"] == self.args.n_grpo_steps:
+            lora.export_merged(
+                self.learner["policy"], self.learner["tokenizer"], self.args.export_merged
+            )
+        return path
 
     def get_weights(self, clone=False):
         """{"weights", "spans"} to push: a CPU copy, or with clone=True a device clone for RDT (Ray
         keeps a reference to the tensors it sends, not a copy)."""
         t0 = time.time()
         weights = {}
-        for name, tensor in self.learner["policy"].state_dict().items():
+        # with LoRA: the merged W + (alpha / r) B A under the base's names (lora.merged_state_dict)
+        for name, tensor in lora.merged_state_dict(self.learner["policy"]).items():
             if clone:
                 weights[name] = tensor.detach().clone()
             else:
@@ -455,7 +468,7 @@ class Worker:
             f"{self.name}: push of version {version}, but its learner holds {self.version}",
         )
         t0 = time.time()  # the weight_sync span: the copy
-        weights = self.learner["policy"].state_dict()
+        weights = lora.merged_state_dict(self.learner["policy"])
         return self._load({"weights": weights, "spans": []}, self.version, t0)
 
 

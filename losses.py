@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
+from fractions import Fraction
 from typing import NamedTuple
 
 import torch
@@ -440,29 +441,113 @@ def sft_microbatch_loss(
 
 
 # ----------------------------------------------------------------------------- advantages
-def group_normalized_advantages(rewards, group_size, advantage_eps, std_norm):
-    """Group-normalised advantages for N = prompts x G rewards (N,), each group G consecutive rows:
-    A = (r - group mean) / (group std + eps) with the unbiased std, or r - group mean without the
-    std (Dr. GRPO). Returns (advantages (N,), metadata: the rewards' mean/std/max/min and the
-    fraction of groups whose rewards are all equal)."""
+# Each estimator maps a step's rewards, grouped (n_prompts, G) float32, to centred scores of the
+# same shape; compute_advantages then divides them by the --adv-std normaliser. k is passk's.
+def grpo_advantages(grouped, k):
+    """GRPO: r_i - mean(group). In expectation sum_i A_i grad log pi(y_i) is (G - 1) grad E[r]
+    (y_i's own reward is in its baseline)."""
+    return grouped - grouped.mean(dim=1, keepdim=True)
+
+
+def rloo_advantages(grouped, k):
+    """RLOO (Ahmadian et al. 2024): r_i - the mean of the other G - 1 rewards, a baseline
+    independent of y_i, so sum_i A_i grad log pi(y_i) is G grad E[r], unbiased. It is
+    G / (G - 1) x GRPO's."""
+    G = grouped.shape[1]
+    others = (grouped.sum(dim=1, keepdim=True) - grouped) / (G - 1)  # (n_prompts, G)
+    return grouped - others
+
+
+def passk_advantages(grouped, k):
+    """pass@k (Chen et al. 2025, "Pass@k Training for Adaptively Balancing Exploration and
+    Exploitation of Large Reasoning Models", the analytic group advantage; Walder & Karkhanis
+    2025, "Pass@K Policy Optimization", for rewards that are not 0/1):
+    A_i = mean over the k-subsets of the group that hold y_i of max(rewards in the subset)
+          - mean over all k-subsets of the same (the unbiased pass@k estimate of the group).
+    With c correct of n = G and 0/1 rewards, rho = 1 - C(n - c, k) / C(n, k) (pass_at_k) and
+    A_correct = 1 - rho,  A_wrong = 1 - rho - C(n - c - 1, k - 1) / C(n - 1, k - 1).
+    In expectation sum_i A_i grad log pi(y_i) = (G - k) / k x grad E[max of k rewards] (0 at
+    k = G); k = 1 is GRPO. Counted in sorted order: the j-th smallest reward (0-based) is the
+    maximum of C(j, k - 1) subsets, and of C(j - 1, k - 2) of those that also hold a smaller
+    y_i."""
+    n_prompts, G = grouped.shape
+    values, order = grouped.sort(dim=1, stable=True)  # (n_prompts, G) ascending
+    # w[p, q]: how many k-subsets holding the p-th smallest have the q-th smallest as maximum
+    w = torch.zeros(G, G, dtype=torch.float64)
+    for p in range(G):
+        w[p, p] = math.comb(p, k - 1)
+        for q in range(p + 1, G):
+            if k >= 2:  # (k = 1: a subset holding y_i is y_i alone)
+                w[p, q] = math.comb(q - 1, k - 2)
+    w = w / math.comb(G - 1, k - 1)
+    as_max = torch.tensor([math.comb(q, k - 1) for q in range(G)], dtype=torch.float64)
+    as_max = as_max / math.comb(G, k)  # (G,): subsets whose maximum is the q-th smallest
+    v = values.double()
+    holding = v @ w.t()  # (n_prompts, G): the mean maximum of the subsets holding each
+    rho = v @ as_max  # (n_prompts,): the mean maximum of all subsets
+    scores = (holding - rho[:, None]).to(grouped.dtype)
+    return torch.empty_like(grouped).scatter_(1, order, scores)  # back to the group's order
+
+
+def pass_at_k(n, c, k):
+    """The unbiased pass@k estimator (Chen et al. 2021): the chance that a random k-subset of n
+    samples, c of them correct, holds a correct one, 1 - C(n - c, k) / C(n, k), exact (a
+    Fraction)."""
+    _need(
+        0 <= c <= n and 1 <= k <= n,
+        f"pass@k needs 0 <= c <= n and 1 <= k <= n (got {n=}, {c=}, {k=})",
+    )
+    return 1 - Fraction(math.comb(n - c, k), math.comb(n, k))
+
+
+# A new estimator is one function above and one line here.
+ADVANTAGES = {"grpo": grpo_advantages, "rloo": rloo_advantages, "passk": passk_advantages}
+ADV_STDS = ("group", "batch", "none")
+
+
+def compute_advantages(rewards, group_size, estimator, adv_std, advantage_eps, passk_k=1):
+    """A step's advantages from its rewards (N,) = prompts x G, each group G consecutive rows:
+    ADVANTAGES[estimator]'s centred scores, divided by
+    - "group": the group's reward std + eps (GRPO; unbiased std),
+    - "batch": the std of all N centred scores + eps (REINFORCE++-baseline, Hu et al. 2025:
+      the group mean, then the batch's scale),
+    - "none": nothing (Dr. GRPO).
+    A group whose rewards are all equal gets exactly 0. Returns (advantages (N,), metadata: the
+    rewards' mean/std/max/min and the fraction of groups whose rewards are all equal)."""
     raw = torch.as_tensor(rewards, dtype=torch.float32)  # (N,)
     n = len(raw)
+    _need(
+        estimator in ADVANTAGES,
+        f"unknown advantage {estimator!r}; choose one of {tuple(ADVANTAGES)}",
+    )
+    _need(adv_std in ADV_STDS, f"unknown adv_std {adv_std!r}; choose one of {ADV_STDS}")
     _need(
         group_size >= 1 and n % group_size == 0,
         f"group_size {group_size} does not divide the batch of {n} responses",
     )
     _need(
-        not std_norm or group_size >= 2,
+        adv_std != "group" or group_size >= 2,
         "normalising by the std needs group_size >= 2 (the std of one sample is undefined)",
     )
+    _need(
+        estimator != "rloo" or group_size >= 2, "rloo needs group_size >= 2 (a leave-one-out mean)"
+    )
+    _need(
+        estimator != "passk" or 1 <= passk_k < group_size,
+        f"passk needs 1 <= k < group_size {group_size} (got k={passk_k}; at k = G every "
+        "advantage is 0)",
+    )
+    _need(adv_std != "batch" or n >= 2, "normalising by the batch std needs >= 2 responses")
     grouped = raw.view(-1, group_size)  # (n_prompts, G)
     # Equal rewards carry no signal, but float32 leaves r - mean ~ 1e-8, and / eps that is a ~1e-2
     # advantage: Adam (scale-free) would take a full-size random step on it, so it is zeroed
     # exactly.
     flat = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)  # (n_prompts, 1)
-    centered = torch.where(flat, 0.0, grouped - grouped.mean(dim=1, keepdim=True))
-    if std_norm:
+    centered = torch.where(flat, 0.0, ADVANTAGES[estimator](grouped, passk_k))
+    if adv_std == "group":
         adv = centered / (grouped.std(dim=1, keepdim=True) + advantage_eps)  # (n_prompts, G)
+    elif adv_std == "batch":
+        adv = centered / (centered.std() + advantage_eps)  # (n_prompts, G)
     else:
         adv = centered  # (n_prompts, G)
     std = 0.0
@@ -478,6 +563,15 @@ def group_normalized_advantages(rewards, group_size, advantage_eps, std_norm):
     return adv.reshape(-1), meta
 
 
+def group_normalized_advantages(rewards, group_size, advantage_eps, std_norm):
+    """GRPO's advantages, A = (r - group mean) / (group std + eps), or r - group mean without the
+    std (Dr. GRPO): compute_advantages with estimator "grpo"."""
+    adv_std = "none"
+    if std_norm:
+        adv_std = "group"
+    return compute_advantages(rewards, group_size, "grpo", adv_std, advantage_eps)
+
+
 # ----------------------------------------------------------------------------- policy-gradient loss
 @dataclasses.dataclass
 class LossSettings:
@@ -486,12 +580,13 @@ class LossSettings:
     line in grpo.loss_settings."""
 
     loss: str = "reinforce_with_baseline"  # a key of LOSSES
-    cliprange: float | None = None  # epsilon of the clipped losses (grpo_clip, gspo)
+    cliprange: float | None = None  # epsilon of the clipped losses (grpo_clip, gspo, cispo)
     cliprange_high: float | None = None  # upper epsilon (DAPO clip-higher); None = cliprange
     length_norm: str = "masked_mean"  # one of LENGTH_NORMS
     normalize_constant: float | None = None  # masked_normalize's divisor
     kl_beta: float = 0.0  # weight of the KL(pi || pi_ref) penalty
     kl_estimator: str = "k3"  # one of KL_ESTIMATORS ("seq" is for monitoring: the penalty uses k3)
+    entropy_coef: float = 0.0  # weight of the entropy bonus (the loss minus coef x token entropy)
 
     def __post_init__(self):
         _need(self.loss in LOSSES, f"unknown loss {self.loss!r}; choose one of {LOSS_TYPES}")
@@ -566,6 +661,26 @@ def gspo_loss(policy_log_probs, response_mask, advantages, raw_rewards, old_log_
     return loss, token_meta
 
 
+def cispo_loss(policy_log_probs, response_mask, advantages, raw_rewards, old_log_probs, settings):
+    """CISPO (MiniMax-M1, 2025): -sg(clip(r, 1 - eps, 1 + eps_high)) A log pi, r = pi / pi_old per
+    token. The clipped ratio is a detached weight, so a clipped token still carries the REINFORCE
+    gradient (GRPO-Clip drops it). MiniMax-M1 reduces it over the step's tokens (--length-norm
+    token) and bounds only the ratio's top (a large --cliprange)."""
+    _need(settings.cliprange is not None, "cispo requires cliprange")
+    _need(advantages is not None, "cispo requires advantages")
+    _need(old_log_probs is not None, "cispo requires old_log_probs (pi_old)")
+    _check_2d("old_log_probs", old_log_probs, policy_log_probs.shape)
+    a = _per_example(advantages, policy_log_probs.shape[0], "advantages")
+    a = a.to(policy_log_probs.dtype)  # (B, 1)
+    ratio = torch.exp(policy_log_probs - old_log_probs).detach()  # (B, T)
+    low = 1.0 - settings.cliprange
+    high = 1.0 + settings.cliprange_high
+    weight = torch.clamp(ratio, low, high)  # (B, T), detached
+    loss = -weight * a * policy_log_probs
+    meta = {"clipped": (weight != ratio), "ratio": ratio}
+    return loss, meta
+
+
 def _reinforce(scores, policy_log_probs, name):
     """Per-token -A * log p: A (B, 1) or (B,), log p (B, T) -> (B, T)."""
     _need(scores is not None, f"this loss requires {name}")
@@ -603,6 +718,7 @@ LOSSES = {
     "grpo_clip": Loss(grpo_clip_loss, needs_old=True),
     "grpo_no_clip": Loss(grpo_no_clip_loss, needs_old=True),
     "gspo": Loss(gspo_loss, needs_old=True),
+    "cispo": Loss(cispo_loss, needs_old=True),
 }
 LOSS_TYPES = tuple(LOSSES)
 RATIO_LOSSES = tuple(name for name, loss in LOSSES.items() if loss.needs_old)
@@ -688,6 +804,23 @@ def compute_rollout_is(
     return weights.detach(), metrics
 
 
+def top_entropy_mask(token_entropy, response_mask, quantile):
+    """The response tokens whose entropy is in the top `quantile` fraction of response_mask's
+    tokens (Wang et al. 2025, "Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective
+    RL for LLM Reasoning"): the ceil(quantile x n) highest of the n, and any tied with the lowest
+    of them. token_entropy, response_mask (B, T) -> (B, T) bool. The population is what the
+    caller passes: grpo.py passes the whole optimizer step's tokens."""
+    _need(0 < quantile <= 1, f"the entropy quantile must be in (0, 1] (got {quantile})")
+    _check_2d("response_mask", response_mask, token_entropy.shape)
+    mask = response_mask.bool()
+    values = token_entropy[mask].detach()  # (n,)
+    if len(values) == 0:
+        return mask
+    keep = max(1, math.ceil(quantile * len(values) - 1e-9))  # 0.2 x 10 is 2.0000000000000004
+    threshold = values.topk(keep).values.min()
+    return mask & (token_entropy.detach() >= threshold)
+
+
 # ----------------------------------------------------------------------------- GRPO microbatch
 def grpo_microbatch_loss(
     policy_log_probs,
@@ -700,10 +833,16 @@ def grpo_microbatch_loss(
     is_weights=None,
     gradient_accumulation_steps=1,
     step_tokens=None,
+    token_entropy=None,
+    entropy_mask=None,
 ):
-    """Pure: the per-token loss settings.loss (x the detached is_weights) (+ kl_beta * KL), reduced
-    by settings.length_norm to this microbatch's share of the step's loss. Returns (loss, detached
-    0-d metadata).
+    """Pure: the per-token loss settings.loss (x the detached is_weights, x entropy_mask)
+    (+ kl_beta * KL) (- entropy_coef * token_entropy), reduced by settings.length_norm to this
+    microbatch's share of the step's loss. Returns (loss, detached 0-d metadata).
+
+    entropy_mask (B, T) bool (top_entropy_mask): the tokens that carry the policy-gradient term;
+    the others keep their place in the normaliser, the KL and the entropy bonus. token_entropy
+    (B, T): get_response_log_probs' entropy, with its gradient (settings.entropy_coef needs it).
 
     length_norm: masked_mean or masked_normalize (seed 002's two per-row reductions, then the batch
     mean, / gradient_accumulation_steps), or token (DAPO: the sum / step_tokens, the optimizer
@@ -725,6 +864,9 @@ def grpo_microbatch_loss(
     if is_weights is not None:
         _check_2d("is_weights", is_weights, policy_log_probs.shape)
         per_token = per_token * is_weights.detach()
+    if entropy_mask is not None:
+        _check_2d("entropy_mask", entropy_mask, policy_log_probs.shape)
+        per_token = torch.where(entropy_mask.bool(), per_token, 0.0)
     meta = {}
     if ref_log_probs is not None:
         # "seq" is a monitoring estimator: the per-token penalty uses k3
@@ -733,6 +875,13 @@ def grpo_microbatch_loss(
         meta["kl"] = masked_mean(kl.detach(), response_mask)
         if settings.kl_beta:
             per_token = per_token + settings.kl_beta * kl
+    if settings.entropy_coef:
+        _need(
+            token_entropy is not None,
+            f"entropy_coef={settings.entropy_coef} requires token_entropy",
+        )
+        _check_2d("token_entropy", token_entropy, policy_log_probs.shape)
+        per_token = per_token - settings.entropy_coef * token_entropy  # the bonus: more entropy
     mask = response_mask.bool()
     if settings.length_norm == "token":
         # DAPO: every token of the optimizer step weighs the same

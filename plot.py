@@ -275,12 +275,19 @@ def plot_runs(run_dirs, out_path, x="step"):
 # ----------------------------------------------------------------------------- --compare
 def method_of(args):
     """A training run's method as seed 002 names it, from its saved flags: GRPO (std-normalised
-    advantages, per-sequence mean), Dr. GRPO (neither), else both settings spelled out."""
-    if args["std_norm"] and args["length_norm"] == "masked_mean":
+    advantages, per-sequence mean), Dr. GRPO (neither), else both settings spelled out. A run
+    from before --adv-std has only std_norm (True: group, False: none)."""
+    adv_std = args.get("adv_std")
+    if adv_std is None:
+        adv_std = "none"
+        if args["std_norm"]:
+            adv_std = "group"
+    estimator = args.get("advantage", "grpo")
+    if estimator == "grpo" and adv_std == "group" and args["length_norm"] == "masked_mean":
         return "GRPO"
-    if not args["std_norm"] and args["length_norm"] == "masked_normalize":
+    if estimator == "grpo" and adv_std == "none" and args["length_norm"] == "masked_normalize":
         return "Dr. GRPO"
-    return f"GRPO (std_norm {args['std_norm']}, {args['length_norm']})"
+    return f"{estimator} (adv_std {adv_std}, {args['length_norm']})"
 
 
 def final_accuracy(run_dir):

@@ -46,6 +46,8 @@ VLLM_VERSIONS = ">=0.32,<0.33"
 os.environ.update({k: os.environ.get(k, v) for k, v in ENGINE_ENV.items()})
 import torch  # noqa: E402
 
+import lora  # noqa: E402
+
 
 # ----------------------------------------------------------------------------- vLLM engine
 def init_vllm(
@@ -298,7 +300,7 @@ def load_policy_into_vllm(policy, llm, bucket_bytes=512 * 2**20):
     if isinstance(policy, dict):
         sd = policy
     else:
-        sd = policy.state_dict()
+        sd = lora.merged_state_dict(policy)  # with LoRA adapters: W + (alpha / r) B A, base names
     # torch.compile'd policies prefix their names with _orig_mod.
     sd = {k.replace("_orig_mod.", ""): v.detach() for k, v in sd.items()}
     if isinstance(llm, HFEngine):

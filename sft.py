@@ -43,6 +43,7 @@ import torch
 
 import common
 import data
+import lora
 import plot
 from common import check, fraction, nonneg_float, nonneg_int, positive_float, positive_int
 from losses import (
@@ -281,6 +282,7 @@ def parse_args(argv=None):
     g.add_argument(
         "--dry-run", action="store_true", help="print the effective configuration as JSON and exit"
     )
+    lora.add_flags(p)  # --lora-rank, ... (lora.py)
 
     args = p.parse_args(argv)
     if args.resume:
@@ -374,6 +376,17 @@ def resolve(args):
     )
     args.param_dtype = str(weights).split(".")[-1]  # "torch.float32" -> "float32"
     args.compute_dtype = str(compute).split(".")[-1]
+    lora.check_flags(args)
+    lora.check_device(args, args.policy_device)
+    check(
+        not args.export_merged,
+        "sft.py's --save-dir is the merged model already (the adapter in its adapter/): drop"
+        " --export-merged",
+    )
+    check(
+        not (args.lora_rank and tiny),
+        "--lora-rank adapts a trained model: drop --init-config tiny (or --lora-rank)",
+    )
     check(
         not args.wandb or importlib.util.find_spec("wandb"),
         "--wandb needs the wandb package (pip install wandb)",
@@ -898,8 +911,14 @@ def save_model(args, model, tokenizer, step):
         data.write_json_atomic(marker, {"written_by": "sft.py", "files": None})
         for card in cards:
             shutil.copy2(card, tmp)
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        if lora.lora_layers(model):
+            # LoRA: the merged model (a plain HF model), the adapter beside it in adapter/
+            lora.export_merged(model, tokenizer, tmp)
+            os.makedirs(os.path.join(tmp, "adapter"))
+            lora.save_adapter(model, os.path.join(tmp, "adapter"), base=args.model)
+        else:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
         state = {"step": step, "args": common.jsonable(vars(args))}
         data.write_json_atomic(os.path.join(tmp, "state.json"), state)
         files = []
@@ -943,7 +962,12 @@ def main(argv=None):
         )
     tokenizer = AutoTokenizer.from_pretrained(src)
     pairs = fit_pairs(pairs, tokenizer, args)
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, args.param_dtype))
+    weights_from = src
+    weights_dtype = args.param_dtype
+    if args.lora_rank:
+        weights_from = args.model  # a LoRA checkpoint holds the adapter; the base is --model
+        weights_dtype = args.compute_dtype  # the frozen base needs no fp32 master copy
+    model = AutoModelForCausalLM.from_pretrained(weights_from, dtype=getattr(torch, weights_dtype))
     model = model.to(args.policy_device)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -957,6 +981,7 @@ def main(argv=None):
             "notice: --shared-prefix off: "
             "this model's KV cache did not reproduce its plain log-probs"
         )
+    model = lora.wrap(model, args)  # LoRA: fp32 adapters, from --resume's checkpoint if resumed
     n_params = sum(p.numel() for p in model.parameters())
     print(
         f"model {src}: {n_params / 1e6:.2f}M params on {args.policy_device} | "
@@ -971,7 +996,7 @@ def main(argv=None):
         random.Random(f"{args.seed}-{epoch}").shuffle(perm)
         order += perm
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay
+        lora.trainable(model), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay
     )
     warmup = max(1, int(args.warmup_frac * steps))
     schedule = functools.partial(lr_lambda, total=steps, warmup=warmup, min_frac=args.min_lr_frac)
@@ -988,7 +1013,7 @@ def main(argv=None):
     # --- eval engine: loads the starting weights from disk, later receives pushes ---
     llm = None
     if val_rows:
-        llm = make_engine(src, args, tokenizer, model, val_rows)
+        llm = make_engine(weights_from, args, tokenizer, model, val_rows)
     wandb_run = common.start_wandb(
         args.wandb, args, {"train/*": "step", "time/*": "step", "eval/*": "eval_step"}
     )

@@ -1,7 +1,8 @@
 """Replay ONE frozen rollout batch of the embedded model through grpo.py's objective menu and
 compare what each objective does with it: the loss, the per-token gradient weight as a function of
 the response length (the length bias), and the cosine between every pair of parameter gradients.
-Prints one JSON object.
+The objectives include the advantage estimators (rloo, REINFORCE++-baseline, pass@k), CISPO and
+the exploration controls (an entropy bonus, the top-20% entropy tokens). Prints one JSON object.
 
 The off-policy situation is emulated honestly, the way grpo.py meets it: the batch is sampled by
 the engine (mu = its sampled log-probs) at the initial weights theta_0; pi_old = the trainer's
@@ -52,6 +53,15 @@ OBJECTIVES = {
     "reinforce_with_baseline": "--loss reinforce_with_baseline",
     "grpo_clip_tis": "--loss grpo_clip --rollout-is tis",  # Yao et al. 2025, cap 2
     "grpo_clip_tis_lag1": "--loss grpo_clip --rollout-is tis",  # grpo_ray.py async, 1 update stale
+    # the advantage estimators (issue 31), with the seeds' loss
+    "rloo": "--loss reinforce_with_baseline --advantage rloo",  # Ahmadian et al. 2024
+    "reinforce_pp_baseline": "--loss reinforce_with_baseline --adv-std batch",  # Hu et al. 2025
+    "passk_4": "--loss reinforce_with_baseline --advantage passk --passk-k 4",  # Chen et al. 2025
+    # MiniMax-M1's CISPO, its token-level reduction
+    "cispo": "--loss cispo --length-norm token --cliprange-high 0.28",
+    # exploration controls on grpo_clip
+    "grpo_clip_entropy_bonus": "--loss grpo_clip --entropy-coef 0.01",
+    "grpo_clip_top20_entropy": "--loss grpo_clip --entropy-top-quantile 0.2",  # Wang et al. 2025
 }
 # train_step(lag=1): pi_old = the current policy (theta_1), mu = the engine (theta_0)
 LAGGED = {"grpo_clip_tis_lag1"}
@@ -135,10 +145,11 @@ def frozen_batch(a, args, runtime, policy):
     return batch, stats
 
 
-def objective_loss(logp, old, batch, stats, tensors, args):
-    """The whole optimizer step's loss of one objective from log-probs (N, T), as grpo._updates
-    computes it with the step as a single microbatch (the sum over equal microbatches is the same),
-    on advantages from grpo.summarize with this objective's flags. Returns (loss, meta, A (N,))."""
+def objective_loss(logp, entropy, old, batch, stats, tensors, args):
+    """The whole optimizer step's loss of one objective from log-probs and token entropies (N, T),
+    as grpo._updates computes it with the step as a single microbatch (the sum over equal
+    microbatches is the same; the step's entropy quantile is over the same tokens), on advantages
+    from grpo.summarize with this objective's flags. Returns (loss, meta, A (N,))."""
     scored = dict(batch)  # summarize sets this objective's advantages on the copy
     grpo.summarize(scored, [stats], args)
     adv = scored["advantages"]  # (N,)
@@ -155,6 +166,9 @@ def objective_loss(logp, old, batch, stats, tensors, args):
             args.rollout_is_floor,
         )
     n_tok = max(int(mask.sum()), 1)  # the step's response tokens (DAPO's token norm)
+    keep = None  # --entropy-top-quantile's tokens
+    if args.entropy_top_quantile < 1:
+        keep = losses.top_entropy_mask(entropy, mask, args.entropy_top_quantile)
     loss, meta = losses.grpo_microbatch_loss(
         logp,
         mask,
@@ -165,6 +179,8 @@ def objective_loss(logp, old, batch, stats, tensors, args):
         is_weights=weights,
         gradient_accumulation_steps=1,
         step_tokens=n_tok,
+        token_entropy=entropy,
+        entropy_mask=keep,
     )
     return loss, meta, adv
 
@@ -196,11 +212,11 @@ def length_bias(g_tok, adv, mask):
     return out, round(float(slope), 3)
 
 
-def flat_grads(policy, tensors, args, runtime, ban_ids, g_toks):
+def flat_grads(policy, tensors, args, runtime, ban_ids, g_toks, g_ents):
     """The parameter gradient of each objective, flattened: the sum over the step's forwards of
-    (d log pi / d theta)^T g_tok. One forward per group (its prompt once with --shared-prefix), one
-    backward per objective: the loss is a function of the log-probs alone, so g_tok (N, T) carries
-    it."""
+    (d log pi / d theta)^T g_tok (+ (d H / d theta)^T g_ent). One forward per group (its prompt
+    once with --shared-prefix), one backward per objective: the loss is a function of the log-probs
+    and the entropies alone, so g_tok and g_ent (N, T) carry it (g_ent None: no entropy term)."""
     params = [p for p in policy.parameters() if p.requires_grad]
     size = sum(p.numel() for p in params)
     out = [torch.zeros(size) for _ in g_toks]  # (D,) each
@@ -209,13 +225,23 @@ def flat_grads(policy, tensors, args, runtime, ban_ids, g_toks):
     for s in range(0, N, mbs):
         idx = torch.arange(s, min(s + mbs, N))
         for rows, mb, L, P in grpo.forward_passes(tensors, idx, runtime["shared_prefix"], "cpu"):
-            lp = losses.get_response_log_probs(
-                policy, **mb, temperature=args.temperature, ban_token_ids=ban_ids, prefix_len=P
-            )["log_probs"]
+            scored = losses.get_response_log_probs(
+                policy,
+                **mb,
+                return_token_entropy=True,
+                temperature=args.temperature,
+                ban_token_ids=ban_ids,
+                prefix_len=P,
+            )
             for k, g in enumerate(g_toks):
                 last = k == len(g_toks) - 1
+                outputs = [scored["log_probs"]]
+                grad_outputs = [g[rows, :L]]
+                if g_ents[k] is not None:
+                    outputs.append(scored["token_entropy"])
+                    grad_outputs.append(g_ents[k][rows, :L])
                 gs = torch.autograd.grad(
-                    lp, params, g[rows, :L], retain_graph=not last, allow_unused=True
+                    outputs, params, grad_outputs, retain_graph=not last, allow_unused=True
                 )
                 flat = []
                 for x, p in zip(gs, params):
@@ -255,6 +281,7 @@ def run(a):
     }
     (step,), _ = grpo.train_step(learner, batch, base, runtime, 0)
     cur = grpo.batch_log_probs(policy, tensors, base, runtime, ban_ids)
+    cur_entropy = grpo.batch_log_probs(policy, tensors, base, runtime, ban_ids, key="token_entropy")
     times["emulated_step"] = time.perf_counter() - t0 - sum(times.values())
     mask = tensors["response_mask"]
     ratio = (cur - old).exp()[mask]
@@ -296,16 +323,19 @@ def run(a):
     }
     names = list(OBJECTIVES)
     g_toks = []  # each objective's d loss / d log-probs, (N, T)
+    g_ents = []  # and d loss / d token entropies, (N, T), or None
     for name in names:
         args = grpo_args(a, OBJECTIVES[name])
         logp = cur.clone().requires_grad_(True)
+        entropy = cur_entropy.clone().requires_grad_(True)
         pi_old = old
         if name in LAGGED:
             pi_old = cur
-        loss, meta, adv = objective_loss(logp, pi_old, batch, stats, tensors, args)
-        (g_tok,) = torch.autograd.grad(loss, logp)
+        loss, meta, adv = objective_loss(logp, entropy, pi_old, batch, stats, tensors, args)
+        g_tok, g_ent = torch.autograd.grad(loss, (logp, entropy), allow_unused=True)
         buckets, slope = length_bias(g_tok, adv, mask)
         g_toks.append(g_tok)
+        g_ents.append(g_ent)
         result["objectives"][name] = {
             "flags": OBJECTIVES[name],
             "loss": loss.item(),
@@ -313,7 +343,7 @@ def run(a):
             "length_exponent": slope,
             "per_token_weight_by_length": buckets,
         }
-    grads = flat_grads(policy, tensors, base, runtime, ban_ids, g_toks)
+    grads = flat_grads(policy, tensors, base, runtime, ban_ids, g_toks, g_ents)
     G = torch.stack(grads).double()  # (K, D)
     norms = G.norm(dim=1)  # (K,)
     cos = (G @ G.t()) / (norms[:, None] * norms[None, :]).clamp(min=1e-30)  # (K, K)

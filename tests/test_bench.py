@@ -90,6 +90,18 @@ def test_objectives_keys_and_on_policy_gradients(objectives):
         assert bucket["per_token_weight"] == pytest.approx(1 / max_tokens, rel=1e-4)
     for bucket in r["objectives"]["dapo"]["per_token_weight_by_length"].values():
         assert bucket["per_token_weight"] == pytest.approx(n / n_tok, rel=1e-4)
+    # the estimators and controls of issue 31: RLOO is G / (G - 1) x GRPO's advantages (same
+    # normaliser); on-policy CISPO is DAPO (ratio 1, token norm); the entropy controls move it
+    G = r["config"]["group_size"]
+    o = r["objectives"]
+    assert cos["rloo"] == pytest.approx(1.0, abs=1e-4)
+    assert o["rloo"]["grad_norm"] == pytest.approx(G / (G - 1) * rwb["grad_norm"], rel=1e-4)
+    assert r["grad_cosine"]["dapo"]["cispo"] == pytest.approx(1.0, abs=1e-4)
+    assert o["cispo"]["grad_norm"] == pytest.approx(o["dapo"]["grad_norm"], rel=1e-4)
+    bonus = o["grpo_clip_entropy_bonus"]["grad_norm"]
+    assert abs(bonus - o["grpo_clip"]["grad_norm"]) > 1e-6 * bonus
+    assert r["grad_cosine"]["grpo_clip"]["grpo_clip_top20_entropy"] < 0.9999
+    assert o["passk_4"]["grad_norm"] > 0
 
 
 def test_grpo_step_keys_and_exactness():
@@ -198,3 +210,78 @@ def test_flop_counter_counts_the_forwards_that_ran_with_grad(tiny_model_dir):
     losses.get_response_log_probs(model, ids[:, :-1], ids[:, 1:], prefix_len=5)
     assert counter["tokens"] == 5 + 4 * 6
     assert counter["flops"] == 3 * (2 * W * (5 + 24) + attn * (15 + 4 * (6 * 5 + 21)))
+
+
+@pytest.fixture(scope="module")
+def estimator_lab():
+    """bench/estimators.py --quick, in-process: the module, its cells keyed (estimator, policy,
+    G) and its config line."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import estimators
+
+    lines = []
+    rows, config = estimators.run(estimators.parse(["--quick"]), emit=lines.append)
+    assert len(lines) == len(rows)
+    cells = {(r["estimator"], r["policy"], r["G"]): r for r in rows}
+    return {"module": estimators, "cells": cells, "config": config}
+
+
+def test_estimator_lab_unbiased_where_theory_says(estimator_lab):
+    """Against the exact gradient by enumeration: REINFORCE and RLOO on-policy are unbiased (their
+    error is the noise an unbiased estimator of their variance shows, their scale 1); Dr. GRPO's
+    group mean holds the sample itself, so its expectation is (G - 1) / G times the gradient;
+    pass@k's advantages give (G - k) / (k G) times the pass@k objective's gradient; the seeds' GRPO
+    (1/L per token) and REINFORCE on stale samples are biased well beyond the noise. A wrong exact
+    gradient, sampler or loss fails the first check."""
+    cells = estimator_lab["cells"]
+    config = estimator_lab["config"]
+    assert config["responses_per_prompt"] == 121  # 1 + 3 + 9 + 27 ended, 81 truncated
+    k = config["objectives"]["passk"][1]
+    known_scale = {"reinforce": lambda G: 1.0, "rloo": lambda G: 1.0}
+    known_scale["dr_grpo"] = lambda G: (G - 1) / G
+    known_scale["passk"] = lambda G: (G - k) / (k * G)
+    for G in (4, 8):
+        for name, scale in known_scale.items():
+            c = cells[(name, "on_policy", G)]
+            assert c["cosine"] > 0.99, c
+            assert abs(c["scale"] - scale(G)) < 3 * c["noise_floor"], c
+        c = cells[("reinforce", "on_policy", G)]
+        assert c["rel_err"] < 3 * c["noise_floor"], c
+        c = cells[("grpo", "on_policy", G)]
+        assert c["rel_err"] > 5 * c["noise_floor"], c
+        assert c["clip_fraction"] == 0  # on-policy every ratio is 1
+        c = cells[("reinforce", "stale", G)]
+        assert c["rel_err"] > 5 * c["noise_floor"], c
+        assert cells[("grpo", "stale", G)]["clip_fraction"] > 0
+
+
+def test_estimator_lab_variance_is_reinforces_exact_variance(estimator_lab):
+    """The lab's variance of on-policy REINFORCE against its exact value by enumeration: per
+    prompt x, Var = E[r^2 |grad log pi|^2] - |grad p_x|^2, and the batch mean of P x G
+    independent samples has sum_x Var_x / (P^2 G), relative to |g|^2 = sum_x |grad p_x|^2 / P^2."""
+    import torch
+    from torch.func import grad, vmap
+
+    estimators = estimator_lab["module"]
+    cells = estimator_lab["cells"]
+    config = estimator_lab["config"]
+    toy = estimators.enumerate_responses()
+    theta, _ = estimators.policies(toy, 3, config["stale_step"])
+    probs = estimators.response_probs(theta, toy)  # (P, R)
+    var_sum = 0.0
+    grad_sq = 0.0
+    for x in range(estimators.N_PROMPTS):
+
+        def seq_log_prob(th, tok, st, m, x=x):
+            return estimators.token_log_probs(th, torch.tensor(x), tok, st, m).sum()
+
+        scores = vmap(grad(seq_log_prob), in_dims=(None, 0, 0, 0))(
+            theta, toy["tokens"], toy["state"], toy["mask"]
+        ).reshape(len(toy["tokens"]), -1)  # (R, D), grad log pi(y | x)
+        weight = probs[x] * toy["reward"][x]  # (R,), pi(y) r (r is 0 or 1: r^2 = r)
+        g_x = weight @ scores  # (D,)
+        var_sum += float(weight @ (scores**2).sum(-1) - g_x @ g_x)
+        grad_sq += float(g_x @ g_x)
+    for G in (4, 8):
+        exact = var_sum / (G * grad_sq)
+        assert cells[("reinforce", "on_policy", G)]["variance"] == pytest.approx(exact, rel=0.1)

@@ -25,6 +25,7 @@ import torch.optim.optimizer as optimizer_hooks
 import common
 import grader
 import grpo
+import lora
 import losses
 from conftest import HAS_VLLM, ROOT, run_script
 
@@ -361,8 +362,8 @@ def test_summarize_zeroes_a_flat_fallback_group_under_dynamic_sampling():
     rewards = [RIGHT, FORMATTED, RIGHT, UNFORMATTED] + [FORMATTED, UNFORMATTED] * 2
     batch = scored_batch(rewards)
     args = summarize_args("--dynamic-sampling")
-    want_adv, _ = losses.group_normalized_advantages(
-        batch["raw"], args.group_size, args.advantage_eps, args.std_norm
+    want_adv, _ = losses.compute_advantages(
+        batch["raw"], args.group_size, "grpo", args.adv_std, args.advantage_eps
     )
     assert want_adv[4:].abs().min() > 0, "the format differences have a plain advantage"
     stats = [shard_stats(1.0, 0.1, 0.5, 3, 1)]
@@ -578,6 +579,7 @@ LOSS_NORMS = [
     ("grpo_clip", "masked_normalize"),
     ("grpo_no_clip", "masked_mean"),
     ("gspo", "token"),
+    ("cispo", "token"),  # MiniMax-M1's reduction
 ]
 
 
@@ -628,6 +630,147 @@ def test_stale_data_with_a_plain_loss_is_refused(capsys):
         assert name in err, name
     with pytest.raises(SystemExit):  # several train batches per rollout batch: stale too
         grpo.parse_args(["--train-batch-size", "32", "--loss", "no_baseline"])
+
+
+# ------------------------------------------------------- advantage estimators, exploration controls
+def one_line_refusal(capsys, flags, needle):
+    """grpo.parse_args(flags) exits with a one-line error holding `needle`."""
+    with pytest.raises(SystemExit):
+        summarize_args(*flags)
+    err = capsys.readouterr().err.strip()
+    assert needle in err, err
+    assert len(err.splitlines()) == 1, err
+
+
+def test_advantage_flags_resolve_and_their_conflicts_are_refused(capsys):
+    """--adv-std is the normaliser (default group); --std-norm / --no-std-norm spell group / none,
+    and contradicting --adv-std is an error; --advantage other than grpo with no_baseline (raw
+    rewards) is refused; passk needs a k below the group size."""
+    assert summarize_args().adv_std == "group"
+    assert summarize_args("--std-norm").adv_std == "group"
+    assert summarize_args("--no-std-norm").adv_std == "none"
+    assert summarize_args("--adv-std", "batch").adv_std == "batch"
+    assert summarize_args("--no-std-norm", "--adv-std", "none").adv_std == "none"
+    one_line_refusal(capsys, ["--std-norm", "--adv-std", "batch"], "contradicts --std-norm")
+    one_line_refusal(capsys, ["--no-std-norm", "--adv-std", "group"], "contradicts --std-norm")
+    for name in losses.ADVANTAGES:
+        if name != "grpo":
+            flags = ["--advantage", name, "--loss", "no_baseline", "--passk-k", "2"]
+            if name != "passk":
+                flags = flags[:-2]
+            one_line_refusal(capsys, flags, "--loss no_baseline trains on the raw rewards")
+    one_line_refusal(capsys, ["--advantage", "passk"], "needs --passk-k K")
+    one_line_refusal(capsys, ["--advantage", "passk", "--passk-k", "4"], "must be below")
+    one_line_refusal(capsys, ["--passk-k", "2"], "add --advantage passk")
+    one_line_refusal(capsys, ["--entropy-top-quantile", "0"], "probability")
+    one_line_refusal(capsys, ["--entropy-coef", "-1"], ">= 0")
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--advantage", "rloo"],
+        ["--advantage", "passk", "--passk-k", "2", "--adv-std", "none"],
+        ["--adv-std", "batch"],  # REINFORCE++-baseline
+    ],
+)
+def test_each_advantage_option_sets_the_advantages_and_trains(live, flags):
+    """summarize applies --advantage / --adv-std (losses.compute_advantages of the step's rewards;
+    rloo's hand value on one group), and train_step trains on them."""
+    args, runtime = make(live, *flags)
+    batch = dict(live["batch"])
+    grpo.summarize(batch, [shard_stats(1.0, 0.1, 0.0, 4, 0)], args)
+    want, _ = losses.compute_advantages(
+        batch["raw"],
+        args.group_size,
+        args.advantage,
+        args.adv_std,
+        args.advantage_eps,
+        args.passk_k or 1,
+    )
+    assert torch.equal(batch["advantages"], want)
+    if args.advantage == "rloo":
+        r = batch["raw"][:4].tolist()
+        others = (sum(r) - r[0]) / 3
+        std = statistics.stdev(r)
+        if std > 0:
+            want_0 = (r[0] - others) / (std + args.advantage_eps)
+            assert batch["advantages"][0].item() == pytest.approx(want_0)
+    assert batch["advantages"].abs().sum() > 0, "a batch without signal would not tell"
+    policy, _ = grpo.load_policy(live["model_dir"], args, runtime)
+    before = [p.detach().clone() for p in policy.parameters()]
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr)
+    hist, _ = grpo.train_step(learner(policy, optimizer), batch, args, runtime, 0)
+    assert all(math.isfinite(h["train/loss"]) for h in hist)
+    assert any(not torch.equal(a, p) for a, p in zip(before, policy.parameters()))
+
+
+def one_forward_gradient(live, loss_of):
+    """The gradient of loss_of(log_probs, token_entropy, response_mask) (N, T) each, from one
+    forward of the whole live batch (no microbatches, no shared prefix) at the initial weights."""
+    args, runtime = make(live)
+    policy = grpo.load_policy(live["model_dir"], args, runtime)[0]
+    tensors = grpo.collate(live["batch"], args)
+    out = losses.get_response_log_probs(
+        policy,
+        tensors["input_ids"],
+        tensors["labels"],
+        return_token_entropy=True,
+        temperature=args.temperature,
+        ban_token_ids=live["batch"]["ban_token_ids"],
+        ban_mask=tensors["ban_mask"],
+    )
+    loss_of(out["log_probs"], out["token_entropy"], tensors["response_mask"]).backward()
+    return torch.cat([p.grad.flatten() for p in policy.parameters()])
+
+
+def test_entropy_coef_is_the_entropy_bonus_at_the_gradient(live):
+    """With zero advantages, a --entropy-coef 0.1 step's gradient is -0.1 x the gradient of the
+    response tokens' entropy (each row's mean, then the batch mean: the loss's reduction)."""
+    batch = dict(live["batch"], advantages=torch.zeros(len(live["batch"]["advantages"])))
+    g, _, _ = step_gradient(live, "--entropy-coef", "0.1", "--no-shared-prefix", batch=batch)
+
+    def bonus(log_probs, entropy, mask):
+        return -0.1 * losses.masked_mean_per_sequence(entropy, mask)
+
+    want = one_forward_gradient(live, bonus)
+    assert want.norm() > 0
+    assert ((g - want).norm() / want.norm()).item() <= 1e-4
+
+
+def test_entropy_top_quantile_is_over_the_whole_optimizer_step(live):
+    """--entropy-top-quantile 0.3 with 4 microbatches: the gradient of -A log pi on the top 30% of
+    the whole step's response tokens by entropy (every row's normaliser unchanged), as one forward
+    of the batch computes it; a quantile per microbatch keeps other tokens (so this tells)."""
+    b = live["batch"]
+    n = len(b["advantages"])
+    adv = torch.linspace(-1.0, 1.0, n)
+    flags = ["--entropy-top-quantile", "0.3", "--no-shared-prefix"]
+    g, h, _ = step_gradient(
+        live, *flags, "--gradient-accumulation-steps", "4", batch=dict(b, advantages=adv)
+    )
+    kept = {}
+
+    def top_tokens_only(log_probs, entropy, mask):
+        keep = losses.top_entropy_mask(entropy, mask, 0.3)
+        kept["step"] = keep
+        kept["entropy"] = entropy.detach()
+        per_token = torch.where(keep, -adv[:, None] * log_probs, 0.0)
+        return losses.masked_mean_per_sequence(per_token, mask)
+
+    want = one_forward_gradient(live, top_tokens_only)
+    assert want.norm() > 0
+    assert ((g - want).norm() / want.norm()).item() <= 1e-4
+    mask = grpo.collate(b, live["args"])["response_mask"]
+    assert h["train/entropy_mask_frac"] == kept["step"].sum().item() / mask.sum().item()
+    assert 0.3 <= h["train/entropy_mask_frac"] < 0.35
+    # per microbatch (the trainer's on-policy order, 4 rows each) the quantile keeps other tokens
+    order = torch.argsort(grpo.collate(b, live["args"])["lengths"], stable=True)
+    per_microbatch = torch.zeros_like(mask)
+    for start in range(0, n, 4):
+        rows = order[start : start + 4]
+        per_microbatch[rows] = losses.top_entropy_mask(kept["entropy"][rows], mask[rows], 0.3)
+    assert not torch.equal(per_microbatch, kept["step"])
 
 
 def test_bf16_compute_keeps_fp32_master_weights(live, tmp_path):
@@ -956,6 +1099,102 @@ def test_sync_makes_engine_match_policy(live):
         assert hf.tolist()[: len(engine_ids)] == engine_ids, (
             "engine greedy tokens differ from the policy's"
         )
+
+
+# ----------------------------------------------------------------------------- LoRA (lora.py)
+def lora_learner(live, *flags):
+    """(args, runtime, grpo.build_learner's dict) of a rank-4 LoRA run on the live batch's flags."""
+    args, runtime = make(live, "--lora-rank", "4", *flags)
+    return args, runtime, grpo.build_learner(args, runtime)
+
+
+def test_lora_push_gives_the_engine_the_merged_model(live, tmp_path):
+    """A LoRA policy with B != 0, pushed: the vLLM engine's greedy tokens are those of peft's own
+    merge (PeftModel.from_pretrained on the saved adapter, merge_and_unload) in transformers. The
+    chunked log-prob head and the shared-prefix path score the LoRA policy as that merged model."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    args, runtime, built = lora_learner(live)
+    policy = built["policy"]
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.05)
+    lora.save_adapter(policy, str(tmp_path), base=live["model_dir"])
+    base = AutoModelForCausalLM.from_pretrained(live["model_dir"], dtype=torch.float32).eval()
+    fresh = AutoModelForCausalLM.from_pretrained(live["model_dir"], dtype=torch.float32)
+    merged = PeftModel.from_pretrained(fresh, str(tmp_path)).merge_and_unload().eval()
+    prompts = [r["prompt"] for r in live["rows"][:4]]
+    changed = 0  # prompts whose greedy tokens the adapters change
+    try:
+        grpo.engines.load_policy_into_vllm(policy, live["engine"])
+        outs = grpo.engines.generate(live["engine"], prompts, n=1, temperature=0.0, max_tokens=10)
+    finally:  # the other tests' engine holds the base
+        grpo.engines.load_policy_into_vllm(base, live["engine"])
+    for o in outs:
+        ids = torch.tensor([o[0]["prompt_token_ids"]])
+        engine_ids = o[0]["token_ids"]
+        with torch.no_grad():
+            hf = merged.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0)
+            plain = base.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0)
+        assert hf[0, ids.shape[1] :].tolist()[: len(engine_ids)] == engine_ids
+        changed += plain[0, ids.shape[1] :].tolist()[: len(engine_ids)] != engine_ids
+    assert changed > 0
+    # the chunked head runs over the LoRA body; with and without the shared prefix
+    assert policy._logprob_fast_path and runtime["shared_prefix"]
+    tensors = grpo.collate(live["batch"], args)
+    mask = tensors["response_mask"]
+    ban = live["batch"]["ban_token_ids"]
+    plain_runtime = dict(runtime, shared_prefix=False)
+    want = grpo.batch_log_probs(merged, tensors, args, plain_runtime, ban)
+    before = grpo.batch_log_probs(base, tensors, args, plain_runtime, ban)
+    assert (want - before)[mask].abs().max() > 0.1
+    for shared in (True, False):
+        got = grpo.batch_log_probs(policy, tensors, args, dict(runtime, shared_prefix=shared), ban)
+        assert (got - want)[mask].abs().max() <= 1e-4, shared
+
+
+def test_lora_trains_only_fp32_adapters_against_the_base_with_adapters_off(live):
+    """LoRA: the optimizer holds the adapters only (fp32), the base never moves; the KL reference is
+    the policy with its adapters off (no frozen copy): KL 0 at step 0, the base model's own
+    log-probs later; pi_{t-1} is a copy of the adapters (at step 1 it is pi_0, whose B = 0: the
+    base, so kl_prev = kl_ref)."""
+    flags = ["--kl-beta", "0.5", "--kl-every", "1", "--loss", "grpo_clip"]
+    args, runtime, built = lora_learner(live, *flags)
+    policy = built["policy"]
+    assert args.frozen_models == 0
+    assert built["ref_model"] is policy and built["prev_model"] is None
+    adapters = {}
+    for name, p in policy.named_parameters():
+        if ".lora_" in name:
+            adapters[name] = p
+    held = [p for group in built["optimizer"].param_groups for p in group["params"]]
+    n_linear = 7 * policy.config.num_hidden_layers  # q k v o gate up down
+    assert len(held) == len(adapters) == 2 * n_linear
+    assert {id(p) for p in held} == {id(p) for p in adapters.values()}
+    assert all(p.dtype == torch.float32 for p in held)
+    frozen = {}
+    for name, p in policy.named_parameters():
+        if ".lora_" not in name:
+            frozen[name] = p.detach().clone()
+    _, m0 = grpo.train_step(built, live["batch"], args, runtime, 0)
+    assert m0["train/kl_ref"] == 0.0
+    _, m1 = grpo.train_step(built, live["batch"], args, runtime, 1)
+    assert m1["train/kl_ref"] > 0
+    assert m1["train/kl_prev"] == m1["train/kl_ref"]
+    for name, p in policy.named_parameters():
+        if ".lora_" not in name:
+            assert torch.equal(p, frozen[name]), name
+    tensors = grpo.collate(live["batch"], args)
+    ban = live["batch"]["ban_token_ids"]
+    base = grpo.load_policy(live["model_dir"], args, runtime)[0]
+    with lora.adapters_off(policy):
+        off = grpo.batch_log_probs(policy, tensors, args, runtime, ban)
+    assert torch.equal(off, grpo.batch_log_probs(base, tensors, args, runtime, ban))
+    on = grpo.batch_log_probs(policy, tensors, args, runtime, ban)
+    assert not torch.equal(on, off)  # and the adapters are back on
 
 
 def test_engine_share_on_a_shared_gpu_counts_the_trainers_memory(monkeypatch):

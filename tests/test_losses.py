@@ -364,6 +364,8 @@ def test_gradcheck_losses_float64():
     functions = [naive, grpo_clip, mean_rows, normalize_columns]
     functions.append(L.compute_entropy)
     for name, loss in L.LOSSES.items():
+        if name == "cispo":
+            continue  # its weight is a stop-gradient by definition: test_cispo_gradient_by_hand
         # clip-higher where the loss clips
         settings = L.LossSettings(loss=name, cliprange=0.2, cliprange_high=0.3)
         functions.append(lambda x, fn=loss.fn, s=settings: fn(x, mask, adv, adv, old, s)[0])
@@ -1108,3 +1110,215 @@ def test_readme_course_api_table_is_the_pinned_one():
             assert first in inspect.getsource(getattr(L, ours))
     # every function of the course section is in the table
     assert set(section) <= {row[2].strip("`") for row in rows}
+
+
+# ----------------------------------------------------------------------------- advantage estimators
+def test_each_advantage_estimator_by_hand():
+    """One group of 4, two correct, and one with one correct: each estimator's scores computed by
+    hand (passk at k = 2 from Chen et al.'s A_correct = 1 - rho, A_wrong = 1 - rho - C(n - c - 1,
+    k - 1) / C(n - 1, k - 1))."""
+    two = T([[1.0, 0.0, 0.0, 1.0]])
+    one = T([[0.0, 1.0, 0.0, 0.0]])
+    close(L.ADVANTAGES["grpo"](two, 2), [[0.5, -0.5, -0.5, 0.5]])
+    close(
+        L.ADVANTAGES["rloo"](two, 2), [[2 / 3, -2 / 3, -2 / 3, 2 / 3]]
+    )  # r - mean of the 3 others
+    close(L.ADVANTAGES["rloo"](one, 2), [[-1 / 3, 1.0, -1 / 3, -1 / 3]])
+    # two correct of 4, k = 2: rho = 1 - C(2, 2) / C(4, 2) = 5/6; wrong: 1/6 - C(1, 1) / C(3, 1)
+    close(L.ADVANTAGES["passk"](two, 2), [[1 / 6, -1 / 6, -1 / 6, 1 / 6]])
+    # one correct of 4, k = 2: rho = 1 - C(3, 2) / C(4, 2) = 1/2; wrong: 1/2 - C(2, 1) / C(3, 1)
+    close(L.ADVANTAGES["passk"](one, 2), [[-1 / 6, 1 / 2, -1 / 6, -1 / 6]])
+    # one correct of 4, k = 3: rho = 1 - C(3, 3) / C(4, 3) = 3/4; wrong: 1/4 - C(2, 2) / C(3, 2)
+    close(L.ADVANTAGES["passk"](one, 3), [[-1 / 12, 1 / 4, -1 / 12, -1 / 12]])
+    assert sorted(L.ADVANTAGES) == ["grpo", "passk", "rloo"]
+
+
+def test_passk_advantages_match_the_enumerated_subsets():
+    """For rewards that are not 0/1 (ties included) and every k < G <= 6: A_i = the mean maximum
+    of the k-subsets holding y_i minus the mean maximum of all k-subsets, enumerated; k = 1 is
+    GRPO; 0/1 rewards give 1 - pass_at_k for a correct response."""
+    import itertools
+
+    gen = torch.Generator().manual_seed(0)
+    for G in range(2, 7):
+        rewards = torch.randint(0, 4, (3, G), generator=gen).float() / 3  # ties likely
+        for k in range(1, G):
+            got = L.passk_advantages(rewards, k)
+            subsets = list(itertools.combinations(range(G), k))
+            for row in range(3):
+                r = rewards[row].tolist()
+                best = {s: max(r[j] for j in s) for s in subsets}
+                rho = sum(best.values()) / len(subsets)
+                want = []
+                for i in range(G):
+                    holding = [best[s] for s in subsets if i in s]
+                    want.append(sum(holding) / len(holding) - rho)
+                close(got[row], want, tol=1e-6)
+        close(L.passk_advantages(rewards, 1), L.grpo_advantages(rewards, 1))
+    binary = T([[1.0, 0.0, 0.0, 0.0, 1.0, 0.0]])
+    for k in range(1, 6):
+        correct_adv = 1 - float(L.pass_at_k(6, 2, k))
+        close(L.passk_advantages(binary, k)[0, 0], correct_adv)
+
+
+def test_pass_at_k_is_the_unbiased_estimator_in_one_place():
+    """pass_at_k(n, c, k) is exact (a Fraction) and is the chance that a random k-subset holds a
+    correct sample, counted; best_of_n.py uses this one."""
+    import itertools
+    from fractions import Fraction
+
+    import best_of_n
+
+    assert best_of_n.pass_at_k is L.pass_at_k
+    for n in range(1, 7):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                subsets = list(itertools.combinations(range(n), k))
+                hit = sum(1 for s in subsets if min(s) < c)  # samples 0..c-1 are the correct ones
+                assert L.pass_at_k(n, c, k) == Fraction(hit, len(subsets))
+    with pytest.raises(ValueError, match="pass@k needs"):
+        L.pass_at_k(4, 1, 5)
+
+
+def test_compute_advantages_normalisers_by_hand():
+    """group: / (the group's reward std + eps) (today's GRPO, the same bits as
+    group_normalized_advantages); batch: / (the std of all centred scores + eps); none: the
+    scores. A flat group is exactly 0 under every estimator."""
+    raw = T([1.0, 0.0, 0.0, 0.0, 0.1, 0.1, 0.1, 0.1])  # group 1 flat, with a float32 mean != 0.1
+    for name in L.ADVANTAGES:
+        for adv_std in L.ADV_STDS:
+            adv, meta = L.compute_advantages(raw, 4, name, adv_std, 1e-6, 2)
+            assert adv[4:].tolist() == [0.0] * 4, (name, adv_std)
+            assert meta["frac_groups_zero_std"] == 0.5
+    centred = T([0.75, -0.25, -0.25, -0.25])
+    adv, _ = L.compute_advantages(raw, 4, "grpo", "none", 1e-6)
+    close(adv[:4], centred)
+    adv, _ = L.compute_advantages(raw, 4, "grpo", "group", 1e-6)
+    close(adv[:4], centred / (0.5 + 1e-6))  # the unbiased std of (1, 0, 0, 0) is 1/2
+    assert torch.equal(adv, L.group_normalized_advantages(raw, 4, 1e-6, True)[0])
+    batch_std = torch.cat([centred, torch.zeros(4)]).std()  # over all 8 scores
+    adv, _ = L.compute_advantages(raw, 4, "grpo", "batch", 1e-6)
+    close(adv[:4], centred / (batch_std + 1e-6))
+    adv, _ = L.compute_advantages(raw, 4, "rloo", "none", 1e-6)
+    close(adv[:4], centred * 4 / 3)
+    bad = [
+        (dict(estimator="ppo"), "unknown advantage"),
+        (dict(adv_std="global"), "unknown adv_std"),
+        (dict(passk_k=4), "passk needs 1 <= k < group_size"),
+        (dict(passk_k=0), "passk needs 1 <= k < group_size"),
+    ]
+    for change, msg in bad:
+        kw = dict(estimator="passk", adv_std="group", advantage_eps=1e-6, passk_k=2)
+        kw.update(change)
+        with pytest.raises(ValueError, match=msg):
+            L.compute_advantages(raw, 4, **kw)
+    with pytest.raises(ValueError, match="rloo needs group_size >= 2"):
+        L.compute_advantages(raw, 1, "rloo", "none", 1e-6)
+
+
+@pytest.mark.parametrize("name,k", [("grpo", 1), ("rloo", 1), ("passk", 2), ("passk", 3)])
+def test_each_estimator_gradient_in_expectation(name, k):
+    """Gradient level, exactly: a one-token policy over 3 answers (rewards 0, 0.5, 1), every one
+    of the 3^4 groups of G = 4 enumerated. E[sum_i A_i grad log pi(y_i)] (adv_std none) is
+    (G - 1) grad E[r] for grpo, G grad E[r] for rloo (unbiased), and (G - k) / k grad E[max of k
+    rewards] for passk (the pass@k objective; k = 1 would be E[r])."""
+    import itertools
+
+    G = 4
+    reward = T([0.0, 0.5, 1.0], dtype=torch.float64)
+    theta = T([0.3, -0.2, 0.1], dtype=torch.float64, requires_grad=True)
+    logp = torch.log_softmax(theta, 0)  # (3,)
+    surrogate = 0.0
+    for group in itertools.product(range(3), repeat=G):
+        y = torch.tensor(group)
+        p = logp[y].sum().exp().detach()  # the group's probability
+        adv, _ = L.compute_advantages(reward[y].float(), G, name, "none", 1e-6, k)
+        surrogate = surrogate + p * (adv.double() * logp[y]).sum()
+    (estimate,) = torch.autograd.grad(surrogate, theta)
+    logp = torch.log_softmax(theta, 0)  # a fresh graph
+    objective = 0.0
+    for draw in itertools.product(range(3), repeat=k):
+        y = torch.tensor(draw)
+        objective = objective + logp[y].sum().exp() * reward[y].max()
+    (exact,) = torch.autograd.grad(objective, theta)
+    factor = {"grpo": G - 1, "rloo": G, "passk": (G - k) / k}[name]
+    close(estimate, factor * exact, tol=1e-6)
+
+
+# ----------------------------------------------------------------------------- cispo, entropy
+def test_cispo_gradient_by_hand():
+    """CISPO's gradient on log pi is -clip(r, 1 - eps, 1 + eps_high) A / n per token: a clipped
+    token keeps a (clipped) gradient where GRPO-Clip's is 0."""
+    lp = torch.log(T([[1.5, 0.5, 1.0, 1.1]])).requires_grad_()  # old = 0: r = 1.5, 0.5, 1, 1.1
+    old = torch.zeros(1, 4)
+    mask = T([[1, 1, 1, 1]])
+    a = T([2.0])
+    settings = L.LossSettings(loss="cispo", cliprange=0.2, cliprange_high=0.3)
+    loss, meta = L.grpo_microbatch_loss(lp, mask, a, None, settings, old_log_probs=old)
+    loss.backward()
+    close(lp.grad, [[-1.3 * 2 / 4, -0.8 * 2 / 4, -1.0 * 2 / 4, -1.1 * 2 / 4]])
+    close(meta["clip_fraction"], 0.5)
+    clip = L.LossSettings(loss="grpo_clip", cliprange=0.2, cliprange_high=0.3)
+    lp.grad = None
+    L.grpo_microbatch_loss(lp, mask, a, None, clip, old_log_probs=old)[0].backward()
+    close(lp.grad, [[0.0, -0.5 * 2 / 4, -1.0 * 2 / 4, -1.1 * 2 / 4]])  # r 1.5 clipped: 0
+
+
+def _toy_policy(seed=0):
+    """logits (2, 3, 5) with grad, labels, a mask and the log-probs / entropies they give."""
+    gen = torch.Generator().manual_seed(seed)
+    z = torch.randn(2, 3, 5, generator=gen, dtype=torch.float64).requires_grad_()
+    labels = torch.randint(0, 5, (2, 3), generator=gen)
+    lp = torch.log_softmax(z, -1).gather(-1, labels[..., None]).squeeze(-1)  # (2, 3)
+    ent = L.compute_entropy(z)  # (2, 3)
+    return z, lp, ent
+
+
+def test_entropy_coef_adds_the_entropy_gradient():
+    """entropy_coef c: the gradient is the plain loss's minus c x the gradient of the entropy's
+    masked mean (per sequence, as the loss reduces)."""
+    mask = T([[1, 1, 0], [1, 1, 1]])
+    adv = T([1.0, -0.5], dtype=torch.float64)
+    grads = {}
+    for c in (0.0, 0.1):
+        z, lp, ent = _toy_policy()
+        settings = L.LossSettings(loss="reinforce_with_baseline", entropy_coef=c)
+        loss, _ = L.grpo_microbatch_loss(lp, mask, adv, None, settings, token_entropy=ent)
+        loss.backward()
+        grads[c] = z.grad
+    z, _, ent = _toy_policy()
+    L.masked_mean_per_sequence(ent, mask).backward()
+    close(grads[0.1], grads[0.0] - 0.1 * z.grad, tol=1e-9)
+    with pytest.raises(ValueError, match="requires token_entropy"):
+        settings = L.LossSettings(loss="reinforce_with_baseline", entropy_coef=0.1)
+        L.grpo_microbatch_loss(lp, mask, adv, None, settings)
+
+
+def test_top_entropy_mask_by_hand_and_at_the_gradient():
+    """The top ceil(q n) entropies of the response tokens (ties with the lowest kept); with the
+    mask, only those tokens' log-probs get the policy gradient, each the same as without it (the
+    normaliser keeps every token), and the KL still reaches every token."""
+    ent = T([[0.1, 0.9, 0.5, 7.0], [0.7, 0.2, 0.3, 0.5]])
+    mask = T([[1, 1, 1, 0], [1, 1, 1, 1]])  # 7.0 is padding
+    want = [[False, True, True, False], [True, False, False, True]]  # 0.9, 0.7, 0.5, 0.5
+    assert L.top_entropy_mask(ent, mask, 3 / 7).tolist() == want  # ceil(3) plus the tie
+    assert L.top_entropy_mask(ent, mask, 1.0).tolist() == mask.bool().tolist()
+    assert L.top_entropy_mask(ent, mask, 0.2).sum() == 2  # ceil(1.4), not 1 or 3
+    with pytest.raises(ValueError, match="in \\(0, 1\\]"):
+        L.top_entropy_mask(ent, mask, 0.0)
+    lp = torch.log(T([[0.5, 0.4, 0.3, 0.2], [0.6, 0.7, 0.8, 0.9]])).requires_grad_()
+    adv = T([1.0, -2.0])
+    keep = L.top_entropy_mask(ent, mask, 3 / 7)
+    settings = L.LossSettings(loss="reinforce_with_baseline", kl_beta=0.5)
+    ref = torch.zeros(2, 4)
+    grads = []
+    for m in (None, keep):
+        lp.grad = None
+        kw = dict(ref_log_probs=ref, entropy_mask=m)
+        L.grpo_microbatch_loss(lp, mask, adv, None, settings, **kw)[0].backward()
+        grads.append(lp.grad.clone())
+    lp.grad = None
+    kl = L.LossSettings(loss="reinforce_with_baseline", kl_beta=0.5)
+    L.grpo_microbatch_loss(lp, mask, adv * 0, None, kl, ref_log_probs=ref)[0].backward()
+    kl_grad = lp.grad.clone()
+    close(grads[1], torch.where(keep, grads[0], kl_grad))

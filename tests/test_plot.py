@@ -368,7 +368,19 @@ def test_compare_figure_has_a_bar_per_row_and_the_zero_shot_target(tmp_path):
 
 def test_compare_names_other_settings_and_refuses_other_directories(tmp_path):
     run = write_training_run(tmp_path / "mixed", 256, False, "masked_mean", 0.3)
-    assert plot.final_accuracy(run)[0]["method"] == "GRPO (std_norm False, masked_mean)"
+    assert plot.final_accuracy(run)[0]["method"] == "grpo (adv_std none, masked_mean)"
+    # a run since --advantage / --adv-std: std_norm is None, adv_std names the normaliser
+    run = write_training_run(tmp_path / "rloo", 256, None, "masked_mean", 0.3)
+    with open(os.path.join(run, "args.json")) as f:
+        args = json.load(f)
+    args.update(advantage="rloo", adv_std="batch")
+    with open(os.path.join(run, "args.json"), "w") as f:
+        json.dump(args, f)
+    assert plot.final_accuracy(run)[0]["method"] == "rloo (adv_std batch, masked_mean)"
+    args.update(advantage="grpo", adv_std="group")
+    with open(os.path.join(run, "args.json"), "w") as f:
+        json.dump(args, f)
+    assert plot.final_accuracy(run)[0]["method"] == "GRPO"
     sft = write_run(tmp_path / "sft", sft_rows())  # metrics but no GRPO flags, nor a summary
     proc = cli("--compare", sft, "--out", str(tmp_path / "x.png"))
     assert proc.returncode == 2

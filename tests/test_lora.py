@@ -1,0 +1,87 @@
+"""lora.py through grpo.py's main, in-process with --engine hf (the engine is not the point here):
+a LoRA run stopped and resumed equals the straight run (the adapter checkpoint and its
+adapter-only optimizer state), --export-merged writes a plain HF model, --qlora off CUDA is one
+line. The engine-side tests (the merged push, the KL reference, the adapter-only optimizer) use
+the live vLLM engine of tests/test_grpo.py."""
+
+import json
+import os
+
+import pytest
+import torch
+from test_grpo import KEYWORD, metrics, tiny_flags, train_metrics
+
+import grpo
+import lora
+
+
+@pytest.fixture(scope="module")
+def task_file(tmp_path_factory):
+    """test_grpo's keyword task (reward 1 when the response contains KEYWORD)."""
+    path = tmp_path_factory.mktemp("kw") / "task.jsonl"
+    with open(path, "w") as f:
+        for i in range(64):
+            row = {"question": f"Write about {i} and {i + 3}.", "ground_truth": [KEYWORD]}
+            f.write(json.dumps(row) + "\n")
+    return str(path)
+
+
+def lora_run(model, task, out, *extra):
+    """grpo.main on the tiny keyword task with a rank-4 LoRA, in this process."""
+    flags = tiny_flags(model, task, "--engine", "hf", "--lora-rank", "4", "--eval-every", "0")
+    flags += ["--rollout-batch-size", "8", "--train-batch-size", "8", "--max-tokens", "6"]
+    flags += ["--min-tokens", "1", "--kl-every", "1", "--eval-n", "2", "--out", str(out), *extra]
+    # a gradient without the keyword: every response past 2 tokens is penalised (DAPO's soft
+    # length penalty), and no_baseline trains on that raw reward
+    flags += ["--loss", "no_baseline", "--no-std-norm", "--overlong-buffer", "4"]
+    grpo.main(grpo.parse_args(flags))
+
+
+def test_lora_resume_equals_the_straight_run_and_exports_a_plain_model(
+    tiny_model_dir, task_file, tmp_path
+):
+    """2 steps, then a resume to 3, against 3 straight: the same metrics and the same merged
+    model (--export-merged) to the bit; the checkpoint holds the adapter, not the model."""
+    from transformers import AutoModelForCausalLM
+
+    lora_run(tiny_model_dir, task_file, tmp_path / "a", "--n-grpo-steps", "2")
+    ckpt = tmp_path / "a" / "checkpoint"
+    assert lora.is_adapter_dir(ckpt) and not (ckpt / "model.safetensors").exists()
+    resume = ["--resume", str(tmp_path / "a"), "--n-grpo-steps", "3"]
+    grpo.main(grpo.parse_args([*resume, "--export-merged", str(tmp_path / "ma")]))
+    lora_run(
+        tiny_model_dir,
+        task_file,
+        tmp_path / "b",
+        "--n-grpo-steps",
+        "3",
+        "--export-merged",
+        str(tmp_path / "mb"),
+    )
+    resumed = train_metrics(metrics(tmp_path / "a"))
+    straight = train_metrics(metrics(tmp_path / "b"))
+    assert [r["step"] for r in resumed] == [0, 1, 2]
+    for a, b in zip(resumed, straight):
+        for key in ("train/loss", "train/grad_norm", "train/kl_ref", "train/reward"):
+            assert a[key] == b[key], key
+    ma = AutoModelForCausalLM.from_pretrained(tmp_path / "ma", dtype=torch.float32).state_dict()
+    mb = AutoModelForCausalLM.from_pretrained(tmp_path / "mb", dtype=torch.float32).state_dict()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
+    assert set(ma) == set(base)
+    assert all(torch.equal(ma[k], mb[k]) for k in ma)
+    assert not all(torch.equal(ma[k], base[k]) for k in ma)  # trained
+
+
+def test_qlora_off_cuda_is_one_line(tiny_model_dir, task_file, capsys):
+    args = grpo.parse_args(tiny_flags(tiny_model_dir, task_file, "--lora-rank", "4", "--qlora"))
+    with pytest.raises(SystemExit):
+        grpo.setup_runtime(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--qlora needs a CUDA policy device" in err[0]
+
+
+def test_lora_flags_are_checked_in_one_line(capsys):
+    with pytest.raises(SystemExit):
+        grpo.parse_args(["--qlora"])
+    assert "--qlora trains adapters" in capsys.readouterr().err
+    assert os.path.basename(lora.ADAPTER_WEIGHTS) == "adapter_model.safetensors"
