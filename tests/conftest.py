@@ -26,6 +26,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # no hub here: `datasets` fails at once instead of after ~25 s of retries (the one-line error
 # the tests check is the same)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# One torch (OpenMP) thread in the test process and the processes it starts, unless the caller
+# sets OMP_NUM_THREADS. On a shared 2-core machine two threads spin-wait on each other whenever
+# anything else runs (bench/threads.py: a GRPO step 3.5x slower beside one busy process): at load
+# ~8, grpo.py's three on-policy test runs took 99 s on two threads and 54 s on one. Quiet, one
+# thread costs ~1.4x on the compute, which is a small part of the suite. Set before torch loads.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 import rollout  # noqa: E402,F401  (sets vLLM's environment before any test imports vllm)
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -177,7 +183,7 @@ def run_script(argv, cwd=ROOT):
         os.chdir(saved_cwd)
         sys.argv = saved_argv
         sys.modules["__main__"] = saved_main
-        torch.set_num_threads(saved_threads)
+        torch._C.set_num_threads(saved_threads)  # (a vLLM engine makes torch's setter a no-op)
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
