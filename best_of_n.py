@@ -282,6 +282,11 @@ def parse_args(argv=None):
         help="rollout engine, one of rollout.ENGINES (hf = transformers)",
     )
     p.add_argument(
+        "--eager",
+        action="store_true",
+        help="vllm without torch.compile: fast start, slower decoding (smoke tests, debugging)",
+    )
+    p.add_argument(
         "--from-generations",
         type=existing_file,
         default=None,

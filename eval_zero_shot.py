@@ -266,6 +266,7 @@ def start_engine(args, prompts, max_tokens):
 
         tok = AutoTokenizer.from_pretrained(args.model)
         extra["max_model_len"] = max(len(tok(p).input_ids) for p in prompts) + max_tokens
+        extra["enforce_eager"] = args.eager
     return rollout.init_engine(args.engine, args.model, device=device, seed=args.seed, **extra)
 
 
@@ -327,6 +328,11 @@ def parse_args(argv=None):
         "--engine",
         default="vllm",
         help="rollout engine, one of rollout.ENGINES (hf = transformers)",
+    )
+    p.add_argument(
+        "--eager",
+        action="store_true",
+        help="vllm without torch.compile: fast start, slower decoding (smoke tests, debugging)",
     )
     # --- data: --task --data --split --prompt --reward --limit --data-seed ---
     add_data_flags(p)

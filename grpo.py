@@ -457,6 +457,11 @@ def systems_flags(p):
         help="rollout engine (hf = transformers)",
     )
     g.add_argument(
+        "--eager",
+        action="store_true",
+        help="vllm without torch.compile: fast start, slower decoding (smoke tests, debugging)",
+    )
+    g.add_argument(
         "--policy-device", default=None, help="trained policy's device; default cuda:0, else cpu"
     )
     g.add_argument(
@@ -882,6 +887,7 @@ def make_engine(path, args, runtime, policy=None):
     kw = {}
     if args.engine == "vllm":
         kw["max_model_len"] = max_len
+        kw["enforce_eager"] = args.eager
     device = runtime["vllm_device"]
     if args.engine == "vllm" and device.startswith("cuda"):
         share = args.gpu_memory_utilization

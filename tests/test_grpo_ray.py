@@ -53,7 +53,7 @@ WORDS = [str(i) for i in range(10)] + SYMBOLS + MERGES
 SMALL = (
     "--task keyword --n-grpo-steps 3 --rollout-batch-size 8 --group-size 4 --train-batch-size 8 "
     "--gradient-accumulation-steps 2 --max-tokens 16 --min-tokens 2 --eval-n 2 --eval-every 0 "
-    "--grader-workers 0 --lr 1e-3 --kl-every 0 --num-cpus 8 --timeout-s 300"
+    "--grader-workers 0 --lr 1e-3 --kl-every 0 --num-cpus 8 --timeout-s 300 --eager"
 ).split()
 # grpo_ray.py's Ray bookkeeping on every step row, next to grpo.STEP_KEYS (its _log_step adds them
 # to grpo.step_rows' keys; grpo.py has no equivalent, so the code keeps no list of them)

@@ -13,12 +13,10 @@ import json
 import os
 import re
 import shlex
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_script
 
 README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
 DRY_RUN = {
@@ -113,14 +111,9 @@ def localise(argv, tmp):
     return argv
 
 
-def run(argv, cwd, timeout=600):
-    return subprocess.run(
-        [sys.executable, os.path.join(ROOT, argv[0]), *argv[1:]],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def run(argv, cwd):
+    """A recipe's command, in this process (conftest.run_script), in the working directory cwd."""
+    return run_script(argv, cwd)
 
 
 def value(cell):
@@ -361,24 +354,24 @@ def test_the_readme_states_the_seeds_kissing_bound_and_its_name_exception():
 # the stand-ins' sizes: one to four tiny steps or a handful of prompts
 GRPO_TINY = (
     "--rollout-batch-size 4 --group-size 2 --train-batch-size 4 --gradient-accumulation-steps 2 "
-    "--max-tokens 12 --eval-n 2 --eval-every 0 --grader-workers 0"
+    "--max-tokens 12 --eval-n 2 --eval-every 0 --grader-workers 0 --eager"
 ).split()
 TINY = {
     # 2 prompts x 2 samples: the countdown prompt is 600 tokens
     "grpo.py": ["--n-grpo-steps", "1"] + GRPO_TINY,
     # 4 steps: a --steps-per-rollout 4 cycle
     "grpo_ray.py": ["--n-grpo-steps", "4", "--timeout-s", "300"] + GRPO_TINY,
-    "eval_zero_shot.py": "--limit 4 --max-tokens 12 --workers 1".split(),
-    "best_of_n.py": "--limit 2 --n 4 --ns 1,2,4 --max-tokens 12 --workers 1".split(),
+    "eval_zero_shot.py": "--limit 4 --max-tokens 12 --workers 1 --eager".split(),
+    "best_of_n.py": "--limit 2 --n 4 --ns 1,2,4 --max-tokens 12 --workers 1 --eager".split(),
     # 2 questions x 2 samples: a step that keeps nothing is a full step too
     "expert_iteration.py": (
         "--n-ei-steps 1 --ei-batch-size 2 --group-size 2 --batch-size 2 "
         "--gradient-accumulation-steps 1 --max-tokens 12 --eval-n 2 --eval-every 0 "
-        "--grader-workers 0"
+        "--grader-workers 0 --eager"
     ).split(),
     "sft.py": (
         "--n-examples 4 --batch-size 2 --gradient-accumulation-steps 1 --steps 1 --eval-n 2 "
-        "--eval-max-tokens 8 --eval-every 1"
+        "--eval-max-tokens 8 --eval-every 1 --eager"
     ).split(),
 }
 # Every recipe row, each in exactly one stand-in: (row label prefixes, engine, flags the stand-in

@@ -22,14 +22,14 @@ import time
 import pytest
 
 import common
-from conftest import ROOT, one_line_error
+from conftest import ROOT, one_line_error, run_script
 
 
-def run(script, *args, timeout=60, fast=20):
-    """Run a root script; it must finish within `fast` seconds (refused before a model loads)."""
-    argv = [sys.executable, os.path.join(ROOT, script)] + [str(a) for a in args]
+def run(script, *args, fast=20):
+    """Run a root script in this process (conftest.run_script); it must finish within `fast`
+    seconds (refused before a model loads)."""
     t0 = time.time()
-    r = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    r = run_script([script, *args])
     took = time.time() - t0
     assert took < fast, (script, args, took, r.stderr[-500:])
     return r
@@ -185,7 +185,7 @@ def test_a_run_saved_before_the_runtime_record_resumes(tiny_model_dir, tmp_path)
         flags += ["--" + name.replace("_", "-"), value]
     for flag in OLD_RUN_FLAGS:
         flags += flag.split()
-    first = run("grpo.py", *flags, timeout=600, fast=600)
+    first = run("grpo.py", *flags, fast=600)
     assert first.returncode == 0, first.stderr[-3000:]
     with open(out / "args.json") as f:
         new_args = json.load(f)
@@ -199,7 +199,7 @@ def test_a_run_saved_before_the_runtime_record_resumes(tiny_model_dir, tmp_path)
         old_args.update(paths, out=str(out))
         with open(out / name, "w") as f:
             json.dump(saved, f)
-    resumed = run("grpo.py", "--resume", out, "--n-grpo-steps", 2, timeout=600, fast=600)
+    resumed = run("grpo.py", "--resume", out, "--n-grpo-steps", 2, fast=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Traceback" not in resumed.stderr
     assert "resume: restored the run's flags" in resumed.stdout
@@ -239,7 +239,7 @@ def test_sft_max_seq_len_below_every_example(tmp_path):
     shutil.copytree(os.path.join(ROOT, "models", "countdown-tiny"), model)
     (model / "model.safetensors").write_text("junk")
     flags = ["--model", model, "--max-seq-len", "5", "--countdown-n", "16", "--eval-n", "0"]
-    r = run("sft.py", *flags, "--out", tmp_path / "out", timeout=300, fast=300)
+    r = run("sft.py", *flags, "--out", tmp_path / "out", fast=300)
     one_line_error(r, "only 0 pairs fit --max-seq-len 5: raise it to at least")
     assert "--batch-size" not in r.stderr
 
@@ -690,7 +690,7 @@ def test_a_run_a_full_disk_stopped_before_its_first_save_resumes(tiny_model_dir,
     flags = ["--model", tiny_model_dir, "--countdown-n", "8", "--eval-n", "0", "--lr", "3e-3"]
     flags += ["--batch-size", "4", "--gradient-accumulation-steps", "1", "--warmup-frac", "0"]
     flags += ["--steps", "2", "--save-every", "2", "--save-dir", tmp_path / "model"]
-    first = run("sft.py", *flags, "--out", out, timeout=600, fast=600)
+    first = run("sft.py", *flags, "--out", out, fast=600)
     # the run got as far as saving: before the error, stderr holds transformers' progress bars
     assert first.returncode == 1
     assert "Traceback" not in first.stderr
@@ -701,7 +701,7 @@ def test_a_run_a_full_disk_stopped_before_its_first_save_resumes(tiny_model_dir,
     assert not os.path.exists(os.path.join(out, "checkpoint"))
     assert [r["step"] for r in common.read_metrics(os.path.join(out, "metrics.jsonl"))] == [1, 2]
     mounts("resize", disk, size="64m")
-    resumed = run("sft.py", "--resume", out, timeout=600, fast=600)
+    resumed = run("sft.py", "--resume", out, fast=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "restarting it from step 0 with its args.json's flags" in resumed.stdout
     assert "its 2 logged rows are dropped" in resumed.stdout

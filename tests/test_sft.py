@@ -721,14 +721,14 @@ def test_checkpoint_round_trips_through_vllm_with_eval(tiny_model_dir, sft_jsonl
     = HF."""
     argv = flags(tiny_model_dir, sft_jsonl, tmp_path, "--steps", "2", "--eval-every", "1")
     argv += ["--eval-task", "countdown", "--eval-path", "synthetic"]
-    argv += ["--eval-n", "4", "--eval-max-tokens", "8"]
+    argv += ["--eval-n", "4", "--eval-max-tokens", "8", "--eager"]
     hist = sft.main(argv)
     evals = [r for r in hist if "eval/accuracy" in r]
     assert [r["eval_step"] for r in evals] == [1, 2]
     assert 0 <= evals[-1]["eval/format_reward"] <= 1
     assert os.path.exists(tmp_path / "rollouts" / "step_0002.jsonl")
     save = str(tmp_path / "model")
-    llm = rollout.init_vllm(save, device="cpu", seed=0, max_model_len=512)
+    llm = rollout.init_vllm(save, device="cpu", seed=0, max_model_len=512, enforce_eager=True)
     model = transformers.AutoModelForCausalLM.from_pretrained(save)
     tok = transformers.AutoTokenizer.from_pretrained(save)
     prompts = [json.loads(line)["prompt"] for line in open(sft_jsonl)][:3]
