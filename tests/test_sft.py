@@ -14,8 +14,6 @@ import random
 import re
 import shutil
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -24,7 +22,7 @@ import transformers
 import common
 import rollout
 import sft
-from conftest import ROOT, requires_vllm
+from conftest import ROOT, requires_vllm, run_script
 from data import load_task
 from grader import countdown_reward_fn
 
@@ -672,16 +670,16 @@ def test_n_examples_counts_only_pairs_within_max_seq_len(
 
 
 def test_from_scratch_cli_smoke_with_hf_engine_validation(tmp_path):
-    """The path that made models/countdown-tiny, at toy size, as a subprocess, validating through
-    --engine hf."""
-    cmd = [sys.executable, os.path.join(ROOT, "sft.py")]
+    """The path that made models/countdown-tiny, at toy size, from the command line (in-process:
+    conftest.run_script), validating through --engine hf."""
+    cmd = ["sft.py"]
     cmd += ["--init-config", "tiny", "--hidden-size", "64", "--layers", "1", "--countdown-n", "64"]
     cmd += ["--steps", "2", "--batch-size", "8", "--gradient-accumulation-steps", "2"]
     cmd += ["--shared-prefix", "--lr", "1e-3"]
     cmd += ["--eval-n", "4", "--eval-every", "1", "--engine", "hf", "--out", str(tmp_path)]
     cmd += ["--eval-samples", "2", "--eval-max-tokens", "32"]
     cmd += ["--save-every", "1", "--keep-checkpoints", "1"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    res = run_script(cmd)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "step 2/2 |" in res.stdout and "eval 2 @ step 2" in res.stdout
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
