@@ -321,6 +321,13 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.resume:
         common.resume_from(p, argv, args, needs=("optimizer.pt",))
+        # the normaliser has two spellings: the one typed now replaces the run's, so the restored
+        # other spelling must not contradict it
+        given = common.explicit_dests(p, argv)
+        if "adv_std" in given and "std_norm" not in given:
+            args.std_norm = None
+        if "std_norm" in given and "adv_std" not in given:
+            args.adv_std = None
     return resolve(args)
 
 

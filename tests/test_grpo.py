@@ -666,6 +666,24 @@ def test_advantage_flags_resolve_and_their_conflicts_are_refused(capsys):
 
 
 @pytest.mark.parametrize(
+    "saved, typed, want",
+    [
+        ({"std_norm": True}, ["--adv-std", "batch"], "batch"),  # a run that predates --adv-std
+        ({"std_norm": None, "adv_std": "group"}, ["--no-std-norm"], "none"),
+        ({"std_norm": True, "adv_std": "group"}, ["--adv-std", "none"], "none"),
+        ({"std_norm": False, "adv_std": "none"}, [], "none"),  # nothing typed: the run's
+    ],
+)
+def test_resume_takes_the_normaliser_typed_now_in_either_spelling(tmp_path, saved, typed, want):
+    """--resume restores both spellings of the normaliser from the run's flags; the one typed on
+    the command line replaces them, instead of contradicting the restored other spelling."""
+    sizes = {"group_size": 4, "rollout_batch_size": 8, "train_batch_size": 8}
+    (tmp_path / "args.json").write_text(json.dumps({**sizes, **saved, "out": str(tmp_path)}))
+    args = grpo.parse_args(["--resume", str(tmp_path), "--dry-run", *typed])
+    assert args.adv_std == want
+
+
+@pytest.mark.parametrize(
     "flags",
     [
         ["--advantage", "rloo"],
