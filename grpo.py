@@ -216,7 +216,8 @@ def parse_args(argv=None):
         default=None,
         choices=losses.ADV_STDS,
         help="divide advantages by the group's reward std (default), the batch's std of the"
-        " centred advantages (with grpo: REINFORCE++-baseline) or nothing (Dr. GRPO)",
+        " centred advantages (with grpo: REINFORCE++-baseline) or nothing (Dr. GRPO); with"
+        " --advantage passk use none (group divides by the reward std, not pass@k's std)",
     )
     g.add_argument(
         "--std-norm",

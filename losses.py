@@ -469,7 +469,11 @@ def passk_advantages(grouped, k):
     In expectation sum_i A_i grad log pi(y_i) = (G - k) / k x grad E[max of k rewards] (0 at
     k = G); k = 1 is GRPO. Counted in sorted order: the j-th smallest reward (0-based) is the
     maximum of C(j, k - 1) subsets, and of C(j - 1, k - 2) of those that also hold a smaller
-    y_i."""
+    y_i. This computes rho with its own table (any rewards), not with pass_at_k (0/1 only).
+    Departure: Chen et al. divide these scores by the std of the group's pass@k,
+    sqrt(rho (1 - rho)); compute_advantages' "group" normaliser divides by the std of the group's
+    rewards instead, a per-group reweighting neither the paper nor the pass@k gradient has. With
+    passk use adv_std "none" (the scores as derived) or "batch" (one scale for the step)."""
     n_prompts, G = grouped.shape
     values, order = grouped.sort(dim=1, stable=True)  # (n_prompts, G) ascending
     # w[p, q]: how many k-subsets holding the p-th smallest have the q-th smallest as maximum
