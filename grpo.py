@@ -1071,6 +1071,12 @@ def summarize(batch, shard_stats, args):
     batch["advantages"] (N,) and returns the step's rollout metrics. shard_stats: collect's stats
     of each shard (one for grpo.py; the shards ran side by side, so a time is their longest). A
     new metric is one line here."""
+    keep = None  # (n_groups,) the groups that carry advantages; None: all
+    if args.dynamic_sampling:
+        # a group the filter calls flat is in the batch only when a shard found nothing to learn
+        # from: it may still differ in what the filter ignores (format, the length penalty), which
+        # is not signal, so its advantages are zero (and it leaves --adv-std batch's std)
+        keep = varied_groups(batch, args)
     adv, meta = losses.compute_advantages(
         batch["raw"],
         args.group_size,
@@ -1078,13 +1084,8 @@ def summarize(batch, shard_stats, args):
         args.adv_std,
         args.advantage_eps,
         args.passk_k or 1,
+        keep=keep,
     )
-    if args.dynamic_sampling:
-        # a group the filter calls flat is in the batch only when a shard found nothing to learn
-        # from: it may still differ in what the filter ignores (format, the length penalty), which
-        # is not signal, so its advantages are zero
-        varied = varied_groups(batch, args).repeat_interleave(args.group_size)  # (N,)
-        adv = torch.where(varied, adv, 0.0)
     batch["advantages"] = adv
     lengths = [len(ids) for ids in batch["response_ids"]]
     rewards = batch["rewards"]

@@ -374,6 +374,22 @@ def test_summarize_zeroes_a_flat_fallback_group_under_dynamic_sampling():
         assert torch.equal(batch["advantages"], want_adv), flags
 
 
+def test_a_dynamic_sampling_fallback_group_leaves_the_batch_std():
+    """--adv-std batch with --dynamic-sampling: group 1 (flat on answer_reward, varying in format)
+    is zeroed before the batch std, so by hand the std is over group 0's centred rewards and
+    group 1's zeros, not over group 1's format differences."""
+    rewards = [RIGHT, FORMATTED, RIGHT, UNFORMATTED] + [FORMATTED, UNFORMATTED] * 2
+    batch = scored_batch(rewards)
+    args = summarize_args("--dynamic-sampling", "--adv-std", "batch")
+    grpo.summarize(batch, [shard_stats(1.0, 0.1, 0.5, 3, 1)], args)
+    raw = [d["reward"] for d in rewards[:4]]
+    centred = [r - statistics.fmean(raw) for r in raw] + [0.0] * 4
+    std = statistics.stdev(centred)  # unbiased, as torch.std
+    want = [c / (std + args.advantage_eps) for c in centred]
+    assert batch["advantages"].tolist() == pytest.approx(want, rel=1e-6)
+    assert batch["advantages"][4:].tolist() == [0.0] * 4
+
+
 def test_summarize_joins_the_shards_stats():
     """Shards run side by side: a time is the longest shard's; the filtered fraction is over all
     the prompts sampled (3 flat of 8, not the mean of the shards' fractions)."""
