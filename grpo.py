@@ -695,7 +695,8 @@ def setup_runtime(args):
     sees only its own), kept apart from args and saved as runtime.json; it applies --threads. The
     policy on cuda:0 and the engine on cuda:1 with 2 GPUs (seed 000's layout); with one GPU they
     share it; else CPU. load_policy may turn shared_prefix off for a model whose cache does not
-    reproduce its log-probs."""
+    reproduce its log-probs, and make_engine sets engine to hf for a model vLLM's CPU engine
+    cannot run."""
     n_gpu = torch.cuda.device_count()
     policy_device = args.policy_device
     if policy_device is None:
@@ -721,6 +722,7 @@ def setup_runtime(args):
     # before the engine starts (a vLLM CPU engine makes torch.set_num_threads a no-op)
     threads = common.set_threads(args.threads)
     return {
+        "engine": args.engine,  # make_engine records the one that runs
         "policy_device": policy_device,
         "vllm_device": vllm_device,
         "param_dtype": param_dtype,
@@ -863,16 +865,19 @@ def build_learner(args, runtime):
 
 def make_engine(path, args, runtime, policy=None):
     """rollout.init_engine for this run. On one shared GPU the engine's share leaves room for the
-    policy."""
+    policy. runtime["engine"] becomes the engine that runs: hf for a model vLLM's CPU engine cannot
+    run (rollout.engine_that_runs; checked here, not in setup_runtime, as it imports vLLM)."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(path)
     max_len = min(getattr(config, "max_position_embeddings", 4096), 4096)
     kw = {}
-    if args.engine == "vllm":
-        kw["max_model_len"] = max_len
     device = runtime["vllm_device"]
-    if args.engine == "vllm" and device.startswith("cuda"):
+    engine = engines.engine_that_runs(args.engine, path, device)
+    runtime["engine"] = engine  # the run record (runtime.json) names the engine that runs
+    if engine == "vllm":
+        kw["max_model_len"] = max_len
+    if engine == "vllm" and device.startswith("cuda"):
         share = args.gpu_memory_utilization
         if not share:
             share = common.engine_share(
@@ -885,7 +890,7 @@ def make_engine(path, args, runtime, policy=None):
             )
         kw["gpu_memory_utilization"] = share
         kw["enable_sleep_mode"] = args.sleep_engine
-    return engines.init_engine(args.engine, path, device=device, seed=args.seed, **kw)
+    return engines.init_engine(engine, path, device=device, seed=args.seed, **kw)
 
 
 # ----------------------------------------------------------------------------- rollout / reward

@@ -19,6 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import convert_lm
+import grpo
 import rollout
 from conftest import requires_vllm
 
@@ -430,6 +431,16 @@ def test_a_head_size_vllm_cpu_lacks_falls_back_to_hf(tmp_path, student, capsys):
     assert "head size 16" in notice[0] and "--engine hf" in notice[0]
     samples = rollout.generate(llm, ["the cat"], n=1, temperature=0.0, max_tokens=3)
     assert len(samples[0][0]["token_ids"]) == 3
+    # grpo.py's run record (runtime.json) names the engine that runs, not the flag
+    argv = ["--model", out, "--engine", "vllm", "--out", str(tmp_path / "run")]
+    argv += ["--group-size", "4", "--rollout-batch-size", "8", "--train-batch-size", "8"]
+    argv += ["--gradient-accumulation-steps", "2"]
+    args = grpo.parse_args(argv)
+    runtime = grpo.setup_runtime(args)
+    assert runtime["engine"] == "vllm"  # the flag, until the engine is made
+    engine = grpo.make_engine(out, args, runtime)
+    assert isinstance(engine, rollout.HFEngine)
+    assert runtime["engine"] == "hf"
 
 
 def drop_ln2(sd):

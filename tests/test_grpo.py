@@ -41,6 +41,7 @@ EVAL_KEYS = [
 ]
 # the runtime record grpo.main saves as runtime.json (grpo.setup_runtime)
 RUNTIME_KEYS = {
+    "engine",
     "policy_device",
     "vllm_device",
     "param_dtype",
