@@ -1189,9 +1189,9 @@ def _shard(rows, dp):
     return rows[start:end]
 
 
-def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None, rows=None, key="log_probs"):
-    """(N, T) label log-probs under `model` at the sampling temperature, no grad; key
-    "token_entropy": the entropies instead. Of `rows` only (the others read 0), by default all.
+def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None, rows=None, entropy=False):
+    """(N, T) label log-probs under `model` at the sampling temperature, no grad; with entropy:
+    the token entropies instead. Of `rows` only (the others read 0), by default all.
     With dp each learner scores its shard of the rows, and the results are summed."""
     N, T = tensors["labels"].shape
     out = torch.zeros(N, T)  # (N, T)
@@ -1202,6 +1202,9 @@ def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None, rows=None, 
     rows = _shard(rows, dp)
     mbs = args.micro_train_batch_size
     shared_prefix = runtime["shared_prefix"]
+    key = "log_probs"  # get_response_log_probs' output this returns
+    if entropy:
+        key = "token_entropy"
     model.eval()
     with torch.inference_mode(), common.autocast(device, runtime["compute_dtype"]):
         for start in range(0, len(rows), mbs):
@@ -1211,7 +1214,7 @@ def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None, rows=None, 
                 result = losses.get_response_log_probs(
                     model,
                     **mb,
-                    return_token_entropy=key == "token_entropy",
+                    return_token_entropy=entropy,
                     temperature=args.temperature,
                     ban_token_ids=ban_ids,
                     prefix_len=P,
@@ -1462,7 +1465,7 @@ def top_entropy_tokens(policy, tensors, rows, args, runtime, ban_ids, dp=None):
     over the batch). The step's microbatches run one at a time, so their entropies come from a
     no-grad pass over the step's rows first (with dp, every learner's share): one more forward
     per optimizer step, and the same tokens however the step is split into microbatches."""
-    entropy = batch_log_probs(policy, tensors, args, runtime, ban_ids, dp, rows, "token_entropy")
+    entropy = batch_log_probs(policy, tensors, args, runtime, ban_ids, dp, rows, entropy=True)
     mask = tensors["response_mask"]  # (N, T)
     keep = torch.zeros_like(mask)  # (N, T)
     keep[rows] = losses.top_entropy_mask(entropy[rows], mask[rows], args.entropy_top_quantile)

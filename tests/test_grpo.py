@@ -758,6 +758,31 @@ def one_forward_gradient(live, loss_of):
     return torch.cat([p.grad.flatten() for p in policy.parameters()])
 
 
+def test_batch_log_probs_with_entropy_reads_the_token_entropies(live):
+    """batch_log_probs(entropy=True): the no-grad pass's token entropies (the
+    --entropy-top-quantile pass), as get_response_log_probs gives them in one forward."""
+    args = live["args"]
+    runtime = live["runtime"]
+    ban = live["batch"]["ban_token_ids"]
+    tensors = grpo.collate(live["batch"], args)
+    policy = grpo.load_policy(live["model_dir"], args, runtime)[0]
+    got = grpo.batch_log_probs(policy, tensors, args, runtime, ban, entropy=True)
+    with torch.no_grad():
+        want = losses.get_response_log_probs(
+            policy,
+            tensors["input_ids"],
+            tensors["labels"],
+            return_token_entropy=True,
+            temperature=args.temperature,
+            ban_token_ids=ban,
+            ban_mask=tensors["ban_mask"],
+        )["token_entropy"]
+    mask = tensors["response_mask"]
+    assert (got - want)[mask].abs().max() <= 1e-4
+    log_probs = grpo.batch_log_probs(policy, tensors, args, runtime, ban)
+    assert not torch.equal(got[mask], log_probs[mask])
+
+
 def test_entropy_coef_is_the_entropy_bonus_at_the_gradient(live):
     """With zero advantages, a --entropy-coef 0.1 step's gradient is -0.1 x the gradient of the
     response tokens' entropy (each row's mean, then the batch mean: the loss's reduction)."""
