@@ -5,7 +5,8 @@ The handout's model is a pre-norm decoder with RMSNorm, SwiGLU and RoPE, no bias
 layer: a Llama. The checkpoint (a bare state dict, or the handout's save_checkpoint dict holding it
 under "model") has the handout's names (token_embeddings.weight, layers.{i}.attn.q_proj.weight, ...,
 ln_final.weight, lm_head.weight) and no hyperparameters: vocabulary, width, depth and d_ff are read
-off the weight shapes, the rest are flags with the handout's defaults, checked against the shapes.
+off the weight shapes, the rest are flags with the handout's defaults. The shapes check only
+that --num-heads gives even head sizes: compare a logit of the result with your own forward.
 The tokenizer is the student's byte-level BPE, in either of the usual serialisations
 (--tokenizer-format): GPT-2's vocab.json + merges.txt, or a pickle of the (vocab: id -> bytes,
 merges: list of byte pairs) the handout's Tokenizer takes. It becomes a `tokenizers` BPE with
@@ -19,7 +20,9 @@ How the result departs from the handout's model, and why it is still the same fu
 - SwiGLU: W2(SiLU(W1 x) * W3 x) is Llama's down(SiLU(gate x) * up x): w1 -> gate, w3 -> up,
   w2 -> down.
 - The tokenizer adds no BOS (the handout's model never saw one); the first special token is EOS and
-  pad. torch.compile's "_orig_mod." and DDP's "module." name prefixes are dropped.
+  pad. torch.compile's "_orig_mod." and DDP's "module." name prefixes are dropped, and so are RoPE
+  buffers a student registered as persistent (cos/sin tables, inv_freq), with a notice. Without
+  lm_head.weight the model is taken as tied (tie_word_embeddings), with a notice.
 - Saved in float32. A head size vLLM's CPU engine cannot run is fine: the scripts fall back to
   --engine hf with a notice (rollout.init_engine).
 
@@ -246,6 +249,29 @@ def load_state_dict(path):
     return state
 
 
+def drop_rope_buffers(state):
+    """The state dict without RoPE's persistent buffers (a cos/sin table or inv_freq a student
+    registered, e.g. layers.0.attn.rope.cos_cached): float tensors, not .weight, named after RoPE.
+    The converted model computes its own from --rope-theta; a one-line notice names them."""
+    dropped = []
+    for name, t in state.items():
+        last = name.split(".")[-1]
+        named_rope = any(word in name for word in ("rope", "rotary", "cos", "sin", "inv_freq"))
+        if named_rope and last != "weight" and torch.is_tensor(t) and t.is_floating_point():
+            dropped.append(name)
+    if dropped:
+        print(
+            f"notice: dropped {len(dropped)} RoPE buffers ({dropped[0]}, ...): not weights; "
+            f"the converted model builds its own from --rope-theta",
+            flush=True,
+        )
+    kept = {}
+    for name, t in state.items():
+        if name not in dropped:
+            kept[name] = t
+    return kept
+
+
 def check_shapes(state, num_heads):
     """The sizes the shapes imply {vocab, d_model, layers, d_ff}; ValueError naming the first key
     that is missing, extra or misshapen, or the flag that does not fit."""
@@ -263,7 +289,9 @@ def check_shapes(state, num_heads):
             f"--num-heads {num_heads} does not split d_model {D} into even head sizes: "
             f"pass the --num-heads you trained with"
         )
-    want = {"token_embeddings.weight": (V, D), "ln_final.weight": (D,), "lm_head.weight": (V, D)}
+    want = {"token_embeddings.weight": (V, D), "ln_final.weight": (D,)}
+    if "lm_head.weight" in state:  # else tied: the output layer is token_embeddings
+        want["lm_head.weight"] = (V, D)
     shapes = {
         "attn.q_proj.weight": (D, D),
         "attn.k_proj.weight": (D, D),
@@ -289,7 +317,7 @@ def check_shapes(state, num_heads):
     extra = sorted(set(state) - set(want))
     if extra:
         raise ValueError(f"{extra[0]} is not a TransformerLM weight ({len(extra)} unexpected)")
-    return {"vocab": V, "d_model": D, "layers": L, "d_ff": F}
+    return {"vocab": V, "d_model": D, "layers": L, "d_ff": F, "tied": "lm_head.weight" not in state}
 
 
 def rope_halves(w, num_heads):
@@ -302,11 +330,12 @@ def rope_halves(w, num_heads):
 
 
 def to_llama(state, num_heads, layers):
-    """The handout's state dict under HF Llama's names, q/k rows in rotate-half order, fp32."""
+    """The handout's state dict under HF Llama's names, q/k rows in rotate-half order, fp32. No
+    lm_head.weight (a tied model): the token embeddings are the output layer."""
     out = {
         "model.embed_tokens.weight": state["token_embeddings.weight"],
         "model.norm.weight": state["ln_final.weight"],
-        "lm_head.weight": state["lm_head.weight"],
+        "lm_head.weight": state.get("lm_head.weight", state["token_embeddings.weight"]),
     }
     for i in range(layers):
         for name, hf_name in LAYER_NAMES.items():
@@ -332,7 +361,14 @@ def main(argv=None):
         build_tokenizer, vocab, merges, args.special_tokens, args.context_length, what="tokenizer"
     )
     state = attempt(load_state_dict, args.checkpoint, what=f"--checkpoint {args.checkpoint}")
+    state = drop_rope_buffers(state)
     sizes = attempt(check_shapes, state, args.num_heads, what=f"--checkpoint {args.checkpoint}")
+    if sizes["tied"]:
+        print(
+            "notice: no lm_head.weight: a tied model, so the output layer is "
+            "token_embeddings.weight (tie_word_embeddings)",
+            flush=True,
+        )
     check(
         len(tokenizer) <= sizes["vocab"],
         f"the tokenizer has {len(tokenizer)} tokens but token_embeddings.weight has "
@@ -353,7 +389,7 @@ def main(argv=None):
         hidden_act="silu",
         attention_bias=False,
         mlp_bias=False,
-        tie_word_embeddings=False,
+        tie_word_embeddings=sizes["tied"],
         bos_token_id=eos,
         eos_token_id=eos,
         pad_token_id=eos,

@@ -343,17 +343,25 @@ def sft_pairs(batch, kept, tokenizer):
 
 def sft_batches(n_pairs, args, step):
     """The optimizer steps of one EI step's SFT on n_pairs kept pairs, as lists of pair indices:
-    each epoch a seeded permutation of the pairs cut into steps of --batch-size, its last step
-    smaller; a fractional last epoch takes the first ceil(fraction x n_pairs) of its permutation.
-    No pair is in a step twice."""
+    each epoch a seeded permutation of the pairs cut into ceil(pairs / --batch-size) steps of
+    nearly equal size (33 pairs at --batch-size 32: 17 + 16, not 32 + a lone pair taking a full
+    Adam step); a fractional last epoch takes the first ceil(fraction x n_pairs) of its
+    permutation. No pair is in a step twice."""
     n_visits = math.ceil(args.epochs * n_pairs)  # pair visits over all epochs
     batches = []
     for epoch in range(math.ceil(args.epochs)):
         perm = list(range(n_pairs))
         random.Random(f"{args.seed}-{step}-{epoch}").shuffle(perm)
         perm = perm[: n_visits - epoch * n_pairs]  # all of it, but in a fractional last epoch
-        for start in range(0, len(perm), args.batch_size):
-            batches.append(perm[start : start + args.batch_size])
+        n_steps = math.ceil(len(perm) / args.batch_size)  # this epoch's optimizer steps
+        size, extra = divmod(len(perm), n_steps)  # the first `extra` steps take one pair more
+        start = 0
+        for i in range(n_steps):
+            n = size
+            if i < extra:
+                n += 1
+            batches.append(perm[start : start + n])
+            start += n
     return batches
 
 

@@ -218,7 +218,8 @@ def parse_args(argv=None):
         default=None,
         choices=losses.ADV_STDS,
         help="divide advantages by the group's reward std (default), the batch's std of the"
-        " centred advantages (with grpo: REINFORCE++-baseline) or nothing (Dr. GRPO)",
+        " centred advantages (with grpo: REINFORCE++-baseline) or nothing (Dr. GRPO); with"
+        " --advantage passk use none (group divides by the reward std, not pass@k's std)",
     )
     g.add_argument(
         "--std-norm",
@@ -323,6 +324,13 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.resume:
         common.resume_from(p, argv, args, needs=("optimizer.pt",))
+        # the normaliser has two spellings: the one typed now replaces the run's, so the restored
+        # other spelling must not contradict it
+        given = common.explicit_dests(p, argv)
+        if "adv_std" in given and "std_norm" not in given:
+            args.std_norm = None
+        if "std_norm" in given and "adv_std" not in given:
+            args.adv_std = None
     return resolve(args)
 
 
@@ -711,7 +719,8 @@ def setup_runtime(args):
     sees only its own), kept apart from args and saved as runtime.json; it applies --threads. The
     policy on cuda:0 and the engine on cuda:1 with 2 GPUs (seed 000's layout); with one GPU they
     share it; else CPU. load_policy may turn shared_prefix off for a model whose cache does not
-    reproduce its log-probs."""
+    reproduce its log-probs, and make_engine sets engine to hf for a model vLLM's CPU engine
+    cannot run."""
     n_gpu = torch.cuda.device_count()
     policy_device = args.policy_device
     if policy_device is None:
@@ -737,6 +746,7 @@ def setup_runtime(args):
     # before the engine starts (a vLLM CPU engine makes torch.set_num_threads a no-op)
     threads = common.set_threads(args.threads)
     return {
+        "engine": args.engine,  # make_engine records the one that runs
         "policy_device": policy_device,
         "vllm_device": vllm_device,
         "param_dtype": param_dtype,
@@ -879,17 +889,20 @@ def build_learner(args, runtime):
 
 def make_engine(path, args, runtime, policy=None):
     """rollout.init_engine for this run. On one shared GPU the engine's share leaves room for the
-    policy."""
+    policy. runtime["engine"] becomes the engine that runs: hf for a model vLLM's CPU engine cannot
+    run (rollout.engine_that_runs; checked here, not in setup_runtime, as it imports vLLM)."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(path)
     max_len = min(getattr(config, "max_position_embeddings", 4096), 4096)
     kw = {}
-    if args.engine == "vllm":
+    device = runtime["vllm_device"]
+    engine = engines.engine_that_runs(args.engine, path, device)
+    runtime["engine"] = engine  # the run record (runtime.json) names the engine that runs
+    if engine == "vllm":
         kw["max_model_len"] = max_len
         kw["enforce_eager"] = args.eager
-    device = runtime["vllm_device"]
-    if args.engine == "vllm" and device.startswith("cuda"):
+    if engine == "vllm" and device.startswith("cuda"):
         share = args.gpu_memory_utilization
         if not share:
             share = common.engine_share(
@@ -902,7 +915,7 @@ def make_engine(path, args, runtime, policy=None):
             )
         kw["gpu_memory_utilization"] = share
         kw["enable_sleep_mode"] = args.sleep_engine
-    return engines.init_engine(args.engine, path, device=device, seed=args.seed, **kw)
+    return engines.init_engine(engine, path, device=device, seed=args.seed, **kw)
 
 
 # ----------------------------------------------------------------------------- rollout / reward
@@ -1088,6 +1101,12 @@ def summarize(batch, shard_stats, args):
     batch["advantages"] (N,) and returns the step's rollout metrics. shard_stats: collect's stats
     of each shard (one for grpo.py; the shards ran side by side, so a time is their longest). A
     new metric is one line here."""
+    keep = None  # (n_groups,) the groups that carry advantages; None: all
+    if args.dynamic_sampling:
+        # a group the filter calls flat is in the batch only when a shard found nothing to learn
+        # from: it may still differ in what the filter ignores (format, the length penalty), which
+        # is not signal, so its advantages are zero (and it leaves --adv-std batch's std)
+        keep = varied_groups(batch, args)
     adv, meta = losses.compute_advantages(
         batch["raw"],
         args.group_size,
@@ -1095,13 +1114,8 @@ def summarize(batch, shard_stats, args):
         args.adv_std,
         args.advantage_eps,
         args.passk_k or 1,
+        keep=keep,
     )
-    if args.dynamic_sampling:
-        # a group the filter calls flat is in the batch only when a shard found nothing to learn
-        # from: it may still differ in what the filter ignores (format, the length penalty), which
-        # is not signal, so its advantages are zero
-        varied = varied_groups(batch, args).repeat_interleave(args.group_size)  # (N,)
-        adv = torch.where(varied, adv, 0.0)
     batch["advantages"] = adv
     lengths = [len(ids) for ids in batch["response_ids"]]
     rewards = batch["rewards"]
@@ -1200,9 +1214,9 @@ def _shard(rows, dp):
     return rows[start:end]
 
 
-def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None, rows=None, key="log_probs"):
-    """(N, T) label log-probs under `model` at the sampling temperature, no grad; key
-    "token_entropy": the entropies instead. Of `rows` only (the others read 0), by default all.
+def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None, rows=None, entropy=False):
+    """(N, T) label log-probs under `model` at the sampling temperature, no grad; with entropy:
+    the token entropies instead. Of `rows` only (the others read 0), by default all.
     With dp each learner scores its shard of the rows, and the results are summed."""
     N, T = tensors["labels"].shape
     out = torch.zeros(N, T)  # (N, T)
@@ -1213,6 +1227,9 @@ def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None, rows=None, 
     rows = _shard(rows, dp)
     mbs = args.micro_train_batch_size
     shared_prefix = runtime["shared_prefix"]
+    key = "log_probs"  # get_response_log_probs' output this returns
+    if entropy:
+        key = "token_entropy"
     model.eval()
     with torch.inference_mode(), common.autocast(device, runtime["compute_dtype"]):
         for start in range(0, len(rows), mbs):
@@ -1222,7 +1239,7 @@ def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None, rows=None, 
                 result = losses.get_response_log_probs(
                     model,
                     **mb,
-                    return_token_entropy=key == "token_entropy",
+                    return_token_entropy=entropy,
                     temperature=args.temperature,
                     ban_token_ids=ban_ids,
                     prefix_len=P,
@@ -1473,7 +1490,7 @@ def top_entropy_tokens(policy, tensors, rows, args, runtime, ban_ids, dp=None):
     over the batch). The step's microbatches run one at a time, so their entropies come from a
     no-grad pass over the step's rows first (with dp, every learner's share): one more forward
     per optimizer step, and the same tokens however the step is split into microbatches."""
-    entropy = batch_log_probs(policy, tensors, args, runtime, ban_ids, dp, rows, "token_entropy")
+    entropy = batch_log_probs(policy, tensors, args, runtime, ban_ids, dp, rows, entropy=True)
     mask = tensors["response_mask"]  # (N, T)
     keep = torch.zeros_like(mask)  # (N, T)
     keep[rows] = losses.top_entropy_mask(entropy[rows], mask[rows], args.entropy_top_quantile)

@@ -469,7 +469,11 @@ def passk_advantages(grouped, k):
     In expectation sum_i A_i grad log pi(y_i) = (G - k) / k x grad E[max of k rewards] (0 at
     k = G); k = 1 is GRPO. Counted in sorted order: the j-th smallest reward (0-based) is the
     maximum of C(j, k - 1) subsets, and of C(j - 1, k - 2) of those that also hold a smaller
-    y_i."""
+    y_i. This computes rho with its own table (any rewards), not with pass_at_k (0/1 only).
+    Departure: Chen et al. divide these scores by the std of the group's pass@k,
+    sqrt(rho (1 - rho)); compute_advantages' "group" normaliser divides by the std of the group's
+    rewards instead, a per-group reweighting neither the paper nor the pass@k gradient has. With
+    passk use adv_std "none" (the scores as derived) or "batch" (one scale for the step)."""
     n_prompts, G = grouped.shape
     values, order = grouped.sort(dim=1, stable=True)  # (n_prompts, G) ascending
     # w[p, q]: how many k-subsets holding the p-th smallest have the q-th smallest as maximum
@@ -505,15 +509,20 @@ ADVANTAGES = {"grpo": grpo_advantages, "rloo": rloo_advantages, "passk": passk_a
 ADV_STDS = ("group", "batch", "none")
 
 
-def compute_advantages(rewards, group_size, estimator, adv_std, advantage_eps, passk_k=1):
+def compute_advantages(
+    rewards, group_size, estimator, adv_std, advantage_eps, passk_k=1, keep=None
+):
     """A step's advantages from its rewards (N,) = prompts x G, each group G consecutive rows:
     ADVANTAGES[estimator]'s centred scores, divided by
     - "group": the group's reward std + eps (GRPO; unbiased std),
     - "batch": the std of all N centred scores + eps (REINFORCE++-baseline, Hu et al. 2025:
       the group mean, then the batch's scale),
     - "none": nothing (Dr. GRPO).
-    A group whose rewards are all equal gets exactly 0. Returns (advantages (N,), metadata: the
-    rewards' mean/std/max/min and the fraction of groups whose rewards are all equal)."""
+    A group whose rewards are all equal gets exactly 0, and so does a group that keep
+    (n_prompts,) bool, if given, marks False (a group the caller drops from the loss): it is zeroed
+    before the batch std (as a flat group is), so its scores scale no other group. Returns
+    (advantages (N,), metadata: the rewards' mean/std/max/min and the fraction of groups whose
+    rewards are all equal)."""
     raw = torch.as_tensor(rewards, dtype=torch.float32)  # (N,)
     n = len(raw)
     _need(
@@ -543,7 +552,15 @@ def compute_advantages(rewards, group_size, estimator, adv_std, advantage_eps, p
     # advantage: Adam (scale-free) would take a full-size random step on it, so it is zeroed
     # exactly.
     flat = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)  # (n_prompts, 1)
-    centered = torch.where(flat, 0.0, ADVANTAGES[estimator](grouped, passk_k))
+    zero = flat  # (n_prompts, 1): the groups whose scores are exactly 0
+    if keep is not None:
+        keep = torch.as_tensor(keep, dtype=torch.bool)
+        _need(
+            keep.shape == (len(grouped),),
+            f"keep has shape {tuple(keep.shape)}, expected ({len(grouped)},): one per group",
+        )
+        zero = flat | ~keep[:, None]
+    centered = torch.where(zero, 0.0, ADVANTAGES[estimator](grouped, passk_k))
     if adv_std == "group":
         adv = centered / (grouped.std(dim=1, keepdim=True) + advantage_eps)  # (n_prompts, G)
     elif adv_std == "batch":

@@ -597,17 +597,24 @@ def cpu_engine_refusal(model_id):
     return f"vLLM's CPU engine has no attention kernel for head size {head} (it runs {supported})"
 
 
-def init_engine(kind, model_id, device="cpu", seed=0, **kwargs):
-    """kind "vllm" -> init_vllm(model_id, device, seed, **kwargs);
-    "hf" -> HFEngine(model_id, device, seed). A model vLLM's CPU engine cannot run
-    (cpu_engine_refusal) gets the HFEngine, with a one-line notice."""
-    if kind not in ENGINES:
-        raise ValueError(f"init_engine: unknown engine {kind!r}; use one of {ENGINES}")
+def engine_that_runs(kind, model_id, device="cpu"):
+    """The engine kind init_engine starts for `kind`: "hf" for a model vLLM's CPU engine cannot
+    run (cpu_engine_refusal), after a one-line notice; else kind. A run records this one."""
     if kind == "vllm" and torch.device(device).type == "cpu":
         refusal = cpu_engine_refusal(model_id)
         if refusal:
             print(f"notice: {refusal}: running it with --engine hf instead", flush=True)
-            kind = "hf"
+            return "hf"
+    return kind
+
+
+def init_engine(kind, model_id, device="cpu", seed=0, **kwargs):
+    """kind "vllm" -> init_vllm(model_id, device, seed, **kwargs);
+    "hf" -> HFEngine(model_id, device, seed). A model vLLM's CPU engine cannot run
+    (cpu_engine_refusal) gets the HFEngine, with a one-line notice (engine_that_runs)."""
+    if kind not in ENGINES:
+        raise ValueError(f"init_engine: unknown engine {kind!r}; use one of {ENGINES}")
+    kind = engine_that_runs(kind, model_id, device)
     if kind == "hf":
         return HFEngine(model_id, device=device, seed=seed)
     return init_vllm(model_id, device=device, seed=seed, **kwargs)

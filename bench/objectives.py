@@ -281,7 +281,7 @@ def run(a):
     }
     (step,), _ = grpo.train_step(learner, batch, base, runtime, 0)
     cur = grpo.batch_log_probs(policy, tensors, base, runtime, ban_ids)
-    cur_entropy = grpo.batch_log_probs(policy, tensors, base, runtime, ban_ids, key="token_entropy")
+    cur_entropy = grpo.batch_log_probs(policy, tensors, base, runtime, ban_ids, entropy=True)
     times["emulated_step"] = time.perf_counter() - t0 - sum(times.values())
     mask = tensors["response_mask"]
     ratio = (cur - old).exp()[mask]

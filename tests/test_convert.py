@@ -19,6 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import convert_lm
+import grpo
 import rollout
 from conftest import requires_vllm
 
@@ -336,6 +337,48 @@ def test_rope_needs_the_permutation(student):
     assert (got - ref_logits(student["sd"], ids, SIZES["heads"])).abs().max() > 100 * LOGITS_ATOL
 
 
+def convert_and_compare(student, tmp_path, sd, want_sd):
+    """Convert sd (the THETA/EPS flags) and -> (the notices printed, max |logit difference| of
+    the result against the reference forward of want_sd, the loaded model)."""
+    write_student(tmp_path, student["vocab"], student["merges"], sd)
+    flags = ["--num-heads", str(SIZES["heads"]), "--rope-theta", str(THETA)]
+    flags += ["--norm-eps", str(EPS), "--context-length", "64"]
+    out = convert_lm.main(convert_argv(tmp_path, tmp_path / "lm", *flags))
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float64)
+    ids = torch.randint(0, SIZES["vocab"], (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        got = model(ids).logits
+    diff = (got - ref_logits(want_sd, ids, SIZES["heads"])).abs().max().item()
+    return diff, model
+
+
+def test_rope_buffers_in_the_state_dict_are_dropped_with_a_notice(student, tmp_path, capsys):
+    """A student's RoPE module with persistent buffers (cos/sin tables, inv_freq) puts them in the
+    state dict: they are not weights, so they are dropped with a one-line notice, not refused."""
+    sd = dict(student["sd"])
+    for i in range(SIZES["layers"]):
+        sd[f"layers.{i}.attn.rope.cos_cached"] = torch.randn(64, 16)
+        sd[f"layers.{i}.attn.rope.sin_cached"] = torch.randn(64, 16)
+    sd["rope.inv_freq"] = torch.rand(16)
+    diff, _ = convert_and_compare(student, tmp_path, sd, student["sd"])
+    notices = [line for line in capsys.readouterr().out.splitlines() if "notice" in line]
+    assert len(notices) == 1 and "dropped 5 RoPE buffers" in notices[0], notices
+    assert diff <= LOGITS_ATOL
+
+
+def test_a_tied_model_without_lm_head_uses_the_token_embeddings(student, tmp_path, capsys):
+    """No lm_head.weight: the handout's model with its output layer tied to the embeddings;
+    converted with tie_word_embeddings and a notice, it gives the tied reference's logits."""
+    sd = dict(student["sd"])
+    del sd["lm_head.weight"]
+    tied = {**sd, "lm_head.weight": sd["token_embeddings.weight"]}
+    diff, model = convert_and_compare(student, tmp_path, sd, tied)
+    notices = [line for line in capsys.readouterr().out.splitlines() if "notice" in line]
+    assert len(notices) == 1 and "tied" in notices[0], notices
+    assert model.config.tie_word_embeddings
+    assert diff <= LOGITS_ATOL
+
+
 def test_tokenizer_ids_equal_the_reference_bpe(student, converted, tmp_path):
     """Both serialisations give the reference's ids on 300 strings; decode inverts encode."""
     out = tmp_path / "from_pickle"
@@ -388,6 +431,16 @@ def test_a_head_size_vllm_cpu_lacks_falls_back_to_hf(tmp_path, student, capsys):
     assert "head size 16" in notice[0] and "--engine hf" in notice[0]
     samples = rollout.generate(llm, ["the cat"], n=1, temperature=0.0, max_tokens=3)
     assert len(samples[0][0]["token_ids"]) == 3
+    # grpo.py's run record (runtime.json) names the engine that runs, not the flag
+    argv = ["--model", out, "--engine", "vllm", "--out", str(tmp_path / "run")]
+    argv += ["--group-size", "4", "--rollout-batch-size", "8", "--train-batch-size", "8"]
+    argv += ["--gradient-accumulation-steps", "2"]
+    args = grpo.parse_args(argv)
+    runtime = grpo.setup_runtime(args)
+    assert runtime["engine"] == "vllm"  # the flag, until the engine is made
+    engine = grpo.make_engine(out, args, runtime)
+    assert isinstance(engine, rollout.HFEngine)
+    assert runtime["engine"] == "hf"
 
 
 def drop_ln2(sd):

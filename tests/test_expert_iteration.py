@@ -147,14 +147,20 @@ def test_each_epoch_trains_every_kept_pair_once_without_repeats():
     # fewer kept pairs than --batch-size: one step of the 3 an epoch, none repeated to fill it
     batches = ei.sft_batches(3, args, step=0)
     assert [sorted(b) for b in batches] == [[0, 1, 2], [0, 1, 2]]
-    # 10 pairs, 1.5 epochs: 4 + 4 + 2, then the first 5 of a new permutation in 4 + 1
+    # 10 pairs, 1.5 epochs: ceil(10 / 4) = 3 steps of 4 + 3 + 3, then the first 5 of a new
+    # permutation in ceil(5 / 4) = 2 steps of 3 + 2 (not 4 + 4 + 2 and 4 + 1)
     flags = ["--batch-size", "4", "--gradient-accumulation-steps", "2", "--epochs", "1.5"]
     args = ei.parse_args(flags)
     batches = ei.sft_batches(10, args, step=0)
-    assert [len(b) for b in batches] == [4, 4, 2, 4, 1]
+    assert [len(b) for b in batches] == [4, 3, 3, 3, 2]
     assert sorted(batches[0] + batches[1] + batches[2]) == list(range(10))
     for b in batches:
         assert len(set(b)) == len(b)
+    # 33 pairs at --batch-size 32: 17 + 16, no lone pair taking a full optimizer step
+    flags = ["--batch-size", "32", "--gradient-accumulation-steps", "2", "--epochs", "1"]
+    batches = ei.sft_batches(33, ei.parse_args(flags), step=0)
+    assert [len(b) for b in batches] == [17, 16]
+    assert sorted(batches[0] + batches[1]) == list(range(33))
 
 
 def test_nothing_kept_is_no_update_and_a_notice(capsys):

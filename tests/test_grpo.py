@@ -39,6 +39,7 @@ EVAL_KEYS = [
 ]
 # the runtime record grpo.main saves as runtime.json (grpo.setup_runtime)
 RUNTIME_KEYS = {
+    "engine",
     "policy_device",
     "vllm_device",
     "param_dtype",
@@ -375,6 +376,22 @@ def test_summarize_zeroes_a_flat_fallback_group_under_dynamic_sampling():
         assert torch.equal(batch["advantages"], want_adv), flags
 
 
+def test_a_dynamic_sampling_fallback_group_leaves_the_batch_std():
+    """--adv-std batch with --dynamic-sampling: group 1 (flat on answer_reward, varying in format)
+    is zeroed before the batch std, so by hand the std is over group 0's centred rewards and
+    group 1's zeros, not over group 1's format differences."""
+    rewards = [RIGHT, FORMATTED, RIGHT, UNFORMATTED] + [FORMATTED, UNFORMATTED] * 2
+    batch = scored_batch(rewards)
+    args = summarize_args("--dynamic-sampling", "--adv-std", "batch")
+    grpo.summarize(batch, [shard_stats(1.0, 0.1, 0.5, 3, 1)], args)
+    raw = [d["reward"] for d in rewards[:4]]
+    centred = [r - statistics.fmean(raw) for r in raw] + [0.0] * 4
+    std = statistics.stdev(centred)  # unbiased, as torch.std
+    want = [c / (std + args.advantage_eps) for c in centred]
+    assert batch["advantages"].tolist() == pytest.approx(want, rel=1e-6)
+    assert batch["advantages"][4:].tolist() == [0.0] * 4
+
+
 def test_summarize_joins_the_shards_stats():
     """Shards run side by side: a time is the longest shard's; the filtered fraction is over all
     the prompts sampled (3 flat of 8, not the mean of the shards' fractions)."""
@@ -667,6 +684,24 @@ def test_advantage_flags_resolve_and_their_conflicts_are_refused(capsys):
 
 
 @pytest.mark.parametrize(
+    "saved, typed, want",
+    [
+        ({"std_norm": True}, ["--adv-std", "batch"], "batch"),  # a run that predates --adv-std
+        ({"std_norm": None, "adv_std": "group"}, ["--no-std-norm"], "none"),
+        ({"std_norm": True, "adv_std": "group"}, ["--adv-std", "none"], "none"),
+        ({"std_norm": False, "adv_std": "none"}, [], "none"),  # nothing typed: the run's
+    ],
+)
+def test_resume_takes_the_normaliser_typed_now_in_either_spelling(tmp_path, saved, typed, want):
+    """--resume restores both spellings of the normaliser from the run's flags; the one typed on
+    the command line replaces them, instead of contradicting the restored other spelling."""
+    sizes = {"group_size": 4, "rollout_batch_size": 8, "train_batch_size": 8}
+    (tmp_path / "args.json").write_text(json.dumps({**sizes, **saved, "out": str(tmp_path)}))
+    args = grpo.parse_args(["--resume", str(tmp_path), "--dry-run", *typed])
+    assert args.adv_std == want
+
+
+@pytest.mark.parametrize(
     "flags",
     [
         ["--advantage", "rloo"],
@@ -722,6 +757,31 @@ def one_forward_gradient(live, loss_of):
     )
     loss_of(out["log_probs"], out["token_entropy"], tensors["response_mask"]).backward()
     return torch.cat([p.grad.flatten() for p in policy.parameters()])
+
+
+def test_batch_log_probs_with_entropy_reads_the_token_entropies(live):
+    """batch_log_probs(entropy=True): the no-grad pass's token entropies (the
+    --entropy-top-quantile pass), as get_response_log_probs gives them in one forward."""
+    args = live["args"]
+    runtime = live["runtime"]
+    ban = live["batch"]["ban_token_ids"]
+    tensors = grpo.collate(live["batch"], args)
+    policy = grpo.load_policy(live["model_dir"], args, runtime)[0]
+    got = grpo.batch_log_probs(policy, tensors, args, runtime, ban, entropy=True)
+    with torch.no_grad():
+        want = losses.get_response_log_probs(
+            policy,
+            tensors["input_ids"],
+            tensors["labels"],
+            return_token_entropy=True,
+            temperature=args.temperature,
+            ban_token_ids=ban,
+            ban_mask=tensors["ban_mask"],
+        )["token_entropy"]
+    mask = tensors["response_mask"]
+    assert (got - want)[mask].abs().max() <= 1e-4
+    log_probs = grpo.batch_log_probs(policy, tensors, args, runtime, ban)
+    assert not torch.equal(got[mask], log_probs[mask])
 
 
 def test_entropy_coef_is_the_entropy_bonus_at_the_gradient(live):

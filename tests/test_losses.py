@@ -1201,7 +1201,14 @@ def test_compute_advantages_normalisers_by_hand():
     close(adv[:4], centred / (batch_std + 1e-6))
     adv, _ = L.compute_advantages(raw, 4, "rloo", "none", 1e-6)
     close(adv[:4], centred * 4 / 3)
+    # keep: a dropped group is zeroed before the batch std, as a flat one is
+    varied = T([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0])  # group 1 varies
+    adv, _ = L.compute_advantages(varied, 4, "grpo", "batch", 1e-6, keep=[True, False])
+    close(adv, torch.cat([centred / (batch_std + 1e-6), torch.zeros(4)]))
+    all_kept, _ = L.compute_advantages(varied, 4, "grpo", "batch", 1e-6, keep=[True, True])
+    assert torch.equal(all_kept, L.compute_advantages(varied, 4, "grpo", "batch", 1e-6)[0])
     bad = [
+        (dict(keep=[True]), "one per group"),
         (dict(estimator="ppo"), "unknown advantage"),
         (dict(adv_std="global"), "unknown adv_std"),
         (dict(passk_k=4), "passk needs 1 <= k < group_size"),
