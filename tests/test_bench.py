@@ -285,3 +285,66 @@ def test_estimator_lab_variance_is_reinforces_exact_variance(estimator_lab):
     for G in (4, 8):
         exact = var_sum / (G * grad_sq)
         assert cells[("reinforce", "on_policy", G)]["variance"] == pytest.approx(exact, rel=0.1)
+
+
+def lora_adapter_count(rank, hidden, intermediate, q_out, kv_out, layers):
+    """r x (in + out) of every attention and MLP projection (q, k, v, o, gate, up, down)."""
+    q = hidden + q_out
+    k = hidden + kv_out
+    v = hidden + kv_out
+    o = q_out + hidden
+    mlp = 3 * (hidden + intermediate)
+    return rank * layers * (q + k + v + o + mlp)
+
+
+def test_lora_bench_counts_the_adapters_alone():
+    """bench/lora.py --quick, in-process: against a hand count from each model's shape, LoRA's
+    optimizer holds exactly the adapters (r x (in + out) per projection) with 8 bytes of AdamW
+    moments each, and full fine-tuning every parameter; an optimizer that also held the base
+    weights fails the count."""
+    import importlib.util
+
+    import torch
+
+    # by its path: the name lora is the root module's
+    spec = importlib.util.spec_from_file_location("lora_bench", os.path.join(ROOT, "bench/lora.py"))
+    lora_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lora_bench)
+    threads = torch.get_num_threads()
+    lines = []
+    try:
+        rows, config = lora_bench.run(
+            lora_bench.parse(["--quick", "--threads", "1"]), emit=lines.append
+        )
+    finally:
+        torch.set_num_threads(threads)
+    assert len(lines) == len(rows) == 2 * len(config["ranks"])
+    with open(os.path.join(ROOT, "models", "countdown-tiny", "config.json")) as f:
+        cfg = json.load(f)
+    h = config["stand_in"]["hidden"]
+    shapes = {  # hidden, intermediate, q out, kv out, layers
+        "embedded": (
+            cfg["hidden_size"],
+            cfg["intermediate_size"],
+            cfg["num_attention_heads"] * cfg["head_dim"],
+            cfg["num_key_value_heads"] * cfg["head_dim"],
+            cfg["num_hidden_layers"],
+        ),
+        "stand_in": (h, 3 * h, h, h, config["stand_in"]["layers"]),
+    }
+    full = {r["model"]: r for r in rows if r["lora_rank"] == 0}
+    for r in rows:
+        shape = shapes[r["model"]]
+        base = full[r["model"]]["parameters"]
+        if r["lora_rank"] == 0:
+            n = base
+            assert r["lora_layers"] == 0
+        else:
+            n = lora_adapter_count(r["lora_rank"], *shape)
+            assert r["lora_layers"] == 7 * shape[-1]
+            assert r["parameters"] == base + n
+        assert r["trainable"] == r["optimizer_params"] == n, r
+        assert r["adam_moment_bytes"] == 8 * n, r  # exp_avg + exp_avg_sq, fp32
+        assert r["optimizer_state_bytes"] - r["adam_moment_bytes"] <= 8 * 7 * shape[-1] + 64
+        assert r["train_step_s"] > 0
+        assert r["first_update"]["grad_norm"] > 0, "no reward variance: nothing trained"

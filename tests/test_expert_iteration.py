@@ -348,3 +348,25 @@ def test_sigterm_saves_the_steps_done(tmp_path, monkeypatch, sigterm, capsys):
     assert [r["step"] for r in rows] == [0]
     assert state["opt_step"] == rows[-1]["opt_step"]
     assert os.path.isfile(tmp_path / "checkpoint" / "optimizer.pt")
+
+
+def test_lora_optimizer_holds_the_adapters_and_resume_continues(tmp_path):
+    """--lora-rank 2: after one step the checkpoint holds the adapter (not the model) and an AdamW
+    state over the adapter's tensors alone; --resume continues to step 2 from it."""
+    from safetensors.torch import load_file
+
+    import lora
+
+    out = tmp_path / "lora"
+    run_main(TINY_FLAGS + ["--lora-rank", "2", "--n-ei-steps", "1", "--out", str(out)])
+    ckpt = out / "checkpoint"
+    assert lora.is_adapter_dir(ckpt) and not (ckpt / "model.safetensors").exists()
+    adapter = load_file(ckpt / lora.ADAPTER_WEIGHTS)
+    opt = torch.load(ckpt / "optimizer.pt")
+    assert sum(len(group["params"]) for group in opt["param_groups"]) == len(adapter)
+    n = sum(t.numel() for t in adapter.values())
+    assert sum(s["exp_avg"].numel() for s in opt["state"].values()) in (0, n)  # 0: none kept
+    stdout = run_main(["--resume", str(out), "--n-ei-steps", "2"])
+    assert "resume: restored the run's flags" in stdout
+    assert [r["step"] for r in step_rows(metrics(out))] == [0, 1]
+    assert set(load_file(ckpt / lora.ADAPTER_WEIGHTS)) == set(adapter)

@@ -43,6 +43,7 @@ ray = pytest.importorskip("ray")
 import common  # noqa: E402
 import grpo  # noqa: E402
 import grpo_ray  # noqa: E402
+import lora  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Whole words the tiny random model emits often (digits, symbols, merges of its BPE corpus): groups
@@ -1017,5 +1018,30 @@ def test_generators_and_learners_scale_out(cluster, make_args):
             training = [x.train.remote(ref) for x in actors["learner"]]
             grpo_ray.get(training, "probe", resumed, actors)
         assert "\n" not in str(e.value)
+    finally:
+        grpo_ray.kill_actors(actors)
+
+
+def test_lora_learner_holds_the_adapters_and_resume_continues(cluster, make_args):
+    """--lora-rank 2 over Ray (disaggregated, HF engine): the checkpoint holds the adapter, not the
+    model, and the learner's AdamW state covers the adapter's tensors alone; --resume on the same
+    actors continues from it."""
+    from safetensors.torch import load_file
+
+    flags = "--placement disaggregated --engine hf --lora-rank 2 --n-grpo-steps 1 --seed 1"
+    args = make_args(*flags.split())
+    actors = grpo_ray.build_actors(args)
+    try:
+        grpo_ray.run(args, actors)
+        ckpt = os.path.join(args.out, "checkpoint")
+        assert lora.is_adapter_dir(ckpt)
+        assert not os.path.exists(os.path.join(ckpt, "model.safetensors"))
+        adapter = load_file(os.path.join(ckpt, lora.ADAPTER_WEIGHTS))
+        opt = torch.load(os.path.join(ckpt, "optimizer.pt"))
+        assert sum(len(group["params"]) for group in opt["param_groups"]) == len(adapter)
+        resumed = start(actors, grpo_ray.parse_args(["--resume", args.out, "--n-grpo-steps", "2"]))
+        assert resumed.lora_rank == 2
+        grpo_ray.run(resumed, actors)
+        assert [r["step"] for r in logged_steps(resumed)] == [0, 1]
     finally:
         grpo_ray.kill_actors(actors)

@@ -414,6 +414,9 @@ STAND_INS = [
     (("GSM8K expert iteration",), "hf", []),
     (("embedded model from scratch",), "hf", ["--countdown-n", "32"]),
     (GRPO_COUNTDOWN_ROWS, "vllm", []),
+    # LoRA: each row its own run (their --lora-rank and --lr clash with the rows above)
+    (("GRPO on Countdown with LoRA",), "hf", []),
+    (("GRPO on Countdown with rank-1 LoRA",), "hf", []),
     (GSM8K_ROWS, "hf", []),
     (("GSM8K GRPO baselines",), "hf", []),
     (("no-clip ablation",), "hf", []),
