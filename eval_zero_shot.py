@@ -610,9 +610,10 @@ def expand_models(paths):
         else:
             found.append((snapshot_step(path), path))
         for step, model in found:
-            label = f"step_{step:04d}"
-            if step is None:
+            if step is None:  # a model directory of no run: its own name
                 label = os.path.basename(model.rstrip("/")) or model
+            else:
+                label = f"step_{step:04d}"
             sweep.append({"label": label, "step": step, "model": model})
     labels = [s["label"] for s in sweep]
     for label in labels:

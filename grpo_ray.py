@@ -296,7 +296,12 @@ class Worker:
             else:  # a reused actor: its engine takes the new run's start weights
                 stale = True
             if stale:
-                policy = grpo.load_policy(lora.model_path(args), args, self.runtime)[0]
+                dtype = (
+                    None  # the master-weight dtype, as the learners load it (grpo.build_learner)
+                )
+                if args.lora_rank:
+                    dtype = self.runtime["compute_dtype"]
+                policy = grpo.load_policy(lora.model_path(args), args, self.runtime, dtype)[0]
                 policy = lora.wrap(policy, args)  # LoRA: the adapter from --resume
                 rollout.load_policy_into_vllm(policy, self.engine)
         return os.getpid()
@@ -441,7 +446,9 @@ class Worker:
             "spans": spans,
         }
 
-    def save(self, out_dir, state):
+    def save(self, out_dir, state, final=False):
+        """Checkpoint (and --keep-checkpoints' snapshot); the final save of a run, finished or
+        stopped, also writes --export-merged's model."""
         path = common.save_model_checkpoint(
             out_dir,
             self.learner["policy"],
@@ -459,7 +466,7 @@ class Worker:
                 state,
                 self.args.keep_checkpoints,
             )
-        if self.args.export_merged and state["step"] == self.args.n_grpo_steps:
+        if self.args.export_merged and final:
             lora.export_merged(
                 self.learner["policy"], self.learner["tokenizer"], self.args.export_merged
             )
@@ -848,7 +855,7 @@ def run(args, actors):
     saved = False
     try:
         with common.finish_then_interrupt("the checkpoint save"):
-            _save(args, actors, state, n, wall)
+            _save(args, actors, state, n, wall, final=True)
             saved = True
     except KeyboardInterrupt:
         if not saved:
@@ -869,7 +876,7 @@ def _save_on_stop(args, actors, state, version, wall):
     """After a stop request (Ctrl-C, SIGTERM): checkpoint `version`, the steps logged, then exit
     130 / 143. A second request while saving stops at once; the last complete checkpoint stays."""
     try:
-        _save(args, actors, state, version, wall)
+        _save(args, actors, state, version, wall, final=True)
     except KeyboardInterrupt:
         grpo.stopped(
             f"{common.stop_name()} again while saving: stopped; {args.out} keeps its last "
@@ -927,10 +934,11 @@ def _checkpoint_and_eval(args, actors, state, syncs, version, t_run):
     return syncs
 
 
-def _save(args, actors, state, version, wall):
-    """Checkpoint `version`: the learners are in lockstep, so rank 0 saves."""
+def _save(args, actors, state, version, wall, final=False):
+    """Checkpoint `version`: the learners are in lockstep, so rank 0 saves. final: the run's last
+    save (finished or stopped)."""
     meta = {"step": version, "opt_step": state["opt_step"], "wall": wall}
-    ref = actors["learner"][0].save.remote(args.out, meta)
+    ref = actors["learner"][0].save.remote(args.out, meta, final)
     get(ref, f"checkpoint of version {version}", args, actors)
 
 

@@ -85,6 +85,39 @@ def check_flags(args):
     common.check(
         not args.qlora or args.lora_rank > 0, "--qlora trains adapters: pass --lora-rank r > 0"
     )
+    # a snapshot of a LoRA run would be its adapter, which the evaluators' sweep cannot load
+    common.check(
+        not (args.lora_rank and args.keep_checkpoints),
+        "--keep-checkpoints keeps full models; under --lora-rank use --export-merged (the final "
+        "merged model) instead",
+    )
+    if args.resume:
+        check_resume(args)
+
+
+def check_resume(args):
+    """A resumed run trains what its checkpoint holds: a LoRA run with its rank and alpha, a full
+    run without LoRA. Each mismatch is one line, before anything loads."""
+    saved_lora = is_adapter_dir(args.resume)
+    common.check(
+        args.lora_rank or not saved_lora,
+        f"--resume {args.resume} is a LoRA run: resume it with its --lora-rank",
+    )
+    common.check(
+        not args.lora_rank or saved_lora,
+        f"--resume {args.resume} is a full fine-tuning run: drop --lora-rank (or start a LoRA run "
+        "from its checkpoint with --model)",
+    )
+    if not saved_lora:
+        return
+    with open(os.path.join(args.resume, ADAPTER_CONFIG)) as f:
+        saved = json.load(f)
+    # alpha scales the whole learned update: another value would silently rescale it
+    common.check(
+        float(saved["lora_alpha"]) == args.lora_alpha,
+        f"--lora-alpha {args.lora_alpha} differs from the run's {saved['lora_alpha']}: resume "
+        "with the run's",
+    )
 
 
 def check_device(args, device):

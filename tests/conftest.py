@@ -155,6 +155,8 @@ def run_script(argv, cwd=ROOT):
     threads are restored. An uncaught exception prints its traceback and exits 1, as Python's."""
     import torch
 
+    import common
+
     script = os.path.basename(argv[0])
     module = importlib.import_module(script.removesuffix(".py"))
     out = io.StringIO()
@@ -163,6 +165,7 @@ def run_script(argv, cwd=ROOT):
     saved_argv = sys.argv
     saved_main = sys.modules["__main__"]
     saved_threads = torch.get_num_threads()
+    held = set(common._LOCKS)  # the run directories this process holds already
     code = 0
     try:
         os.chdir(cwd)
@@ -184,6 +187,9 @@ def run_script(argv, cwd=ROOT):
         sys.argv = saved_argv
         sys.modules["__main__"] = saved_main
         torch._C.set_num_threads(saved_threads)  # (a vLLM engine makes torch's setter a no-op)
+        # the run's directory is free when its process ends: let go of what the script claimed
+        for run_dir in set(common._LOCKS) - held:
+            common.release_run_dir(run_dir)
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 

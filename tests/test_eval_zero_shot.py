@@ -357,6 +357,25 @@ def test_sweep_over_a_run_directory_one_row_per_snapshot(run_dir, problems, tmp_
     assert "pass --overwrite" in capsys.readouterr().err
 
 
+def test_sweep_over_model_directories_of_no_run(tiny_model_dir, problems, tmp_path):
+    """Several --model directories without a run's state.json: a row each, named by its folder
+    (the step label once took their step, None, and crashed)."""
+    import shutil
+
+    import eval_zero_shot
+
+    for name in ("a", "b"):
+        shutil.copytree(tiny_model_dir, tmp_path / name)
+    out = tmp_path / "sweep"
+    argv = ["--model", str(tmp_path / "a"), str(tmp_path / "b"), "--engine", "hf"]
+    argv += ["--data", problems, "--limit", "2", "--max-tokens", "4", "--out", str(out)]
+    eval_zero_shot.main(argv + ["--workers", "1", "--threads", "1"])
+    with open(out / "checkpoints.json") as f:
+        sweep = json.load(f)
+    assert [r["label"] for r in sweep["rows"]] == ["a", "b"]
+    assert [r["step"] for r in sweep["rows"]] == [None, None]
+
+
 def test_write_sweep_names_the_best_and_draws_error_bars(tmp_path, monkeypatch):
     """Hand-made rows: the best is the highest accuracy; the plot draws accuracy ± SE."""
     import matplotlib.figure

@@ -537,7 +537,10 @@ def spans(args, phase, actor=None):
 
 @requires_vllm
 def test_disaggregated_sync(disaggregated, make_args):
-    args = start(disaggregated, make_args("--placement", "disaggregated", "--eval-every", "1"))
+    """Also the sampled validation and the checkpoint series (issue 32) through the actors."""
+    flags = "--placement disaggregated --eval-every 1 --eval-samples 2 --save-every 1"
+    flags += " --keep-checkpoints 1"
+    args = start(disaggregated, make_args(*flags.split()))
     summary = grpo_ray.run(args, disaggregated)
     assert summary["lags"] == [0, 0, 0]
     assert summary["devices"] == 2
@@ -548,6 +551,13 @@ def test_disaggregated_sync(disaggregated, make_args):
     evals = [r for r in rows if "time/eval" in r]  # evals at 0, 1, 2, 3
     mid_run_evals = sum(r["time/eval"] for r in evals[1:3])
     assert len(evals) == 4
+    n_questions = len(grpo.load_data(args)[1])
+    for r in evals:  # k = 2 samples per question beside the greedy answer
+        assert r["eval/n_questions"] == n_questions
+        assert 0 <= r["eval/avg@k"] <= r["eval/pass@k"] <= 1
+        assert "eval/pass@k_se" in r
+    # --keep-checkpoints 1: the last save's weights only, beside the resumable checkpoint/
+    assert os.listdir(os.path.join(args.out, "checkpoints")) == ["step_0003"]
     assert sum(r["time/step"] for r in steps) <= steps[-1]["time/wall"] - mid_run_evals + 1e-3
     gen = spans(args, "generate")
     train = spans(args, "train")

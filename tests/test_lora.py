@@ -80,6 +80,34 @@ def test_qlora_off_cuda_is_one_line(tiny_model_dir, task_file, capsys):
     assert len(err) == 1 and "--qlora needs a CUDA policy device" in err[0]
 
 
+def test_a_resume_keeps_the_runs_lora_settings(tmp_path, capsys):
+    """Checked before anything loads: a LoRA checkpoint resumes with LoRA and its alpha, a full
+    one without LoRA; --keep-checkpoints is refused under LoRA."""
+    import argparse
+    import json
+
+    import lora
+
+    adapter = tmp_path / "lora_ckpt"
+    adapter.mkdir()
+    (adapter / lora.ADAPTER_CONFIG).write_text(json.dumps({"r": 4, "lora_alpha": 32}))
+    full = tmp_path / "full_ckpt"
+    full.mkdir()
+    base = dict(lora_dropout=0.0, qlora=False, keep_checkpoints=0, lora_alpha=32.0)
+    cases = [
+        (dict(resume=str(adapter), lora_rank=0), "is a LoRA run: resume it with its --lora-rank"),
+        (dict(resume=str(full), lora_rank=4), "is a full fine-tuning run: drop --lora-rank"),
+        (dict(resume=str(adapter), lora_rank=4, lora_alpha=16.0), "differs from the run's 32"),
+        (dict(resume=None, lora_rank=4, keep_checkpoints=2), "use --export-merged"),
+    ]
+    for flags, needle in cases:
+        with pytest.raises(SystemExit):
+            lora.check_flags(argparse.Namespace(**(base | flags)))
+        assert needle in capsys.readouterr().err, flags
+    lora.check_flags(argparse.Namespace(**(base | dict(resume=str(adapter), lora_rank=4))))
+    lora.check_flags(argparse.Namespace(**(base | dict(resume=str(full), lora_rank=0))))
+
+
 def test_lora_flags_are_checked_in_one_line(capsys):
     with pytest.raises(SystemExit):
         grpo.parse_args(["--qlora"])
