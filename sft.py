@@ -959,6 +959,36 @@ def save_model(args, model, tokenizer, step):
 
 
 # --------------------------------------------------------------------------------------------- main
+def pair_order(n_pairs, steps, args):
+    """The pair indices of every step, epoch after epoch, each epoch a shuffle seeded by (--seed,
+    epoch): a function of (seed, step), so a resumed run continues the same order."""
+    order = []
+    for epoch in range(math.ceil(steps * args.batch_size / n_pairs)):
+        perm = list(range(n_pairs))
+        random.Random(f"{args.seed}-{epoch}").shuffle(perm)
+        order += perm
+    return order
+
+
+def final_save(args, model, tokenizer, start, steps):
+    """The trained model into --save-dir (unless a resumed, finished run saved it already). A first
+    stop request waits for it, then exits 130 / 143; a second one aborts, and --resume saves
+    again."""
+    saved = False
+    try:
+        with common.finish_then_interrupt("the final save"):
+            if start < steps or not save_complete(args.save_dir):
+                save_model(args, model, tokenizer, steps)
+            saved = True
+    except KeyboardInterrupt:
+        if not saved:
+            raise SystemExit(
+                f"\naborted during the final save; --resume {args.out} saves {args.save_dir} again"
+            ) from None
+        print(f"{common.stop_name()}: stopped after the final save; {args.save_dir} is complete")
+        sys.exit(common.stop_exit_code())
+
+
 def main(argv=None):
     common.stop_on_sigterm()  # SIGTERM (schedulers, `timeout`) finishes the step, as Ctrl-C does
     args = parse_args(argv)
@@ -1015,12 +1045,7 @@ def main(argv=None):
         f"engine {args.engine} on {args.vllm_device}"
     )
     steps = args.steps or math.ceil(args.epochs * len(pairs) / args.batch_size)
-    # pair indices of every step, a function of (seed, step): a resumed run continues the same order
-    order = []
-    for epoch in range(math.ceil(steps * args.batch_size / len(pairs))):
-        perm = list(range(len(pairs)))
-        random.Random(f"{args.seed}-{epoch}").shuffle(perm)
-        order += perm
+    order = pair_order(len(pairs), steps, args)
     optimizer = torch.optim.AdamW(
         lora.trainable(model), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay
     )
@@ -1110,20 +1135,8 @@ def main(argv=None):
         plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
         sys.exit(common.stop_exit_code())
 
-    # --- the final model (a model card in --save-dir stays); a first stop request waits for it ---
-    saved = False
-    try:
-        with common.finish_then_interrupt("the final save"):
-            if start < steps or not save_complete(args.save_dir):
-                save_model(args, model, tokenizer, steps)
-            saved = True
-    except KeyboardInterrupt:
-        if not saved:
-            raise SystemExit(
-                f"\naborted during the final save; --resume {args.out} saves {args.save_dir} again"
-            ) from None
-        print(f"{common.stop_name()}: stopped after the final save; {args.save_dir} is complete")
-        sys.exit(common.stop_exit_code())
+    # --- the final model (a model card in --save-dir stays) ---
+    final_save(args, model, tokenizer, start, steps)
     dashboard = plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
     print(f"saved {args.save_dir}; metrics in {args.out}; dashboard {dashboard}")
     if wandb_run is not None:
