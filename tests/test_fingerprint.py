@@ -16,7 +16,10 @@ Files (tests/fingerprint/):
 
 Exact numbers hold for one stack only: torch, transformers, the CPU's vector unit
 (torch.backends.cpu.get_cpu_capability()) and the thread count, pinned to 1 here. expected.json
-names the first three; on another stack the comparison is skipped (re-record there to use it).
+names the first three. The comparison runs in one subprocess with ATEN_CPU_CAPABILITY set to the
+recorded unit (torch reads it once, at its first dispatch), so an AVX-512 machine computes the
+AVX2 numbers too: it is skipped only on a CPU that lacks the recorded unit, and
+test_the_comparison_runs_where_the_cpu_can guards that skip.
 
 Re-record, from the repository root, on the commit whose arithmetic is the reference:
   PYTHONPATH=. .venv/bin/python tests/test_fingerprint.py --record     # expected.json
@@ -205,6 +208,36 @@ def differences(got, want, path=""):
     return []
 
 
+def measure(out):
+    """{"software", "configs": {name: fingerprint}}: every configuration, in this process."""
+    measured = {"software": software(), "configs": {}}
+    for name in CONFIGS:
+        measured["configs"][name] = fingerprint(name, out)
+    return measured
+
+
+def cpu_has(capability):
+    """Whether this CPU can run torch's `capability` kernels ("AVX2", "AVX512"), from the CPU's
+    own flags (Linux x86: /proc/cpuinfo); False where they cannot be read."""
+    needs = {
+        "DEFAULT": set(),
+        "AVX2": {"avx2", "fma"},
+        "AVX512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"},
+    }
+    if capability not in needs:
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return capability == "DEFAULT"
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags |= set(line.split(":", 1)[1].split())
+    return needs[capability] <= flags
+
+
 def record(out):
     """expected.json: each configuration's fingerprint on batch.json, and the software it ran on."""
     expected = {"software": software(), "configs": {}}
@@ -226,6 +259,23 @@ def expected():
         return json.load(f)
 
 
+@pytest.fixture(scope="module")
+def measured(expected, tmp_path_factory):
+    """Every configuration's fingerprint, computed in one subprocess whose torch runs the recorded
+    vector unit's kernels (ATEN_CPU_CAPABILITY), on one thread."""
+    folder = tmp_path_factory.mktemp("fingerprint")
+    path = folder / "measured.json"
+    env = dict(os.environ)
+    env["ATEN_CPU_CAPABILITY"] = expected["software"]["cpu_capability"].lower()
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = ROOT
+    command = [sys.executable, os.path.abspath(__file__), "--measure", str(path)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=str(folder))
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(path) as f:
+        return json.load(f)
+
+
 def test_stored_rewards_are_the_graders(tmp_path):
     """batch.json's rewards are what the task's reward function gives its responses today."""
     args, _ = parse(None, str(tmp_path))
@@ -239,16 +289,29 @@ def test_stored_rewards_are_the_graders(tmp_path):
     assert varied >= 2, "the batch needs groups with reward variance, or there is no gradient"
 
 
+def test_the_comparison_runs_where_the_cpu_can(expected, measured):
+    """The safety net is on wherever it can be: on a CPU with the recorded vector unit, the
+    subprocess ran that unit's kernels on the recorded torch and transformers, so no comparison
+    below is skipped."""
+    recorded = expected["software"]
+    if not cpu_has(recorded["cpu_capability"]):
+        pytest.skip(f"this CPU lacks {recorded['cpu_capability']}: the comparison cannot run here")
+    assert measured["software"] == recorded, (
+        f"the fingerprint ran on {measured['software']}, recorded on {recorded}: install the "
+        f"pinned torch / transformers (requirements-cpu.txt), or re-record (module docstring)"
+    )
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_two_train_steps_reproduce_the_recorded_bits(name, expected, tmp_path):
+def test_two_train_steps_reproduce_the_recorded_bits(name, expected, measured):
     # other kernels round differently: the recorded bits say nothing about another stack
-    if expected["software"] != software():
+    if measured["software"] != expected["software"]:
         recorded = expected["software"]
-        pytest.skip(f"recorded on {recorded}, this is {software()}: re-record to use it")
+        pytest.skip(f"recorded on {recorded}, this is {measured['software']}: re-record to use it")
     want = expected["configs"][name]
-    got = fingerprint(name, str(tmp_path))
+    got = measured["configs"][name]
     found = differences(got, want)
-    stack = f"recorded on {expected['software']}, running on {software()}"
+    stack = f"recorded on {expected['software']}, running on {measured['software']}"
     assert not found, f"{name}: {len(found)} differences ({stack}):\n" + "\n".join(found[:20])
 
 
@@ -257,9 +320,16 @@ def main():
     p = argparse.ArgumentParser(description="Re-record the fingerprint (see the module docstring).")
     p.add_argument("--record", action="store_true", help="rewrite expected.json from batch.json")
     p.add_argument("--new-batch", action="store_true", help="sample batch.json (vLLM), then record")
+    p.add_argument("--measure", metavar="JSON", help="write every configuration's fingerprint")
     flags = p.parse_args()
+    if flags.measure:
+        with tempfile.TemporaryDirectory() as out:
+            measured = measure(out)
+        with open(flags.measure, "w") as f:
+            json.dump(measured, f)
+        return
     if not flags.record and not flags.new_batch:
-        p.error("pass --record or --new-batch")
+        p.error("pass --record, --new-batch or --measure JSON")
     os.makedirs(FOLDER, exist_ok=True)
     with tempfile.TemporaryDirectory() as out:
         if not flags.new_batch:
