@@ -13,7 +13,7 @@ every script):
   maj@k  : samples vote with their normalised answer (see `answer`); samples with no answer do
            not vote, a subset with no votes scores 0, a tie at the top is split evenly among the
            tied answers; an answer is correct if any sample carrying it is correct. Counted
-           exactly by a small DP over the other answers' vote counts (see `maj_at_k`).
+           exactly by a small DP over the other answers' vote counts (see `validation.maj_at_k`).
   oracle gap = pass@k - Best@k (what a perfect verifier would add over likelihood selection).
 Best@1 == pass@1 == mean accuracy over all samples, exactly (asserted).
 
@@ -36,28 +36,20 @@ Examples:
 """
 
 import os
-import re
 import sys
-from collections import Counter
 from fractions import Fraction
 from math import comb
 
 from common import (
     Parser,
     check,
-    dry_run,
     existing_file,
     fail,
     int_list,
-    mean_se,
     nonneg_int,
     positive_float,
     positive_int,
     probability,
-    set_threads,
-    stop_exit_code,
-    stop_name,
-    stop_on_sigterm,
 )
 from data import read_jsonl, write_json_atomic, write_jsonl_atomic
 from eval_zero_shot import (
@@ -76,8 +68,11 @@ from eval_zero_shot import (
     task_flags,
     write_sweep,
 )
-from grader import REWARD_FNS, grade_batch, last_boxed
+from grader import REWARD_FNS, grade_batch
+from hardware import set_threads
 from losses import pass_at_k
+from runs import dry_run, stop_exit_code, stop_name, stop_on_sigterm
+from validation import answer, maj_at_k, mean_se
 
 
 # --------------------------------------------------------------------------------------- estimators
@@ -90,53 +85,6 @@ def best_at_k(correct, scores, k):
         if correct[j]:
             picked += comb(n - 1 - i, k - 1)  # j is in the subset, the i better ones are not
     return Fraction(picked, comb(n, k))
-
-
-def maj_at_k(answers, correct, k):
-    """Expected correctness of the plurality answer of a random k-subset (answers: str or None)."""
-    n = len(answers)
-    m0 = len([a for a in answers if a is None])  # samples with no answer: they do not vote
-    size = Counter(a for a in answers if a is not None)  # answer -> samples carrying it
-    good = {a for a, ok in zip(answers, correct) if ok and a is not None}
-    total = Fraction(0)
-    for g in good:
-        others = [m for a, m in size.items() if a != g]
-        for x in range(1, min(k, size[g]) + 1):  # g gets x votes; every other answer gets <= x
-            # (votes drawn from other answers, how many of those answers tie g at x) -> count
-            ways = {(0, 0): 1}
-            for m in others:
-                nxt = {}
-                for (s, t), w in ways.items():
-                    for y in range(0, min(m, x, k - x - s) + 1):  # this answer gets y votes
-                        ties = t
-                        if y == x:
-                            ties = t + 1
-                        key = (s + y, ties)
-                        nxt[key] = nxt.get(key, 0) + w * comb(m, y)
-                ways = nxt
-            # the rest of the subset comes from answer-less samples; g tied with t other answers
-            # wins 1 / (t + 1) of the time
-            for (s, t), w in ways.items():
-                total += Fraction(comb(size[g], x) * w * comb(m0, k - x - s), t + 1)
-    return total / comb(n, k)
-
-
-def answer(text):
-    """Normalised final answer: last <answer>...</answer> (a \\boxed{} in it unwrapped), else last
-    \\boxed{}; None if neither.
-    Spaces, $ and a trailing period are dropped; numbers are canonicalised (1,000.0 -> 1000);
-    Countdown expressions vote as strings, so "3+4" and "4+3" are different answers."""
-    tags = re.findall(r"<answer>(.*?)</answer>", text, re.S)
-    a = tags[-1] if tags else last_boxed(text)
-    if a is None:
-        return None
-    a = last_boxed(a) or a  # "<answer> \boxed{72} </answer>" votes with "<answer> 72 </answer>"
-    a = re.sub(r"\s+|\$", "", a).rstrip(".")
-    try:
-        v = float(a.replace(",", ""))
-        return str(int(v)) if v.is_integer() else repr(v)
-    except (ValueError, OverflowError):
-        return a or None
 
 
 def _mean(values):

@@ -29,6 +29,7 @@ import statistics
 import sys
 
 import common
+import runs
 
 # ----------------------------------------------------------------------------- thresholds
 # Each is documented in the README's "Run doctor" table. A trend compares the mean of the first
@@ -105,7 +106,7 @@ def read_rows(path):
         except ValueError:  # not UTF-8 (UnicodeDecodeError) or not JSON
             skipped.append(number)
             continue
-        if not isinstance(row, dict) or not common.is_count(row.get("step")):
+        if not isinstance(row, dict) or not runs.is_count(row.get("step")):
             skipped.append(number)
             continue
         rows.append(row)
@@ -157,7 +158,7 @@ def script_of(run_dir, saved, rows):
         return "expert_iteration.py"
     if "n_grpo_steps" in saved:
         return "grpo.py"
-    claimed = common.read_claim(run_dir).get("script")
+    claimed = runs.read_claim(run_dir).get("script")
     if isinstance(claimed, str) and claimed:
         return claimed
     keys = set()

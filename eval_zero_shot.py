@@ -45,23 +45,14 @@ from common import (
     check,
     check_hub_ids,
     check_model_dir,
-    dry_run,
     existing_file,
     fail,
-    find_checkpoint,
     int_list,
-    lock_run_dir,
-    mean_se,
     nonneg_float,
     nonneg_int,
     positive_int,
     probability,
     read_json,
-    set_threads,
-    snapshots,
-    stop_exit_code,
-    stop_name,
-    stop_on_sigterm,
 )
 from data import (
     CHAT_TEMPLATES,
@@ -76,6 +67,17 @@ from data import (
     write_jsonl_atomic,
 )
 from grader import REWARD_FNS, grade_batch
+from hardware import set_threads
+from runs import (
+    dry_run,
+    find_checkpoint,
+    lock_run_dir,
+    snapshots,
+    stop_exit_code,
+    stop_name,
+    stop_on_sigterm,
+)
+from validation import mean_se
 
 CATEGORIES = ["format1_answer1", "format1_answer0", "format0_answer0", "format0_answer1"]
 # zero-shot (max generated tokens, temperature) per task, as the seeds set them; flags override
@@ -184,7 +186,7 @@ def check_out(out, results, overwrite):
 
 
 def claim_out(out):
-    """Hold --out for this run's life (common.lock_run_dir): a second run there is refused in one
+    """Hold --out for this run's life (runs.lock_run_dir): a second run there is refused in one
     line naming this one, instead of both writing the same files."""
     try:
         os.makedirs(out, exist_ok=True)

@@ -47,9 +47,11 @@ import common
 import data
 import grader
 import grpo
+import hardware
 import lora
 import losses
 import rollout as engines
+import runs
 import sft
 
 # The settings table (no seed defines expert iteration's: these are our choices, listed in the
@@ -145,7 +147,7 @@ def parse_args(argv=None):
     lora.add_flags(p)  # --- lora: --lora-rank, ... (lora.py) ---
     args = p.parse_args(argv)
     if args.resume:
-        common.resume_from(p, argv, args, needs=("optimizer.pt",))
+        runs.resume_from(p, argv, args, needs=("optimizer.pt",))
     return resolve(args)
 
 
@@ -177,7 +179,7 @@ def resolve(args):
         args.policy_device = "cpu"
         if torch.cuda.device_count():
             args.policy_device = "cuda:0"
-    compute = common.resolve_precision(args.policy_device, args.dtype, args.pure_bf16)[1]
+    compute = hardware.resolve_precision(args.policy_device, args.dtype, args.pure_bf16)[1]
     args.compute_dtype = str(compute).split(".")[-1]  # torch.float32 -> "float32"
     # what grpo.py's functions read that this script has no flag for: no frozen reference model
     # (grpo.make_engine sizes the engine's GPU share with it), every response token scored
@@ -193,7 +195,8 @@ def resolve(args):
         "--batch-size must be divisible by --gradient-accumulation-steps",
     )
     args.micro_batch_size = args.batch_size // args.gradient_accumulation_steps
-    grpo.check_sampling_and_systems(args)
+    grpo.check_sampling(args)
+    grpo.check_systems(args)
     grpo.check_keep_checkpoints(args)
     # grpo.sample_seed's blocks: 16 bits each for --seed and the step, 2^20 seeds a step
     check(
@@ -274,7 +277,7 @@ def response_entropy(policy, batch, args, runtime):
     device = runtime["policy_device"]
     rows = torch.arange(N)
     policy.eval()
-    with torch.inference_mode(), common.autocast(device, runtime["compute_dtype"]):
+    with torch.inference_mode(), hardware.autocast(device, runtime["compute_dtype"]):
         for start in range(0, N, args.micro_batch_size):
             chunk = rows[start : start + args.micro_batch_size]
             for idx, mb, L, P in grpo.forward_passes(
@@ -468,12 +471,12 @@ def main(args):
     from tqdm import tqdm
 
     # SIGTERM stops the run as Ctrl-C does: the step in flight finishes, the steps done are saved
-    common.stop_on_sigterm()
+    runs.stop_on_sigterm()
     runtime = grpo.setup_runtime(args)
     if args.dry_run:
-        common.dry_run(args, runtime)  # the effective settings as one JSON line; nothing loaded
+        runs.dry_run(args, runtime)  # the effective settings as one JSON line; nothing loaded
     torch.manual_seed(args.seed)
-    common.claim_run_dir(args.out, args.resume)  # an existing run needs --resume; checked writable
+    runs.claim_run_dir(args.out, args.resume)  # an existing run needs --resume; checked writable
     try:
         train_rows, val_rows = load_data(args)
         learner = build_learner(args, runtime)
@@ -483,9 +486,9 @@ def main(args):
         if args.resume and args.lora_rank:
             engines.load_policy_into_vllm(policy, engine)  # the base + the checkpoint's adapter
     except KeyboardInterrupt:
-        grpo.stopped(f"{common.stop_name()} while loading: stopped before training; nothing saved")
+        grpo.stopped(f"{runs.stop_name()} while loading: stopped before training; nothing saved")
     grpo.write_settings(args, runtime)  # args.json, runtime.json
-    wandb_run = common.start_wandb(args.wandb, args, {"train/*": "step", "eval/*": "step"})
+    wandb_run = runs.start_wandb(args.wandb, args, {"train/*": "step", "eval/*": "step"})
     print(
         f"{len(train_rows)} train / {len(val_rows)} val questions | "
         f"{args.ei_batch_size} questions x {args.group_size} samples a step | "
@@ -522,7 +525,7 @@ def main(args):
                 engines.sleep_engine(engine)  # one shared GPU: the engine leaves it while training
             # --- train: SFT on the kept responses; log. A first Ctrl-C lets this finish, so the
             # saved weights, optimizer and step counter agree ---
-            with common.finish_then_interrupt("this step's updates"):
+            with runs.finish_then_interrupt("this step's updates"):
                 dirty = True
                 t2 = time.perf_counter()
                 train_metrics = sft_on_kept(learner, batch, kept, args, runtime, step)
@@ -532,7 +535,7 @@ def main(args):
                 row["time/weight_sync"] = sync_s
                 row["time/step"] = time.perf_counter() - t_step + sync_s
                 row["time/wall"] = time.perf_counter() - t_run
-                common.log_row(args.out, row, wandb_run)
+                runs.log_row(args.out, row, wandb_run)
                 tqdm.write(step_line(step, args, row))
                 state["step"] = step + 1
                 state["opt_step"] = opt_step

@@ -48,9 +48,12 @@ import torch
 import common
 import data
 import grader
+import hardware
 import lora
 import losses
 import rollout as engines
+import runs
+import validation
 
 # The settings table. An unset flag takes its value from the run's profile, "demo" (the embedded
 # model, offline on CPU) or "hub" (any other model), then from its task's row in TASK_PROFILES.
@@ -118,6 +121,12 @@ SEED_SPACE = 2**16  # --seed and step each index 16 bits of the sampling seed (s
 
 
 # ----------------------------------------------------------------------------- config
+# How a flag gets its value:
+#   1. the command line (with --resume: the run's args.json, for each flag not typed again);
+#   2. else, for a flag whose argparse default is None, its PROFILES entry: the "hub" row, which
+#      the "demo" row (the embedded model) overrides where it names the flag, and the task's
+#      TASK_PROFILES row overrides both. So a new flag's default is one "hub" line. `resolve` fills
+#      these in, derives the run's settings, then runs each group's check_* (beside its flags).
 def loss_name(name):
     """argparse type of --loss: a LOSSES key, or the seeds' spelling of one (LOSS_ALIASES)."""
     return LOSS_ALIASES.get(name, name)
@@ -129,192 +138,15 @@ def parse_args(argv=None):
         description="GRPO on a verifiable-reward task (seed 000 §7). "
         "Unset flags come from PROFILES."
     )
-    # argument types: each refuses a bad value in one line
-    pos = common.positive_int
-    nonneg = common.nonneg_int
-    pfloat = common.positive_float
     model_and_data_flags(p)  # --- model and data ---
-    g = p.add_argument_group("optimisation")  # --- optimisation ---
-    g.add_argument("--lr", type=pfloat, default=None, help="AdamW learning rate")
-    g.add_argument(
-        "--warmup-frac",
-        type=common.fraction,
-        default=0.0,
-        help="fraction of the optimizer steps with linear lr warmup (sft.py's flag; 0 = none)",
-    )
-    g.add_argument(
-        "--min-lr-frac",
-        type=common.fraction,
-        default=1.0,
-        help="cosine lr decay to lr x this by the last step (1 = constant; sft.py decays to 0.1)",
-    )
-    g.add_argument("--n-grpo-steps", type=pos, default=None, help="rollout batches to train on")
-    g.add_argument(
-        "--rollout-batch-size",
-        type=pos,
-        default=None,
-        help="responses per step = prompts x group size",
-    )
-    g.add_argument("--group-size", type=pos, default=None, help="G samples per question")
-    g.add_argument(
-        "--train-batch-size", type=pos, default=None, help="responses per optimizer step"
-    )
-    g.add_argument(
-        "--gradient-accumulation-steps",
-        type=pos,
-        default=None,
-        help="microbatches per optimizer step",
-    )
-    g.add_argument(
-        "--epochs-per-rollout-batch",
-        type=pos,
-        default=1,
-        help="passes over each rollout batch (>1 = off-policy)",
-    )
-    trainer_flags(g)  # --max-grad-norm, --gradient-checkpointing, --dtype, --pure-bf16
-    g = p.add_argument_group("loss")  # --- loss ---
-    g.add_argument(
-        "--loss",
-        type=loss_name,
-        default=None,
-        choices=losses.LOSS_TYPES,
-        help="policy-gradient loss (seed 001's GRPO-Clip, GRPO-No-Clip are accepted)",
-    )
-    g.add_argument(
-        "--cliprange", type=pfloat, default=0.2, help="epsilon of GRPO-Clip / GSPO / CISPO"
-    )
-    g.add_argument(
-        "--cliprange-high",
-        type=pfloat,
-        default=None,
-        help="upper epsilon (DAPO clip-higher); default --cliprange",
-    )
-    g.add_argument(
-        "--length-norm",
-        default="masked_mean",
-        choices=losses.LENGTH_NORMS,
-        help="per-sequence reduction",
-    )
-    g.add_argument(
-        "--normalize-constant",
-        type=pfloat,
-        default=None,
-        help="masked_normalize divisor; default --max-tokens",
-    )
-    g.add_argument(
-        "--advantage",
-        default="grpo",
-        choices=list(losses.ADVANTAGES),
-        help="advantage estimator: group mean (grpo), leave-one-out mean (rloo), pass@k (passk)",
-    )
-    g.add_argument(
-        "--passk-k",
-        type=pos,
-        default=None,
-        help="k of --advantage passk (1 <= k < --group-size)",
-    )
-    g.add_argument(
-        "--adv-std",
-        default=None,
-        choices=losses.ADV_STDS,
-        help="divide advantages by the group's reward std (default), the batch's std of the"
-        " centred advantages (with grpo: REINFORCE++-baseline) or nothing (Dr. GRPO); with"
-        " --advantage passk use none (group divides by the reward std, not pass@k's std)",
-    )
-    g.add_argument(
-        "--std-norm",
-        action=common.argparse.BooleanOptionalAction,
-        default=None,
-        help="older spelling: --std-norm is --adv-std group, --no-std-norm --adv-std none",
-    )
-    g.add_argument("--advantage-eps", type=pfloat, default=None, help="added to the std")
-    g.add_argument(
-        "--entropy-coef",
-        type=common.nonneg_float,
-        default=0.0,
-        help="entropy bonus: the loss minus this x the response tokens' entropy",
-    )
-    g.add_argument(
-        "--entropy-top-quantile",
-        type=common.probability,
-        default=1.0,
-        help="only this fraction of the optimizer step's response tokens, the highest-entropy"
-        " ones, carry the policy-gradient loss (Wang et al. 2025: 0.2; 1 = all)",
-    )
-    g.add_argument(
-        "--kl-beta",
-        type=common.nonneg_float,
-        default=0.0,
-        help="KL(pi || initial policy) penalty weight",
-    )
-    g.add_argument(
-        "--kl-estimator",
-        default=None,
-        choices=losses.KL_ESTIMATORS,
-        help="KL estimator (seq = seed 004 Eq. 8)",
-    )
-    g = p.add_argument_group("off-policy correction and DAPO")  # --- correction ---
-    g.add_argument(
-        "--old-log-probs",
-        default="trainer",
-        choices=["trainer", "engine"],
-        help="pi_old source (engine: skip a pass)",
-    )
-    g.add_argument(
-        "--rollout-is",
-        default="none",
-        choices=losses.ROLLOUT_IS,
-        help="correct engine/trainer mismatch",
-    )
-    g.add_argument(
-        "--rollout-is-cap",
-        type=pfloat,
-        default=2.0,
-        help="C: TIS weighs min(rho, C); MIS weighs rho where rho <= C, else 0",
-    )
-    g.add_argument(
-        "--rollout-is-floor",
-        type=common.nonneg_float,
-        default=0.0,
-        help="MIS only: also weight 0 where rho < this (0 = no lower bound, as MIS defines it)",
-    )
-    g.add_argument(
-        "--rollout-is-level",
-        default="token",
-        choices=["token", "sequence"],
-        help="ratio per token or sequence",
-    )
-    g.add_argument(
-        "--dynamic-sampling",
-        action="store_true",
-        help="drop groups with no variance in --dynamic-sampling-on, resample to fill (DAPO)",
-    )
-    g.add_argument(
-        "--dynamic-sampling-max-rounds",
-        type=nonneg,
-        default=3,
-        help="extra generation rounds at most",
-    )
-    g.add_argument(
-        "--dynamic-sampling-on",
-        default="answer_reward",
-        choices=["answer_reward", "reward"],
-        help="score whose within-group variance keeps a group: accuracy (DAPO) or the total reward",
-    )
-    g.add_argument(
-        "--mask-truncated", action="store_true", help="truncated responses leave the loss (DAPO)"
-    )
-    g.add_argument(
-        "--overlong-buffer",
-        type=nonneg,
-        default=0,
-        help="DAPO soft length penalty over the last N tokens",
-    )
+    optimisation_flags(p)  # --- optimisation ---
+    loss_flags(p)  # --- loss ---
+    correction_flags(p)  # --- off-policy correction and DAPO ---
     sampling_flags(p)  # --- sampling ---
     g = eval_flags(p)  # --- eval and logging ---
     g.add_argument(
         "--kl-every",
-        type=nonneg,
+        type=common.nonneg_int,
         default=0,
         help="log KL to the initial and previous policy every N steps",
     )
@@ -323,10 +155,10 @@ def parse_args(argv=None):
     lora.add_flags(p)  # --- lora: --lora-rank, ... (lora.py) ---
     args = p.parse_args(argv)
     if args.resume:
-        common.resume_from(p, argv, args, needs=("optimizer.pt",))
+        runs.resume_from(p, argv, args, needs=("optimizer.pt",))
         # the normaliser has two spellings: the one typed now replaces the run's, so the restored
         # other spelling must not contradict it
-        given = common.explicit_dests(p, argv)
+        given = runs.explicit_dests(p, argv)
         if "adv_std" in given and "std_norm" not in given:
             args.std_norm = None
         if "std_norm" in given and "adv_std" not in given:
@@ -386,6 +218,74 @@ def model_and_data_flags(p):
     return g
 
 
+def optimisation_flags(p):
+    """The "optimisation" flags; -> the group."""
+    g = p.add_argument_group("optimisation")  # --- optimisation ---
+    g.add_argument("--lr", type=common.positive_float, default=None, help="AdamW learning rate")
+    g.add_argument(
+        "--warmup-frac",
+        type=common.fraction,
+        default=0.0,
+        help="fraction of the optimizer steps with linear lr warmup (sft.py's flag; 0 = none)",
+    )
+    g.add_argument(
+        "--min-lr-frac",
+        type=common.fraction,
+        default=1.0,
+        help="cosine lr decay to lr x this by the last step (1 = constant; sft.py decays to 0.1)",
+    )
+    g.add_argument(
+        "--n-grpo-steps", type=common.positive_int, default=None, help="rollout batches to train on"
+    )
+    g.add_argument(
+        "--rollout-batch-size",
+        type=common.positive_int,
+        default=None,
+        help="responses per step = prompts x group size",
+    )
+    g.add_argument(
+        "--group-size", type=common.positive_int, default=None, help="G samples per question"
+    )
+    g.add_argument(
+        "--train-batch-size",
+        type=common.positive_int,
+        default=None,
+        help="responses per optimizer step",
+    )
+    g.add_argument(
+        "--gradient-accumulation-steps",
+        type=common.positive_int,
+        default=None,
+        help="microbatches per optimizer step",
+    )
+    g.add_argument(
+        "--epochs-per-rollout-batch",
+        type=common.positive_int,
+        default=1,
+        help="passes over each rollout batch (>1 = off-policy)",
+    )
+    trainer_flags(g)  # --max-grad-norm, --gradient-checkpointing, --dtype, --pure-bf16
+    return g
+
+
+def check_optimisation(args):
+    """The "optimisation" sizes (seed 000 §7.2's sanity asserts), each naming what to change."""
+    check = common.check
+    check(
+        args.train_batch_size % args.gradient_accumulation_steps == 0,
+        "--train-batch-size must be divisible by --gradient-accumulation-steps",
+    )
+    check(
+        args.rollout_batch_size % args.group_size == 0,
+        "--rollout-batch-size must be divisible by --group-size",
+    )
+    check(args.train_batch_size >= args.group_size, "--train-batch-size must be >= --group-size")
+    check(
+        args.rollout_batch_size % args.train_batch_size == 0,
+        "--rollout-batch-size must be a multiple of --train-batch-size",
+    )
+
+
 def trainer_flags(g):
     """--max-grad-norm, --gradient-checkpointing, --dtype, --pure-bf16 on group `g` (grpo.py's
     optimisation group, expert_iteration.py's SFT group)."""
@@ -400,13 +300,251 @@ def trainer_flags(g):
     g.add_argument(
         "--dtype",
         default="auto",
-        choices=common.DTYPES,
+        choices=hardware.DTYPES,
         help="compute dtype (auto: bf16 on CUDA, fp32 on CPU)",
     )
     g.add_argument(
         "--pure-bf16",
         action="store_true",
         help="bf16 weights + AdamW state (half the memory; drops small updates)",
+    )
+
+
+def loss_flags(p):
+    """The "loss" flags; -> the group."""
+    g = p.add_argument_group("loss")  # --- loss ---
+    g.add_argument(
+        "--loss",
+        type=loss_name,
+        default=None,
+        choices=losses.LOSS_TYPES,
+        help="policy-gradient loss (seed 001's GRPO-Clip, GRPO-No-Clip are accepted)",
+    )
+    g.add_argument(
+        "--cliprange",
+        type=common.positive_float,
+        default=0.2,
+        help="epsilon of GRPO-Clip / GSPO / CISPO",
+    )
+    g.add_argument(
+        "--cliprange-high",
+        type=common.positive_float,
+        default=None,
+        help="upper epsilon (DAPO clip-higher); default --cliprange",
+    )
+    g.add_argument(
+        "--length-norm",
+        default="masked_mean",
+        choices=losses.LENGTH_NORMS,
+        help="per-sequence reduction",
+    )
+    g.add_argument(
+        "--normalize-constant",
+        type=common.positive_float,
+        default=None,
+        help="masked_normalize divisor; default --max-tokens",
+    )
+    g.add_argument(
+        "--advantage",
+        default="grpo",
+        choices=list(losses.ADVANTAGES),
+        help="advantage estimator: group mean (grpo), leave-one-out mean (rloo), pass@k (passk)",
+    )
+    g.add_argument(
+        "--passk-k",
+        type=common.positive_int,
+        default=None,
+        help="k of --advantage passk (1 <= k < --group-size)",
+    )
+    g.add_argument(
+        "--adv-std",
+        default=None,
+        choices=losses.ADV_STDS,
+        help="divide advantages by the group's reward std (default), the batch's std of the"
+        " centred advantages (with grpo: REINFORCE++-baseline) or nothing (Dr. GRPO); with"
+        " --advantage passk use none (group divides by the reward std, not pass@k's std)",
+    )
+    g.add_argument(
+        "--std-norm",
+        action=common.argparse.BooleanOptionalAction,
+        default=None,
+        help="older spelling: --std-norm is --adv-std group, --no-std-norm --adv-std none",
+    )
+    g.add_argument(
+        "--advantage-eps", type=common.positive_float, default=None, help="added to the std"
+    )
+    g.add_argument(
+        "--entropy-coef",
+        type=common.nonneg_float,
+        default=0.0,
+        help="entropy bonus: the loss minus this x the response tokens' entropy",
+    )
+    g.add_argument(
+        "--entropy-top-quantile",
+        type=common.probability,
+        default=1.0,
+        help="only this fraction of the optimizer step's response tokens, the highest-entropy"
+        " ones, carry the policy-gradient loss (Wang et al. 2025: 0.2; 1 = all)",
+    )
+    g.add_argument(
+        "--kl-beta",
+        type=common.nonneg_float,
+        default=0.0,
+        help="KL(pi || initial policy) penalty weight",
+    )
+    g.add_argument(
+        "--kl-estimator",
+        default=None,
+        choices=losses.KL_ESTIMATORS,
+        help="KL estimator (seq = seed 004 Eq. 8)",
+    )
+    return g
+
+
+def check_loss(args):
+    """The "loss" flags that contradict each other or the sizes, each naming the fix."""
+    check = common.check
+    check(
+        not args.off_policy or losses.LOSSES[args.loss].needs_old,
+        f"--loss {args.loss} with {args.optimizer_steps_per_rollout_batch} optimizer steps per"
+        " rollout batch trains -A log pi on data from an older policy, uncorrected:"
+        f" use a loss with a ratio ({', '.join(losses.RATIO_LOSSES)})",
+    )
+    check(
+        args.adv_std != "group" or args.group_size >= 2,
+        "--adv-std group needs --group-size >= 2 (or pass --adv-std none or batch)",
+    )
+    check(
+        args.advantage == "grpo" or args.loss != "no_baseline",
+        f"--advantage {args.advantage}: --loss no_baseline trains on the raw rewards, not on"
+        " advantages; choose another --loss",
+    )
+    check(
+        args.advantage != "rloo" or args.group_size >= 2,
+        "--advantage rloo needs --group-size >= 2 (a leave-one-out mean)",
+    )
+    check(
+        args.passk_k is None or args.advantage == "passk",
+        "--passk-k is the k of --advantage passk: add --advantage passk or drop --passk-k",
+    )
+    check(
+        args.advantage != "passk" or args.passk_k is not None,
+        "--advantage passk needs --passk-k K (1 <= K < --group-size)",
+    )
+    check(
+        args.advantage != "passk" or args.passk_k < args.group_size,
+        f"--passk-k {args.passk_k} must be below --group-size {args.group_size}"
+        " (at K = G every advantage is 0)",
+    )
+    check(
+        args.kl_beta == 0 or args.kl_estimator != "seq",
+        "--kl-estimator seq is for monitoring; the penalty needs k1, k2 or k3",
+    )
+
+
+def adv_std(args):
+    """--adv-std, or the value --std-norm / --no-std-norm spell (group / none); default group. A
+    contradiction is one line."""
+    spelled = None  # the --adv-std that --std-norm / --no-std-norm spell
+    if args.std_norm is True:
+        spelled = "group"
+    elif args.std_norm is False:
+        spelled = "none"
+    common.check(
+        args.adv_std is None or spelled is None or args.adv_std == spelled,
+        f"--adv-std {args.adv_std} contradicts --std-norm={args.std_norm} (--adv-std {spelled}):"
+        " pass only --adv-std",
+    )
+    if args.adv_std is None:
+        return spelled or "group"
+    return args.adv_std
+
+
+def correction_flags(p):
+    """The "off-policy correction and DAPO" flags; -> the group."""
+    g = p.add_argument_group("off-policy correction and DAPO")  # --- correction ---
+    g.add_argument(
+        "--old-log-probs",
+        default="trainer",
+        choices=["trainer", "engine"],
+        help="pi_old source (engine: skip a pass)",
+    )
+    g.add_argument(
+        "--rollout-is",
+        default="none",
+        choices=losses.ROLLOUT_IS,
+        help="correct engine/trainer mismatch",
+    )
+    g.add_argument(
+        "--rollout-is-cap",
+        type=common.positive_float,
+        default=2.0,
+        help="C: TIS weighs min(rho, C); MIS weighs rho where rho <= C, else 0",
+    )
+    g.add_argument(
+        "--rollout-is-floor",
+        type=common.nonneg_float,
+        default=0.0,
+        help="MIS only: also weight 0 where rho < this (0 = no lower bound, as MIS defines it)",
+    )
+    g.add_argument(
+        "--rollout-is-level",
+        default="token",
+        choices=["token", "sequence"],
+        help="ratio per token or sequence",
+    )
+    g.add_argument(
+        "--dynamic-sampling",
+        action="store_true",
+        help="drop groups with no variance in --dynamic-sampling-on, resample to fill (DAPO)",
+    )
+    g.add_argument(
+        "--dynamic-sampling-max-rounds",
+        type=common.nonneg_int,
+        default=3,
+        help="extra generation rounds at most",
+    )
+    g.add_argument(
+        "--dynamic-sampling-on",
+        default="answer_reward",
+        choices=["answer_reward", "reward"],
+        help="score whose within-group variance keeps a group: accuracy (DAPO) or the total reward",
+    )
+    g.add_argument(
+        "--mask-truncated", action="store_true", help="truncated responses leave the loss (DAPO)"
+    )
+    g.add_argument(
+        "--overlong-buffer",
+        type=common.nonneg_int,
+        default=0,
+        help="DAPO soft length penalty over the last N tokens",
+    )
+    return g
+
+
+def check_correction(args):
+    """The "off-policy correction and DAPO" flags that contradict each other."""
+    check = common.check
+    check(
+        args.overlong_buffer < args.max_tokens,
+        f"--overlong-buffer {args.overlong_buffer} must be < --max-tokens {args.max_tokens}",
+    )
+    check(
+        args.rollout_is == "none" or args.old_log_probs == "trainer",
+        "--rollout-is needs the trainer's pi_old: drop --old-log-probs engine",
+    )
+    check(
+        args.rollout_is_floor == 0 or args.rollout_is == "mis",
+        "--rollout-is-floor is a bound of --rollout-is mis",
+    )
+    check(
+        args.rollout_is_floor < args.rollout_is_cap,
+        "--rollout-is-floor must be below --rollout-is-cap",
+    )
+    # sample_seed's blocks: 16 rounds of 2^20 seeds a step
+    check(
+        args.dynamic_sampling_max_rounds < 16 and 2 * args.rollout_batch_size <= 2**20,
+        "--dynamic-sampling-max-rounds must be < 16 and --rollout-batch-size <= 2^19",
     )
 
 
@@ -434,6 +572,14 @@ def sampling_flags(p):
     return g
 
 
+def check_sampling(args):
+    """The "sampling" flags that contradict each other (grpo.py's and expert_iteration.py's)."""
+    common.check(
+        args.min_tokens <= args.max_tokens,
+        f"--min-tokens {args.min_tokens} must be <= --max-tokens {args.max_tokens}",
+    )
+
+
 def eval_flags(p):
     """The "eval and logging" flags of grpo.py and expert_iteration.py; -> the group."""
     g = p.add_argument_group("eval and logging")  # --- eval and logging ---
@@ -444,7 +590,7 @@ def eval_flags(p):
         help="greedy validation every N steps (0 = start/end)",
     )
     g.add_argument("--eval-n", type=common.positive_int, default=None, help="validation questions")
-    common.eval_sampling_flags(g)
+    validation.eval_sampling_flags(g)
     g.add_argument(
         "--grader-workers",
         type=common.nonneg_int,
@@ -503,6 +649,20 @@ def systems_flags(p):
     return g
 
 
+def check_systems(args):
+    """The "systems" flags that contradict each other (grpo.py's and expert_iteration.py's)."""
+    check = common.check
+    check(
+        not (args.shared_prefix and args.gradient_checkpointing),
+        "--shared-prefix runs the prompt once into the KV cache, which gradient checkpointing"
+        " turns off: pass --no-shared-prefix or drop --gradient-checkpointing",
+    )
+    check(
+        args.sleep_engine is False or args.engine == "vllm",
+        "--sleep-engine frees vLLM's GPU memory: use --engine vllm",
+    )
+
+
 def run_flags(p):
     """The "run" flags of grpo.py and expert_iteration.py; -> the group."""
     g = p.add_argument_group("run")  # --- run ---
@@ -540,9 +700,29 @@ def run_flags(p):
     return g
 
 
+def check_run(args):
+    """The "run" flags that contradict each other, each naming the fix."""
+    check_keep_checkpoints(args)
+    # sample_seed's blocks: 16 bits each for --seed and the step
+    common.check(
+        args.seed < SEED_SPACE and args.n_grpo_steps < SEED_SPACE,
+        f"--seed and --n-grpo-steps must be < {SEED_SPACE}",
+    )
+
+
+def check_keep_checkpoints(args):
+    """--keep-checkpoints keeps saves: it needs --save-every (grpo.py's and expert_iteration.py's
+    check)."""
+    common.check(
+        not args.keep_checkpoints or args.save_every,
+        "--keep-checkpoints keeps the --save-every checkpoints: set --save-every N",
+    )
+
+
 def resolve(args):
-    """Profile defaults, derived sizes and every consistency check, each a one-line error naming
-    the fix. Nothing is loaded."""
+    """Flags -> the run's settings: profile defaults, then what the run derives from them (sizes,
+    the frozen models it keeps, whether it needs pi_old), then each group's check, each a one-line
+    error naming the fix. Nothing is loaded. After this, args is read, never written."""
     if data.is_embedded(args.model):
         args.profile = "demo"
     else:
@@ -561,7 +741,7 @@ def resolve(args):
     resumed_without_kl = args.resume and not args.frozen_models and not args.lora_rank
     if not resumed_without_kl:
         args.model = common.check_model_dir(args.model or data.EMBEDDED_MODEL)
-    defaults = {**PROFILES[args.profile], **TASK_PROFILES.get(args.task, {})}
+    defaults = {**PROFILES["hub"], **PROFILES[args.profile], **TASK_PROFILES.get(args.task, {})}
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -576,141 +756,25 @@ def resolve(args):
     if not args.out:  # (--resume has set it to its run)
         args.out = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
 
-    # derived sizes (seed 000 §7.2's sanity asserts, each naming what to change)
-    check = common.check
-    check(
-        args.train_batch_size % args.gradient_accumulation_steps == 0,
-        "--train-batch-size must be divisible by --gradient-accumulation-steps",
-    )
+    # derived sizes (check_optimisation says what to change when they do not divide)
+    check_optimisation(args)
     args.micro_train_batch_size = args.train_batch_size // args.gradient_accumulation_steps
-    check(
-        args.rollout_batch_size % args.group_size == 0,
-        "--rollout-batch-size must be divisible by --group-size",
-    )
     args.n_prompts_per_rollout_batch = args.rollout_batch_size // args.group_size
-    check(args.train_batch_size >= args.group_size, "--train-batch-size must be >= --group-size")
-    check(
-        args.rollout_batch_size % args.train_batch_size == 0,
-        "--rollout-batch-size must be a multiple of --train-batch-size",
-    )
     args.optimizer_steps_per_rollout_batch = (
         args.epochs_per_rollout_batch * args.rollout_batch_size // args.train_batch_size
     )
     # every optimizer step after the first trains on data from an older policy
     args.off_policy = args.optimizer_steps_per_rollout_batch > 1
-    check(
-        not args.off_policy or losses.LOSSES[args.loss].needs_old,
-        f"--loss {args.loss} with {args.optimizer_steps_per_rollout_batch} optimizer steps per"
-        " rollout batch trains -A log pi on data from an older policy, uncorrected:"
-        f" use a loss with a ratio ({', '.join(losses.RATIO_LOSSES)})",
-    )
-    # --adv-std is the normaliser; --std-norm / --no-std-norm spell group / none
-    spelled = None  # the --adv-std that --std-norm / --no-std-norm spell
-    if args.std_norm is True:
-        spelled = "group"
-    elif args.std_norm is False:
-        spelled = "none"
-    check(
-        args.adv_std is None or spelled is None or args.adv_std == spelled,
-        f"--adv-std {args.adv_std} contradicts --std-norm={args.std_norm} (--adv-std {spelled}):"
-        " pass only --adv-std",
-    )
-    if args.adv_std is None:
-        args.adv_std = spelled or "group"
+    args.adv_std = adv_std(args)
     # pi_old by a no-grad pass (seed 000 asks for it on-policy too)
     args.needs_old = losses.LOSSES[args.loss].needs_old or args.rollout_is != "none"
-    check_settings(args)
+
+    check_loss(args)
+    check_correction(args)
+    check_sampling(args)
+    check_systems(args)
+    check_run(args)
     return args
-
-
-def check_keep_checkpoints(args):
-    """--keep-checkpoints keeps saves: it needs --save-every (grpo.py's and expert_iteration.py's
-    check)."""
-    common.check(
-        not args.keep_checkpoints or args.save_every,
-        "--keep-checkpoints keeps the --save-every checkpoints: set --save-every N",
-    )
-
-
-def check_settings(args):
-    """The settings that contradict each other, each a one-line error naming the fix."""
-    check = common.check
-    check_sampling_and_systems(args)
-    check_keep_checkpoints(args)
-    check(
-        args.adv_std != "group" or args.group_size >= 2,
-        "--adv-std group needs --group-size >= 2 (or pass --adv-std none or batch)",
-    )
-    check(
-        args.advantage == "grpo" or args.loss != "no_baseline",
-        f"--advantage {args.advantage}: --loss no_baseline trains on the raw rewards, not on"
-        " advantages; choose another --loss",
-    )
-    check(
-        args.advantage != "rloo" or args.group_size >= 2,
-        "--advantage rloo needs --group-size >= 2 (a leave-one-out mean)",
-    )
-    check(
-        args.passk_k is None or args.advantage == "passk",
-        "--passk-k is the k of --advantage passk: add --advantage passk or drop --passk-k",
-    )
-    check(
-        args.advantage != "passk" or args.passk_k is not None,
-        "--advantage passk needs --passk-k K (1 <= K < --group-size)",
-    )
-    check(
-        args.advantage != "passk" or args.passk_k < args.group_size,
-        f"--passk-k {args.passk_k} must be below --group-size {args.group_size}"
-        " (at K = G every advantage is 0)",
-    )
-    check(
-        args.overlong_buffer < args.max_tokens,
-        f"--overlong-buffer {args.overlong_buffer} must be < --max-tokens {args.max_tokens}",
-    )
-    check(
-        args.rollout_is == "none" or args.old_log_probs == "trainer",
-        "--rollout-is needs the trainer's pi_old: drop --old-log-probs engine",
-    )
-    check(
-        args.rollout_is_floor == 0 or args.rollout_is == "mis",
-        "--rollout-is-floor is a bound of --rollout-is mis",
-    )
-    check(
-        args.rollout_is_floor < args.rollout_is_cap,
-        "--rollout-is-floor must be below --rollout-is-cap",
-    )
-    check(
-        args.kl_beta == 0 or args.kl_estimator != "seq",
-        "--kl-estimator seq is for monitoring; the penalty needs k1, k2 or k3",
-    )
-    # sample_seed's blocks: 16 bits each for --seed and the step, 16 rounds of 2^20 seeds a step
-    check(
-        args.seed < SEED_SPACE and args.n_grpo_steps < SEED_SPACE,
-        f"--seed and --n-grpo-steps must be < {SEED_SPACE}",
-    )
-    check(
-        args.dynamic_sampling_max_rounds < 16 and 2 * args.rollout_batch_size <= 2**20,
-        "--dynamic-sampling-max-rounds must be < 16 and --rollout-batch-size <= 2^19",
-    )
-
-
-def check_sampling_and_systems(args):
-    """The "sampling" and "systems" flags that contradict each other (grpo.py's and
-    expert_iteration.py's), each a one-line error naming the fix."""
-    check = common.check
-    check(
-        args.min_tokens <= args.max_tokens,
-        f"--min-tokens {args.min_tokens} must be <= --max-tokens {args.max_tokens}",
-    )
-    check(
-        not (args.shared_prefix and args.gradient_checkpointing),
-        "--shared-prefix runs the prompt once into the KV cache, which gradient checkpointing"
-        " turns off: pass --no-shared-prefix or drop --gradient-checkpointing",
-    )
-    check(
-        args.sleep_engine is False or args.engine == "vllm",
-        "--sleep-engine frees vLLM's GPU memory: use --engine vllm",
-    )
 
 
 # ----------------------------------------------------------------------------- setup
@@ -732,7 +796,9 @@ def setup_runtime(args):
         vllm_device = policy_device
         if n_gpu > 1:
             vllm_device = "cuda:1"
-    param_dtype, compute_dtype = common.resolve_precision(policy_device, args.dtype, args.pure_bf16)
+    param_dtype, compute_dtype = hardware.resolve_precision(
+        policy_device, args.dtype, args.pure_bf16
+    )
     lora.check_device(args, policy_device)
     # on CUDA the saving is only the prompt's share of a long response: see the README
     shared_prefix = args.shared_prefix
@@ -744,7 +810,7 @@ def setup_runtime(args):
         f"engine {args.engine} on {vllm_device} ({n_gpu} GPUs visible)"
     )
     # before the engine starts (a vLLM CPU engine makes torch.set_num_threads a no-op)
-    threads = common.set_threads(args.threads)
+    threads = hardware.set_threads(args.threads)
     return {
         "engine": args.engine,  # make_engine records the one that runs
         "policy_device": policy_device,
@@ -905,7 +971,7 @@ def make_engine(path, args, runtime, policy=None):
     if engine == "vllm" and device.startswith("cuda"):
         share = args.gpu_memory_utilization
         if not share:
-            share = common.engine_share(
+            share = hardware.engine_share(
                 runtime["policy_device"],
                 device,
                 runtime["param_dtype"],
@@ -918,7 +984,7 @@ def make_engine(path, args, runtime, policy=None):
     return engines.init_engine(engine, path, device=device, seed=args.seed, **kw)
 
 
-# ----------------------------------------------------------------------------- rollout / reward
+# ----------------------------------------------------------------------------- 1. rollout + reward
 def sample_seed(args, step, rnd=0):
     """The first sampling seed of step `step`, round `rnd`. Each (step, round) owns a block of
     2^20 seeds, disjoint from all others; a generate call uses [seed, seed + prompts x G)."""
@@ -1096,6 +1162,7 @@ def collect(engine, train_rows, args, step, shard=(0, 1)):
     return batch, stats
 
 
+# ----------------------------------------------------------------------------- 2. advantages
 def summarize(batch, shard_stats, args):
     """The one place where a step's scored batch (all its shards joined) is summarised: sets
     batch["advantages"] (N,) and returns the step's rollout metrics. shard_stats: collect's stats
@@ -1139,6 +1206,69 @@ def summarize(batch, shard_stats, args):
     return metrics
 
 
+# ---------------------------------------- (eval) on the engine's weights, before train changes them
+def evaluate_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_run):
+    """Greedy validation on the engine's weights: logs the eval/ row and prints its line, then
+    writes rollouts/step_NNNN.jsonl (32 validation samples, then the first 2 train groups of
+    `batch` when given). -> the seconds it took (not counted as step time)."""
+    t0 = time.perf_counter()
+    metrics, samples = validation.greedy_eval(
+        engine, val_rows, args.reward, args.max_tokens, args.min_tokens, args.grader_workers
+    )
+    sampled = ""
+    if args.eval_samples:
+        metrics |= validation.sampled_eval(
+            engine,
+            val_rows,
+            args.reward,
+            args.eval_samples,
+            args.eval_temperature,
+            args.max_tokens,
+            args.min_tokens,
+            args.grader_workers,
+            args.seed,
+        )
+        k = args.eval_samples
+        sampled = (
+            f" | avg@{k} {metrics['eval/avg@k']:.3f} | pass@{k} {metrics['eval/pass@k']:.3f} | "
+            f"maj@{k} {metrics['eval/maj@k']:.3f}"
+        )
+    row = {
+        "step": step,
+        "opt_step": state["opt_step"],
+        "time/wall": time.perf_counter() - t_run,
+        "time/eval": time.perf_counter() - t0,
+    }
+    runs.log_row(args.out, row | metrics, wandb_run)
+    print(
+        f"eval step {step} | accuracy {metrics['eval/accuracy']:.3f} | "
+        f"reward {metrics['eval/reward']:.3f} | format {metrics['eval/format_reward']:.3f} | "
+        f"len {metrics['eval/response_len']:.1f}{sampled}",
+        flush=True,
+    )
+    train = []
+    if batch is not None:
+        columns = zip(
+            batch["prompts"], batch["responses"], batch["ground_truths"], batch["rewards"]
+        )
+        for prompt, response, ground_truth, rewards in columns:
+            train.append(
+                {
+                    "split": "train",
+                    "prompt": prompt,
+                    "response": response,
+                    "ground_truth": ground_truth,
+                    **rewards,
+                }
+            )
+    data.write_jsonl_atomic(
+        os.path.join(args.out, "rollouts", f"step_{step:04d}.jsonl"),
+        samples[:32] + train[: 2 * args.group_size],
+    )
+    return time.perf_counter() - t0
+
+
+# ----------------------------------------------------------------------------- 3. old log-probs
 def collate(batch, args, pad_id=0):
     """The engine's token ids, right-padded, as tensors: input_ids, labels, response_mask,
     engine_log_probs and ban_mask (N, T); lengths, group and prompt_len (N,). ban_mask marks the
@@ -1204,7 +1334,6 @@ def forward_passes(tensors, idx, shared_prefix, device):
         yield rows, mb, L, P
 
 
-# ----------------------------------------------------------------------------- log-probs / train
 def _shard(rows, dp):
     """This learner's contiguous part of `rows` (all of them without data parallelism)."""
     if dp is None:
@@ -1231,7 +1360,7 @@ def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None, rows=None, 
     if entropy:
         key = "token_entropy"
     model.eval()
-    with torch.inference_mode(), common.autocast(device, runtime["compute_dtype"]):
+    with torch.inference_mode(), hardware.autocast(device, runtime["compute_dtype"]):
         for start in range(0, len(rows), mbs):
             for idx, mb, L, P in forward_passes(
                 tensors, rows[start : start + mbs], shared_prefix, device
@@ -1252,6 +1381,7 @@ def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None, rows=None, 
     return dp["reduce"](out, "sum")
 
 
+# ----------------------------------------------------------------------------- 4. train
 def loss_settings(args):
     """The loss's hyperparameters (losses.LossSettings), one line per field, from the flags."""
     return losses.LossSettings(
@@ -1366,13 +1496,6 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
     return history, metrics
 
 
-def _rows(tensors, key, idx, L, device):
-    """tensors[key]'s rows idx, cut to L columns, on device: (rows, L); None if there is no key."""
-    if key not in tensors:
-        return None
-    return tensors[key][idx, :L].to(device)
-
-
 def _updates(learner, batch, tensors, args, runtime, step, dp=None):
     """The optimizer steps on one rollout batch: epochs x train batches of --train-batch-size rows
     x microbatches of --micro-train-batch-size rows. The last ones may be smaller: each forward's
@@ -1412,7 +1535,7 @@ def _updates(learner, batch, tensors, args, runtime, step, dp=None):
                 for idx, mb, L, P in forward_passes(
                     tensors, mine[start : start + mbs], shared_prefix, device
                 ):
-                    with common.autocast(device, runtime["compute_dtype"]):
+                    with hardware.autocast(device, runtime["compute_dtype"]):
                         out = losses.get_response_log_probs(
                             policy,
                             **mb,
@@ -1484,6 +1607,13 @@ def _updates(learner, batch, tensors, args, runtime, step, dp=None):
     return history
 
 
+def _rows(tensors, key, idx, L, device):
+    """tensors[key]'s rows idx, cut to L columns, on device: (rows, L); None if there is no key."""
+    if key not in tensors:
+        return None
+    return tensors[key][idx, :L].to(device)
+
+
 def top_entropy_tokens(policy, tensors, rows, args, runtime, ban_ids, dp=None):
     """(N, T) bool: of the optimizer step's `rows`, the response tokens whose entropy is in the
     top --entropy-top-quantile of the step's response tokens (Wang et al. 2025 take the quantile
@@ -1520,6 +1650,7 @@ def _reduce(params, sums, ratio_min, ratio_max, dp):
     return ratio_min, ratio_max
 
 
+# ----------------------------------------------------------------------------- 5. log
 def step_rows(step, opt_step, batch, history, metrics, step_s, weight_sync_s, wall_s):
     """One GRPO step's metric rows, one per optimizer step, for grpo.py and grpo_ray.py: metrics
     (collect's and train_step's) and the step's times, then each optimizer step's history row."""
@@ -1539,7 +1670,6 @@ def step_rows(step, opt_step, batch, history, metrics, step_s, weight_sync_s, wa
     return rows
 
 
-# ----------------------------------------------------------------------------- eval / io
 # The keys every step row has, in grpo.py and grpo_ray.py (which adds ray/*). Others depend on the
 # flags: the rollout-IS and mismatch keys when pi_old is scored, kl_* with --kl-every, dynamic_*
 # with --dynamic-sampling. The README's glossary explains each.
@@ -1572,6 +1702,8 @@ STEP_KEYS = [
     "time/tokens_per_s",
     "time/gen_tokens_per_s",
 ]
+
+
 # The per-step stdout line: (name, format) of each metric it shows, from train/ or time/
 STEP_LINE = [
     ("loss", "+.4f"),
@@ -1601,65 +1733,28 @@ def step_line(step, args, row):
     return f"step {step + 1}/{args.n_grpo_steps} | " + " | ".join(parts)
 
 
-def evaluate_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_run):
-    """Greedy validation on the engine's weights: logs the eval/ row and prints its line, then
-    writes rollouts/step_NNNN.jsonl (32 validation samples, then the first 2 train groups of
-    `batch` when given). -> the seconds it took (not counted as step time)."""
-    t0 = time.perf_counter()
-    metrics, samples = common.greedy_eval(
-        engine, val_rows, args.reward, args.max_tokens, args.min_tokens, args.grader_workers
+# ----------------------------------------------------------------------------- 6. save
+def save_checkpoint(learner, args, state):
+    """<out>/checkpoint (runs.save_model_checkpoint's layout): the policy, its tokenizer, the
+    flags, `state` and the AdamW state; with --keep-checkpoints N, the weights in the series
+    checkpoints/step_NNNN too (runs.save_snapshot). -> its path."""
+    optimizer = learner["optimizer"].state_dict()
+    path = runs.save_model_checkpoint(
+        args.out, learner["policy"], learner["tokenizer"], args, state, {"optimizer.pt": optimizer}
     )
-    sampled = ""
-    if args.eval_samples:
-        metrics |= common.sampled_eval(
-            engine,
-            val_rows,
-            args.reward,
-            args.eval_samples,
-            args.eval_temperature,
-            args.max_tokens,
-            args.min_tokens,
-            args.grader_workers,
-            args.seed,
+    if args.keep_checkpoints:
+        runs.save_snapshot(
+            args.out, learner["policy"], learner["tokenizer"], args, state, args.keep_checkpoints
         )
-        k = args.eval_samples
-        sampled = (
-            f" | avg@{k} {metrics['eval/avg@k']:.3f} | pass@{k} {metrics['eval/pass@k']:.3f} | "
-            f"maj@{k} {metrics['eval/maj@k']:.3f}"
-        )
-    row = {
-        "step": step,
-        "opt_step": state["opt_step"],
-        "time/wall": time.perf_counter() - t_run,
-        "time/eval": time.perf_counter() - t0,
-    }
-    common.log_row(args.out, row | metrics, wandb_run)
-    print(
-        f"eval step {step} | accuracy {metrics['eval/accuracy']:.3f} | "
-        f"reward {metrics['eval/reward']:.3f} | format {metrics['eval/format_reward']:.3f} | "
-        f"len {metrics['eval/response_len']:.1f}{sampled}",
-        flush=True,
-    )
-    train = []
-    if batch is not None:
-        columns = zip(
-            batch["prompts"], batch["responses"], batch["ground_truths"], batch["rewards"]
-        )
-        for prompt, response, ground_truth, rewards in columns:
-            train.append(
-                {
-                    "split": "train",
-                    "prompt": prompt,
-                    "response": response,
-                    "ground_truth": ground_truth,
-                    **rewards,
-                }
-            )
-    data.write_jsonl_atomic(
-        os.path.join(args.out, "rollouts", f"step_{step:04d}.jsonl"),
-        samples[:32] + train[: 2 * args.group_size],
-    )
-    return time.perf_counter() - t0
+    return path
+
+
+# ----------------------------------------------------------------------------- 7. sync weights
+def sync_weights(engine, policy, args):
+    """The policy's weights into the engine (waking it first with --sleep-engine). -> seconds."""
+    if args.sleep_engine:
+        return engines.wake_engine(engine, policy)  # wakes it, then pushes the weights
+    return engines.load_policy_into_vllm(policy, engine)
 
 
 # ----------------------------------------------------------------------------- main
@@ -1667,30 +1762,23 @@ def stopped(message):
     """Exit after a stop request (Ctrl-C or SIGTERM) with `message` on stderr and the shell's code
     for that signal: 130 after Ctrl-C, 143 after SIGTERM."""
     print(f"\n{message}", file=sys.stderr, flush=True)
-    raise SystemExit(common.stop_exit_code())
+    raise SystemExit(runs.stop_exit_code())
 
 
 def start_state(args):
     """The run's counters {"step", "opt_step", "wall"}: zero, or a resumed run's checkpoint's
-    (common.restore_checkpoint also cuts metrics.jsonl back to them)."""
+    (runs.restore_checkpoint also cuts metrics.jsonl back to them)."""
     state = {"step": 0, "opt_step": 0, "wall": 0.0}
     if args.resume:
-        saved = common.restore_checkpoint(args.resume, args.out)
+        saved = runs.restore_checkpoint(args.resume, args.out)
         state = {k: v for k, v in saved.items() if k in state}
     return state
 
 
 def write_settings(args, runtime):
     """The run's flags and runtime record: <out>/args.json and <out>/runtime.json."""
-    data.write_json_atomic(os.path.join(args.out, "args.json"), common.jsonable(vars(args)))
-    data.write_json_atomic(os.path.join(args.out, "runtime.json"), common.jsonable(runtime))
-
-
-def sync_weights(engine, policy, args):
-    """The policy's weights into the engine (waking it first with --sleep-engine). -> seconds."""
-    if args.sleep_engine:
-        return engines.wake_engine(engine, policy)  # wakes it, then pushes the weights
-    return engines.load_policy_into_vllm(policy, engine)
+    data.write_json_atomic(os.path.join(args.out, "args.json"), runs.jsonable(vars(args)))
+    data.write_json_atomic(os.path.join(args.out, "runtime.json"), runs.jsonable(runtime))
 
 
 def stopped_in_loop(args, state, dirty):
@@ -1702,25 +1790,10 @@ def stopped_in_loop(args, state, dirty):
             f"--resume {args.out} restarts from the last checkpoint"
         )
     print(
-        f"\n{common.stop_name()}: saving checkpoint and plots (resume restarts at step "
+        f"\n{runs.stop_name()}: saving checkpoint and plots (resume restarts at step "
         f"{state['step']})",
         flush=True,
     )
-
-
-def save_checkpoint(learner, args, state):
-    """<out>/checkpoint (common.save_model_checkpoint's layout): the policy, its tokenizer, the
-    flags, `state` and the AdamW state; with --keep-checkpoints N, the weights in the series
-    checkpoints/step_NNNN too (common.save_snapshot). -> its path."""
-    optimizer = learner["optimizer"].state_dict()
-    path = common.save_model_checkpoint(
-        args.out, learner["policy"], learner["tokenizer"], args, state, {"optimizer.pt": optimizer}
-    )
-    if args.keep_checkpoints:
-        common.save_snapshot(
-            args.out, learner["policy"], learner["tokenizer"], args, state, args.keep_checkpoints
-        )
-    return path
 
 
 def finish_run(engine, val_rows, learner, args, n_steps, state, t_run, wandb_run, interrupted):
@@ -1735,9 +1808,9 @@ def finish_run(engine, val_rows, learner, args, n_steps, state, t_run, wandb_run
             evaluate_and_dump(engine, val_rows, args, n_steps, state, t_run, None, wandb_run)
         except KeyboardInterrupt:
             interrupted = True  # every step is trained: save them; a resume runs the eval
-            print(f"\n{common.stop_name()}: final eval skipped; saving checkpoint", flush=True)
+            print(f"\n{runs.stop_name()}: final eval skipped; saving checkpoint", flush=True)
     state["wall"] = time.perf_counter() - t_run
-    guard = common.finish_then_interrupt("the checkpoint save")
+    guard = runs.finish_then_interrupt("the checkpoint save")
     if interrupted:
         guard = contextlib.nullcontext()
     path = None
@@ -1751,14 +1824,14 @@ def finish_run(engine, val_rows, learner, args, n_steps, state, t_run, wandb_run
         interrupted = True
         if path is None:
             stopped(
-                f"{common.stop_name()} again while saving: stopped; {args.out} keeps its last "
+                f"{runs.stop_name()} again while saving: stopped; {args.out} keeps its last "
                 f"complete checkpoint"
             )
     print(f"checkpoint {path} | dashboard + metrics in {args.out} | {state['wall']:.0f}s")
     if wandb_run is not None:
         wandb_run.finish()
     if interrupted:
-        raise SystemExit(common.stop_exit_code())  # 130 / 143, after everything is saved
+        raise SystemExit(runs.stop_exit_code())  # 130 / 143, after everything is saved
 
 
 def main(args):
@@ -1766,12 +1839,12 @@ def main(args):
 
     # SIGTERM (a scheduler's time limit, `timeout`, a container stop) stops the run as Ctrl-C does:
     # the step in flight finishes, the steps done are saved, exit 143
-    common.stop_on_sigterm()
+    runs.stop_on_sigterm()
     runtime = setup_runtime(args)
     if args.dry_run:
-        common.dry_run(args, runtime)  # the effective settings as one JSON line; nothing loaded
+        runs.dry_run(args, runtime)  # the effective settings as one JSON line; nothing loaded
     torch.manual_seed(args.seed)
-    common.claim_run_dir(args.out, args.resume)  # an existing run needs --resume; checked writable
+    runs.claim_run_dir(args.out, args.resume)  # an existing run needs --resume; checked writable
     try:
         train_rows, val_rows = load_data(args)
         learner = build_learner(args, runtime)
@@ -1781,10 +1854,10 @@ def main(args):
         if args.resume and args.lora_rank:
             engines.load_policy_into_vllm(policy, engine)  # the base + the checkpoint's adapter
     except KeyboardInterrupt:
-        stopped(f"{common.stop_name()} while loading: stopped before training; nothing saved")
+        stopped(f"{runs.stop_name()} while loading: stopped before training; nothing saved")
     write_settings(args, runtime)  # args.json, runtime.json
     axes = {"train/*": "opt_step", "eval/*": "step"}  # eval has its own x axis
-    wandb_run = common.start_wandb(args.wandb, args, axes)
+    wandb_run = runs.start_wandb(args.wandb, args, axes)
     if args.off_policy:
         policy_kind = "off-policy"
     else:
@@ -1822,7 +1895,7 @@ def main(args):
                 engines.sleep_engine(engine)
             # --- old log-probs, then train (epochs x train batches x microbatches); log. A first
             # Ctrl-C lets this finish, so the saved weights, optimizer and step counter agree ---
-            with common.finish_then_interrupt("this step's updates"):
+            with runs.finish_then_interrupt("this step's updates"):
                 dirty = True
                 history, train_metrics = train_step(learner, batch, args, runtime, step)
                 rows = step_rows(
@@ -1836,7 +1909,7 @@ def main(args):
                     time.perf_counter() - t_run,
                 )
                 for row in rows:
-                    common.log_row(args.out, row, wandb_run)
+                    runs.log_row(args.out, row, wandb_run)
                     tqdm.write(step_line(step, args, row))
                 state["step"] = step + 1
                 state["opt_step"] = rows[-1]["opt_step"]

@@ -58,6 +58,8 @@ import lora
 import losses
 import plot
 import rollout
+import runs
+import validation
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -160,7 +162,7 @@ def parse_args(argv=None):
     if args.resume:  # the placement flags of the resumed run too
         with open(os.path.join(args.resume, "state.json")) as f:
             saved = json.load(f)
-        common.resume_args(p, argv, ray_args, saved["args"], keep=())
+        runs.resume_args(p, argv, ray_args, saved["args"], keep=())
     vars(args).update(vars(ray_args))
     return resolve(args)
 
@@ -364,11 +366,11 @@ class Worker:
             f"eval expected version {version}, engine holds {self.engine_version}",
         )
         a = self.args
-        metrics, samples = common.greedy_eval(
+        metrics, samples = validation.greedy_eval(
             self.engine, self.val_rows, a.reward, a.max_tokens, a.min_tokens, a.grader_workers
         )
         if a.eval_samples:
-            metrics |= common.sampled_eval(
+            metrics |= validation.sampled_eval(
                 self.engine,
                 self.val_rows,
                 a.reward,
@@ -449,7 +451,7 @@ class Worker:
     def save(self, out_dir, state, final=False):
         """Checkpoint (and --keep-checkpoints' snapshot); the final save of a run, finished or
         stopped, also writes --export-merged's model."""
-        path = common.save_model_checkpoint(
+        path = runs.save_model_checkpoint(
             out_dir,
             self.learner["policy"],
             self.learner["tokenizer"],
@@ -458,7 +460,7 @@ class Worker:
             {"optimizer.pt": self.learner["optimizer"].state_dict()},
         )
         if self.args.keep_checkpoints:
-            common.save_snapshot(
+            runs.save_snapshot(
                 out_dir,
                 self.learner["policy"],
                 self.learner["tokenizer"],
@@ -771,12 +773,12 @@ def _push(actors, version, transport):
 def run(args, actors):
     """The driver loop (single controller). Returns the summary; writes metrics, timeline and
     summary to --out."""
-    common.claim_run_dir(args.out, args.resume)
+    runs.claim_run_dir(args.out, args.resume)
     if args.resume:
-        saved = common.restore_checkpoint(args.resume, args.out)  # metrics cut back to it
+        saved = runs.restore_checkpoint(args.resume, args.out)  # metrics cut back to it
     else:
         saved = _start(args)[1]
-    data.write_json_atomic(os.path.join(args.out, "args.json"), common.jsonable(vars(args)))
+    data.write_json_atomic(os.path.join(args.out, "args.json"), runs.jsonable(vars(args)))
     write_runtime_records(args, actors)
     start = saved["step"]
     state = {
@@ -818,7 +820,7 @@ def run(args, actors):
             # share of it ---
             batch = ray.put(gen)
             # a first stop request (Ctrl-C, SIGTERM): this step is trained and logged
-            with common.finish_then_interrupt(f"train step {t}"):
+            with runs.finish_then_interrupt(f"train step {t}"):
                 state["dirty"] = True
                 trains = [a.train.remote(batch) for a in actors["learner"]]
                 trs = get(trains, f"train step {t}", args, actors)
@@ -840,7 +842,7 @@ def run(args, actors):
                 f"aborted inside train step {state['done']}: nothing saved; --resume {args.out} "
                 "restarts from the last checkpoint"
             )
-        print(f"\n{common.stop_name()}: saving the steps logged", flush=True)
+        print(f"\n{runs.stop_name()}: saving the steps logged", flush=True)
         _save_on_stop(args, actors, state, state["done"], time.time() - t_run)
 
     try:
@@ -848,23 +850,23 @@ def run(args, actors):
         wall = time.time() - t_run
         _evaluate(args, actors, state, n)
     except KeyboardInterrupt:  # every step is trained: save them; a resume runs the final eval
-        print(f"\n{common.stop_name()}: final eval skipped; saving the steps", flush=True)
+        print(f"\n{runs.stop_name()}: final eval skipped; saving the steps", flush=True)
         _save_on_stop(args, actors, state, n, time.time() - t_run)
     # a stop request lets the save finish, then stops the run (a second one stops at once: the
     # previous checkpoint stays)
     saved = False
     try:
-        with common.finish_then_interrupt("the checkpoint save"):
+        with runs.finish_then_interrupt("the checkpoint save"):
             _save(args, actors, state, n, wall, final=True)
             saved = True
     except KeyboardInterrupt:
         if not saved:
             grpo.stopped(
-                f"{common.stop_name()} again while saving: stopped; {args.out} keeps its last "
+                f"{runs.stop_name()} again while saving: stopped; {args.out} keeps its last "
                 "complete checkpoint"
             )
-        print(f"{common.stop_name()}: checkpoint saved after step {n}", flush=True)
-        raise SystemExit(common.stop_exit_code()) from None
+        print(f"{runs.stop_name()}: checkpoint saved after step {n}", flush=True)
+        raise SystemExit(runs.stop_exit_code()) from None
     summary = summarize(args, state["rows"], state["spans"], wall - state["wall"], n - start)
     data.write_json_atomic(os.path.join(args.out, "timeline.json"), state["spans"])
     data.write_json_atomic(os.path.join(args.out, "summary.json"), summary)
@@ -879,15 +881,15 @@ def _save_on_stop(args, actors, state, version, wall):
         _save(args, actors, state, version, wall, final=True)
     except KeyboardInterrupt:
         grpo.stopped(
-            f"{common.stop_name()} again while saving: stopped; {args.out} keeps its last "
+            f"{runs.stop_name()} again while saving: stopped; {args.out} keeps its last "
             "complete checkpoint"
         )
     print(
-        f"{common.stop_name()}: checkpoint saved after step {version}; continue with --resume "
+        f"{runs.stop_name()}: checkpoint saved after step {version}; continue with --resume "
         f"{args.out}",
         flush=True,
     )
-    raise SystemExit(common.stop_exit_code())
+    raise SystemExit(runs.stop_exit_code())
 
 
 def write_runtime_records(args, actors):
@@ -896,7 +898,7 @@ def write_runtime_records(args, actors):
     runtime = {}
     for handle, record in zip(actors["all"], records):
         runtime[actors["names"][handle._actor_id.hex()]] = record
-    data.write_json_atomic(os.path.join(args.out, "runtime.json"), common.jsonable(runtime))
+    data.write_json_atomic(os.path.join(args.out, "runtime.json"), runs.jsonable(runtime))
 
 
 def _synced(args, actors, state, syncs, version):
@@ -958,7 +960,7 @@ def _evaluate(args, actors, state, version):
         "time/wall": wall,
         "time/eval": span["t1"] - span["t0"],
     }
-    common.log_row(args.out, row | out["metrics"])
+    runs.log_row(args.out, row | out["metrics"])
     path = os.path.join(args.out, "rollouts", f"eval_v{version:04d}.jsonl")
     data.write_jsonl_atomic(path, out["samples"])
     parts = [f"{k} {v:.3f}" for k, v in out["metrics"].items()]
@@ -993,7 +995,7 @@ def _log_step(args, state, gen, trs, t_run):
         now - t_run,
     )
     for row in rows:
-        common.log_row(args.out, row)
+        runs.log_row(args.out, row)
     state["rows"] += rows
     state.update(last=now, opt_step=rows[-1]["opt_step"])
     line = grpo.step_line(gen["step"], args, rows[-1])
@@ -1038,16 +1040,16 @@ def summarize(args, rows, spans, wall, steps):
 def main(args):
     # SIGTERM (a scheduler's time limit, `timeout`, a container stop) stops the run as Ctrl-C does:
     # the train step in flight finishes, the steps logged are saved, exit 143
-    common.stop_on_sigterm()
+    runs.stop_on_sigterm()
     if args.dry_run:
-        common.dry_run(args)  # the effective settings as one JSON line; no Ray, no model
+        runs.dry_run(args)  # the effective settings as one JSON line; no Ray, no model
     # bad data: one line now, not a traceback from an actor once Ray and the policy are up
     grpo.load_data(args)
     if args.address:
         check_address(args)  # one line within --connect-timeout-s, not minutes of retries
-    common.claim_run_dir(args.out, args.resume)  # before any actor starts
+    runs.claim_run_dir(args.out, args.resume)  # before any actor starts
     init_ray(args)
-    common.stop_on_sigterm()  # ray.init replaced our SIGTERM handler with a plain exit
+    runs.stop_on_sigterm()  # ray.init replaced our SIGTERM handler with a plain exit
     print(
         f"ray: {ray.cluster_resources()} | mode {args.mode} | {args.n_grpo_steps} steps x "
         f"{args.rollout_batch_size} samples | weight sync {args.weight_sync} | out {args.out}",
@@ -1071,7 +1073,7 @@ def main(args):
     if failure:
         raise SystemExit(f"error: {failure}")
     if stopped_early:
-        grpo.stopped(f"{common.stop_name()} while starting: stopped before training")
+        grpo.stopped(f"{runs.stop_name()} while starting: stopped before training")
     plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
     printed = {k: v for k, v in summary.items() if k != "lags"}
     print(json.dumps(printed))

@@ -46,26 +46,22 @@ import warnings
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
-from common import (  # noqa: E402
+from common import (
     Parser,
     attempt,
     check,
     check_hub_ids,
     check_model_dir,
-    claim_run_dir,
     existing_file,
     fail,
-    finish_then_interrupt,
     nonneg_float,
     output_file,
     positive_float,
     positive_int,
-    set_threads,
-    stop_exit_code,
-    stop_name,
-    stop_on_sigterm,
 )
 from data import load_prompt, write_json_atomic  # noqa: E402
+from hardware import set_threads  # noqa: E402
+from runs import claim_run_dir, finish_then_interrupt, stop_exit_code, stop_name, stop_on_sigterm  # noqa: E402
 
 # ----------------------------------------------------------------------------- exact verifier
 # Exactness bounds. With L = max|coordinate|, every squared distance is ≤ 4·d·L², so the int64 Gram

@@ -277,7 +277,7 @@ def save_adapter(model, directory, base=None):
         if isinstance(value, set):
             config[key] = sorted(value)
     with open(os.path.join(directory, ADAPTER_CONFIG), "w") as f:
-        json.dump(common.jsonable(config), f, indent=2)
+        json.dump(config, f, indent=2, default=str)  # dtypes, paths -> str
 
 
 def load_adapter(model, directory):

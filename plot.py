@@ -31,7 +31,8 @@ import json
 import math
 import os
 
-from common import Parser, check, read_metrics
+from common import Parser, check
+from runs import read_metrics
 
 # (title, keys, keys on a right-hand y axis): a line style per key; eval/ keys get markers
 PANELS = [

@@ -42,6 +42,9 @@ import rollout  # noqa: I001  (sets vLLM's environment before anything imports v
 import torch
 
 import common
+import validation
+import runs
+import hardware
 import data
 import lora
 import plot
@@ -178,7 +181,7 @@ def parse_args(argv=None):
     )
     g.add_argument(
         "--dtype",
-        choices=common.DTYPES,
+        choices=hardware.DTYPES,
         default="auto",
         help="compute dtype (auto: bf16 on CUDA, fp32 on CPU)",
     )
@@ -219,7 +222,7 @@ def parse_args(argv=None):
         default=None,
         help="default 2048; 128 for the embedded model",
     )
-    common.eval_sampling_flags(g)
+    validation.eval_sampling_flags(g)
     g.add_argument("--wandb", default=None, help="wandb project name (off when omitted)")
 
     g = p.add_argument_group("systems")
@@ -293,10 +296,10 @@ def parse_args(argv=None):
 
     args = p.parse_args(argv)
     if args.resume:
-        common.resume_from(p, argv, args, needs=("optimizer.pt", "scheduler.pt"))
+        runs.resume_from(p, argv, args, needs=("optimizer.pt", "scheduler.pt"))
     resolve(args)
     if args.dry_run:
-        common.dry_run(args)
+        runs.dry_run(args)
     return args
 
 
@@ -380,7 +383,7 @@ def resolve(args):
         not args.sleep_engine or torch.device(args.vllm_device) == torch.device(args.policy_device),
         "--sleep-engine is for an engine that shares the policy's GPU; drop it",
     )
-    weights, compute = common.resolve_precision(args.policy_device, args.dtype, args.pure_bf16)
+    weights, compute = hardware.resolve_precision(args.policy_device, args.dtype, args.pure_bf16)
     check(
         not args.pure_bf16 or compute == torch.bfloat16,
         "--pure-bf16 needs bf16 compute: add --dtype bfloat16",
@@ -682,7 +685,7 @@ def train_step(model, tokenizer, optimizer, scheduler, pairs, args, shared_prefi
         # (B,) each row's length up to its last response token: the padding after it is not run
         lengths = mask.shape[1] - mask.flip(-1).long().argmax(-1)
         # fp32 weights, bf16 matmuls
-        with common.autocast(args.policy_device, getattr(torch, args.compute_dtype)):
+        with hardware.autocast(args.policy_device, getattr(torch, args.compute_dtype)):
             out = get_response_log_probs(
                 model,
                 input_ids,
@@ -730,7 +733,7 @@ def make_engine(src, args, tokenizer, model, val_rows):
         engine_kw["max_model_len"] = longest + args.eval_max_tokens
         share = args.gpu_memory_utilization
         if not share:
-            share = common.engine_share(
+            share = hardware.engine_share(
                 args.policy_device, args.vllm_device, args.param_dtype, args.sleep_engine, model
             )
         engine_kw["gpu_memory_utilization"] = share
@@ -753,9 +756,9 @@ def validate(llm, model, val_rows, args, done, n_evals, t_run, wandb_run):
         push_s = rollout.wake_engine(llm, model)
     else:
         push_s = rollout.load_policy_into_vllm(model, llm)
-    metrics, samples = common.greedy_eval(llm, val_rows, args.eval_reward, args.eval_max_tokens)
+    metrics, samples = validation.greedy_eval(llm, val_rows, args.eval_reward, args.eval_max_tokens)
     if args.eval_samples:
-        metrics |= common.sampled_eval(
+        metrics |= validation.sampled_eval(
             llm,
             val_rows,
             args.eval_reward,
@@ -774,7 +777,7 @@ def validate(llm, model, val_rows, args, done, n_evals, t_run, wandb_run):
         "time/eval": time.perf_counter() - t0,
         "time/wall": time.perf_counter() - t_run,
     }
-    common.log_row(args.out, row, wandb_run)
+    runs.log_row(args.out, row, wandb_run)
     print(
         f"eval {n_evals} @ step {done} | accuracy {metrics['eval/accuracy']:.3f} | "
         f"format {metrics['eval/format_reward']:.3f} | {time.perf_counter() - t0:.1f}s",
@@ -785,9 +788,9 @@ def validate(llm, model, val_rows, args, done, n_evals, t_run, wandb_run):
 
 
 def save_checkpoint(args, model, tokenizer, optimizer, scheduler, step):
-    """<out>/checkpoint: common.save_model_checkpoint's layout (as grpo.py's), plus the lr
+    """<out>/checkpoint: runs.save_model_checkpoint's layout (as grpo.py's), plus the lr
     schedule's position; with --keep-checkpoints, the weights in the series too."""
-    path = common.save_model_checkpoint(
+    path = runs.save_model_checkpoint(
         args.out,
         model,
         tokenizer,
@@ -796,9 +799,7 @@ def save_checkpoint(args, model, tokenizer, optimizer, scheduler, step):
         extra={"optimizer.pt": optimizer.state_dict(), "scheduler.pt": scheduler.state_dict()},
     )
     if args.keep_checkpoints:
-        common.save_snapshot(
-            args.out, model, tokenizer, args, {"step": step}, args.keep_checkpoints
-        )
+        runs.save_snapshot(args.out, model, tokenizer, args, {"step": step}, args.keep_checkpoints)
     return path
 
 
@@ -897,7 +898,7 @@ def check_save_dir(save_dir, out):
 
 
 def recover_save_dir(save_dir):
-    """Finish a final save a kill interrupted, as common.find_checkpoint does for checkpoints:
+    """Finish a final save a kill interrupted, as runs.find_checkpoint does for checkpoints:
     when <save-dir> is missing, a finished <save-dir>.tmp (the newer) takes its place, else .old
     (the former <save-dir>), model card and all. Then the leftovers of sft.py's go."""
     final = os.path.abspath(save_dir)
@@ -918,7 +919,7 @@ def recover_save_dir(save_dir):
 
 
 def save_model(args, model, tokenizer, step):
-    """The final model into --save-dir, swapped in whole by common.save_checkpoint: the marker
+    """The final model into --save-dir, swapped in whole by runs.save_checkpoint: the marker
     first (a killed save is recognisably sft.py's), the model card, weights, tokenizer,
     state.json, then the marker again, now listing the files (the swap's completion mark)."""
     check_save_dir(args.save_dir, args.out)  # as at the start: nothing else got in since
@@ -945,7 +946,7 @@ def save_model(args, model, tokenizer, step):
         else:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
-        state = {"step": step, "args": common.jsonable(vars(args))}
+        state = {"step": step, "args": runs.jsonable(vars(args))}
         data.write_json_atomic(os.path.join(tmp, "state.json"), state)
         files = []
         for f in sorted(os.listdir(tmp)):
@@ -953,7 +954,7 @@ def save_model(args, model, tokenizer, step):
                 files.append(f)
         data.write_json_atomic(marker, {"written_by": "sft.py", "files": files})
 
-    common.save_checkpoint(
+    runs.save_checkpoint(
         os.path.dirname(final), write, marker=SAVE_MARKER, name=os.path.basename(final)
     )
 
@@ -976,7 +977,7 @@ def final_save(args, model, tokenizer, start, steps):
     again."""
     saved = False
     try:
-        with common.finish_then_interrupt("the final save"):
+        with runs.finish_then_interrupt("the final save"):
             if start < steps or not save_complete(args.save_dir):
                 save_model(args, model, tokenizer, steps)
             saved = True
@@ -985,15 +986,15 @@ def final_save(args, model, tokenizer, start, steps):
             raise SystemExit(
                 f"\naborted during the final save; --resume {args.out} saves {args.save_dir} again"
             ) from None
-        print(f"{common.stop_name()}: stopped after the final save; {args.save_dir} is complete")
-        sys.exit(common.stop_exit_code())
+        print(f"{runs.stop_name()}: stopped after the final save; {args.save_dir} is complete")
+        sys.exit(runs.stop_exit_code())
 
 
 def main(argv=None):
-    common.stop_on_sigterm()  # SIGTERM (schedulers, `timeout`) finishes the step, as Ctrl-C does
+    runs.stop_on_sigterm()  # SIGTERM (schedulers, `timeout`) finishes the step, as Ctrl-C does
     args = parse_args(argv)
-    threads = common.set_threads(args.threads)  # before the engine starts
-    common.claim_run_dir(args.out, args.resume)
+    threads = hardware.set_threads(args.threads)  # before the engine starts
+    runs.claim_run_dir(args.out, args.resume)
     recover_save_dir(args.save_dir)
     torch.manual_seed(args.seed)
 
@@ -1054,22 +1055,22 @@ def main(argv=None):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     start = 0
     if args.resume:
-        state = common.restore_checkpoint(
+        state = runs.restore_checkpoint(
             args.resume, args.out, True, optimizer=optimizer, scheduler=scheduler
         )
         start = state["step"]
-    logged = common.read_metrics(os.path.join(args.out, "metrics.jsonl"))
+    logged = runs.read_metrics(os.path.join(args.out, "metrics.jsonl"))
     n_evals = len([r for r in logged if "eval_step" in r])  # a resumed run continues the count
 
     # --- eval engine: loads the starting weights from disk, later receives pushes ---
     llm = None
     if val_rows:
         llm = make_engine(weights_from, args, tokenizer, model, val_rows)
-    wandb_run = common.start_wandb(
+    wandb_run = runs.start_wandb(
         args.wandb, args, {"train/*": "step", "time/*": "step", "eval/*": "eval_step"}
     )
     # the run starts here
-    data.write_json_atomic(os.path.join(args.out, "args.json"), common.jsonable(vars(args)))
+    data.write_json_atomic(os.path.join(args.out, "args.json"), runs.jsonable(vars(args)))
     data.write_json_atomic(os.path.join(args.out, "runtime.json"), runtime)
     print(
         f"{len(pairs)} pairs, {steps} steps of {args.batch_size} "
@@ -1084,7 +1085,7 @@ def main(argv=None):
         for step in range(start, steps):
             # --- train: one optimizer step; a first Ctrl-C waits for its end, so what is saved
             # is consistent ---
-            with common.finish_then_interrupt("this optimizer step"):
+            with runs.finish_then_interrupt("this optimizer step"):
                 in_step = True
                 first = step * args.batch_size
                 batch = [pairs[i] for i in order[first : first + args.batch_size]]
@@ -1093,7 +1094,7 @@ def main(argv=None):
                 )
                 done = step + 1
                 step_row = {"step": done, **row, "time/wall": time.perf_counter() - t_run}
-                common.log_row(args.out, step_row, wandb_run)
+                runs.log_row(args.out, step_row, wandb_run)
                 in_step = False
             print(
                 f"step {done}/{steps} | loss {row['train/loss']:.4f} | "
@@ -1120,7 +1121,7 @@ def main(argv=None):
                 f"--resume {args.out} restarts from the last checkpoint"
             ) from None
         print(
-            f"\n{common.stop_name()}: interrupted after step {done}: saving the checkpoint; "
+            f"\n{runs.stop_name()}: interrupted after step {done}: saving the checkpoint; "
             f"continue with --resume {args.out}",
             flush=True,
         )
@@ -1133,7 +1134,7 @@ def main(argv=None):
                 f"complete checkpoint"
             ) from None
         plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
-        sys.exit(common.stop_exit_code())
+        sys.exit(runs.stop_exit_code())
 
     # --- the final model (a model card in --save-dir stays) ---
     final_save(args, model, tokenizer, start, steps)
@@ -1141,7 +1142,7 @@ def main(argv=None):
     print(f"saved {args.save_dir}; metrics in {args.out}; dashboard {dashboard}")
     if wandb_run is not None:
         wandb_run.finish()
-    return common.read_metrics(os.path.join(args.out, "metrics.jsonl"))
+    return runs.read_metrics(os.path.join(args.out, "metrics.jsonl"))
 
 
 if __name__ == "__main__":

@@ -80,15 +80,15 @@ def signal_state_restored():
     """Every test leaves the SIGINT / SIGTERM handlers and common's last stop request as it found
     them: a script's main installs handlers that would otherwise outlive its test, and a stale
     "last stop was SIGTERM" would turn a later test's Ctrl-C exit code into 143."""
-    import common
+    import runs
 
-    handlers = {sig: signal.getsignal(sig) for sig in common.STOP_SIGNALS}
-    last_stop = dict(common._last_stop)
-    common._last_stop["signal"] = signal.SIGINT
+    handlers = {sig: signal.getsignal(sig) for sig in runs.STOP_SIGNALS}
+    last_stop = dict(runs._last_stop)
+    runs._last_stop["signal"] = signal.SIGINT
     yield
     for sig, handler in handlers.items():
         signal.signal(sig, handler)
-    common._last_stop.update(last_stop)
+    runs._last_stop.update(last_stop)
 
 
 @pytest.fixture
@@ -151,11 +151,11 @@ def run_script(argv, cwd=ROOT):
     In-process because a subprocess pays the interpreter start and the torch / transformers / vLLM
     imports again (~10 s each on the test machine): the suite runs dozens. Not for what needs a
     process of its own (signals, kills, a second holder of a lock). The script sees itself as
-    __main__ (common.this_script names it), and the caller's cwd, argv, __main__ and torch
+    __main__ (runs.this_script names it), and the caller's cwd, argv, __main__ and torch
     threads are restored. An uncaught exception prints its traceback and exits 1, as Python's."""
     import torch
 
-    import common
+    import runs
 
     script = os.path.basename(argv[0])
     module = importlib.import_module(script.removesuffix(".py"))
@@ -165,7 +165,7 @@ def run_script(argv, cwd=ROOT):
     saved_argv = sys.argv
     saved_main = sys.modules["__main__"]
     saved_threads = torch.get_num_threads()
-    held = set(common._LOCKS)  # the run directories this process holds already
+    held = set(runs._LOCKS)  # the run directories this process holds already
     code = 0
     try:
         os.chdir(cwd)
@@ -188,8 +188,8 @@ def run_script(argv, cwd=ROOT):
         sys.modules["__main__"] = saved_main
         torch._C.set_num_threads(saved_threads)  # (a vLLM engine makes torch's setter a no-op)
         # the run's directory is free when its process ends: let go of what the script claimed
-        for run_dir in set(common._LOCKS) - held:
-            common.release_run_dir(run_dir)
+        for run_dir in set(runs._LOCKS) - held:
+            runs.release_run_dir(run_dir)
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 

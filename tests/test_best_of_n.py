@@ -12,8 +12,9 @@ from itertools import combinations
 
 import pytest
 
-from best_of_n import answer, best_at_k, maj_at_k, metrics, pass_at_k
+from best_of_n import best_at_k, metrics, pass_at_k
 from conftest import ROOT, one_line_error, requires_vllm, run_script
+from validation import answer, maj_at_k
 
 SCRIPT = os.path.join(ROOT, "best_of_n.py")
 

@@ -14,7 +14,7 @@ import doctor
 import expert_iteration
 import grpo
 
-# the eval row common.greedy_eval logs (with step, opt_step, time/wall, time/eval)
+# the eval row validation.greedy_eval logs (with step, opt_step, time/wall, time/eval)
 EVAL_KEYS = [
     "eval/reward",
     "eval/format_reward",
@@ -47,10 +47,10 @@ HEALTHY = {
 @pytest.fixture(scope="module")
 def grpo_args(tmp_path_factory):
     """grpo.py's resolved flags for the demo, as its args.json holds them."""
-    import common
+    import runs
 
     out = tmp_path_factory.mktemp("never_written")
-    return common.jsonable(vars(grpo.parse_args(["--out", str(out / "run")])))
+    return runs.jsonable(vars(grpo.parse_args(["--out", str(out / "run")])))
 
 
 def step_row(step, **overrides):

@@ -25,8 +25,11 @@ import torch.optim.optimizer as optimizer_hooks
 import common
 import grader
 import grpo
+import hardware
 import lora
 import losses
+import runs
+import validation
 from conftest import HAS_VLLM, ROOT, run_script
 
 EVAL_KEYS = [
@@ -471,7 +474,7 @@ def test_threads_reach_the_running_vllm_engine(live):
     """--threads reaches the engine's forwards. A vLLM CPU engine, once started, has replaced
     torch.set_num_threads with a no-op (vllm/v1/worker/cpu_worker.py): a second run in this process
     (a test, a notebook, a reused Ray actor) sets its threads through torch._C's own setter
-    (common.set_threads), which the engine, running on this thread's pool, follows."""
+    (hardware.set_threads), which the engine, running on this thread's pool, follows."""
     import rollout
 
     assert torch.set_num_threads is not torch._C.set_num_threads  # vLLM's no-op
@@ -1271,11 +1274,11 @@ def test_engine_share_on_a_shared_gpu_counts_the_trainers_memory(monkeypatch):
     policy = torch.nn.Linear(1000, 10_000, bias=False)  # 10M params
     # the policy on cuda:0, the engine on "cuda" (= cuda:0), fp32 master weights
     shared = ("cuda:0", "cuda", torch.float32)
-    share = common.engine_share(*shared, False, policy, extra_models=2)
+    share = hardware.engine_share(*shared, False, policy, extra_models=2)
     assert share == pytest.approx(1 - 0.24 - 0.15)
-    assert common.engine_share(*shared, False, policy=None) == 0.85
-    assert common.engine_share("cuda:0", "cuda:1", torch.float32, False, policy) == 0.85
-    share = common.engine_share(*shared, True, policy, extra_models=2)  # --sleep-engine
+    assert hardware.engine_share(*shared, False, policy=None) == 0.85
+    assert hardware.engine_share("cuda:0", "cuda:1", torch.float32, False, policy) == 0.85
+    share = hardware.engine_share(*shared, True, policy, extra_models=2)  # --sleep-engine
     assert share == pytest.approx(1 - 0.2 - 0.15)
 
 
@@ -1426,7 +1429,7 @@ def test_sigterm_saves_the_steps_done_with_save_every_0(
     assert [r["step"] for r in rows] == [0]
     assert state["opt_step"] == rows[-1]["opt_step"]
 
-    monkeypatch.setattr(common, "greedy_eval", send_sigterm_before(common, "greedy_eval"))
+    monkeypatch.setattr(validation, "greedy_eval", send_sigterm_before(validation, "greedy_eval"))
     with pytest.raises(SystemExit) as exit_:
         grpo.main(grpo.parse_args(["--resume", str(tmp_path / "run")]))
     assert exit_.value.code == 143
@@ -1570,6 +1573,48 @@ def test_dry_run_prints_the_effective_settings():
     assert cfg["train_path"] == "synthetic"
 
 
+def test_every_profile_entry_fills_its_flag(tmp_path):
+    """A PROFILES value reaches the run only for a flag whose argparse default is None: each entry
+    of the demo row (a superset of the hub row's keys) is the parsed value."""
+    assert set(grpo.PROFILES["hub"]) <= set(grpo.PROFILES["demo"])
+    args = grpo.parse_args(["--out", str(tmp_path / "run")])
+    assert args.profile == "demo"
+    for name, value in grpo.PROFILES["demo"].items():
+        assert getattr(args, name) == value, name
+
+
+def test_a_flag_with_a_profile_default_is_a_group_line_and_a_profiles_line(tmp_path, monkeypatch):
+    """The promise at grpo.py's flag groups, kept in a scratch copy: a new flag whose default comes
+    from the profiles is one line in its flag group and one line in PROFILES["hub"], and nothing
+    else. The demo profile inherits it, the command line overrides it, args.json holds it."""
+    import importlib.util
+
+    with open(os.path.join(ROOT, "grpo.py")) as f:
+        source = f.read()
+    group = '    g = p.add_argument_group("loss")  # --- loss ---\n'
+    profile = "        lr=1e-5,  # the seeds\n"
+    assert source.count(group) == 1 and source.count(profile) == 1
+    flag = '    g.add_argument("--throwaway", type=float, default=None, help="a scratch flag")\n'
+    edited = source.replace(group, group + flag)
+    edited = edited.replace(profile, profile + "        throwaway=0.5,\n")
+    assert len(edited.splitlines()) == len(source.splitlines()) + 2
+    path = tmp_path / "grpo_scratch.py"
+    path.write_text(edited)
+    spec = importlib.util.spec_from_file_location("grpo_scratch", path)
+    scratch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scratch)
+    monkeypatch.chdir(tmp_path)
+    demo = scratch.parse_args(["--out", str(tmp_path / "demo")])
+    assert demo.profile == "demo"
+    assert demo.throwaway == 0.5
+    typed = scratch.parse_args(["--out", str(tmp_path / "typed"), "--throwaway", "2"])
+    assert typed.throwaway == 2.0
+    (tmp_path / "demo").mkdir()
+    scratch.write_settings(demo, {})
+    with open(tmp_path / "demo" / "args.json") as f:
+        assert json.load(f)["throwaway"] == 0.5
+
+
 def test_common_checkpoint_swap_recovery(tmp_path):
     """A crash between the two renames of a checkpoint swap leaves .old and .tmp: resume finds the
     newest complete one, and a truncated last metrics line is dropped."""
@@ -1577,15 +1622,15 @@ def test_common_checkpoint_swap_recovery(tmp_path):
     for name, step in (("checkpoint.old", 1), ("checkpoint.tmp", 2)):
         (run / name).mkdir(parents=True)
         (run / name / "state.json").write_text(json.dumps({"step": step}))
-    path = common.find_checkpoint(str(run), repair=False)  # a --dry-run --resume only looks
+    path = runs.find_checkpoint(str(run), repair=False)  # a --dry-run --resume only looks
     assert path == str(run / "checkpoint.tmp")
     assert sorted(os.listdir(run)) == ["checkpoint.old", "checkpoint.tmp"]
-    path = common.find_checkpoint(str(run))
+    path = runs.find_checkpoint(str(run))
     with open(os.path.join(path, "state.json")) as f:
         assert json.load(f)["step"] == 2
     assert sorted(os.listdir(run)) == ["checkpoint"]
     (run / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n{"ste')
-    assert common.read_metrics(str(run / "metrics.jsonl")) == [{"step": 0}, {"step": 1}]
+    assert runs.read_metrics(str(run / "metrics.jsonl")) == [{"step": 0}, {"step": 1}]
 
 
 def test_resume_names_the_flags_a_saved_run_predates(capsys):
@@ -1597,7 +1642,7 @@ def test_resume_names_the_flags_a_saved_run_predates(capsys):
     parser.add_argument("--rollout-is-floor", type=float, default=0.0)
     argv = ["--rollout-is-floor", "0.5"]
     args = parser.parse_args(argv)
-    common.resume_args(parser, argv, args, {"lr": 3e-4})
+    runs.resume_args(parser, argv, args, {"lr": 3e-4})
     out = capsys.readouterr().out
     assert args.lr == 3e-4
     assert "notice: the saved run predates dynamic_sampling_on='answer_reward'" in out
@@ -1697,7 +1742,7 @@ def test_sampled_metrics_by_hand():
         [True, True, True, False],  # 3 of 4 right: "5" wins the vote
     ]
     answers = [["7", "8", "8", None], ["1", "2", None, None], ["5", "5", "5", "6"]]
-    m = common.sampled_metrics(correct, answers, 4)
+    m = validation.sampled_metrics(correct, answers, 4)
     # avg@4: 1/4, 0, 3/4 -> mean 1/3; SE = sample std / sqrt(3)
     avg = [0.25, 0.0, 0.75]
     assert m["eval/avg@k"] == pytest.approx(1 / 3)
@@ -1709,10 +1754,10 @@ def test_sampled_metrics_by_hand():
     assert m["eval/maj@k"] == pytest.approx(1 / 3)
     assert m["eval/maj@k_se"] == pytest.approx(statistics.stdev([0, 0, 1]) / math.sqrt(3))
     # k = 2 of 4 (the unbiased estimators): question 0's pass@2 = 1 - C(3,2)/C(4,2) = 1/2
-    m2 = common.sampled_metrics(correct, answers, 2)
+    m2 = validation.sampled_metrics(correct, answers, 2)
     assert m2["eval/pass@k"] == pytest.approx((0.5 + 0 + 1) / 3)
     # a tie splits: answers "a" (right) and "b" 1 vote each -> maj@2 = 1/2
-    tie = common.sampled_metrics([[True, False]], [["a", "b"]], 2)
+    tie = validation.sampled_metrics([[True, False]], [["a", "b"]], 2)
     assert tie["eval/maj@k"] == pytest.approx(0.5)
     assert math.isnan(tie["eval/maj@k_se"])  # one question: no standard error
     assert set(m) <= readme_glossary()
@@ -1730,7 +1775,7 @@ def test_snapshots_written_rotated_and_resumed(tiny_model_dir, task_file, tmp_pa
     with open(out / "checkpoints" / "mine" / "notes.txt", "w") as f:
         f.write("keep")
     grpo.main(grpo.parse_args(flags + ["--out", str(out), "--threads", "1"]))
-    assert [s for s, _ in common.snapshots(out)] == [2]
+    assert [s for s, _ in runs.snapshots(out)] == [2]
     assert sorted(os.listdir(out / "checkpoints")) == ["mine", "step_0002"]
     snapshot = set(os.listdir(out / "checkpoints" / "step_0002"))
     assert {"config.json", "model.safetensors", "state.json"} <= snapshot
@@ -1745,7 +1790,7 @@ def test_snapshots_written_rotated_and_resumed(tiny_model_dir, task_file, tmp_pa
     missing = sorted(logged_keys(metrics(out)) - readme_glossary())
     assert not missing, missing
     grpo.main(grpo.parse_args(["--resume", str(out), "--n-grpo-steps", "3"]))
-    assert [s for s, _ in common.snapshots(out)] == [3]
+    assert [s for s, _ in runs.snapshots(out)] == [3]
     assert os.path.exists(out / "checkpoints" / "mine" / "notes.txt")
 
 

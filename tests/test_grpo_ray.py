@@ -40,10 +40,10 @@ import torch
 from conftest import one_line_error, requires_vllm
 
 ray = pytest.importorskip("ray")
-import common  # noqa: E402
 import grpo  # noqa: E402
 import grpo_ray  # noqa: E402
 import lora  # noqa: E402
+import runs  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Whole words the tiny random model emits often (digits, symbols, merges of its BPE corpus): groups
@@ -750,7 +750,7 @@ def test_async_over_ray_direct_transport_gloo(cluster, make_args):
         # runtime.json: each actor's runtime record (grpo.setup_runtime's fields), by actor name
         records = read(args, "runtime.json")
         assert set(records) == set(actors["names"].values())
-        driver = common.jsonable(grpo.setup_runtime(args))
+        driver = runs.jsonable(grpo.setup_runtime(args))
         for name, record in records.items():
             assert set(record) == set(driver), name
             if driver["gpus_visible"] == 0:  # CPU only: each actor decides what the driver does

@@ -22,6 +22,7 @@ import time
 import pytest
 
 import common
+import runs
 from conftest import ROOT, one_line_error, run_script
 
 
@@ -121,13 +122,13 @@ def test_half_written_state_json_is_not_a_complete_checkpoint(tmp_path):
     for name, state in copies:
         (run_dir / name).mkdir(parents=True)
         (run_dir / name / "state.json").write_text(state)
-    path = common.find_checkpoint(str(run_dir))
+    path = runs.find_checkpoint(str(run_dir))
     with open(os.path.join(path, "state.json")) as f:
         assert json.load(f)["step"] == 1
     assert sorted(os.listdir(run_dir)) == ["checkpoint"]
     # killed while state.json is serialised (kill -9, power loss: no cleanup runs)
     code = f"""if True:
-        import argparse, os, common
+        import argparse, os, runs
         class Bomb(dict):
             def items(self):
                 os._exit(9)
@@ -137,14 +138,14 @@ def test_half_written_state_json_is_not_a_complete_checkpoint(tmp_path):
             def named_modules(self):  # no LoRA layer (lora.lora_layers)
                 return iter(())
         state = {{"step": 2, "z": Bomb(a=1)}}
-        common.save_model_checkpoint(
+        runs.save_model_checkpoint(
             {str(run_dir)!r}, Model(), Model(), argparse.Namespace(), state
         )
     """
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 9
     # no state.json: not taken for complete
     assert os.listdir(run_dir / "checkpoint.tmp") == ["model.safetensors"]
-    assert common.find_checkpoint(str(run_dir)) == str(run_dir / "checkpoint")
+    assert runs.find_checkpoint(str(run_dir)) == str(run_dir / "checkpoint")
     assert not (run_dir / "checkpoint.tmp").exists()
 
 
@@ -306,10 +307,10 @@ def test_kissing_search_stops_when_its_server_is_gone(tmp_path):
 
 # --------------------------------------------------------------------------- one run per directory
 # issue 26: two runs started 2 s apart on one --out both exited 0, their rows mixed in one
-# metrics.jsonl. Now the first to start holds <out>/run.lock (common.lock_run_dir) for its life.
+# metrics.jsonl. Now the first to start holds <out>/run.lock (runs.lock_run_dir) for its life.
 HOLD = """if True:
-    import sys, time, common
-    common.claim_run_dir(sys.argv[1], resume=sys.argv[2:])  # resume: a second argument
+    import sys, time, runs
+    runs.claim_run_dir(sys.argv[1], resume=sys.argv[2:])  # resume: a second argument
     print("claimed", flush=True)
     time.sleep(300)
 """
@@ -368,24 +369,24 @@ def test_the_lock_of_a_killed_run_is_stale(tmp_path):
     out = tmp_path / "run"
     first = hold(out)
     stop_holder(first)
-    assert common.read_claim(str(out))["pid"] == first.pid
+    assert runs.read_claim(str(out))["pid"] == first.pid
     try:
-        common.claim_run_dir(str(out))
-        common.claim_run_dir(str(out))  # grpo_ray.py claims twice: one process, one claim
-        assert common.read_claim(str(out))["pid"] == os.getpid()
+        runs.claim_run_dir(str(out))
+        runs.claim_run_dir(str(out))  # grpo_ray.py claims twice: one process, one claim
+        assert runs.read_claim(str(out))["pid"] == os.getpid()
     finally:
-        common.release_run_dir(str(out))
+        runs.release_run_dir(str(out))
 
 
 def test_a_process_the_holder_started_may_use_the_directory(tmp_path):
     """A test or notebook that ran a main() in-process, then the script on its run: the holder
     (this process) is waiting on the child, which is not a second run."""
     out = str(tmp_path / "run")
-    common.claim_run_dir(out)
+    runs.claim_run_dir(out)
     try:
         child = subprocess.run([sys.executable, "-c", HOLD.replace("300", "0"), out], cwd=ROOT)
     finally:
-        common.release_run_dir(out)
+        runs.release_run_dir(out)
     assert child.returncode == 0
 
 
@@ -397,7 +398,7 @@ def a_run_that_never_saved(run_dir, rows):
 
     args = grpo.parse_args(["--lr", "0.5", "--out", str(run_dir), "--n-grpo-steps", "7"])
     os.makedirs(run_dir)
-    (run_dir / "args.json").write_text(json.dumps(common.jsonable(vars(args))))
+    (run_dir / "args.json").write_text(json.dumps(runs.jsonable(vars(args))))
     (run_dir / "runtime.json").write_text("{}")
     lines = []
     for step in range(rows):
@@ -419,26 +420,26 @@ def test_resume_of_a_run_without_checkpoint_restarts_it_from_step_0(tmp_path, ca
         out = capsys.readouterr().out
         assert "no checkpoint (the run stopped before its first save): restarting it" in out
         assert "its 2 logged rows are dropped" in out
-        common.claim_run_dir(args.out, args.resume)
+        runs.claim_run_dir(args.out, args.resume)
         assert (run_dir / "metrics.jsonl").read_text() == ""
     finally:
-        common.release_run_dir(str(run_dir))
+        runs.release_run_dir(str(run_dir))
 
 
 def test_a_new_run_takes_over_a_directory_whose_run_failed_at_start(tmp_path, capsys):
     run_dir = tmp_path / "run"
     a_run_that_never_saved(run_dir, rows=0)
     try:
-        common.claim_run_dir(str(run_dir))
+        runs.claim_run_dir(str(run_dir))
         assert "stopped before its first logged row: starting afresh" in capsys.readouterr().out
     finally:
-        common.release_run_dir(str(run_dir))
+        runs.release_run_dir(str(run_dir))
     # with logged rows the run is refused, and told the way: --resume
     logged = tmp_path / "logged"
     a_run_that_never_saved(logged, rows=3)
     with pytest.raises(SystemExit):
-        common.claim_run_dir(str(logged))
-    common.release_run_dir(str(logged))
+        runs.claim_run_dir(str(logged))
+    runs.release_run_dir(str(logged))
     err = capsys.readouterr().err
     assert "3 logged rows, no checkpoint: --resume restarts it from step 0" in err
     assert (logged / "metrics.jsonl").read_text().count("\n") == 3
@@ -490,7 +491,7 @@ def test_a_checkpoint_names_the_script_of_the_process_that_claimed_its_run(tmp_p
             return iter(())
 
     args = argparse.Namespace(lr=0.1)
-    common.save_model_checkpoint(str(out), Model(), Model(), args, {"step": 1})
+    runs.save_model_checkpoint(str(out), Model(), Model(), args, {"step": 1})
     state = common.read_json(str(out / "checkpoint" / "state.json"), "step")
     assert state["script"] == "grpo_ray.py"
 
@@ -516,7 +517,7 @@ def test_a_bad_state_json_is_refused_before_any_file_changes(state, needle, tmp_
     before = bytes_of(run_dir)
     with pytest.raises(SystemExit) as e:
         grpo.parse_args(["--resume", run_dir])
-    common.release_run_dir(run_dir)
+    runs.release_run_dir(run_dir)
     err = capsys.readouterr().err
     assert e.value.code == 2
     assert err.count("\n") == 1
@@ -544,7 +545,7 @@ def test_a_bad_metrics_row_is_refused_before_any_file_changes(row, needle, tmp_p
     before = bytes_of(run_dir)
     with pytest.raises(SystemExit) as e:
         grpo.parse_args(["--resume", run_dir])
-    common.release_run_dir(run_dir)
+    runs.release_run_dir(run_dir)
     err = capsys.readouterr().err
     assert e.value.code == 2
     assert err.count("\n") == 1
@@ -593,7 +594,7 @@ def mounts(tmp_path):
 
 
 SAVE = """if True:
-    import argparse, sys, torch, common
+    import argparse, sys, torch, runs
     from safetensors.torch import save_file
     out, weights, optimizer = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     class Model:
@@ -606,11 +607,11 @@ SAVE = """if True:
     class Tokenizer:
         def save_pretrained(self, d):
             open(d + "/tokenizer.json", "w").write("{}")
-    common.claim_run_dir(out)
+    runs.claim_run_dir(out)
     args = argparse.Namespace(lr=0.1)
-    common.save_model_checkpoint(out, Model(10), Tokenizer(), args, {"step": 1})  # fits
+    runs.save_model_checkpoint(out, Model(10), Tokenizer(), args, {"step": 1})  # fits
     extra = {"optimizer.pt": {"exp_avg": torch.zeros(optimizer)}}
-    common.save_model_checkpoint(out, Model(weights), Tokenizer(), args, {"step": 2}, extra)
+    runs.save_model_checkpoint(out, Model(weights), Tokenizer(), args, {"step": 2}, extra)
 """
 
 
@@ -639,9 +640,9 @@ def test_disk_full_while_saving_a_checkpoint_is_one_line(
 
 
 WRITE = """if True:
-    import sys, torch, common, data
+    import sys, torch, runs, data
     out, how = sys.argv[1], sys.argv[2]
-    common.claim_run_dir(out)
+    runs.claim_run_dir(out)
     if how == "data":  # the scripts' own writes (args.json, rollouts/) go through data.py
         data.write_json_atomic(out + "/rollouts.json", ["x" * 1000] * 2000)
     else:
@@ -651,7 +652,7 @@ WRITE = """if True:
 
 @pytest.mark.parametrize("how", ["data", "torch"])
 def test_disk_full_in_a_write_of_the_scripts_own_is_one_line(how, mounts, tmp_path):
-    """Outside common's writers the claimed run's uncaught error is explained too (excepthook)."""
+    """Outside runs.py's writers the claimed run's uncaught error is explained too (excepthook)."""
     disk = mounts("tmpfs", tmp_path / "disk", size="1m")
     out = os.path.join(disk, "run")
     argv = [sys.executable, "-c", WRITE, out, how]
@@ -661,13 +662,13 @@ def test_disk_full_in_a_write_of_the_scripts_own_is_one_line(how, mounts, tmp_pa
 
 
 LOG = """if True:
-    import sys, common
+    import sys, runs
     out = sys.argv[1]
-    common.claim_run_dir(out, resume=True)
-    common.log_row(out, {"step": 2})
+    runs.claim_run_dir(out, resume=True)
+    runs.log_row(out, {"step": 2})
     print("logged", flush=True)
     sys.stdin.readline()  # the test makes the run directory read-only here
-    common.log_row(out, {"step": 3})
+    runs.log_row(out, {"step": 3})
 """
 
 
@@ -689,11 +690,11 @@ def test_a_run_directory_made_read_only_mid_run_is_one_line_and_resumable(mounts
     subprocess.run(["umount", str(run_dir)], check=True)
     try:
         args = grpo.parse_args(["--resume", run_dir])
-        common.claim_run_dir(args.out, args.resume)
-        common.restore_checkpoint(args.resume, args.out)
+        runs.claim_run_dir(args.out, args.resume)
+        runs.restore_checkpoint(args.resume, args.out)
     finally:
-        common.release_run_dir(run_dir)
-    assert common.read_metrics(os.path.join(run_dir, "metrics.jsonl")) == [{"step": 0}]
+        runs.release_run_dir(run_dir)
+    assert runs.read_metrics(os.path.join(run_dir, "metrics.jsonl")) == [{"step": 0}]
 
 
 def test_a_run_a_full_disk_stopped_before_its_first_save_resumes(tiny_model_dir, mounts, tmp_path):
@@ -714,18 +715,18 @@ def test_a_run_a_full_disk_stopped_before_its_first_save_resumes(tiny_model_dir,
     assert first.stderr.count("error") == 1, first.stderr
     assert last.endswith(f"then --resume {out} restarts it from step 0 (it has no checkpoint yet)")
     assert not os.path.exists(os.path.join(out, "checkpoint"))
-    assert [r["step"] for r in common.read_metrics(os.path.join(out, "metrics.jsonl"))] == [1, 2]
+    assert [r["step"] for r in runs.read_metrics(os.path.join(out, "metrics.jsonl"))] == [1, 2]
     mounts("resize", disk, size="64m")
     resumed = run("sft.py", "--resume", out, fast=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "restarting it from step 0 with its args.json's flags" in resumed.stdout
     assert "its 2 logged rows are dropped" in resumed.stdout
-    assert [r["step"] for r in common.read_metrics(os.path.join(out, "metrics.jsonl"))] == [1, 2]
+    assert [r["step"] for r in runs.read_metrics(os.path.join(out, "metrics.jsonl"))] == [1, 2]
     state = common.read_json(os.path.join(out, "checkpoint", "state.json"), "step")
     assert state["step"] == 2
     assert state["script"] == "sft.py"
     assert state["args"]["lr"] == 3e-3
-    assert common.read_claim(out)["script"] == "sft.py"
+    assert runs.read_claim(out)["script"] == "sft.py"
 
 
 # ----------------------------------------------------------------------------- CPU threads
@@ -817,13 +818,13 @@ def test_a_bad_thread_count_is_one_line(script, value, capsys):
 # (CI failure: a test that ended with SIGTERM left common's "last stop" at SIGTERM, and a later
 # Ctrl-C test, whose run() installs no handler, exited 143 instead of 130)
 def test_a_sigterm_stop_sets_the_exit_code_143():
-    common.stop_on_sigterm()
+    runs.stop_on_sigterm()
     with pytest.raises(KeyboardInterrupt):
         signal.raise_signal(signal.SIGTERM)
-    assert common.stop_exit_code() == 143
+    assert runs.stop_exit_code() == 143
 
 
 def test_the_next_test_starts_from_ctrl_c_with_the_old_handlers():
     """Runs after the test above (pytest keeps file order)."""
-    assert common.stop_exit_code() == 130
+    assert runs.stop_exit_code() == 130
     assert signal.getsignal(signal.SIGTERM) is not signal.getsignal(signal.SIGINT)

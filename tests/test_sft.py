@@ -19,8 +19,8 @@ import pytest
 import torch
 import transformers
 
-import common
 import rollout
+import runs
 import sft
 from conftest import ROOT, requires_vllm, run_script
 from data import load_task
@@ -275,14 +275,14 @@ def test_sigterm_saves_like_ctrl_c_and_exits_143(
     assert json.load(open(cut / "checkpoint" / "state.json"))["step"] == 2
     monkeypatch.setattr(sft, "save_checkpoint", real_save)
 
-    real_swap = common.save_checkpoint
+    real_swap = runs.save_checkpoint
 
     def sigterm_in_the_final_save(out_dir, write, **kw):
         if kw.get("name") == "model":
             signal.raise_signal(signal.SIGTERM)
         return real_swap(out_dir, write, **kw)
 
-    monkeypatch.setattr(common, "save_checkpoint", sigterm_in_the_final_save)
+    monkeypatch.setattr(runs, "save_checkpoint", sigterm_in_the_final_save)
     stop = stopped(["--resume", str(cut)])
     assert isinstance(stop, SystemExit) and stop.code == 143, repr(stop)
     assert "SIGTERM: stopped after the final save" in capsys.readouterr().out
@@ -334,7 +334,7 @@ def test_a_save_dir_holding_anything_else_is_refused_before_training(
     assert err.startswith("error: ") and "\n" not in err and needle in err, err
     for name, text in mine.items():
         assert (tmp_path / name).read_text() == text, name
-    marked = [m for m in common.RUN_MARKERS if os.path.exists(tmp_path / "out" / m)]
+    marked = [m for m in runs.RUN_MARKERS if os.path.exists(tmp_path / "out" / m)]
     assert not marked, "the fixed command may reuse --out"
 
 
@@ -478,7 +478,7 @@ def test_bad_values_refused_in_one_line_before_a_model_loads(
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2, err
     assert err.startswith("error: ") and "\n" not in err and needle in err, err
-    marked = [m for m in common.RUN_MARKERS if os.path.exists(tmp_path / "out" / m)]
+    marked = [m for m in runs.RUN_MARKERS if os.path.exists(tmp_path / "out" / m)]
     assert not marked, "the fixed command may reuse --out"
 
 

@@ -96,7 +96,7 @@ def test_plain_lines(path):
 # functions that may write args: parse_args, resolve, and common.py's two parse-time helpers that
 # parse_args calls for --resume (resume_from restores the saved flags through resume_args)
 WRITES_ARGS = {"parse_args", "resolve"}
-WRITES_ARGS_IN = {"common.py": {"resume_from", "resume_args"}}
+WRITES_ARGS_IN = {"runs.py": {"resume_from", "resume_args"}}
 # the dict methods that change vars(args) (`vars(args).items()` only reads it)
 DICT_WRITES = {"update", "setdefault", "pop", "popitem", "clear", "__setitem__", "__delitem__"}
 
@@ -202,9 +202,9 @@ def test_the_args_check_catches_each_way_of_writing_args():
         for name in sorted(WRITES_ARGS):
             assert args_writes(source.replace("main", name), "x.py") == [], (name, line)
     assert len(args_writes("args = f()\nargs.lr = 1.0\n", "x.py")) == 1  # module level too
-    # the helpers common.py's parse_args calls may write args there, and nowhere else
+    # the resume helpers of runs.py that parse_args calls may write args there, and nowhere else
     helper = "def resume_args(args):\n    args.lr = 1.0\n"
-    assert args_writes(helper, "common.py") == []
+    assert args_writes(helper, "runs.py") == []
     assert len(args_writes(helper, "grpo.py")) == 1
     reads = "\n".join(
         [
