@@ -7,9 +7,9 @@ first. Three levels: a problem (the run is not learning, or its numbers are brok
 (it learns, but something is going wrong), a notice (true and worth knowing, not wrong). Exit
 status: 0 when no problem or warning was found, 1 otherwise; a missing run directory or
 metrics.jsonl is a one-line error (exit 2). The thresholds are the named constants below; the
-README's "Run doctor" section lists them.
+docs/doctor.md lists them.
 
-The checks read grpo.py's and grpo_ray.py's keys (grpo.STEP_KEYS and the README glossary).
+The checks read grpo.py's and grpo_ray.py's keys (grpo.STEP_KEYS and docs/metrics.md).
 expert_iteration.py and sft.py runs are not GRPO runs: the doctor says so and runs only the checks
 their keys support (expert iteration: rewards, entropy, lengths, gradients, validation; sft: the
 gradients and the evaluation). Not in any paper or seed: the diagnoses are the common questions of
@@ -32,7 +32,7 @@ import common
 import runs
 
 # ----------------------------------------------------------------------------- thresholds
-# Each is documented in the README's "Run doctor" table. A trend compares the mean of the first
+# Each is documented in docs/doctor.md's table. A trend compares the mean of the first
 # WINDOW rollout steps with the mean of the last WINDOW (a third of the run when it is shorter).
 WINDOW = 5  # rollout steps averaged at each end of a run when a trend is judged
 MIN_STEPS = 4  # fewer logged rollout steps: no trend is judged

@@ -13,7 +13,7 @@ Accuracy = the fraction of examples with answer_reward == 1, as sft.py and grpo.
 seeds' three categories are still reported: (1) format 1 & answer 1, (2) format 1 & answer 0,
 (3) format 0 & answer 0; a grader that returns format 0 & answer 1 gets a fourth row (counted as
 accurate) so that the counts add up. The seed graders (question_only, r1_zero) find the answer
-where the course's drgrpo_grader does (README, "Grading"): under question_only an answer with no
+where the course's drgrpo_grader does (docs/grading.md): under question_only an answer with no
 \\boxed{}, "the answer is 4" included, is category 3; only the lenient intellect rule fills the
 fourth row.
 

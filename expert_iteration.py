@@ -2,7 +2,7 @@
 
 Seed 001 (Problem 15) compares GRPO's entropy with "what you observed in the EI experiment", and the
 lecture sets expert iteration beside policy gradients; no seed gives its settings, so PROFILES holds
-ours (the README lists them). Each step of `main`:
+ours (docs/settings.md lists them). Each step of `main`:
   rollout + reward  `sample`: --ei-batch-size questions, --group-size engine samples each, graded
   keep              `keep_correct`: the responses with answer reward 1 that the engine finished
                     (at most --max-per-question of a question's)
@@ -54,9 +54,9 @@ import rollout as engines
 import runs
 import sft
 
-# The settings table (no seed defines expert iteration's: these are our choices, listed in the
-# README). An unset flag takes its value from the run's profile: "demo" (the embedded model,
-# offline on CPU) or "hub" (any other model).
+# The settings table (no seed defines expert iteration's: these are our choices, listed in
+# docs/settings.md). An unset flag takes its value from the run's profile: "demo" (the embedded
+# model, offline on CPU) or "hub" (any other model).
 PROFILES = {
     "hub": dict(
         n_ei_steps=5,
@@ -413,7 +413,7 @@ def build_learner(args, runtime):
 # ----------------------------------------------------------------------------- main
 # The keys every step row has (a step that keeps nothing lacks the SFT ones: train/loss,
 # train/nll_per_token, train/grad_norm, train/lr, train/tokens_per_s, train/sft_steps, and the
-# kept ones: train/entropy_kept, train/kept_len_mean). The README's glossary explains each.
+# kept ones: train/entropy_kept, train/kept_len_mean). docs/metrics.md explains each.
 STEP_KEYS = [
     "step",
     "opt_step",

@@ -12,7 +12,7 @@ leniently, on purpose ("the answer is 4" counts), and no seed default uses them.
 
 Math equivalence is ours, not the course's: a light normalisation (redundant grouping dropped:
 "((42))" is 42), then an exact fast path (string or rational equality), then math-verify (sympy);
-README "Grading" lists where it is known to differ from the course's. math-verify never sees long
+docs/grading.md lists where it is known to differ from the course's. math-verify never sees long
 answers, unbalanced braces, huge literals, big or nested exponents, big factorials, logic (which it
 reads as one operand: "\\neg 5" is 5, "5 \\lor 6" is 6), set operations and relations
 ("5 \\cup 6", "5 | 6") the reference lacks, nor the word "answer" (it would find 18 in "the answer

@@ -25,7 +25,7 @@ Departures from the seeds (their settings, and ours, are in PROFILES):
   --warmup-frac / --min-lr-frac ask for sft.py's warmup and cosine decay (lr_factor);
 - the seeds' raw prompt text by default; --chat-template wraps it in the model's chat template.
 The extras (DAPO, rollout importance sampling, KL monitoring, the advantage estimators, CISPO, the
-entropy controls, ...) are in the README.
+entropy controls, ...) are in docs/objectives.md.
 
 Examples:
   python grpo.py                                                  # offline CPU demo
@@ -55,10 +55,10 @@ import rollout as engines
 import runs
 import validation
 
-# The settings table. An unset flag takes its value from the run's profile, "demo" (the embedded
-# model, offline on CPU) or "hub" (any other model), then from its task's row in TASK_PROFILES.
-# A comment names the seed a value comes from ("the seeds": 000 and 001 agree); the README's
-# settings table lists every entry. Seed 000 sets its values for GRPO on
+# The settings table. An unset flag takes its value from the "hub" row, over which the "demo" row
+# (the embedded model, offline on CPU) and then its task's row in TASK_PROFILES write their own.
+# A comment names the seed a value comes from ("the seeds": 000 and 001 agree); docs/settings.md
+# lists every entry. Seed 000 sets its values for GRPO on
 # Qwen/Qwen2.5-Math-1.5B-Instruct (its zero-shot and SFT parts use the base model); seed 001's are
 # for Qwen/Qwen3-0.6B.
 PROFILES = {
@@ -800,7 +800,7 @@ def setup_runtime(args):
         policy_device, args.dtype, args.pure_bf16
     )
     lora.check_device(args, policy_device)
-    # on CUDA the saving is only the prompt's share of a long response: see the README
+    # on CUDA the saving is only the prompt's share of a long response: see docs/shared_prefix.md
     shared_prefix = args.shared_prefix
     if shared_prefix is None:
         # the shared prefix needs the KV cache, which gradient checkpointing turns off
@@ -1672,7 +1672,7 @@ def step_rows(step, opt_step, batch, history, metrics, step_s, weight_sync_s, wa
 
 # The keys every step row has, in grpo.py and grpo_ray.py (which adds ray/*). Others depend on the
 # flags: the rollout-IS and mismatch keys when pi_old is scored, kl_* with --kl-every, dynamic_*
-# with --dynamic-sampling. The README's glossary explains each.
+# with --dynamic-sampling. docs/metrics.md explains each.
 STEP_KEYS = [
     "step",
     "opt_step",

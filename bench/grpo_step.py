@@ -21,8 +21,8 @@ best rollout, grading and weight-sync times (the flags do not touch those).
 Times come as wall and as process CPU time (*_cpu): with --threads 1 the CPU time is the work
 alone, which a busy box cannot inflate, so the *_cpu ratios and FLOP/CPU-s are the steadier numbers
 there. The shared-prefix pair logs KL every step (the reference and previous-policy no-grad passes,
-as the README's numbers); the old-log-probs pair uses grpo_clip without KL logging, so pi_old's is
-the only no-grad pass.
+as docs/shared_prefix.md's numbers); the old-log-probs pair uses grpo_clip without KL logging, so
+pi_old's is the only no-grad pass.
 
 Training FLOPs are the model FLOPs of the forwards that ran with grad (counted by a hook on the
 transformer, so padding and shared prompts count as run): 6 x (linear + lm_head weights) x tokens,

@@ -140,6 +140,47 @@ def one_line_error(r, needle):
     assert needle in lines[0], r.stderr
 
 
+def doc_files():
+    """README.md, then docs/*.md in name order: where the user docs live."""
+    docs = os.path.join(ROOT, "docs")
+    names = sorted(n for n in os.listdir(docs) if n.endswith(".md"))
+    return [os.path.join(ROOT, "README.md")] + [os.path.join(docs, n) for n in names]
+
+
+def doc_section(title):
+    """The text under the markdown heading `title` (exact heading text, any level) in README.md or
+    docs/*.md: from the line after the heading to the next heading of the same or a higher level
+    (its subsections included). Headings inside ``` fences are not headings. Fails naming the title
+    when no heading, or more than one, has it: a test reads the section wherever it moved."""
+    found = []
+    for path in doc_files():
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+        headings = []  # (line index, level, text)
+        fenced = False
+        for i, line in enumerate(lines):
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+                continue
+            level = len(line) - len(line.lstrip("#"))
+            if not fenced and 1 <= level <= 6 and line[level : level + 1] == " ":
+                headings.append((i, level, line[level:].strip()))
+        for j, (start, level, text) in enumerate(headings):
+            if text != title:
+                continue
+            end = len(lines)
+            for i, deeper, _ in headings[j + 1 :]:
+                if deeper <= level:
+                    end = i
+                    break
+            found.append((os.path.relpath(path, ROOT), "\n".join(lines[start + 1 : end])))
+    if not found:
+        pytest.fail(f"no section headed {title!r} in README.md or docs/*.md")
+    if len(found) > 1:
+        pytest.fail(f"{len(found)} sections headed {title!r}: {[p for p, _ in found]}")
+    return found[0][1]
+
+
 # the root scripts whose main takes parsed args (the others parse their own argv)
 MAIN_TAKES_ARGS = ("grpo.py", "grpo_ray.py", "expert_iteration.py")
 

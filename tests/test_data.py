@@ -12,7 +12,7 @@ import time
 import pytest
 
 import data
-from conftest import one_line_error
+from conftest import doc_section, one_line_error
 from grader import countdown_reward_fn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -666,7 +666,7 @@ def test_prepare_without_the_hub_names_from(tmp_path):
 
 def readme_prepare_lines():
     """argv of every line of the README's data preparation block."""
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    readme = doc_section("Data preparation")
     block = readme.split("<!-- prepare -->", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     return [shlex.split(line, comments=True) for line in block.splitlines() if line.strip()]
 

@@ -4,9 +4,9 @@ cap, a correct response cut at --max-tokens counted and not kept), the EOS token
 ended with in its SFT target, the optimizer steps of a step's SFT (no pair repeated) and their
 gradient (the mean over a step's pairs, against a hand computation), the entropy it logs against
 grpo.py's train/entropy on one real batch (module fixture `live`), and two steps of main() end to
-end, straight through and as one step plus a --resume (module fixture `runs`): the logged keys (each
-in the README's glossary), the kept fraction, the resumed step equal to the straight run's, refused
-bad input, SIGTERM.
+end, straight through and as one step plus a --resume (module fixture `runs`): the logged keys
+(each in docs/metrics.md's glossary), the kept fraction, the resumed step equal to the straight
+run's, refused bad input, SIGTERM.
 """
 
 import contextlib

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import grader
-from conftest import ROOT
+from conftest import ROOT, doc_section
 from grader import (
     REWARD_FNS,
     _evaluate_equation,
@@ -202,9 +202,9 @@ def test_seed_000_categories_follow_the_course_extraction():
 
 
 def readme_differences():
-    """README's table of known equivalence differences: {(answer, reference): (course, ours)}."""
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        text = f.read()
+    """The table of known equivalence differences (docs/grading.md): {(answer, reference): (course,
+    ours)}."""
+    text = doc_section("Grading: the course's rules")
     lines = text.split("<!-- grader-differences -->")[1].strip().splitlines()
     rows = {}
     for line in lines[2:]:  # after the header and its rule
@@ -217,7 +217,7 @@ def readme_differences():
 
 def test_equivalence_differs_from_the_course_only_as_the_readme_says():
     """Issue 28: equivalence stays on math-verify. On the recorded cases it agrees with the course's
-    grade() except on README's list, which pins our verdict there (1 = equal)."""
+    grade() except on docs/grading.md's list, which pins our verdict there (1 = equal)."""
     found = {}
     for case in COURSE["equivalence"]:
         ours = grader.math_equal(case["answer"], case["gold"])

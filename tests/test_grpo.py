@@ -1,5 +1,5 @@
 """grpo.py: end-to-end runs as subprocesses (on- and off-policy, resume with the saved flags,
---engine hf; args.json beside runtime.json; every logged key in the README's glossary),
+--engine hf; args.json beside runtime.json; every logged key in docs/metrics.md's glossary),
 grpo.summarize on hand-built batches (advantages, metrics, shard stats), grpo.train_step
 in-process on real rollout batches (every loss and length norm, bf16 master weights, dropout, the
 min_tokens ban, stale-data refusal, rollout IS, dynamic sampling), Ctrl-C consistency, and early
@@ -30,7 +30,7 @@ import lora
 import losses
 import runs
 import validation
-from conftest import HAS_VLLM, ROOT, run_script
+from conftest import HAS_VLLM, ROOT, doc_section, run_script
 
 EVAL_KEYS = [
     "eval/accuracy",
@@ -117,12 +117,10 @@ def train_metrics(rows):
 
 
 def readme_glossary():
-    """The keys README.md's metric glossary explains: each backticked name in the first column of
-    the table under "## Metrics". A name starting with "_" shortens the one before it:
+    """The keys the metric glossary (docs/metrics.md) explains: each backticked name in the first
+    column of the table under "Metrics". A name starting with "_" shortens the one before it:
     `train/ratio_mean`, `_min` is train/ratio_min."""
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = f.read()
-    section = readme.split("\n## Metrics\n")[1].split("\n## ")[0]
+    section = doc_section("Metrics")
     keys = set()
     for line in section.splitlines():
         if not line.startswith("| `"):
@@ -229,7 +227,7 @@ def test_on_policy_run_logs_every_key_dashboard_and_checkpoint(on_policy):
 
 def test_every_logged_key_is_in_the_readme_glossary(on_policy):
     """The step and eval rows of the run (with --kl-every: the KL and mismatch keys too), resumed
-    and straight through: each key is explained in the README."""
+    and straight through: each key is explained in docs/metrics.md."""
     rows = on_policy["first"] + on_policy["resumed"] + on_policy["straight"]
     missing = sorted(logged_keys(rows) - readme_glossary())
     assert not missing, missing

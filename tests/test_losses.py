@@ -1,6 +1,6 @@
 """losses.py: hand-computed cases for every function and option, float64 gradchecks, the
 chunked log-prob path checked against the naive full-vocab computation on the tiny HF model, and
-the handouts' signatures (COURSE_API, the README's "Course API" table)."""
+the handouts' signatures (COURSE_API, the "Course API" table of docs/course_api.md)."""
 
 import ast
 import copy
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import losses as L
-from conftest import ROOT
+from conftest import ROOT, doc_section
 
 T = torch.tensor
 
@@ -941,7 +941,7 @@ def test_shared_prefix_is_off_for_sliding_window_attention():
 
 # ----------------------------------------------------------------------------- course signatures
 # The handouts' functions as the handouts write them: (function, seed and section, its name in
-# losses.py, its parameters). The README's "Course API" table lists the same rows.
+# losses.py, its parameters). docs/course_api.md's table lists the same rows.
 COURSE_API = [
     (
         "tokenize_prompt_and_output",
@@ -1051,10 +1051,9 @@ def course_section():
 
 
 def readme_course_rows():
-    """The rows (lists of cells) of the README's "Course API" table, without the header."""
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        readme = f.read()
-    section = readme.split("\n## Course API\n", 1)[1].split("\n## ", 1)[0]
+    """The rows (lists of cells) of the "Course API" table (docs/course_api.md), without the
+    header."""
+    section = doc_section("Course API")
     rows = []
     for line in section.split("\n"):
         if line.startswith("|"):
@@ -1089,7 +1088,7 @@ def test_course_signatures(handout, seed, ours, params):
 
 
 def test_readme_course_api_table_is_the_pinned_one():
-    """The README's table lists COURSE_API's rows, and its last column tells the truth: "the
+    """docs/course_api.md's table lists COURSE_API's rows, and its last column tells the truth: "the
     project's own" for a function above losses.py's course section, else a function of the section
     that calls the first name given."""
     rows = readme_course_rows()

@@ -1,9 +1,9 @@
 """The README's recipes, checked.
 
-Every command of its recipe table runs with --dry-run, and its effective settings match the README's
-settings tables (where the command does not set the flag itself). Then every recipe row runs end to
-end (STAND_INS) with the hub id replaced by a local tiny model of the same family (Qwen2 for
-Qwen2.5-Math, Qwen3 for Qwen3), on data the test writes, for one to four tiny steps: the hub
+Every command of its recipe table runs with --dry-run, and its effective settings match the settings
+tables of docs/settings.md (where the command does not set the flag itself). Then every recipe row
+runs end to end (STAND_INS) with the hub id replaced by a local tiny model of the same family (Qwen2
+for Qwen2.5-Math, Qwen3 for Qwen3), on data the test writes, for one to four tiny steps: the hub
 profile, the seeds' prompts and graders and the device logic a GPU user's run takes, before anyone
 pays for a GPU. A stand-in's saved configuration is checked against the settings tables and against
 each row's flags.
@@ -16,9 +16,8 @@ import shlex
 
 import pytest
 
-from conftest import ROOT, run_script
+from conftest import doc_section, run_script
 
-README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
 DRY_RUN = {
     "eval_zero_shot.py",
     "best_of_n.py",
@@ -30,9 +29,10 @@ DRY_RUN = {
 DATA_FLAGS = ("--data", "--train-path", "--val-path", "--eval-path")
 
 
-def table(marker):
-    """Rows (lists of cells) of the markdown table after `<!-- marker -->`, header first."""
-    lines = README.split(f"<!-- {marker} -->", 1)[1].strip().split("\n")
+def table(title, marker):
+    """Rows (lists of cells) of the markdown table after `<!-- marker -->` in the section headed
+    `title` (conftest.doc_section: README.md or docs/*.md), header first."""
+    lines = doc_section(title).split(f"<!-- {marker} -->", 1)[1].strip().split("\n")
     rows = []
     for line in lines:
         if not line.startswith("|"):
@@ -46,7 +46,7 @@ def table(marker):
 def recipes():
     """(label, argv) of every `python <script>.py ...` command in the recipe table."""
     out = []
-    for what, cmd in table("recipes")[1:]:
+    for what, cmd in table("Experiments", "recipes")[1:]:
         for part in re.findall(r"`([^`]+)`", cmd):
             for c in part.split("&&"):
                 argv = shlex.split(c)
@@ -138,7 +138,7 @@ def explicit(argv):
 
 def expect_grpo(cfg, given):
     """The grpo settings table's value for every flag the command leaves to the profile."""
-    header, *rows = table("settings:grpo")
+    header, *rows = table("grpo.py and grpo_ray.py", "settings:grpo")
     col = header.index(cfg["profile"])
     task_col = None  # a task's own column overrides the profile's where it has a value
     if cfg["task"] == "keyword":
@@ -163,14 +163,15 @@ def bon_temperature():
     """best_of_n.py's sampling temperature, as the sentence under the eval_zero_shot table states
     it."""
     sentence = r"`best_of_n.py` uses .*? samples at `--temperature ([0-9.]+)`"
-    return float(re.search(sentence, README, re.S).group(1))
+    section = doc_section("eval_zero_shot.py and best_of_n.py")
+    return float(re.search(sentence, section, re.S).group(1))
 
 
 def expect_eval(cfg, given):
     """The eval_zero_shot table's row for the task (the embedded model's Countdown row apart);
     best_of_n shares the prompt, reward and max tokens, and samples at its own temperature
     (bon_temperature)."""
-    header, *rows = table("settings:eval_zero_shot")
+    header, *rows = table("eval_zero_shot.py and best_of_n.py", "settings:eval_zero_shot")
     key = cfg["task"]
     if cfg["task"] == "countdown" and "countdown-tiny" in cfg["model"]:
         key = "countdown, embedded model"
@@ -192,7 +193,7 @@ def expect_sft(cfg, given):
     """The sft table's column for the model. A row whose flag cell is `--eval-task T` is the grader
     a validation on task T uses (eval_reward; its cell, or the seed value where the cell is
     empty)."""
-    header, *rows = table("settings:sft")
+    header, *rows = table("sft.py", "settings:sft")
     if "countdown-tiny" in cfg["model"]:
         col = header.index("embedded model")
     else:
@@ -213,7 +214,7 @@ def expect_sft(cfg, given):
 def expect_ei(cfg, given):
     """The expert-iteration table's column for the run's profile (demo or hub), every flag the
     command leaves open."""
-    header, *rows = table("settings:expert_iteration")
+    header, *rows = table("expert_iteration.py", "settings:expert_iteration")
     col = header.index(cfg["profile"])
     out = {}
     for row in rows:
@@ -224,8 +225,8 @@ def expect_ei(cfg, given):
 
 
 def check_tables(label, script, cfg, given):
-    """An effective configuration agrees with the README's settings tables on every flag `given`
-    leaves open."""
+    """An effective configuration agrees with docs/settings.md's tables on every flag `given` leaves
+    open."""
     if script in ("grpo.py", "grpo_ray.py"):
         expected = expect_grpo(cfg, given)
     elif script == "sft.py":
@@ -238,7 +239,7 @@ def check_tables(label, script, cfg, given):
         got = cfg[k]
         if isinstance(got, list) and len(got) == 1:  # a one-value sweep (--max-tokens 512)
             got = got[0]
-        assert same(got, v), f"{label}: {k} = {got!r}, the README's table says {v!r}"
+        assert same(got, v), f"{label}: {k} = {got!r}, docs/settings.md says {v!r}"
 
 
 @pytest.mark.parametrize("label,argv", recipes(), ids=[r[0] for r in recipes()])
@@ -299,7 +300,7 @@ def test_seed_001_problems_8_to_13_each_have_a_gsm8k_row():
         rows = [a for label, a in recipes() if f"(001 {problem}" in label]
         assert len(rows) == 1, problem
         assert rows[0][rows[0].index("--task") + 1] == "gsm8k", problem
-    assert "Problem 8's own text says to train on MATH" in README
+    assert "Problem 8's own text says to train on MATH" in doc_section("Recipes")
 
 
 def test_seed_002_rows_use_its_reward_and_clipped_loss():
@@ -315,7 +316,7 @@ def test_seed_002_rows_use_its_reward_and_clipped_loss():
 def kissing_commands():
     """Every `python kissing.py ...` command of the recipe table, as argv after the script."""
     out = []
-    for _what, cmd in table("recipes")[1:]:
+    for _what, cmd in table("Experiments", "recipes")[1:]:
         for part in re.findall(r"`([^`]+)`", cmd):
             for c in part.split("&&"):
                 argv = shlex.split(c)
@@ -338,13 +339,13 @@ def test_kissing_rows_parse_and_the_llm_search_uses_a_local_server():
     assert len(searches) == 1
     assert searches[0].llm.startswith("openai:http://127.0.0.1:")
     assert searches[0].out_dir.startswith("runs/")
-    assert "`vllm serve " in README
+    assert "`vllm serve " in doc_section("Experiments")
 
 
 def test_the_readme_states_the_seeds_kissing_bound_and_its_name_exception():
-    kissing = README.split("## The kissing-number challenge")[1]
+    kissing = doc_section("The kissing-number challenge (seed 001 §7)")  # docs/kissing.md
     assert "595 ≤ τ₁₁ ≤ 870" in kissing.split("| 582 |")[0]  # beside the published results
-    intro = README.split("## Two commands")[0]
+    intro = doc_section("nano-reasoning-rl").split("\n## ")[0]  # the README before its sections
     assert "exact" not in intro  # the names claim says which handouts, and its one exception
     assert "seeds 000–002" in intro
     assert "`masked_mean_per_sequence`" in intro
@@ -566,7 +567,7 @@ def test_recipe_runs_end_to_end_on_a_stand_in(
 # ----------------------------------------------------------------------------- seed 002's table
 def compare_row():
     """The argv of the recipe table's `plot.py --compare` command (seed 002's deliverable)."""
-    for _what, cmd in table("recipes")[1:]:
+    for _what, cmd in table("Experiments", "recipes")[1:]:
         for part in re.findall(r"`([^`]+)`", cmd):
             argv = shlex.split(part)
             if argv[:3] == ["python", "plot.py", "--compare"]:
