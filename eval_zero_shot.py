@@ -269,6 +269,7 @@ def start_engine(args, prompts, max_tokens):
         tok = AutoTokenizer.from_pretrained(args.model)
         extra["max_model_len"] = max(len(tok(p).input_ids) for p in prompts) + max_tokens
         extra["enforce_eager"] = args.eager
+    rollout.engine_log(os.path.join(args.out, "engine.log"))  # console: real problems only
     return rollout.init_engine(args.engine, args.model, device=device, seed=args.seed, **extra)
 
 

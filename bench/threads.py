@@ -36,9 +36,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import rollout as engines  # noqa: E402  (sets vLLM's environment before anything imports vllm)
-
-os.environ.update(engines.QUIET_ENV)  # vLLM logs to stdout otherwise: keep it the JSON alone
+import rollout as engines  # noqa: E402,I001  (sets vLLM's environment before anything imports vllm)
 import torch  # noqa: E402
 from grpo_step import CONFIG, QUICK  # noqa: E402  (bench/ is this script's sys.path[0])
 

@@ -26,9 +26,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import rollout  # noqa: E402  (sets rollout.ENGINE_ENV before anything imports vllm)
-
-os.environ.update(rollout.QUIET_ENV)  # keep stdout pure JSON (vllm is imported later, by init_vllm)
+import rollout  # noqa: E402,I001  (sets rollout.ENGINE_ENV before anything imports vllm)
 import torch  # noqa: E402
 
 from sft import build_tiny_model  # noqa: E402

@@ -185,9 +185,10 @@ def doc_section(title):
 MAIN_TAKES_ARGS = ("grpo.py", "grpo_ray.py", "expert_iteration.py")
 
 
-def run_script(argv, cwd=ROOT):
+def run_script(argv, cwd=ROOT, merge=False):
     """Run root script argv[0] with flags argv[1:] in this process, as `python argv...` would run
-    in cwd, and return a CompletedProcess (exit code, what it printed on stdout and stderr).
+    in cwd, and return a CompletedProcess (exit code, what it printed on stdout and stderr; with
+    merge, both in one stream as a terminal shows them, in .stdout).
 
     In-process because a subprocess pays the interpreter start and the torch / transformers / vLLM
     imports again (~10 s each on the test machine): the suite runs dozens. Not for what needs a
@@ -202,6 +203,8 @@ def run_script(argv, cwd=ROOT):
     module = importlib.import_module(script.removesuffix(".py"))
     out = io.StringIO()
     err = io.StringIO()
+    if merge:
+        err = out
     saved_cwd = os.getcwd()
     saved_argv = sys.argv
     saved_main = sys.modules["__main__"]
@@ -231,6 +234,8 @@ def run_script(argv, cwd=ROOT):
         # the run's directory is free when its process ends: let go of what the script claimed
         for run_dir in set(runs._LOCKS) - held:
             runs.release_run_dir(run_dir)
+    if merge:
+        return subprocess.CompletedProcess(argv, code, out.getvalue(), "")
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 

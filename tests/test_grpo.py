@@ -94,13 +94,14 @@ def tiny_flags(model, task, *extra):
     return flags + list(extra)
 
 
-def run_grpo(flags, out=None, check=True):
-    """grpo.py with `flags` (and --out `out`), in this process (conftest.run_script). Only while
-    no other vLLM engine of this module lives: a run's engine, freed, would take down theirs."""
+def run_grpo(flags, out=None, check=True, merge=False):
+    """grpo.py with `flags` (and --out `out`), in this process (conftest.run_script; merge: stdout
+    and stderr as one console, in .stdout). Only while no other vLLM engine of this module lives:
+    a run's engine, freed, would take down theirs."""
     argv = ["grpo.py", *flags]
     if out:
         argv += ["--out", str(out)]
-    proc = run_script(argv)
+    proc = run_script(argv, merge=merge)
     if check:
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc
@@ -161,7 +162,7 @@ def on_policy(tiny_model_dir, task_file, tmp_path_factory):
     flags = tiny_flags(
         tiny_model_dir, task_file, "--loss", "reinforce_with_baseline", "--kl-every", "1"
     )
-    proc = run_grpo(flags + ["--n-grpo-steps", "2"], d / "a")
+    proc = run_grpo(flags + ["--n-grpo-steps", "2"], d / "a", merge=True)
     first = metrics(d / "a")
     resumed = run_grpo(["--resume", str(d / "a"), "--n-grpo-steps", "3", "--eval-every", "0"])
     run_grpo(flags + ["--n-grpo-steps", "3", "--eval-every", "0"], d / "b")  # straight through
@@ -170,7 +171,7 @@ def on_policy(tiny_model_dir, task_file, tmp_path_factory):
         "first": first,
         "resumed": metrics(d / "a"),
         "straight": metrics(d / "b"),
-        "stdout": proc.stdout,
+        "console": proc.stdout,  # stdout and stderr, as a terminal shows them
         "resume_stdout": resumed.stdout,
     }
 
@@ -221,8 +222,48 @@ def test_on_policy_run_logs_every_key_dashboard_and_checkpoint(on_policy):
     checkpoint = set(os.listdir(d / "checkpoint"))
     assert {"config.json", "model.safetensors", "optimizer.pt", "state.json"} <= checkpoint
     assert not any(n.startswith("checkpoint.") for n in os.listdir(d))  # no tmp/old leftovers
-    assert "step 2/2 |" in on_policy["stdout"]
-    assert "eval step 2 | accuracy" in on_policy["stdout"]
+    assert "step 2/2 |" in on_policy["console"]
+    assert "eval step 2 | accuracy" in on_policy["console"]
+
+
+# the step bar of a 2-step run as tqdm draws it, e.g. " 50%|#####     | 1/2 [00:09<00:09, ...]"
+STEP_BAR = re.compile(r"\s*\d+%\|[^|]*\| \d/2 \[[^\]]*\]")
+
+
+def terminal_lines(text):
+    """The lines a terminal shows for `text`: each carriage return starts overwriting its line
+    (tqdm redraws its bar so, and wipes it with spaces before a line is written over it)."""
+    shown = []
+    for line in text.split("\n"):
+        screen = ""
+        for part in line.split("\r"):
+            screen = part + screen[len(part) :]
+        shown.append(screen.rstrip())
+    return shown
+
+
+def test_console_shows_the_runs_lines_and_one_progress_bar_the_engine_log_the_rest(on_policy):
+    """A newcomer's console: the run's own lines and the steps' progress bar, whole on one line
+    (a line printed into it would leave a bar with text after it and a second bar below); no
+    engine INFO line and no known-benign vLLM warning. vLLM's log, load_policy_into_vllm's line
+    per push included, is <run>/engine.log (rollout.engine_log)."""
+    console = on_policy["console"]
+    log = on_policy["dir"] / "engine.log"
+    assert f"engine: vLLM's log -> {log}\n" in console
+    for noise in ["INFO", "Reloading weights", "load_policy_into_vllm", "Failed to load weights"]:
+        assert noise not in console
+    assert "set_num_threads" not in console  # vLLM's own calls while its engine starts
+    shown = terminal_lines(console)
+    bars = [line for line in shown if re.search(r"\| \d/2 \[", line)]
+    assert len(bars) == 1, bars
+    assert STEP_BAR.fullmatch(bars[0]) and "100%|" in bars[0], bars[0]
+    steps = [line for line in shown if line.startswith(("step ", "eval step "))]
+    assert len(steps) == 5, steps  # eval 0, step 1, eval 1, step 2, eval 2: each line whole
+    text = log.read_text()
+    assert "Initializing a V1 LLM engine" in text
+    assert text.count("RotaryEmbedding: Failed to load weights") >= 2  # one per push, benign
+    assert text.count("load_policy_into_vllm: ") >= 2
+    assert "Successfully reset prefix cache" in text
 
 
 def test_every_logged_key_is_in_the_readme_glossary(on_policy):

@@ -380,3 +380,40 @@ def test_init_vllm_says_when_vllm_is_outside_its_versions(version, monkeypatch, 
         f"uses (weight push, device placement); if the engine fails, pip install "
         f"'vllm>=0.32,<0.33'"
     ]
+
+
+def test_engine_log_keeps_every_line_in_its_file_and_real_problems_on_the_console(tmp_path, capsys):
+    """rollout.engine_log: vLLM's lines (any level) and load_policy_into_vllm's in the file; on
+    stderr only WARNING and worse that BENIGN_WARNINGS does not list. Outside an engine's start, a
+    skipped torch.set_num_threads is a real problem. A second call moves the log, once."""
+    import logging
+
+    first = tmp_path / "first" / "engine.log"
+    rollout.engine_log(str(first))
+    path = tmp_path / "run" / "engine.log"
+    rollout.engine_log(str(path))
+    vllm_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    vllm_log.info("Reloading weights inplace...")
+    vllm_log.warning("%s: Failed to load weights", "RotaryEmbedding")  # benign: cos_sin_cache
+    vllm_log.warning("%s: Failed to load weights", "QKVParallelLinear")  # a real problem
+    skipped = "CPU backend doesn't allow to use `torch.set_num_threads` after the thread binding"
+    logging.getLogger("vllm.v1.worker.cpu_worker").warning(skipped)
+    logging.getLogger("rollout").info("load_policy_into_vllm: 2.9M params in 0.05s")
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
+        "vllm.model_executor.model_loader.reload.layerwise WARNING: QKVParallelLinear: Failed to "
+        "load weights",
+        f"vllm.v1.worker.cpu_worker WARNING: {skipped}",
+    ]
+    assert not first.exists()  # made at its first line
+    text = path.read_text()
+    for line in [
+        "Reloading weights inplace...",
+        "RotaryEmbedding: Failed to load weights",
+        "QKVParallelLinear: Failed to load weights",
+        skipped,
+        "load_policy_into_vllm: 2.9M params in 0.05s",
+    ]:
+        assert line in text
+    assert len(text.splitlines()) == 5
