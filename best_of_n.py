@@ -68,7 +68,7 @@ from eval_zero_shot import (
     task_flags,
     write_sweep,
 )
-from grader import REWARD_FNS, grade_batch
+from grader import REWARD_FNS, grade_batch, is_correct
 from hardware import set_threads
 from losses import pass_at_k
 from runs import dry_run, stop_exit_code, stop_name, stop_on_sigterm
@@ -100,7 +100,7 @@ def metrics(rows, ks):
         scores = []
         answers = []
         for x in r["samples"]:
-            correct.append(x["answer_reward"] >= 1)
+            correct.append(is_correct(x))
             if x["logprobs"]:
                 scores.append(sum(x["logprobs"]) / len(x["logprobs"]))
             else:
@@ -399,7 +399,7 @@ def main(argv=None):
             result, graded = score(one, written)
             accuracy = []  # per prompt: the fraction of its samples that are right
             for r in graded:
-                right = [x["answer_reward"] >= 1 for x in r["samples"]]
+                right = [is_correct(x) for x in r["samples"]]
                 accuracy.append(sum(right) / len(right))
             row = {**snapshot, "num_prompts": result["num_prompts"]}
             row["accuracy"], row["accuracy_se"] = mean_se(accuracy)

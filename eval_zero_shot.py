@@ -66,7 +66,7 @@ from data import (
     write_json_atomic,
     write_jsonl_atomic,
 )
-from grader import REWARD_FNS, grade_batch
+from grader import REWARD_FNS, grade_batch, is_correct
 from hardware import set_threads
 from runs import (
     dry_run,
@@ -106,7 +106,7 @@ def summarize(rows):
     counts = {}
     for c in CATEGORIES:
         counts[c] = len([r for r in rows if r["category"] == c])
-    correct = len([r for r in rows if r["answer_reward"] >= 1])
+    correct = len([r for r in rows if is_correct(r)])
     truncated = len([r for r in rows if r["finish_reason"] == "length"])
     return {
         "n": n,
@@ -481,7 +481,7 @@ def main(argv=None):
         print(f"== {snapshot['label']}: {snapshot['model']}", flush=True)
         summary, graded = evaluate(one, claim=False)
         row = {**snapshot, **summary["rows"][0]}
-        row["accuracy_se"] = mean_se([int(r["answer_reward"] >= 1) for r in graded])[1]
+        row["accuracy_se"] = mean_se([int(is_correct(r)) for r in graded])[1]
         rows.append(row)
     write_sweep(args.out, rows, f"{args.task} T={args.temperature}")
 

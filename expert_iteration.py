@@ -50,6 +50,7 @@ import grpo
 import hardware
 import lora
 import losses
+import metric_table
 import rollout as engines
 import runs
 import sft
@@ -185,7 +186,7 @@ def resolve(args):
     # (grpo.make_engine sizes the engine's GPU share with it), every response token scored
     # (grpo.collate)
     args.frozen_models = 0
-    args.kl_beta = 0.0  # no KL term: grpo.build_learner keeps no LoRA reference
+    args.needs_ref = False  # no KL anywhere: grpo.build_learner keeps no reference model
     args.kl_every = 0
     args.mask_truncated = False
 
@@ -257,7 +258,7 @@ def keep_correct(batch, args):
     for start in range(0, len(batch["rewards"]), G):
         n_kept = 0  # this question's kept responses
         for i in range(start, start + G):
-            if batch["rewards"][i]["answer_reward"] < 1 or batch["truncated"][i]:
+            if not grader.is_correct(batch["rewards"][i]) or batch["truncated"][i]:
                 continue
             if args.max_per_question and n_kept == args.max_per_question:
                 break
@@ -305,7 +306,7 @@ def summarize(batch, kept, entropy, stats):
     lengths = [len(ids) for ids in batch["response_ids"]]
     cut_correct = []  # 1 for a correct response cut at --max-tokens (not kept), else 0
     for d, truncated in zip(rewards, batch["truncated"]):
-        cut_correct.append(int(d["answer_reward"] == 1 and truncated))
+        cut_correct.append(int(grader.is_correct(d) and truncated))
     metrics = {
         "train/reward": fmean([d["reward"] for d in rewards]),
         "train/format_reward": fmean([d["format_reward"] for d in rewards]),
@@ -411,60 +412,15 @@ def build_learner(args, runtime):
 
 
 # ----------------------------------------------------------------------------- main
-# The keys every step row has (a step that keeps nothing lacks the SFT ones: train/loss,
-# train/nll_per_token, train/grad_norm, train/lr, train/tokens_per_s, train/sft_steps, and the
-# kept ones: train/entropy_kept, train/kept_len_mean). docs/metrics.md explains each.
-STEP_KEYS = [
-    "step",
-    "opt_step",
-    "train/reward",
-    "train/format_reward",
-    "train/answer_reward",
-    "train/kept_frac",
-    "train/truncated_correct_frac",
-    "train/entropy",
-    "train/response_len_mean",
-    "train/response_len_max",
-    "train/truncation_rate",
-    "time/generation",
-    "time/grading",
-    "time/entropy",
-    "time/training",
-    "time/weight_sync",
-    "time/step",
-    "time/wall",
-]
-SFT_KEYS = [
-    "train/loss",
-    "train/nll_per_token",
-    "train/grad_norm",
-    "train/lr",
-    "train/tokens_per_s",
-    "train/sft_steps",
-    "train/entropy_kept",
-    "train/kept_len_mean",
-]
-# The per-step stdout line: (key, format) of each metric it shows
-STEP_LINE = [
-    ("train/answer_reward", ".3f"),
-    ("train/kept_frac", ".3f"),
-    ("train/entropy", ".3f"),
-    ("train/entropy_kept", ".3f"),
-    ("train/response_len_mean", ".1f"),
-    ("train/loss", ".4f"),
-    ("train/sft_steps", "d"),
-    ("time/generation", ".1f"),
-    ("time/training", ".1f"),
-]
+# The keys every step row has (metrics.py's table), and those a step that keeps nothing lacks: the
+# SFT's on the kept responses (its train/ keys logged on some rows).
+STEP_KEYS = metric_table.step_keys("expert_iteration")
+SFT_KEYS = [key for key in metric_table.some_keys("expert_iteration") if key.startswith("train/")]
 
 
 def step_line(step, args, row):
-    """The per-step stdout line: the STEP_LINE metrics that the row has."""
-    parts = []
-    for key, fmt in STEP_LINE:
-        if key in row:
-            parts.append(f"{key.split('/')[1]} {row[key]:{fmt}}")
-    return f"step {step + 1}/{args.n_ei_steps} | " + " | ".join(parts)
+    """The per-step stdout line: the metrics the table puts on this script's line."""
+    return metric_table.step_line("expert_iteration", f"step {step + 1}/{args.n_ei_steps}", row)
 
 
 def main(args):

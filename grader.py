@@ -654,6 +654,13 @@ REWARD_FNS = {
 }
 
 
+def is_correct(grades):
+    """The one meaning of "correct": a reward dict whose answer reward is 1 (the format reward and
+    any shaping aside). eval/accuracy, the responses expert iteration keeps and the all-correct /
+    all-wrong group fractions all count this."""
+    return grades["answer_reward"] >= 1
+
+
 # ----------------------------------------------------------------------------- worker pool
 _POOLS = {}  # (pid, workers) -> pebble ProcessPool; a forked child never uses its parent's
 _LOCK = threading.Lock()

@@ -1,13 +1,15 @@
 """GRPO with verifiable rewards: the training loop of seed 000 §7 (Algorithm 2), one flat loop.
 
 Each step of `main`:
-  rollout + reward  `collect`: G engine samples per question -> grades
-  advantage         `summarize`: group-normalised advantages and the batch's metrics, once per
-                    step (grpo_ray.py calls it on its generators' joined shards)
+  rollout + reward  `collect`: G engine samples per question -> grades (`score`)
+  metrics           `summarize`: the batch's metrics, once per step (grpo_ray.py calls it on its
+                    generators' joined shards)
   (eval)            every --eval-every steps, greedy, on the engine's weights (and with
                     --eval-samples k, k samples per question: avg@k, pass@k, maj@k)
-  train             `train_step`: pi_old by a no-grad pass when a ratio needs it, then epochs x
-                    train batches x microbatches, gradient clipping, AdamW; log
+  train             `train_step`: the no-grad passes (pi_old when a ratio needs it, pi_ref for a
+                    KL), then `advantages` (rewards -> advantages, where a reward may read the
+                    policy), then epochs x train batches x microbatches, gradient clipping,
+                    AdamW; log
   save, sync        a checkpoint every --save-every steps (--keep-checkpoints N: the last N
                     saves' weights too, checkpoints/step_NNNN); the new weights into the engine
 grpo_ray.py runs the same collect and train_step in Ray actors. Without --model this is the offline
@@ -51,6 +53,7 @@ import grader
 import hardware
 import lora
 import losses
+import metric_table
 import rollout as engines
 import runs
 import validation
@@ -133,6 +136,23 @@ def loss_name(name):
 
 
 def parse_args(argv=None):
+    """The flags (`parser`) parsed, a resumed run's restored, then `resolve`d into the run's
+    settings."""
+    p = parser()
+    args = p.parse_args(argv)
+    if args.resume:
+        runs.resume_from(p, argv, args, needs=("optimizer.pt",))
+        # the normaliser has two spellings: the one typed now replaces the run's, so the restored
+        # other spelling must not contradict it
+        given = runs.explicit_dests(p, argv)
+        if "adv_std" in given and "std_norm" not in given:
+            args.std_norm = None
+        if "std_norm" in given and "adv_std" not in given:
+            args.adv_std = None
+    return resolve(args)
+
+
+def parser():
     """The flags, grouped as --help shows them; an unset flag comes from PROFILES (see resolve)."""
     p = common.Parser(
         description="GRPO on a verifiable-reward task (seed 000 §7). "
@@ -153,17 +173,7 @@ def parse_args(argv=None):
     systems_flags(p)  # --- systems ---
     run_flags(p)  # --- run ---
     lora.add_flags(p)  # --- lora: --lora-rank, ... (lora.py) ---
-    args = p.parse_args(argv)
-    if args.resume:
-        runs.resume_from(p, argv, args, needs=("optimizer.pt",))
-        # the normaliser has two spellings: the one typed now replaces the run's, so the restored
-        # other spelling must not contradict it
-        given = runs.explicit_dests(p, argv)
-        if "adv_std" in given and "std_norm" not in given:
-            args.std_norm = None
-        if "std_norm" in given and "adv_std" not in given:
-            args.adv_std = None
-    return resolve(args)
+    return p
 
 
 # The flag groups grpo.py and expert_iteration.py share, each as --help shows it (grpo_ray.py takes
@@ -393,6 +403,13 @@ def loss_flags(p):
         help="KL(pi || initial policy) penalty weight",
     )
     g.add_argument(
+        "--kl-in",
+        default="loss",
+        choices=["loss", "reward"],
+        help="where --kl-beta's KL goes: a term of the loss, or each response's reward minus"
+        " beta x its summed log-ratio, before advantages (k1; AlpacaFarm)",
+    )
+    g.add_argument(
         "--kl-estimator",
         default=None,
         choices=losses.KL_ESTIMATORS,
@@ -439,6 +456,15 @@ def check_loss(args):
     check(
         args.kl_beta == 0 or args.kl_estimator != "seq",
         "--kl-estimator seq is for monitoring; the penalty needs k1, k2 or k3",
+    )
+    check(
+        args.kl_in == "loss" or args.kl_beta > 0,
+        "--kl-in reward penalises the reward by --kl-beta x the KL: set --kl-beta > 0",
+    )
+    check(
+        args.kl_in == "loss" or args.kl_estimator == "k1",
+        f"--kl-in reward sums log pi - log pi_ref over a response (k1): drop --kl-estimator"
+        f" {args.kl_estimator}",
     )
 
 
@@ -727,11 +753,14 @@ def resolve(args):
         args.profile = "demo"
     else:
         args.profile = "hub"
-    # frozen copies of the policy to keep: pi_init (the KL penalty's reference, or KL monitoring's)
-    # and pi_{t-1} (KL monitoring's previous policy). None with LoRA: pi_init is the policy with its
-    # adapters off, pi_{t-1} a copy of the adapters
+    # where the KL to the reference policy acts: in the loss, in the reward, or only logged
+    args.kl_in_loss = args.kl_beta > 0 and args.kl_in == "loss"
+    args.kl_in_reward = args.kl_beta > 0 and args.kl_in == "reward"
+    args.needs_ref = args.kl_beta > 0 or args.kl_every > 0  # the reference policy pi_init
+    # frozen copies of the policy to keep: pi_init, and pi_{t-1} (KL monitoring's previous policy).
+    # None with LoRA: pi_init is the policy with its adapters off, pi_{t-1} a copy of the adapters
     args.frozen_models = 0
-    if (args.kl_beta > 0 or args.kl_every > 0) and not args.lora_rank:
+    if args.needs_ref and not args.lora_rank:
         args.frozen_models += 1
     if args.kl_every > 0 and not args.lora_rank:
         args.frozen_models += 1
@@ -742,6 +771,8 @@ def resolve(args):
     if not resumed_without_kl:
         args.model = common.check_model_dir(args.model or data.EMBEDDED_MODEL)
     defaults = {**PROFILES["hub"], **PROFILES[args.profile], **TASK_PROFILES.get(args.task, {})}
+    if args.kl_in == "reward":
+        defaults["kl_estimator"] = "k1"  # the penalty sums log pi - log pi_ref per response
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -948,7 +979,7 @@ def build_learner(args, runtime):
         learner["ref_model"] = frozen[0]
     if len(frozen) >= 2:
         learner["prev_model"] = frozen[1]
-    if args.lora_rank and (args.kl_beta > 0 or args.kl_every > 0):
+    if args.lora_rank and args.needs_ref:
         learner["ref_model"] = policy  # pi_init: the base, read with lora.adapters_off
     return learner
 
@@ -1028,7 +1059,8 @@ def rollout(engine, rows, args, seed):
 
 def score(batch, args):
     """Grade every response, with DAPO's overlong penalty if asked. Sets batch["rewards"] (the
-    reward dicts) and batch["raw"] (N,), the total rewards; returns the batch."""
+    reward dicts), batch["raw"] (N,), the total rewards, and batch["correct"] (grader.is_correct
+    of each); returns the batch. Reward shaping goes here: batch["raw"] is what advantages read."""
     reward_fn = grader.REWARD_FNS[args.reward]
     dicts = grader.grade_batch(
         reward_fn, batch["responses"], batch["ground_truths"], workers=args.grader_workers
@@ -1042,7 +1074,24 @@ def score(batch, args):
         raw += (left / args.overlong_buffer).clamp(-1.0, 0.0)
     batch["rewards"] = dicts
     batch["raw"] = raw
+    batch["correct"] = [grader.is_correct(d) for d in dicts]
     return batch
+
+
+def count_groups(part, args):
+    """(groups, all correct, all wrong) among a scored part's groups of G consecutive rows."""
+    G = args.group_size
+    correct = part["correct"]
+    n = len(correct) // G
+    all_correct = 0
+    all_wrong = 0
+    for g in range(n):
+        right = sum(correct[g * G : (g + 1) * G])
+        if right == G:
+            all_correct += 1
+        if right == 0:
+            all_wrong += 1
+    return n, all_correct, all_wrong
 
 
 def varied_groups(batch, args):
@@ -1079,8 +1128,8 @@ def _drop_flat_groups(part, room, args):
 
 def collect(engine, train_rows, args, step, shard=(0, 1)):
     """The rollout and reward phases of a step -> (scored batch, this shard's stats: its seconds
-    of generation, grading and extra rounds, prompts sampled, flat groups dropped). `summarize`
-    turns the joined batch into advantages and metrics.
+    of generation, grading and extra rounds, prompts sampled, flat groups dropped, all-correct and
+    all-wrong groups). `summarize` turns the joined batch into the step's rollout metrics.
 
     --dynamic-sampling (DAPO) drops the groups whose score does not vary and samples fresh prompts
     to fill their place, for up to --dynamic-sampling-max-rounds more rounds; then it trains what
@@ -1104,6 +1153,8 @@ def collect(engine, train_rows, args, step, shard=(0, 1)):
     flat = None  # the last round's groups, unfiltered (trained if no group varies)
     sampled = 0  # prompts sampled, over all rounds
     n_flat = 0  # sampled groups dropped for no variance (--dynamic-sampling)
+    all_correct = 0  # sampled groups whose every response is correct (before the filter)
+    all_wrong = 0  # sampled groups with no correct response
     t0 = time.perf_counter()
     t_grade = 0.0
     t_round0 = None  # the first round's time: the rest is dynamic sampling's extra
@@ -1114,6 +1165,9 @@ def collect(engine, train_rows, args, step, shard=(0, 1)):
         t1 = time.perf_counter()
         part = score(part, args)
         sampled += len(rows)
+        _, right, wrong = count_groups(part, args)
+        all_correct += right
+        all_wrong += wrong
         t_grade = t_grade + time.perf_counter() - t1
         if args.dynamic_sampling:
             # keep the groups with variance, up to the batch size
@@ -1158,39 +1212,30 @@ def collect(engine, train_rows, args, step, shard=(0, 1)):
         "extra_rounds_s": time.perf_counter() - t0 - t_round0,
         "prompts_sampled": sampled,
         "groups_flat": n_flat,
+        "groups_all_correct": all_correct,
+        "groups_all_wrong": all_wrong,
     }
     return batch, stats
 
 
-# ----------------------------------------------------------------------------- 2. advantages
+# ----------------------------------------------------------------------------- 2. rollout metrics
 def summarize(batch, shard_stats, args):
-    """The one place where a step's scored batch (all its shards joined) is summarised: sets
-    batch["advantages"] (N,) and returns the step's rollout metrics. shard_stats: collect's stats
-    of each shard (one for grpo.py; the shards ran side by side, so a time is their longest). A
-    new metric is one line here."""
-    keep = None  # (n_groups,) the groups that carry advantages; None: all
-    if args.dynamic_sampling:
-        # a group the filter calls flat is in the batch only when a shard found nothing to learn
-        # from: it may still differ in what the filter ignores (format, the length penalty), which
-        # is not signal, so its advantages are zero (and it leaves --adv-std batch's std)
-        keep = varied_groups(batch, args)
-    adv, meta = losses.compute_advantages(
-        batch["raw"],
-        args.group_size,
-        args.advantage,
-        args.adv_std,
-        args.advantage_eps,
-        args.passk_k or 1,
-        keep=keep,
-    )
-    batch["advantages"] = adv
+    """The one place where a step's scored batch (all its shards joined) is summarised into the
+    step's rollout metrics; grpo_ray.py calls it on its generators' joined shards. shard_stats:
+    collect's stats of each shard (one for grpo.py; the shards ran side by side, so a time is their
+    longest). The batch: G consecutive rows per prompt, batch["raw"] (N,) the rewards. A new metric
+    is an entry in metric_table.METRICS and one line here."""
     lengths = [len(ids) for ids in batch["response_ids"]]
     rewards = batch["rewards"]
+    stats = losses.reward_stats(batch["raw"], args.group_size)
+    groups = sum(s["prompts_sampled"] for s in shard_stats)  # every group sampled, all rounds
     metrics = {
-        "train/reward": meta["mean"],
+        "train/reward": stats["mean"],
         "train/format_reward": fmean([d["format_reward"] for d in rewards]),
         "train/answer_reward": fmean([d["answer_reward"] for d in rewards]),
-        "train/zero_var_frac": meta["frac_groups_zero_std"],
+        "train/zero_var_frac": stats["frac_groups_zero_std"],
+        "train/all_correct_frac": sum(s["groups_all_correct"] for s in shard_stats) / groups,
+        "train/all_wrong_frac": sum(s["groups_all_wrong"] for s in shard_stats) / groups,
         "train/response_len_mean": fmean(lengths),
         "train/response_len_max": max(lengths),
         "train/truncation_rate": fmean(batch["truncated"]),
@@ -1269,11 +1314,13 @@ def evaluate_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_r
     return time.perf_counter() - t0
 
 
-# ----------------------------------------------------------------------------- 3. old log-probs
+# ----------------------------------------------------------------- 3. log-probs: the no-grad passes
 def collate(batch, args, pad_id=0):
     """The engine's token ids, right-padded, as tensors: input_ids, labels, response_mask,
-    engine_log_probs and ban_mask (N, T); lengths, group and prompt_len (N,). ban_mask marks the
-    first --min-tokens response positions (stop tokens are banned there)."""
+    loss_mask, engine_log_probs and ban_mask (N, T); lengths, group and prompt_len (N,).
+    response_mask marks every response token; loss_mask the ones that carry the loss (all of them
+    but a truncated row's under --mask-truncated). ban_mask marks the first --min-tokens response
+    positions (stop tokens are banned there)."""
     prompt_ids = batch["prompt_ids"]
     response_ids = batch["response_ids"]
     seqs = [p + r for p, r in zip(prompt_ids, response_ids)]
@@ -1291,12 +1338,14 @@ def collate(batch, args, pad_id=0):
         mask[i, s : s + len(r)] = True
         ban[i, s : s + min(len(r), args.min_tokens)] = True
         eng[i, s : s + len(r)] = torch.tensor(batch["engine_logprobs"][i], dtype=torch.float32)
+    loss_mask = mask.clone()  # (N, T)
     if args.mask_truncated:  # DAPO's overlong filtering: truncated responses leave the loss
-        mask[torch.tensor(batch["truncated"], dtype=torch.bool)] = False
+        loss_mask[torch.tensor(batch["truncated"], dtype=torch.bool)] = False
     return {
         "input_ids": ids[:, :-1],
         "labels": ids[:, 1:],
         "response_mask": mask,
+        "loss_mask": loss_mask,
         "engine_log_probs": eng,
         "ban_mask": ban,
         "lengths": torch.tensor([len(s) - 1 for s in seqs]),
@@ -1382,16 +1431,58 @@ def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None, rows=None, 
     return dp["reduce"](out, "sum")
 
 
-# ----------------------------------------------------------------------------- 4. train
+# ------------------------------------------------------------------------- 4. rewards -> advantages
+def advantages(batch, tensors, log_probs, args):
+    """The rewards -> advantages phase: the one function to edit for a reward that needs the
+    policy. It runs on the learner after the no-grad passes, where the joined batch and its
+    log-probs are all here: log_probs = {"policy": pi_t, "ref": pi_ref} (N, T) label log-probs,
+    each None unless the run scores it (with grpo_ray.py's M learners, batch_log_probs has summed
+    every learner's rows, so each learner computes the same advantages one learner would).
+
+    batch["raw"] (N,): the rewards (G consecutive rows per prompt). --kl-in reward takes
+    --kl-beta x sum_t (log pi_t - log pi_ref) over each response's tokens off its reward (k1 per
+    sequence). --dynamic-sampling's filter keeps reading its own score, before the penalty: a
+    flat group it kept (a step with nothing else) keeps zero advantages.
+    -> (advantages (N,), rewards (N,) as trained on, metrics)."""
+    rewards = batch["raw"]  # (N,)
+    metrics = {}
+    if args.kl_in_reward:
+        mask = tensors["response_mask"]  # (N, T) every response token, truncated rows included
+        log_ratio = (log_probs["policy"] - log_probs["ref"]) * mask  # (N, T)
+        penalty = args.kl_beta * log_ratio.sum(dim=1)  # (N,)
+        rewards = rewards - penalty
+        metrics["train/kl_penalty"] = penalty.mean().item()
+    keep = None  # (n_groups,) the groups that carry advantages; None: all
+    if args.dynamic_sampling:
+        # a group the filter calls flat is in the batch only when a shard found nothing to learn
+        # from: it may still differ in what the filter ignores (format, the length penalty), which
+        # is not signal, so its advantages are zero (and it leaves --adv-std batch's std)
+        keep = varied_groups(batch, args)
+    adv, _ = losses.compute_advantages(
+        rewards,
+        args.group_size,
+        args.advantage,
+        args.adv_std,
+        args.advantage_eps,
+        args.passk_k or 1,
+        keep=keep,
+    )
+    return adv, rewards, metrics
+
+
+# ----------------------------------------------------------------------------- 5. train
 def loss_settings(args):
     """The loss's hyperparameters (losses.LossSettings), one line per field, from the flags."""
+    kl_beta = 0.0  # --kl-in reward: the KL is in the advantages, never in the loss
+    if args.kl_in_loss:
+        kl_beta = args.kl_beta
     return losses.LossSettings(
         loss=args.loss,
         cliprange=args.cliprange,
         cliprange_high=args.cliprange_high,
         length_norm=args.length_norm,
         normalize_constant=args.normalize_constant,
-        kl_beta=args.kl_beta,
+        kl_beta=kl_beta,
         kl_estimator=args.kl_estimator,
         entropy_coef=args.entropy_coef,
     )
@@ -1412,10 +1503,13 @@ def lr_factor(opt_step, args):
 def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
     """One scored rollout batch -> (history: one dict per optimizer step, the step's metrics).
 
-    First the no-grad passes: pi_old, and the reference and previous policies for the KL; then
-    _updates (epochs x train batches x microbatches). learner: build_learner's dict. lag: how many
-    updates the policy is ahead of the batch's generator (grpo_ray.py); a stale batch takes pi_old
-    from the engine unless --rollout-is corrects it. The previous policy is refreshed here. dp
+    First the no-grad passes: pi_old, and the reference and previous policies for the KL; then the
+    rewards -> advantages phase (`advantages`); then _updates (epochs x train batches x
+    microbatches). The response tokens (response_mask) are what a KL measures; the tokens that
+    carry the loss (loss_mask) leave out a truncated row's under --mask-truncated.
+    learner: build_learner's dict. lag: how many updates the policy is ahead of the batch's
+    generator (grpo_ray.py); a stale batch takes pi_old from the engine unless --rollout-is
+    corrects it. The previous policy is refreshed here. dp
     (grpo_ray.py's M learners): {"rank", "world", "reduce": in-place all-reduce(tensor, op)}; each
     learner runs 1/M of every set of rows, and the gradients and metrics are summed.
     """
@@ -1426,15 +1520,17 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
     ban_ids = batch["ban_token_ids"]
     tensors = collate(batch, args)  # and below, the per-token inputs of the loss
     metrics = {}
-    mask = tensors["response_mask"]  # (N, T)
+    response = tensors["response_mask"]  # (N, T) every response token: what a KL measures
+    mask = tensors["loss_mask"]  # (N, T) the tokens that carry the loss
     engine_log_probs = tensors["engine_log_probs"]  # (N, T) mu, the sampling distribution
     do_kl = bool(args.kl_every) and step % args.kl_every == 0
     stale = lag > 0
     # pi_old from the engine when asked, or for a stale batch that no importance sampling corrects
     # (the engine is the only holder of that policy); else from a no-grad pass of the policy
     old_from_engine = args.old_log_probs == "engine" or (stale and args.rollout_is == "none")
-    # pi_t, the policy before this step: for the KL monitor, and as the trainer's pi_old
-    score_policy = do_kl or (not old_from_engine and (args.needs_old or stale))
+    # pi_t, the policy before this step: for the KL monitor and the KL in the reward, and as the
+    # trainer's pi_old
+    score_policy = do_kl or args.kl_in_reward or (not old_from_engine and (args.needs_old or stale))
     cur = None  # (N, T) pi_t
     if score_policy:
         cur = batch_log_probs(policy, tensors, args, runtime, ban_ids, dp)
@@ -1455,18 +1551,18 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
         )
         for key, value in is_metrics.items():
             metrics[f"train/{key}"] = value
-        mismatch = losses.masked_mean((cur - engine_log_probs).abs(), mask)
+        mismatch = losses.masked_mean((cur - engine_log_probs).abs(), response)
         metrics["train/logprob_mismatch"] = mismatch.item()
         if args.rollout_is != "none":  # else measured, not applied
             tensors["is_weights"] = weights
     ref = None  # (N, T) pi_init
-    if (args.kl_beta or do_kl) and ref_model is not None:
+    if (args.kl_in_loss or args.kl_in_reward or do_kl) and ref_model is not None:
         with lora.adapters_off(ref_model):  # LoRA: the policy without its adapters
             ref = batch_log_probs(ref_model, tensors, args, runtime, ban_ids, dp)
-    if args.kl_beta and ref is not None:
+    if args.kl_in_loss and ref is not None:
         tensors["ref_log_probs"] = ref
     if do_kl:
-        kl_ref = losses.kl_divergence(cur, ref, mask, args.kl_estimator)
+        kl_ref = losses.kl_divergence(cur, ref, response, args.kl_estimator)
         metrics["train/kl_ref"] = kl_ref.item()
         prev = None  # (N, T) pi_{t-1}
         prev_adapters = learner.get("prev_adapters")
@@ -1476,13 +1572,13 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
             with lora.loaded(policy, prev_adapters["weights"]):  # LoRA: pi_{t-1}'s adapters
                 prev = batch_log_probs(policy, tensors, args, runtime, ban_ids, dp)
         if prev is not None:
-            kl_prev = losses.kl_divergence(cur, prev, mask, args.kl_estimator)
+            kl_prev = losses.kl_divergence(cur, prev, response, args.kl_estimator)
             metrics["train/kl_prev"] = kl_prev.item()
             if lag == 1:
                 # pi_{t-1} generated this batch: split the mismatch into kernel and staleness
                 # parts, KL(mu || pi_{t-1}) and KL(pi_{t-1} || pi_t)
-                kernel = losses.kl_divergence(engine_log_probs, prev, mask, "k3")
-                staleness = losses.kl_divergence(prev, cur, mask, "k3")
+                kernel = losses.kl_divergence(engine_log_probs, prev, response, "k3")
+                staleness = losses.kl_divergence(prev, cur, response, "k3")
                 metrics["train/mismatch_kernel_kl"] = kernel.item()
                 metrics["train/mismatch_staleness_kl"] = staleness.item()
     if prev_model is not None and args.kl_every and (step + 1) % args.kl_every == 0:
@@ -1491,6 +1587,11 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
     if args.lora_rank and args.kl_every and (step + 1) % args.kl_every == 0:
         learner["prev_adapters"] = {"step": step, "weights": lora.adapter_state(policy)}
     metrics["time/old_log_probs"] = time.perf_counter() - t0
+    # rewards -> advantages, now that the passes above have scored the batch
+    adv, rewards, adv_metrics = advantages(batch, tensors, {"policy": cur, "ref": ref}, args)
+    tensors["advantages"] = adv  # (N,)
+    tensors["rewards"] = rewards  # (N,)
+    metrics |= adv_metrics
     t1 = time.perf_counter()
     history = _updates(learner, batch, tensors, args, runtime, step, dp)
     metrics["time/training"] = time.perf_counter() - t1
@@ -1503,11 +1604,11 @@ def _updates(learner, batch, tensors, args, runtime, step, dp=None):
     loss is scaled by its share of the optimizer step's rows. -> one metrics dict per step."""
     policy = learner["policy"]
     optimizer = learner["optimizer"]
-    N = len(batch["advantages"])
+    N = len(tensors["advantages"])
     device = runtime["policy_device"]
     shared_prefix = runtime["shared_prefix"]
     ban_ids = batch["ban_token_ids"]
-    mask = tensors["response_mask"]  # (N, T)
+    mask = tensors["loss_mask"]  # (N, T) the tokens that carry the loss
     settings = loss_settings(args)
     mbs = args.micro_train_batch_size
     gen = torch.Generator().manual_seed(sample_seed(args, step))  # off-policy shuffles
@@ -1553,8 +1654,8 @@ def _updates(learner, batch, tensors, args, runtime, step, dp=None):
                     loss, meta = losses.grpo_microbatch_loss(
                         out["log_probs"],
                         mb_mask,
-                        batch["advantages"][idx].to(device),
-                        batch["raw"][idx].to(device),
+                        tensors["advantages"][idx].to(device),
+                        tensors["rewards"][idx].to(device),
                         settings,
                         old_log_probs=_rows(tensors, "old_log_probs", idx, L, device),
                         ref_log_probs=_rows(tensors, "ref_log_probs", idx, L, device),
@@ -1622,7 +1723,7 @@ def top_entropy_tokens(policy, tensors, rows, args, runtime, ban_ids, dp=None):
     no-grad pass over the step's rows first (with dp, every learner's share): one more forward
     per optimizer step, and the same tokens however the step is split into microbatches."""
     entropy = batch_log_probs(policy, tensors, args, runtime, ban_ids, dp, rows, entropy=True)
-    mask = tensors["response_mask"]  # (N, T)
+    mask = tensors["loss_mask"]  # (N, T)
     keep = torch.zeros_like(mask)  # (N, T)
     keep[rows] = losses.top_entropy_mask(entropy[rows], mask[rows], args.entropy_top_quantile)
     return keep
@@ -1651,7 +1752,7 @@ def _reduce(params, sums, ratio_min, ratio_max, dp):
     return ratio_min, ratio_max
 
 
-# ----------------------------------------------------------------------------- 5. log
+# ----------------------------------------------------------------------------- 6. log
 def step_rows(step, opt_step, batch, history, metrics, step_s, weight_sync_s, wall_s):
     """One GRPO step's metric rows, one per optimizer step, for grpo.py and grpo_ray.py: metrics
     (collect's and train_step's) and the step's times, then each optimizer step's history row."""
@@ -1671,70 +1772,17 @@ def step_rows(step, opt_step, batch, history, metrics, step_s, weight_sync_s, wa
     return rows
 
 
-# The keys every step row has, in grpo.py and grpo_ray.py (which adds ray/*). Others depend on the
-# flags: the rollout-IS and mismatch keys when pi_old is scored, kl_* with --kl-every, dynamic_*
-# with --dynamic-sampling. docs/metrics.md explains each.
-STEP_KEYS = [
-    "step",
-    "opt_step",
-    "train/loss",
-    "train/entropy",
-    "train/clip_fraction",
-    "train/ratio_mean",
-    "train/ratio_min",
-    "train/ratio_max",
-    "train/grad_norm",
-    "train/epoch",
-    "train/lr",
-    "train/reward",
-    "train/format_reward",
-    "train/answer_reward",
-    "train/zero_var_frac",
-    "train/response_len_mean",
-    "train/response_len_max",
-    "train/truncation_rate",
-    "time/generation",
-    "time/grading",
-    "time/old_log_probs",
-    "time/training",
-    "time/weight_sync",
-    "time/step",
-    "time/wall",
-    "time/tokens_per_s",
-    "time/gen_tokens_per_s",
-]
-
-
-# The per-step stdout line: (name, format) of each metric it shows, from train/ or time/
-STEP_LINE = [
-    ("loss", "+.4f"),
-    ("reward", ".3f"),
-    ("answer_reward", ".2f"),
-    ("response_len_mean", ".1f"),
-    ("truncation_rate", ".2f"),
-    ("entropy", ".3f"),
-    ("grad_norm", ".3f"),
-    ("clip_fraction", ".3f"),
-    ("kl_ref", ".2e"),
-    ("kl_prev", ".2e"),
-    ("generation", ".1f"),
-    ("training", ".1f"),
-    ("tokens_per_s", ".0f"),
-]
+# The keys every step row has, in grpo.py and grpo_ray.py (which adds ray/*): metrics.py's table,
+# which also says which keys depend on flags and what each means.
+STEP_KEYS = metric_table.step_keys("grpo")
 
 
 def step_line(step, args, row):
-    """The per-step stdout line: the STEP_LINE metrics that the row has."""
-    parts = []
-    for name, fmt in STEP_LINE:
-        for prefix in ("train/", "time/"):
-            key = prefix + name
-            if key in row:
-                parts.append(f"{name} {row[key]:{fmt}}")
-    return f"step {step + 1}/{args.n_grpo_steps} | " + " | ".join(parts)
+    """The per-step stdout line: the metrics the table puts on grpo.py's line that the row has."""
+    return metric_table.step_line("grpo", f"step {step + 1}/{args.n_grpo_steps}", row)
 
 
-# ----------------------------------------------------------------------------- 6. save
+# ----------------------------------------------------------------------------- 7. save
 def save_checkpoint(learner, args, state):
     """<out>/checkpoint (runs.save_model_checkpoint's layout): the policy, its tokenizer, the
     flags, `state` and the AdamW state; with --keep-checkpoints N, the weights in the series
@@ -1750,7 +1798,7 @@ def save_checkpoint(learner, args, state):
     return path
 
 
-# ----------------------------------------------------------------------------- 7. sync weights
+# ----------------------------------------------------------------------------- 8. sync weights
 def sync_weights(engine, policy, args):
     """The policy's weights into the engine (waking it first with --sleep-engine). -> seconds."""
     if args.sleep_engine:
@@ -1882,8 +1930,8 @@ def main(args):
         )
         for step in steps:
             t_step = time.perf_counter()
-            # --- rollout + reward / advantage: G samples per question from the engine, which
-            # holds pi_step ---
+            # --- rollout + reward: G samples per question from the engine, which holds pi_step;
+            # the batch's metrics ---
             batch, stats = collect(engine, train_rows, args, step)
             metrics = summarize(batch, [stats], args)
             # --- eval: greedy on the engine's weights, the policy after `step` updates ---
@@ -1895,8 +1943,9 @@ def main(args):
             if args.sleep_engine:
                 # one shared GPU: the engine's weights and KV cache leave it while training
                 engines.sleep_engine(engine)
-            # --- old log-probs, then train (epochs x train batches x microbatches); log. A first
-            # Ctrl-C lets this finish, so the saved weights, optimizer and step counter agree ---
+            # --- no-grad passes, rewards -> advantages, then train (epochs x train batches x
+            # microbatches); log. A first Ctrl-C lets this finish, so the saved weights, optimizer
+            # and step counter agree ---
             with runs.finish_then_interrupt("this step's updates"):
                 dirty = True
                 history, train_metrics = train_step(learner, batch, args, runtime, step)

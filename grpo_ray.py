@@ -10,7 +10,8 @@ Placement:
 
 Scale-out: --num-generators N engines each sample a contiguous share of every step's groups, joined
 in shard order, all at one policy version (checked), then summarised once by the driver
-(grpo.summarize: advantages and batch metrics of the whole batch); a version goes out as ONE
+(grpo.summarize: the metrics of the whole batch; every learner computes its advantages in
+grpo.train_step's rewards -> advantages phase, the same ones); a version goes out as ONE
 object-store put that every engine without a learner beside it reads. --num-learners M: a
 data-parallel group where each trains 1/M of every optimizer step's rows and the gradients are
 all-reduced, so all M take one learner's step. The group is a torch.distributed process group of its
@@ -814,7 +815,7 @@ def run(args, actors):
                 pending[nxt] = [g.generate.remote(nxt, (i, len(gens))) for i, g in enumerate(gens)]
                 nxt += 1
             gen = join_shards(get(pending.pop(t), f"rollout step {t}", args, actors))
-            # --- advantages and the batch's metrics: once, on the joined batch ---
+            # --- the batch's metrics: once, on the joined batch ---
             gen["metrics"] = grpo.summarize(gen["batch"], gen["stats"], args)
             lag = t - gen["version"]
             common.check(lag <= s, f"batch {t} is {lag} versions stale")

@@ -567,17 +567,25 @@ def compute_advantages(
         adv = centered / (centered.std() + advantage_eps)  # (n_prompts, G)
     else:
         adv = centered  # (n_prompts, G)
+    return adv.reshape(-1), reward_stats(raw, group_size)
+
+
+def reward_stats(rewards, group_size):
+    """A step's rewards (N,) = prompts x G, summarised (seed 002's keys): their mean, std, max and
+    min, and the fraction of groups whose G rewards are all equal (no signal)."""
+    raw = torch.as_tensor(rewards, dtype=torch.float32)  # (N,)
+    grouped = raw.view(-1, group_size)  # (n_prompts, G)
+    flat = grouped.amax(dim=1) == grouped.amin(dim=1)  # (n_prompts,)
     std = 0.0
-    if n > 1:
+    if len(raw) > 1:
         std = raw.std().item()
-    meta = {  # seed 002's keys
+    return {
         "mean": raw.mean().item(),
         "std": std,
         "max": raw.max().item(),
         "min": raw.min().item(),
         "frac_groups_zero_std": flat.float().mean().item(),
     }
-    return adv.reshape(-1), meta
 
 
 def group_normalized_advantages(rewards, group_size, advantage_eps, std_norm):

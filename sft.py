@@ -47,6 +47,7 @@ import runs
 import hardware
 import data
 import lora
+import metric_table
 import plot
 from common import check, fraction, nonneg_float, nonneg_int, positive_float, positive_int
 from losses import (
@@ -1097,13 +1098,7 @@ def main(argv=None):
                 step_row = {"step": done, **row, "time/wall": time.perf_counter() - t_run}
                 runs.log_row(args.out, step_row, wandb_run)
                 in_step = False
-            print(
-                f"step {done}/{steps} | loss {row['train/loss']:.4f} | "
-                f"nll/tok {row['train/nll_per_token']:.4f} | "
-                f"grad {row['train/grad_norm']:.3f} | ent {row['train/entropy']:.3f} | "
-                f"lr {row['train/lr']:.2e} | {row['train/tokens_per_s']:.0f} tok/s",
-                flush=True,
-            )
+            print(metric_table.step_line("sft", f"step {done}/{steps}", step_row), flush=True)
 
             # --- eval (greedy, on the engine after a push) ---
             eval_now = done == steps or (args.eval_every and done % args.eval_every == 0)

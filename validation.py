@@ -53,7 +53,7 @@ def greedy_eval(engine, rows, reward, max_tokens, min_tokens=0, workers=None):
         metrics[f"eval/{k}"] = sum(d[k] for d in dicts) / n
     correct = []  # per question: 1 when its answer reward is 1
     for d in dicts:
-        correct.append(int(d["answer_reward"] >= 1))
+        correct.append(int(grader.is_correct(d)))
     metrics["eval/accuracy"], metrics["eval/accuracy_se"] = mean_se(correct)
     metrics["eval/n_questions"] = len(rows)
     metrics["eval/response_len"] = sum(len(o["token_ids"]) for o in outs) / n
@@ -134,7 +134,7 @@ def sampled_eval(
     answers = []
     for i in range(len(rows)):
         graded = dicts[i * k : (i + 1) * k]
-        correct.append([d["answer_reward"] >= 1 for d in graded])
+        correct.append([grader.is_correct(d) for d in graded])
         answers.append([answer(t) for t in texts[i * k : (i + 1) * k]])
     return sampled_metrics(correct, answers, k)
 

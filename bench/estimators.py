@@ -69,7 +69,7 @@ CLIPRANGE = 0.2  # grpo.py's default --cliprange (ratio_stats' band)
 SUM = "--length-norm masked_normalize --normalize-constant 1"
 
 # name -> the grpo.py flags that train it, resolved by grpo.parse_args: the advantages are
-# losses.compute_advantages of those args (as grpo.summarize calls it), the loss settings
+# losses.compute_advantages of those args (as grpo.advantages calls it), the loss settings
 # grpo.loss_settings(args). --advantage passk is measured against the pass@k objective, the others
 # against the expected reward.
 ESTIMATORS = {
@@ -235,7 +235,7 @@ def sample_batches(toy, theta_behaviour, G, seeds, gen):
 
 
 def advantages(args, raw, G):
-    """The advantages grpo.summarize computes for rewards raw (S, B): groups are G consecutive
+    """The advantages grpo.advantages computes for rewards raw (S, B): groups are G consecutive
     rows, so all seeds go through at once (no estimator here normalises by the batch). (S, B)."""
     flat = raw.reshape(-1)  # (S * B,)
     adv, _ = losses.compute_advantages(

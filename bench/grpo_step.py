@@ -171,8 +171,8 @@ def count_training_flops(policy):
 
 def setup(a):
     """Everything grpo.main sets up, once: the args and runtime record of each variant, the data,
-    the policy, the KL models, the engine and the frozen batch (its advantages set by
-    grpo.summarize) with its rollout stats."""
+    the policy, the KL models, the engine and the frozen batch (summarised by grpo.summarize;
+    train_step computes its advantages) with its rollout stats."""
     if a.quick:
         base = " ".join(QUICK).split()
     else:

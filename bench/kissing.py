@@ -2,7 +2,7 @@
 
 Verify runs on 582 small-coordinate points and on 593 with ~43-bit coordinates; the evaluator's
 cost is measured with bubblewrap and with the audit hook alone, and its bounds (point count, shell
-size, bytes of output read) are checked. Prints one JSON object. Targets (issue 8): verify ≤ 50 ms
+size, bytes of output read) are checked. Prints one JSON object. Targets: verify ≤ 50 ms
 for each set; the `code` construction well under 1 s.
 
   python bench/kissing.py [--repeats 10] [--shell-seconds 10]

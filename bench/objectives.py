@@ -53,7 +53,7 @@ OBJECTIVES = {
     "reinforce_with_baseline": "--loss reinforce_with_baseline",
     "grpo_clip_tis": "--loss grpo_clip --rollout-is tis",  # Yao et al. 2025, cap 2
     "grpo_clip_tis_lag1": "--loss grpo_clip --rollout-is tis",  # grpo_ray.py async, 1 update stale
-    # the advantage estimators (issue 31), with the seeds' loss
+    # the advantage estimators, with the seeds' loss
     "rloo": "--loss reinforce_with_baseline --advantage rloo",  # Ahmadian et al. 2024
     "reinforce_pp_baseline": "--loss reinforce_with_baseline --adv-std batch",  # Hu et al. 2025
     "passk_4": "--loss reinforce_with_baseline --advantage passk --passk-k 4",  # Chen et al. 2025
@@ -127,8 +127,8 @@ def grpo_args(a, flags=""):
 def frozen_batch(a, args, runtime, policy):
     """The scored rollout batch of step 0 and its rollout stats (grpo.collect), from --batch-file
     if it is there (made by the same engine, seed, size and batch layout)."""
-    # layout 2: collect's batch without advantages, and its stats (grpo.summarize reads them)
-    key = {"engine": a.engine, "seed": a.seed, "quick": a.quick, "layout": 2}
+    # layout 3: collect's batch (with its correctness) and its stats
+    key = {"engine": a.engine, "seed": a.seed, "quick": a.quick, "layout": 3}
     if a.batch_file and os.path.exists(a.batch_file):
         saved = torch.load(a.batch_file, weights_only=False)
         common.check(
@@ -145,15 +145,15 @@ def frozen_batch(a, args, runtime, policy):
     return batch, stats
 
 
-def objective_loss(logp, entropy, old, batch, stats, tensors, args):
+def objective_loss(logp, entropy, old, batch, tensors, args):
     """The whole optimizer step's loss of one objective from log-probs and token entropies (N, T),
     as grpo._updates computes it with the step as a single microbatch (the sum over equal
-    microbatches is the same; the step's entropy quantile is over the same tokens), on advantages
-    from grpo.summarize with this objective's flags. Returns (loss, meta, A (N,))."""
-    scored = dict(batch)  # summarize sets this objective's advantages on the copy
-    grpo.summarize(scored, [stats], args)
-    adv = scored["advantages"]  # (N,)
-    mask = tensors["response_mask"]  # (N, T)
+    microbatches is the same; the step's entropy quantile is over the same tokens), on the
+    advantages train_step's phase (grpo.advantages) gives with this objective's flags (none of them
+    puts a KL in the reward). Returns (loss, meta, A (N,))."""
+    no_kl = {"policy": old, "ref": None}
+    adv, rewards, _ = grpo.advantages(batch, tensors, no_kl, args)  # (N,) each
+    mask = tensors["loss_mask"]  # (N, T)
     weights = None  # rollout IS weights (N, T)
     if args.rollout_is != "none":
         weights, _ = losses.compute_rollout_is(
@@ -173,7 +173,7 @@ def objective_loss(logp, entropy, old, batch, stats, tensors, args):
         logp,
         mask,
         adv,
-        scored["raw"],
+        rewards,
         grpo.loss_settings(args),
         old_log_probs=old,
         is_weights=weights,
@@ -260,8 +260,7 @@ def run(a):
     runtime = grpo.setup_runtime(base)
     torch.manual_seed(base.seed)
     policy, tokenizer = grpo.load_policy(base.model, base, runtime)
-    batch, stats = frozen_batch(a, base, runtime, policy)
-    grpo.summarize(batch, [stats], base)  # the emulated step's advantages
+    batch, _ = frozen_batch(a, base, runtime, policy)
     tensors = grpo.collate(batch, base)
     ban_ids = batch["ban_token_ids"]
     times["rollout"] = time.perf_counter() - t0
@@ -331,7 +330,7 @@ def run(a):
         pi_old = old
         if name in LAGGED:
             pi_old = cur
-        loss, meta, adv = objective_loss(logp, entropy, pi_old, batch, stats, tensors, args)
+        loss, meta, adv = objective_loss(logp, entropy, pi_old, batch, tensors, args)
         g_tok, g_ent = torch.autograd.grad(loss, (logp, entropy), allow_unused=True)
         buckets, slope = length_bias(g_tok, adv, mask)
         g_toks.append(g_tok)

@@ -10,8 +10,8 @@ changed bit fails.
 
 Files (tests/fingerprint/):
 - batch.json: 4 Countdown prompts x 4 responses of at most 64 tokens, sampled once by grpo.collect
-  with the vLLM engine (BATCH_FLAGS). The test needs no engine: it rebuilds the advantages from the
-  stored rewards with the call collect makes.
+  with the vLLM engine (BATCH_FLAGS). The test needs no engine: train_step's advantages phase
+  computes the advantages from the stored rewards.
 - expected.json: the numbers the configurations produced on it, and the software they ran on.
 
 Exact numbers hold for one stack only: torch, transformers, the CPU's vector unit
@@ -115,18 +115,10 @@ def shift_engine_log_probs(rows):
 
 
 def load_batch(args):
-    """batch.json as grpo.collect returns it, its advantages by grpo.summarize."""
+    """batch.json as grpo.collect returns it (train_step's advantages phase reads its rewards)."""
     with open(BATCH_PATH) as f:
         batch = json.load(f)
     batch["raw"] = torch.tensor([d["reward"] for d in batch["rewards"]], dtype=torch.float32)
-    stats = {
-        "generation_s": 0.0,
-        "grading_s": 0.0,
-        "extra_rounds_s": 0.0,
-        "prompts_sampled": 0,
-        "groups_flat": 0,
-    }
-    grpo.summarize(batch, [stats], args)
     if args.rollout_is != "none":
         batch["engine_logprobs"] = shift_engine_log_probs(batch["engine_logprobs"])
     return batch

@@ -10,6 +10,7 @@ response contains the keyword): a random model never earns a Countdown reward, a
 no reward variance has no gradient.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -28,6 +29,7 @@ import grpo
 import hardware
 import lora
 import losses
+import metric_table
 import runs
 import validation
 from conftest import HAS_VLLM, ROOT, doc_section, run_script
@@ -117,7 +119,7 @@ def train_metrics(rows):
     return [r for r in rows if "train/loss" in r]
 
 
-def readme_glossary():
+def glossary_keys():
     """The keys the metric glossary (docs/metrics.md) explains: each backticked name in the first
     column of the table under "Metrics". A name starting with "_" shortens the one before it:
     `train/ratio_mean`, `_min` is train/ratio_min."""
@@ -145,7 +147,7 @@ def logged_keys(rows):
 
 
 def test_step_keys_are_in_the_readme_glossary():
-    glossary = readme_glossary()
+    glossary = glossary_keys()
     # the shorthand rows are read: `train/ratio_mean`, `_min`, `_max`
     assert {"step", "train/reward", "train/ratio_min", "train/ratio_max"} <= glossary
     missing = [k for k in grpo.STEP_KEYS if k not in glossary]
@@ -270,7 +272,7 @@ def test_every_logged_key_is_in_the_readme_glossary(on_policy):
     """The step and eval rows of the run (with --kl-every: the KL and mismatch keys too), resumed
     and straight through: each key is explained in docs/metrics.md."""
     rows = on_policy["first"] + on_policy["resumed"] + on_policy["straight"]
-    missing = sorted(logged_keys(rows) - readme_glossary())
+    missing = sorted(logged_keys(rows) - glossary_keys())
     assert not missing, missing
 
 
@@ -319,7 +321,7 @@ def test_off_policy_run_ratio_starts_at_one_and_hf_engine_smoke(
     assert all(set(grpo.STEP_KEYS) <= set(r) for r in train)
     # later steps really move off-policy
     assert any(r["train/ratio_max"] > 1.0 + 1e-4 for r in train)
-    missing = sorted(logged_keys(metrics(tmp_path)) - readme_glossary())
+    missing = sorted(logged_keys(metrics(tmp_path)) - glossary_keys())
     assert not missing, missing
 
 
@@ -344,12 +346,21 @@ def scored_batch(rewards, raw=None):
     return {
         "raw": torch.tensor(raw),
         "rewards": list(rewards),
+        "correct": [grader.is_correct(d) for d in rewards],
         "response_ids": [[1] * n for n in lengths],
         "truncated": [False, False, False, True, False, False, False, True],
     }
 
 
-def shard_stats(generation_s, grading_s, extra_rounds_s, prompts_sampled, groups_flat):
+def shard_stats(
+    generation_s,
+    grading_s,
+    extra_rounds_s,
+    prompts_sampled,
+    groups_flat,
+    all_correct=0,
+    all_wrong=0,
+):
     """One shard's stats, as grpo.collect returns them."""
     return {
         "generation_s": generation_s,
@@ -357,44 +368,62 @@ def shard_stats(generation_s, grading_s, extra_rounds_s, prompts_sampled, groups
         "extra_rounds_s": extra_rounds_s,
         "prompts_sampled": prompts_sampled,
         "groups_flat": groups_flat,
+        "groups_all_correct": all_correct,
+        "groups_all_wrong": all_wrong,
     }
 
 
+NO_LOG_PROBS = {"policy": None, "ref": None}  # what the advantages phase reads without a KL
+
+
+def step_advantages(batch, args):
+    """The advantages train_step's rewards -> advantages phase gives a batch (no KL in the
+    reward: no log-probs needed)."""
+    adv, _, _ = grpo.advantages(batch, None, NO_LOG_PROBS, args)
+    return adv
+
+
 @pytest.mark.parametrize("std_norm", ["--std-norm", "--no-std-norm"])
-def test_summarize_sets_the_advantages_and_the_batch_metrics(std_norm):
+def test_the_advantages_and_the_batch_metrics(std_norm):
     """Group 0 varies, group 1 is flat; row 2 lost 0.25 to an overlong penalty, so the total
-    reward (raw) is not the dicts' reward. Advantages are losses.group_normalized_advantages of
-    raw; each metric is computed here by hand."""
+    reward (raw) is not the dicts' reward. Advantages (the learner's phase) are
+    losses.group_normalized_advantages of raw; each metric of summarize is computed here by hand."""
     args = summarize_args(std_norm)
     rewards = [RIGHT, FORMATTED, RIGHT, UNFORMATTED] + [UNFORMATTED] * 4
     raw = [1.0, 0.1, 0.75, 0.0, 0.0, 0.0, 0.0, 0.0]
     batch = scored_batch(rewards, raw)
-    m = grpo.summarize(batch, [shard_stats(1.5, 0.25, 0.0, 2, 0)], args)
+    assert grpo.count_groups(batch, args) == (2, 0, 1)  # group 1: no correct response
+    m = grpo.summarize(batch, [shard_stats(1.5, 0.25, 0.0, 2, 0, 0, 1)], args)
     want_adv, _ = losses.group_normalized_advantages(
         batch["raw"], args.group_size, args.advantage_eps, args.std_norm
     )
-    assert torch.equal(batch["advantages"], want_adv)
+    adv = step_advantages(batch, args)
+    assert torch.equal(adv, want_adv)
     # by hand: group 0 centred (and / its std + eps), the flat group 1 exactly 0
     group = raw[:4]
     centred = [r - statistics.fmean(group) for r in group]
     if args.std_norm:
         std = statistics.stdev(group)  # unbiased, as torch.std
         centred = [c / (std + args.advantage_eps) for c in centred]
-    assert batch["advantages"][:4].tolist() == pytest.approx(centred, rel=1e-6)
-    assert batch["advantages"][4:].tolist() == [0.0] * 4
+    assert adv[:4].tolist() == pytest.approx(centred, rel=1e-6)
+    assert adv[4:].tolist() == [0.0] * 4
     want = {
         "train/reward": sum(raw) / 8,  # with the penalty
         "train/format_reward": 3 / 8,
         "train/answer_reward": 2 / 8,
         "train/zero_var_frac": 1 / 2,
+        "train/all_correct_frac": 0 / 2,
+        "train/all_wrong_frac": 1 / 2,
         "train/response_len_mean": (3 + 5 + 2 + 7 + 4 + 4 + 1 + 6) / 8,
         "train/response_len_max": 7,
         "train/truncation_rate": 2 / 8,
         "time/generation": 1.5,
         "time/grading": 0.25,
     }
-    assert m == pytest.approx(want)  # these keys and no others
-    missing = sorted(set(m) - readme_glossary())
+    assert {key: m[key] for key in want} == pytest.approx(want)
+    # any other key is a metric of the table (a new one needs no edit here), in the glossary
+    assert set(m) - set(want) <= set(metric_table.KEYS)
+    missing = sorted(set(m) - glossary_keys())
     assert not missing, missing
 
 
@@ -409,13 +438,11 @@ def test_summarize_zeroes_a_flat_fallback_group_under_dynamic_sampling():
         batch["raw"], args.group_size, "grpo", args.adv_std, args.advantage_eps
     )
     assert want_adv[4:].abs().min() > 0, "the format differences have a plain advantage"
-    stats = [shard_stats(1.0, 0.1, 0.5, 3, 1)]
-    grpo.summarize(batch, stats, args)
-    assert torch.equal(batch["advantages"][:4], want_adv[:4])
-    assert batch["advantages"][4:].tolist() == [0.0] * 4
+    adv = step_advantages(batch, args)
+    assert torch.equal(adv[:4], want_adv[:4])
+    assert adv[4:].tolist() == [0.0] * 4
     for flags in ([], ["--dynamic-sampling", "--dynamic-sampling-on", "reward"]):
-        grpo.summarize(batch, stats, summarize_args(*flags))
-        assert torch.equal(batch["advantages"], want_adv), flags
+        assert torch.equal(step_advantages(batch, summarize_args(*flags)), want_adv), flags
 
 
 def test_a_dynamic_sampling_fallback_group_leaves_the_batch_std():
@@ -425,13 +452,13 @@ def test_a_dynamic_sampling_fallback_group_leaves_the_batch_std():
     rewards = [RIGHT, FORMATTED, RIGHT, UNFORMATTED] + [FORMATTED, UNFORMATTED] * 2
     batch = scored_batch(rewards)
     args = summarize_args("--dynamic-sampling", "--adv-std", "batch")
-    grpo.summarize(batch, [shard_stats(1.0, 0.1, 0.5, 3, 1)], args)
+    adv = step_advantages(batch, args)
     raw = [d["reward"] for d in rewards[:4]]
     centred = [r - statistics.fmean(raw) for r in raw] + [0.0] * 4
     std = statistics.stdev(centred)  # unbiased, as torch.std
     want = [c / (std + args.advantage_eps) for c in centred]
-    assert batch["advantages"].tolist() == pytest.approx(want, rel=1e-6)
-    assert batch["advantages"][4:].tolist() == [0.0] * 4
+    assert adv.tolist() == pytest.approx(want, rel=1e-6)
+    assert adv[4:].tolist() == [0.0] * 4
 
 
 def test_summarize_joins_the_shards_stats():
@@ -446,16 +473,18 @@ def test_summarize_joins_the_shards_stats():
     assert m["time/dynamic_extra_generation"] == 0.75
     assert m["train/dynamic_prompts_sampled"] == 8
     assert m["train/dynamic_filtered_frac"] == 3 / 8
-    missing = sorted(set(m) - readme_glossary())
+    missing = sorted(set(m) - glossary_keys())
     assert not missing, missing
 
 
 # ------------------------------------------------------------------------ in-process, one engine
 def collect(engine, rows, args, step):
-    """A step's rollout and reward phases as grpo.main runs them: (the scored batch with its
-    advantages, the step's rollout metrics)."""
+    """A step's rollout and reward phases as grpo.main runs them: (the scored batch, with the
+    advantages the learner's phase computes for it under "advantages", the step's rollout
+    metrics)."""
     batch, stats = grpo.collect(engine, rows, args, step)
     metrics = grpo.summarize(batch, [stats], args)
+    batch["advantages"] = step_advantages(batch, args)
     return batch, metrics
 
 
@@ -555,10 +584,28 @@ def read_gradients(optimizer, params, grads):
     optimizer.register_step_pre_hook(hook)
 
 
-def step_gradient(live, *flags, batch=None):
+@contextlib.contextmanager
+def given_advantages(adv):
+    """train_step trains on `adv` (N,): its rewards -> advantages phase replaced, as a fork would
+    edit it, so a test sets the loss's advantages by hand."""
+    real = grpo.advantages
+
+    def fixed(batch, tensors, log_probs, args):
+        _, rewards, metrics = real(batch, tensors, log_probs, args)
+        return adv, rewards, metrics
+
+    grpo.advantages = fixed
+    try:
+        yield
+    finally:
+        grpo.advantages = real
+
+
+def step_gradient(live, *flags, batch=None, advantages=None):
     """(gradient BEFORE clipping (flat), history row, metrics) of the first optimizer step on the
     live batch from the initial weights: --max-grad-norm 1e30 (no clipping), and an SGD at lr 0
-    reads the gradient when it steps and moves nothing."""
+    reads the gradient when it steps and moves nothing. advantages (N,): trained on instead of
+    the phase's."""
     args, runtime = make(live, "--max-grad-norm", "1e30", *flags)
     policy = grpo.load_policy(live["model_dir"], args, runtime)[0]
     params = list(policy.parameters())
@@ -567,7 +614,11 @@ def step_gradient(live, *flags, batch=None):
     read_gradients(probe, params, grads)
     if batch is None:
         batch = live["batch"]
-    hist, m = grpo.train_step(learner(policy, probe), batch, args, runtime, 0)
+    context = contextlib.nullcontext()
+    if advantages is not None:
+        context = given_advantages(advantages)
+    with context:
+        hist, m = grpo.train_step(learner(policy, probe), batch, args, runtime, 0)
     return grads[0], hist[0], m
 
 
@@ -576,13 +627,13 @@ def test_dapo_token_norm_divides_by_the_whole_steps_tokens(live):
     optimizer step's response tokens, so 1 or 4 microbatches (of unequal token counts: rows sorted
     by length) give one gradient."""
     n = len(live["batch"]["advantages"])
-    batch = dict(live["batch"], advantages=torch.linspace(-1.0, 1.0, n))
-    tokens = sorted(len(r) for r in batch["response_ids"])
+    adv = torch.linspace(-1.0, 1.0, n)
+    tokens = sorted(len(r) for r in live["batch"]["response_ids"])
     microbatch_tokens = {sum(tokens[i : i + 4]) for i in range(0, 16, 4)}
     assert len(microbatch_tokens) > 1, "equal microbatches would not tell"
     flags = ["--length-norm", "token", "--no-shared-prefix", "--gradient-accumulation-steps"]
-    g1, h1, _ = step_gradient(live, *flags, "1", batch=batch)
-    g4, h4, _ = step_gradient(live, *flags, "4", batch=batch)
+    g1, h1, _ = step_gradient(live, *flags, "1", advantages=adv)
+    g4, h4, _ = step_gradient(live, *flags, "4", advantages=adv)
     assert g1.norm() > 0
     assert ((g4 - g1).norm() / g1.norm()).item() <= 1e-6
     assert h4["train/grad_norm"] == pytest.approx(h1["train/grad_norm"], rel=1e-6)
@@ -620,9 +671,10 @@ def test_rollout_is_weights_and_masks_the_step(live, mode, level):
         mode,
         "--rollout-is-level",
         level,
-        batch=dict(b, advantages=adv, engine_logprobs=mu),
+        batch=dict(b, engine_logprobs=mu),
+        advantages=adv,
     )
-    want, h_want, _ = step_gradient(live, batch=dict(b, advantages=adv * scale))
+    want, h_want, _ = step_gradient(live, advantages=adv * scale)
     assert want.norm() > 0
     assert ((g - want).norm() / want.norm()).item() <= 1e-4, (mode, level)
     assert h["train/loss"] == pytest.approx(h_want["train/loss"], rel=1e-4)
@@ -752,11 +804,11 @@ def test_resume_takes_the_normaliser_typed_now_in_either_spelling(tmp_path, save
     ],
 )
 def test_each_advantage_option_sets_the_advantages_and_trains(live, flags):
-    """summarize applies --advantage / --adv-std (losses.compute_advantages of the step's rewards;
-    rloo's hand value on one group), and train_step trains on them."""
+    """The advantages phase applies --advantage / --adv-std (losses.compute_advantages of the
+    step's rewards; rloo's hand value on one group), and train_step trains on them."""
     args, runtime = make(live, *flags)
     batch = dict(live["batch"])
-    grpo.summarize(batch, [shard_stats(1.0, 0.1, 0.0, 4, 0)], args)
+    batch["advantages"] = step_advantages(batch, args)
     want, _ = losses.compute_advantages(
         batch["raw"],
         args.group_size,
@@ -829,8 +881,8 @@ def test_batch_log_probs_with_entropy_reads_the_token_entropies(live):
 def test_entropy_coef_is_the_entropy_bonus_at_the_gradient(live):
     """With zero advantages, a --entropy-coef 0.1 step's gradient is -0.1 x the gradient of the
     response tokens' entropy (each row's mean, then the batch mean: the loss's reduction)."""
-    batch = dict(live["batch"], advantages=torch.zeros(len(live["batch"]["advantages"])))
-    g, _, _ = step_gradient(live, "--entropy-coef", "0.1", "--no-shared-prefix", batch=batch)
+    zero = torch.zeros(len(live["batch"]["advantages"]))
+    g, _, _ = step_gradient(live, "--entropy-coef", "0.1", "--no-shared-prefix", advantages=zero)
 
     def bonus(log_probs, entropy, mask):
         return -0.1 * losses.masked_mean_per_sequence(entropy, mask)
@@ -848,9 +900,7 @@ def test_entropy_top_quantile_is_over_the_whole_optimizer_step(live):
     n = len(b["advantages"])
     adv = torch.linspace(-1.0, 1.0, n)
     flags = ["--entropy-top-quantile", "0.3", "--no-shared-prefix"]
-    g, h, _ = step_gradient(
-        live, *flags, "--gradient-accumulation-steps", "4", batch=dict(b, advantages=adv)
-    )
+    g, h, _ = step_gradient(live, *flags, "--gradient-accumulation-steps", "4", advantages=adv)
     kept = {}
 
     def top_tokens_only(log_probs, entropy, mask):
@@ -1047,6 +1097,9 @@ def test_dynamic_filtered_frac_counts_flat_groups_only(live, monkeypatch):
     assert m["train/dynamic_prompts_sampled"] == 6
     assert m["train/dynamic_filtered_frac"] == pytest.approx(1 / 6)
     assert len(batch["raw"]) == args.rollout_batch_size
+    # the flat group the filter dropped counts: correctness over every group sampled
+    assert m["train/all_wrong_frac"] == pytest.approx(1 / 6)
+    assert m["train/all_correct_frac"] == 0.0
 
 
 def test_dynamic_sampling_filters_on_accuracy_by_default(live, monkeypatch, capsys):
@@ -1094,6 +1147,134 @@ def test_kl_to_the_initial_policy_is_exactly_zero_at_step_0_under_bf16(live):
     assert torch.equal(grads[0], grads[1])  # the penalty adds exactly nothing
 
 
+def moved_reference(live, args, runtime):
+    """A reference policy moved off the initial weights by seeded noise, so that KL != 0."""
+    ref = grpo.load_policy(live["model_dir"], args, runtime)[0]
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=gen))
+    return ref
+
+
+def test_kl_in_reward_penalises_each_reward_and_adds_nothing_to_the_loss(live):
+    """--kl-in reward (beta 0.5): each response's reward loses beta x sum_t (log pi - log pi_ref)
+    over its response tokens before the advantages, as computed here by hand; train/reward stays
+    the unpenalised mean and train/kl_penalty is the mean penalty. The loss has no KL term: the
+    step's gradient is that of a --kl-beta 0 step trained on the same advantages."""
+    flags = ["--kl-beta", "0.5", "--kl-in", "reward", "--max-grad-norm", "1e30"]
+    args, runtime = make(live, *flags)
+    assert (args.kl_in_reward, args.kl_in_loss, args.needs_ref) == (True, False, True)
+    assert args.kl_estimator == "k1"
+    policy = grpo.load_policy(live["model_dir"], args, runtime)[0]
+    ref_model = moved_reference(live, args, runtime)
+    batch = live["batch"]
+    tensors = grpo.collate(batch, args)
+    ban = batch["ban_token_ids"]
+    cur = grpo.batch_log_probs(policy, tensors, args, runtime, ban)
+    ref = grpo.batch_log_probs(ref_model, tensors, args, runtime, ban)
+    mask = tensors["response_mask"]
+    penalty = [0.5 * ((cur[i] - ref[i]) * mask[i]).sum().item() for i in range(len(mask))]
+    rewards = [r - p for r, p in zip(batch["raw"].tolist(), penalty)]
+    want = []  # group-normalised by hand: (r - group mean) / (group std + eps)
+    G = args.group_size
+    for g in range(0, len(rewards), G):
+        group = rewards[g : g + G]
+        std = statistics.stdev(group)
+        for r in group:
+            want.append((r - statistics.fmean(group)) / (std + args.advantage_eps))
+    seen = []
+    real = grpo.advantages
+
+    def spy(*a):
+        seen.append(real(*a))
+        return seen[-1]
+
+    params = list(policy.parameters())
+    grads = []
+    probe = torch.optim.SGD(params, lr=0.0)
+    read_gradients(probe, params, grads)
+    grpo.advantages = spy
+    try:
+        _, m = grpo.train_step(learner(policy, probe, ref_model), batch, args, runtime, 0)
+    finally:
+        grpo.advantages = real
+    adv = seen[0][0]
+    trained_on = seen[0][1]
+    assert trained_on.tolist() == pytest.approx(rewards, rel=1e-5, abs=1e-6)
+    assert adv.tolist() == pytest.approx(want, rel=1e-4, abs=1e-5)
+    plain_args, _ = make(live)
+    assert not torch.allclose(adv, step_advantages(batch, plain_args)), "the penalty did nothing"
+    assert m["train/kl_penalty"] == pytest.approx(statistics.fmean(penalty), rel=1e-5)
+    g_plain, _, _ = step_gradient(live, "--max-grad-norm", "1e30", advantages=adv)
+    assert grads[0].norm() > 0
+    assert ((grads[0] - g_plain).norm() / g_plain.norm()).item() <= 1e-6
+
+
+def test_kl_in_reward_no_baseline_trains_on_the_penalised_reward(live):
+    """--loss no_baseline trains on the raw reward: with --kl-in reward, on the penalised one, so
+    its gradient is a plain no_baseline step's on rewards minus the penalty."""
+    flags = ["--loss", "no_baseline", "--max-grad-norm", "1e30"]
+    args, runtime = make(live, "--kl-beta", "0.5", "--kl-in", "reward", *flags)
+    policy = grpo.load_policy(live["model_dir"], args, runtime)[0]
+    ref_model = moved_reference(live, args, runtime)
+    batch = live["batch"]
+    tensors = grpo.collate(batch, args)
+    log_probs = {
+        "policy": grpo.batch_log_probs(policy, tensors, args, runtime, batch["ban_token_ids"]),
+        "ref": grpo.batch_log_probs(ref_model, tensors, args, runtime, batch["ban_token_ids"]),
+    }
+    _, penalised, _ = grpo.advantages(batch, tensors, log_probs, args)
+    params = list(policy.parameters())
+    grads = []
+    probe = torch.optim.SGD(params, lr=0.0)
+    read_gradients(probe, params, grads)
+    grpo.train_step(learner(policy, probe, ref_model), batch, args, runtime, 0)
+    want, _, _ = step_gradient(live, *flags, batch=dict(batch, raw=penalised))
+    assert not torch.equal(penalised, batch["raw"])
+    assert ((grads[0] - want).norm() / want.norm()).item() <= 1e-6
+
+
+def test_kl_in_reward_keeps_the_filters_score_and_zero_fallback_groups():
+    """--dynamic-sampling with --kl-in reward: the filter reads its own score before the penalty,
+    so group 1 (flat in answer reward, only its format and penalty vary) keeps zero advantages
+    while group 0's move with the penalty."""
+    rewards = [RIGHT, FORMATTED, RIGHT, UNFORMATTED] + [FORMATTED, UNFORMATTED] * 2
+    batch = scored_batch(rewards)
+    args = summarize_args("--dynamic-sampling", "--kl-beta", "0.5", "--kl-in", "reward")
+    mask = torch.ones(8, 3, dtype=torch.bool)
+    policy = torch.linspace(-2.0, -1.0, 24).view(8, 3)  # (N, T) log-probs
+    log_probs = {"policy": policy, "ref": torch.full((8, 3), -1.5)}
+    adv, rewards_out, m = grpo.advantages(batch, {"response_mask": mask}, log_probs, args)
+    penalty = 0.5 * (policy + 1.5).sum(dim=1)  # (N,)
+    assert torch.allclose(rewards_out, batch["raw"] - penalty)
+    assert adv[4:].tolist() == [0.0] * 4
+    assert not torch.equal(adv[:4], step_advantages(batch, summarize_args("--dynamic-sampling")))
+    assert m["train/kl_penalty"] == pytest.approx(penalty.mean().item())
+
+
+def test_where_the_kl_acts_is_derived_once_and_saved(tmp_path, capsys):
+    """resolve derives where the KL acts (kl_in_loss, kl_in_reward) and whether the reference
+    policy is needed (needs_ref); args.json holds them. --kl-in reward wants k1 and a beta."""
+    cases = [
+        ([], (False, False, False)),
+        (["--kl-every", "2"], (False, False, True)),
+        (["--kl-beta", "0.1"], (True, False, True)),
+        (["--kl-beta", "0.1", "--kl-in", "reward"], (False, True, True)),
+    ]
+    for flags, want in cases:
+        args = grpo.parse_args(["--out", str(tmp_path / "run"), *flags])
+        assert (args.kl_in_loss, args.kl_in_reward, args.needs_ref) == want, flags
+    (tmp_path / "run").mkdir()
+    grpo.write_settings(args, {})
+    with open(tmp_path / "run" / "args.json") as f:
+        saved = json.load(f)
+    assert (saved["kl_in_loss"], saved["kl_in_reward"], saved["needs_ref"]) == want
+    one_line_refusal(capsys, ["--kl-in", "reward"], "set --kl-beta > 0")
+    flags = ["--kl-in", "reward", "--kl-beta", "0.1", "--kl-estimator", "k3"]
+    one_line_refusal(capsys, flags, "drop --kl-estimator k3")
+
+
 def test_mismatch_kernel_kl_is_kl_of_the_engine_to_the_generating_policy(live):
     """On a one-version-stale batch (lag 1), train/mismatch_kernel_kl = KL(mu || pi_prev),
     estimated by k3 on the engine's samples: E_mu[pi_prev / mu - 1 - log(pi_prev / mu)]. mu is
@@ -1118,7 +1299,11 @@ def test_mismatch_kernel_kl_is_kl_of_the_engine_to_the_generating_policy(live):
 
 
 def test_mask_truncated_and_overlong_buffer(live):
-    args, _ = make(live, "--mask-truncated", "--overlong-buffer", "8")
+    """The overlong penalty by hand; --mask-truncated takes a truncated row out of the loss mask,
+    not out of the response mask: a KL still measures its tokens (here --kl-in reward's penalty,
+    beta x its length for log pi - log pi_ref = 1 per token)."""
+    flags = ["--mask-truncated", "--overlong-buffer", "8", "--kl-beta", "0.5", "--kl-in", "reward"]
+    args, _ = make(live, *flags)
     batch = {}  # a copy of the live batch: score writes into it
     for k, v in live["batch"].items():
         if isinstance(v, list):
@@ -1134,8 +1319,14 @@ def test_mask_truncated_and_overlong_buffer(live):
     tensors = grpo.collate(batch, args)
     trunc = torch.tensor(batch["truncated"])
     assert trunc.any()
-    assert not tensors["response_mask"][trunc].any()
-    assert tensors["response_mask"][~trunc].any(1).all()
+    assert not tensors["loss_mask"][trunc].any()
+    assert tensors["loss_mask"][~trunc].any(1).all()
+    assert tensors["response_mask"].sum(1).tolist() == lens  # every response token, each row
+    shape = tensors["response_mask"].shape
+    log_probs = {"policy": torch.zeros(shape), "ref": torch.full(shape, -1.0)}
+    _, penalised, _ = grpo.advantages(batch, tensors, log_probs, args)
+    want = [raw - 0.5 * n for raw, n in zip(batch["raw"].tolist(), lens)]
+    assert penalised.tolist() == pytest.approx(want)
 
 
 def test_sample_seeds_never_overlap():
@@ -1799,7 +1990,7 @@ def test_sampled_metrics_by_hand():
     tie = validation.sampled_metrics([[True, False]], [["a", "b"]], 2)
     assert tie["eval/maj@k"] == pytest.approx(0.5)
     assert math.isnan(tie["eval/maj@k_se"])  # one question: no standard error
-    assert set(m) <= readme_glossary()
+    assert set(m) <= glossary_keys()
 
 
 def test_snapshots_written_rotated_and_resumed(tiny_model_dir, task_file, tmp_path):
@@ -1826,7 +2017,7 @@ def test_snapshots_written_rotated_and_resumed(tiny_model_dir, task_file, tmp_pa
         assert 0 <= evals[-1][f"eval/{key}"] <= 1
         assert f"eval/{key}_se" in evals[-1]
     assert evals[-1]["eval/avg@k"] <= evals[-1]["eval/pass@k"]
-    missing = sorted(logged_keys(metrics(out)) - readme_glossary())
+    missing = sorted(logged_keys(metrics(out)) - glossary_keys())
     assert not missing, missing
     grpo.main(grpo.parse_args(["--resume", str(out), "--n-grpo-steps", "3"]))
     assert [s for s, _ in runs.snapshots(out)] == [3]

@@ -40,6 +40,7 @@ import torch
 from conftest import one_line_error, requires_vllm
 
 ray = pytest.importorskip("ray")
+import grader  # noqa: E402
 import grpo  # noqa: E402
 import grpo_ray  # noqa: E402
 import lora  # noqa: E402
@@ -189,10 +190,10 @@ def gradient(worker, gen, mode="group", **flags):
 
 def assert_gradient_is_one_learners(learners, ref):
     """The 2 learners' all-reduced gradient equals one learner's on the same joined batch (`ref`,
-    its advantages non-zero), unclipped (a factor M would hide behind the clip), with the seed's
-    norm and with DAPO's (the whole step's token count across shards); grpo_clip: the sharded
-    no-grad pi_old pass is in it too. And each learner really ran only its half: the two local
-    losses are parts of the whole."""
+    its rewards varied in every group, so its advantages are non-zero), unclipped (a factor M would
+    hide behind the clip), with the seed's norm and with DAPO's (the whole step's token count
+    across shards); grpo_clip: the sharded no-grad pi_old pass is in it too. And each learner
+    really ran only its half: the two local losses are parts of the whole."""
     for flags in ({}, {"length_norm": "token"}):
         in_group = [x.__ray_call__.remote(gradient, ref, **flags) for x in learners]
         (g_a, h_a), (g_b, h_b) = ray.get(in_group, timeout=120)
@@ -213,6 +214,56 @@ def assert_gradient_is_one_learners(learners, ref):
             parts.append(history[0]["train/loss"])
         assert sum(parts) == pytest.approx(h_1[0]["train/loss"], rel=1e-5, abs=1e-7)
         assert min(abs(p) for p in parts) > 0
+
+
+def kl_reward_advantages(worker, gen, mode="group"):
+    """The advantages train_step's rewards -> advantages phase computes on gen with --kl-in reward
+    (beta 0.5, against a reference moved off the policy by seeded noise, so the penalty is not 0),
+    as this learner in its group ("group") or alone on the whole batch ("alone")."""
+    args = copy.copy(worker.args)
+    kl = dict(kl_beta=0.5, kl_in="reward", kl_in_reward=True, kl_in_loss=False, needs_ref=True)
+    vars(args).update(kl, kl_estimator="k1")
+    policy = worker.learner["policy"]
+    ref = copy.deepcopy(policy)
+    noise = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=noise))
+    seen = []
+    real = grpo.advantages
+
+    def spy(*a):
+        seen.append(real(*a))
+        return seen[-1]
+
+    dp = worker.dp
+    if mode == "alone":
+        dp = None
+    probe = torch.optim.SGD(policy.parameters(), lr=0.0)  # moves nothing
+    learner = dict(worker.learner, optimizer=probe, ref_model=ref, prev_model=None)
+    grpo.advantages = spy
+    try:
+        grpo.train_step(learner, gen["batch"], args, worker.runtime, gen["step"], dp=dp)
+    finally:
+        grpo.advantages = real
+    adv = seen[0][0]
+    metrics = seen[0][2]
+    return adv, metrics["train/kl_penalty"]
+
+
+def assert_advantages_are_one_learners(learners, ref):
+    """--kl-in reward needs pi_t and pi_ref per response: each learner scores its share and the
+    passes are summed over the group, so both learners compute the advantages one learner
+    computes on the whole batch."""
+    in_group = [x.__ray_call__.remote(kl_reward_advantages, ref) for x in learners]
+    (a_0, k_0), (a_1, k_1) = ray.get(in_group, timeout=120)
+    alone, k_alone = ray.get(
+        learners[0].__ray_call__.remote(kl_reward_advantages, ref, "alone"), timeout=120
+    )
+    assert k_alone != 0
+    assert torch.equal(a_0, a_1)
+    assert torch.allclose(a_0, alone, rtol=1e-5, atol=1e-6)
+    assert k_0 == k_1 == pytest.approx(k_alone, rel=1e-5)
 
 
 def test_eval_and_save_fall_on_the_first_push_past_each_multiple():
@@ -320,6 +371,7 @@ def scored_rows(groups, first=0):
             )
             raw.append(reward)
     batch["raw"] = torch.tensor(raw, dtype=torch.float32)  # (N,)
+    batch["correct"] = [grader.is_correct(d) for d in batch["rewards"]]
     batch["ban_token_ids"] = [7, 9]
     return batch
 
@@ -336,6 +388,8 @@ def fixed_shards(version=3):
             "extra_rounds_s": 1.0 + 2 * i,
             "prompts_sampled": n + 2 * i,
             "groups_flat": i,
+            "groups_all_correct": i,
+            "groups_all_wrong": 1,
         }
         shard = {
             "step": 5,
@@ -381,8 +435,8 @@ def test_join_shards_only_concatenates_in_order():
 
 
 def test_summarize_of_joined_shards_equals_summarize_of_the_whole_batch():
-    """Issue 25 item 3: the metrics and advantages of the joined shards are those of the whole
-    batch summarised at once, for every train/ key (batch statistics are not per shard)."""
+    """The metrics and advantages of the joined shards are those of the whole batch summarised at
+    once, for every train/ key (batch statistics are not per shard)."""
     args = shard_args()
     shards = fixed_shards()
     stats = [s["stats"] for s in shards]
@@ -395,9 +449,12 @@ def test_summarize_of_joined_shards_equals_summarize_of_the_whole_batch():
     assert set(got) == set(expected)
     for key in train_keys:
         assert got[key] == expected[key], key
-    assert torch.equal(joined["batch"]["advantages"], whole["advantages"])
+    no_kl = {"policy": None, "ref": None}
+    joined_adv, _, _ = grpo.advantages(joined["batch"], None, no_kl, args)
+    whole_adv, _, _ = grpo.advantages(whole, None, no_kl, args)
+    assert torch.equal(joined_adv, whole_adv)
     # the check is not vacuous: groups with and without signal, the fallback group zeroed
-    adv = whole["advantages"].view(len(GROUPS), 4)  # (groups, G)
+    adv = whole_adv.view(len(GROUPS), 4)  # (groups, G)
     assert adv[0].abs().sum() > 0
     assert adv[1].abs().sum() == 0
     assert 0 < expected["train/zero_var_frac"] < 1
@@ -490,7 +547,7 @@ def test_colocated_on_policy_then_k_steps(cluster, make_args):
         # the gradient of the two colocated learners equals one learner's on the joined batch
         generating = [g.generate.remote(7, (i, 2)) for i, g in enumerate(actors["generator"])]
         joined = grpo_ray.join_shards(ray.get(generating, timeout=120))
-        joined["batch"]["advantages"] = torch.linspace(-1.0, 1.0, len(joined["batch"]["raw"]))
+        joined["batch"]["raw"] = torch.linspace(-1.0, 1.0, len(joined["batch"]["raw"]))
         assert_gradient_is_one_learners(actors["learner"], ray.put(joined))
 
         # Problem 7 B: k=2 batches from version v, the second one stale (pi_old = the engine's,
@@ -1006,9 +1063,10 @@ def test_generators_and_learners_scale_out(cluster, make_args):
         assert joined["batch"]["prompts"] == [r["prompt"] for r in drawn for _ in range(G)]
 
         # gradient: the group's all-reduced gradient equals one learner's on the same batch
-        joined["batch"]["advantages"] = torch.linspace(-1.0, 1.0, len(joined["batch"]["raw"]))
+        joined["batch"]["raw"] = torch.linspace(-1.0, 1.0, len(joined["batch"]["raw"]))
         ref = ray.put(joined)
         assert_gradient_is_one_learners(actors["learner"], ref)
+        assert_advantages_are_one_learners(actors["learner"], ref)
 
         # --resume: the run's flags (N, M included) and checkpoint, on the same actors
         resumed = start(actors, grpo_ray.parse_args(["--resume", args.out, "--n-grpo-steps", "5"]))

@@ -13,7 +13,7 @@ import re
 from conftest import ROOT, doc_section
 
 LAYERS = [  # bottom first: a file imports only from the layers before its own
-    ("errors and flags", ["common"]),
+    ("errors and flags, the metric table", ["common", "metric_table"]),
     ("pure tensor and reward functions", ["losses", "grader"]),
     ("task data, LoRA, hardware", ["data", "lora", "hardware"]),
     ("a run on disk", ["runs"]),

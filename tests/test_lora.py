@@ -9,10 +9,10 @@ import os
 
 import pytest
 import torch
-from test_grpo import KEYWORD, metrics, tiny_flags, train_metrics
 
 import grpo
 import lora
+from test_grpo import KEYWORD, metrics, tiny_flags, train_metrics
 
 
 @pytest.fixture(scope="module")
