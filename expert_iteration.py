@@ -187,6 +187,7 @@ def resolve(args):
     # (grpo.collate)
     args.frozen_models = 0
     args.needs_ref = False  # no KL anywhere: grpo.build_learner keeps no reference model
+    args.advantages_read_log_probs = False
     args.kl_every = 0
     args.mask_truncated = False
 
@@ -412,7 +413,7 @@ def build_learner(args, runtime):
 
 
 # ----------------------------------------------------------------------------- main
-# The keys every step row has (metrics.py's table), and those a step that keeps nothing lacks: the
+# The keys every step row has (metric_table.py's), and those a step that keeps nothing lacks: the
 # SFT's on the kept responses (its train/ keys logged on some rows).
 STEP_KEYS = metric_table.step_keys("expert_iteration")
 SFT_KEYS = [key for key in metric_table.some_keys("expert_iteration") if key.startswith("train/")]

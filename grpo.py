@@ -407,7 +407,7 @@ def loss_flags(p):
         default="loss",
         choices=["loss", "reward"],
         help="where --kl-beta's KL goes: a term of the loss, or each response's reward minus"
-        " beta x its summed log-ratio, before advantages (k1; AlpacaFarm)",
+        " beta x its summed log-ratio, before advantages (k1, for --kl-every's monitor too)",
     )
     g.add_argument(
         "--kl-estimator",
@@ -463,8 +463,8 @@ def check_loss(args):
     )
     check(
         args.kl_in == "loss" or args.kl_estimator == "k1",
-        f"--kl-in reward sums log pi - log pi_ref over a response (k1): drop --kl-estimator"
-        f" {args.kl_estimator}",
+        f"--kl-in reward sums log pi - log pi_ref over a response (k1): pass --kl-estimator k1"
+        f" (not {args.kl_estimator}; it also sets --kl-every's monitor)",
     )
 
 
@@ -756,7 +756,9 @@ def resolve(args):
     # where the KL to the reference policy acts: in the loss, in the reward, or only logged
     args.kl_in_loss = args.kl_beta > 0 and args.kl_in == "loss"
     args.kl_in_reward = args.kl_beta > 0 and args.kl_in == "reward"
-    args.needs_ref = args.kl_beta > 0 or args.kl_every > 0  # the reference policy pi_init
+    # the rewards -> advantages phase reads pi_t and pi_ref (a fork's policy-aware reward sets it)
+    args.advantages_read_log_probs = args.kl_in_reward
+    args.needs_ref = args.kl_beta > 0 or args.kl_every > 0 or args.advantages_read_log_probs
     # frozen copies of the policy to keep: pi_init, and pi_{t-1} (KL monitoring's previous policy).
     # None with LoRA: pi_init is the policy with its adapters off, pi_{t-1} a copy of the adapters
     args.frozen_models = 0
@@ -1195,7 +1197,7 @@ def collect(engine, train_rows, args, step, shard=(0, 1)):
         # oversample: some of the groups come out flat
         rows = rng.sample(train_rows, min(len(train_rows), 2 * missing))
     if len(batch["raw"]) == 0:
-        # nothing to learn from in this step: train a batch's worth of flat groups (summarize
+        # nothing to learn from in this step: train a batch's worth of flat groups (advantages
         # gives them zero advantages)
         print(
             f"notice: step {step}: no group with {args.dynamic_sampling_on} variance in {sampled}"
@@ -1436,22 +1438,21 @@ def advantages(batch, tensors, log_probs, args):
     """The rewards -> advantages phase: the one function to edit for a reward that needs the
     policy. It runs on the learner after the no-grad passes, where the joined batch and its
     log-probs are all here: log_probs = {"policy": pi_t, "ref": pi_ref} (N, T) label log-probs,
-    each None unless the run scores it (with grpo_ray.py's M learners, batch_log_probs has summed
-    every learner's rows, so each learner computes the same advantages one learner would).
+    scored when resolve sets args.advantages_read_log_probs (else None). With grpo_ray.py's M
+    learners, batch_log_probs has summed every learner's rows, so each learner computes the
+    advantages one learner would.
 
-    batch["raw"] (N,): the rewards (G consecutive rows per prompt). --kl-in reward takes
-    --kl-beta x sum_t (log pi_t - log pi_ref) over each response's tokens off its reward (k1 per
-    sequence). --dynamic-sampling's filter keeps reading its own score, before the penalty: a
-    flat group it kept (a step with nothing else) keeps zero advantages.
+    batch["raw"] (N,): the rewards, G consecutive rows per prompt; their advantages come from
+    losses.compute_advantages. --kl-in reward takes the penalty beta x sum_t (log pi_t - log pi_ref)
+    over each response's tokens (k1 per sequence) off its reward: the rewards trained on (what
+    --loss no_baseline reads) and the advantages, where the penalty is centred in its group and not
+    divided by the group's reward std (a group whose task rewards are all equal would otherwise
+    turn its KL differences into full-size advantages). --dynamic-sampling's filter reads its own
+    score, before any penalty: a flat group it kept (a step with nothing else) keeps zero
+    advantages.
     -> (advantages (N,), rewards (N,) as trained on, metrics)."""
     rewards = batch["raw"]  # (N,)
     metrics = {}
-    if args.kl_in_reward:
-        mask = tensors["response_mask"]  # (N, T) every response token, truncated rows included
-        log_ratio = (log_probs["policy"] - log_probs["ref"]) * mask  # (N, T)
-        penalty = args.kl_beta * log_ratio.sum(dim=1)  # (N,)
-        rewards = rewards - penalty
-        metrics["train/kl_penalty"] = penalty.mean().item()
     keep = None  # (n_groups,) the groups that carry advantages; None: all
     if args.dynamic_sampling:
         # a group the filter calls flat is in the batch only when a shard found nothing to learn
@@ -1467,6 +1468,17 @@ def advantages(batch, tensors, log_probs, args):
         args.passk_k or 1,
         keep=keep,
     )
+    if args.kl_in_reward:
+        mask = tensors["response_mask"]  # (N, T) every response token, truncated rows included
+        log_ratio = (log_probs["policy"] - log_probs["ref"]) * mask  # (N, T)
+        penalty = args.kl_beta * log_ratio.sum(dim=1)  # (N,)
+        rewards = rewards - penalty
+        grouped = penalty.view(-1, args.group_size)  # (n_groups, G)
+        centred = grouped - grouped.mean(dim=1, keepdim=True)  # (n_groups, G)
+        if keep is not None:
+            centred = centred * keep[:, None]  # a dropped group keeps zero advantages
+        adv = adv - centred.reshape(-1)
+        metrics["train/kl_penalty"] = penalty.mean().item()
     return adv, rewards, metrics
 
 
@@ -1530,7 +1542,8 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
     old_from_engine = args.old_log_probs == "engine" or (stale and args.rollout_is == "none")
     # pi_t, the policy before this step: for the KL monitor and the KL in the reward, and as the
     # trainer's pi_old
-    score_policy = do_kl or args.kl_in_reward or (not old_from_engine and (args.needs_old or stale))
+    reads = args.advantages_read_log_probs
+    score_policy = do_kl or reads or (not old_from_engine and (args.needs_old or stale))
     cur = None  # (N, T) pi_t
     if score_policy:
         cur = batch_log_probs(policy, tensors, args, runtime, ban_ids, dp)
@@ -1556,7 +1569,7 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
         if args.rollout_is != "none":  # else measured, not applied
             tensors["is_weights"] = weights
     ref = None  # (N, T) pi_init
-    if (args.kl_in_loss or args.kl_in_reward or do_kl) and ref_model is not None:
+    if (args.kl_in_loss or args.advantages_read_log_probs or do_kl) and ref_model is not None:
         with lora.adapters_off(ref_model):  # LoRA: the policy without its adapters
             ref = batch_log_probs(ref_model, tensors, args, runtime, ban_ids, dp)
     if args.kl_in_loss and ref is not None:
@@ -1772,7 +1785,7 @@ def step_rows(step, opt_step, batch, history, metrics, step_s, weight_sync_s, wa
     return rows
 
 
-# The keys every step row has, in grpo.py and grpo_ray.py (which adds ray/*): metrics.py's table,
+# The keys every step row has, in grpo.py and grpo_ray.py (which adds ray/*): metric_table.py's,
 # which also says which keys depend on flags and what each means.
 STEP_KEYS = metric_table.step_keys("grpo")
 

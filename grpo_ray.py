@@ -555,7 +555,10 @@ def init_ray(args):
     vars."""
     if ray.is_initialized():
         return
-    env = {"env_vars": {**rollout.ENGINE_ENV, "TOKENIZERS_PARALLELISM": "false"}}
+    engine_env = {}  # rollout.ENGINE_ENV, where this process's environment does not set one
+    for key, value in rollout.ENGINE_ENV.items():
+        engine_env[key] = os.environ.get(key, value)
+    env = {"env_vars": {**engine_env, "TOKENIZERS_PARALLELISM": "false"}}
     local = {}  # the settings of a cluster this process starts
     if args.address:
         # remote nodes need the code and the embedded model: ship the repo, not the venv

@@ -1158,13 +1158,15 @@ def moved_reference(live, args, runtime):
 
 
 def test_kl_in_reward_penalises_each_reward_and_adds_nothing_to_the_loss(live):
-    """--kl-in reward (beta 0.5): each response's reward loses beta x sum_t (log pi - log pi_ref)
-    over its response tokens before the advantages, as computed here by hand; train/reward stays
-    the unpenalised mean and train/kl_penalty is the mean penalty. The loss has no KL term: the
-    step's gradient is that of a --kl-beta 0 step trained on the same advantages."""
+    """--kl-in reward (beta 0.5): each response's reward loses p = beta x sum_t (log pi - log
+    pi_ref) over its response tokens; its advantage is the task reward's, group-normalised, minus p
+    centred in its group (not divided by the reward std), as computed here by hand; train/reward
+    stays the unpenalised mean and train/kl_penalty is the mean penalty. The loss has no KL term:
+    the step's gradient is that of a --kl-beta 0 step trained on the same advantages."""
     flags = ["--kl-beta", "0.5", "--kl-in", "reward", "--max-grad-norm", "1e30"]
     args, runtime = make(live, *flags)
     assert (args.kl_in_reward, args.kl_in_loss, args.needs_ref) == (True, False, True)
+    assert args.advantages_read_log_probs
     assert args.kl_estimator == "k1"
     policy = grpo.load_policy(live["model_dir"], args, runtime)[0]
     ref_model = moved_reference(live, args, runtime)
@@ -1175,14 +1177,18 @@ def test_kl_in_reward_penalises_each_reward_and_adds_nothing_to_the_loss(live):
     ref = grpo.batch_log_probs(ref_model, tensors, args, runtime, ban)
     mask = tensors["response_mask"]
     penalty = [0.5 * ((cur[i] - ref[i]) * mask[i]).sum().item() for i in range(len(mask))]
-    rewards = [r - p for r, p in zip(batch["raw"].tolist(), penalty)]
-    want = []  # group-normalised by hand: (r - group mean) / (group std + eps)
+    raw = batch["raw"].tolist()
+    rewards = [r - p for r, p in zip(raw, penalty)]
+    want = []  # by hand: (r - group mean) / (group std + eps), 0 for a flat group; - (p - mean p)
     G = args.group_size
-    for g in range(0, len(rewards), G):
-        group = rewards[g : g + G]
+    for g in range(0, len(raw), G):
+        group = raw[g : g + G]
         std = statistics.stdev(group)
-        for r in group:
-            want.append((r - statistics.fmean(group)) / (std + args.advantage_eps))
+        for r, p in zip(group, penalty[g : g + G]):
+            task = 0.0
+            if max(group) > min(group):
+                task = (r - statistics.fmean(group)) / (std + args.advantage_eps)
+            want.append(task - (p - statistics.fmean(penalty[g : g + G])))
     seen = []
     real = grpo.advantages
 
@@ -1238,19 +1244,57 @@ def test_kl_in_reward_no_baseline_trains_on_the_penalised_reward(live):
 def test_kl_in_reward_keeps_the_filters_score_and_zero_fallback_groups():
     """--dynamic-sampling with --kl-in reward: the filter reads its own score before the penalty,
     so group 1 (flat in answer reward, only its format and penalty vary) keeps zero advantages
-    while group 0's move with the penalty."""
-    rewards = [RIGHT, FORMATTED, RIGHT, UNFORMATTED] + [FORMATTED, UNFORMATTED] * 2
+    while group 0's move by its centred penalty. Without the filter a group of equal rewards gets
+    the centred penalty alone: a KL-sized advantage, not a normalised +-1."""
+    rewards = [RIGHT, FORMATTED, RIGHT, UNFORMATTED] + [UNFORMATTED] * 4
     batch = scored_batch(rewards)
-    args = summarize_args("--dynamic-sampling", "--kl-beta", "0.5", "--kl-in", "reward")
     mask = torch.ones(8, 3, dtype=torch.bool)
     policy = torch.linspace(-2.0, -1.0, 24).view(8, 3)  # (N, T) log-probs
     log_probs = {"policy": policy, "ref": torch.full((8, 3), -1.5)}
-    adv, rewards_out, m = grpo.advantages(batch, {"response_mask": mask}, log_probs, args)
     penalty = 0.5 * (policy + 1.5).sum(dim=1)  # (N,)
-    assert torch.allclose(rewards_out, batch["raw"] - penalty)
-    assert adv[4:].tolist() == [0.0] * 4
-    assert not torch.equal(adv[:4], step_advantages(batch, summarize_args("--dynamic-sampling")))
-    assert m["train/kl_penalty"] == pytest.approx(penalty.mean().item())
+    centred = penalty.view(2, 4) - penalty.view(2, 4).mean(dim=1, keepdim=True)  # (groups, G)
+    for flags in (["--dynamic-sampling"], []):
+        args = summarize_args(*flags, "--kl-beta", "0.5", "--kl-in", "reward")
+        adv, rewards_out, m = grpo.advantages(batch, {"response_mask": mask}, log_probs, args)
+        plain = step_advantages(batch, summarize_args(*flags))
+        assert torch.allclose(rewards_out, batch["raw"] - penalty)
+        assert torch.allclose(adv[:4], plain[:4] - centred[0])
+        assert m["train/kl_penalty"] == pytest.approx(penalty.mean().item())
+        if flags:
+            assert adv[4:].tolist() == [0.0] * 4  # the filter's flat group
+        else:
+            assert torch.allclose(adv[4:], -centred[1])  # equal rewards: the penalty alone
+            assert adv[4:].abs().max() < 0.5
+
+
+def test_a_reward_that_reads_the_policy_is_a_resolve_line_and_the_phase(live, tmp_path):
+    """The promise at grpo.advantages, kept in a scratch copy of grpo.py: a fork sets
+    args.advantages_read_log_probs in resolve (one line) and reads log_probs in the phase (one
+    line here); under otherwise default flags train_step then scores pi_t and pi_ref and hands
+    them over (equal at step 0: the reference is the initial policy)."""
+    import importlib.util
+
+    with open(os.path.join(ROOT, "grpo.py")) as f:
+        source = f.read()
+    derived = "    args.advantages_read_log_probs = args.kl_in_reward\n"
+    phase_end = "    return adv, rewards, metrics\n"
+    assert source.count(derived) == 1 and source.count(phase_end) == 1
+    reads = "    metrics['x'] = (log_probs['policy'] - log_probs['ref']).abs().sum()\n"
+    edited = source.replace(derived, "    args.advantages_read_log_probs = True\n")
+    edited = edited.replace(phase_end, reads + phase_end)
+    path = tmp_path / "grpo_fork.py"
+    path.write_text(edited)
+    spec = importlib.util.spec_from_file_location("grpo_fork", path)
+    fork = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fork)
+    flags = ["--out", str(tmp_path / "run"), "--min-tokens", "4"]
+    args = fork.parse_args(tiny_flags(live["model_dir"], live["task"], *flags))
+    assert args.needs_ref and args.kl_beta == 0
+    runtime = fork.setup_runtime(args)
+    learner_ = fork.build_learner(args, runtime)
+    assert learner_["ref_model"] is not None
+    _, m = fork.train_step(learner_, live["batch"], args, runtime, 0)
+    assert m["x"].item() == 0.0
 
 
 def test_where_the_kl_acts_is_derived_once_and_saved(tmp_path, capsys):
@@ -1272,7 +1316,7 @@ def test_where_the_kl_acts_is_derived_once_and_saved(tmp_path, capsys):
     assert (saved["kl_in_loss"], saved["kl_in_reward"], saved["needs_ref"]) == want
     one_line_refusal(capsys, ["--kl-in", "reward"], "set --kl-beta > 0")
     flags = ["--kl-in", "reward", "--kl-beta", "0.1", "--kl-estimator", "k3"]
-    one_line_refusal(capsys, flags, "drop --kl-estimator k3")
+    one_line_refusal(capsys, flags, "pass --kl-estimator k1 (not k3")
 
 
 def test_mismatch_kernel_kl_is_kl_of_the_engine_to_the_generating_policy(live):
