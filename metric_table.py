@@ -41,6 +41,8 @@ METRICS = [
     M("train/nll_per_token", "sft", "expert_iteration", {"sft": ".4f"}, "response NLL per token"),
     M("train/reward", f"{GRPO} expert_iteration", "", {"grpo": ".3f"}, "mean total reward of the rollout batch (every shaping term of grpo.score included; before a --kl-in reward penalty)"),
     M("train/answer_reward", f"{GRPO} expert_iteration", "", {"grpo": ".2f", "expert_iteration": ".3f"}, "mean answer part of the rollout batch's reward"),
+    M("train/all_correct_frac", GRPO, "", {"grpo": ".2f"}, "fraction of the step's sampled groups (before --dynamic-sampling's filter) whose every response is correct"),
+    M("train/all_wrong_frac", GRPO, "", {"grpo": ".2f"}, "fraction of the step's sampled groups (before --dynamic-sampling's filter) with no correct response"),
     M("train/kept_frac", "expert_iteration", "", {"expert_iteration": ".3f"}, "fraction of the step's samples kept for SFT: correct and finished by the engine (at most --max-per-question a question)"),
     M("train/response_len_mean", f"{GRPO} expert_iteration", "", {"grpo": ".1f", "expert_iteration": ".1f"}, "mean sampled response length (tokens)"),
     M("train/truncation_rate", f"{GRPO} expert_iteration", "", {"grpo": ".2f"}, "fraction of sampled responses cut at --max-tokens"),
@@ -60,8 +62,6 @@ METRICS = [
     # --- the rollout batch
     M("train/format_reward", f"{GRPO} expert_iteration", "", {}, "mean format part of the rollout batch's reward"),
     M("train/zero_var_frac", GRPO, "", {}, "fraction of groups whose G rewards are all equal: zero advantage, no signal"),
-    M("train/all_correct_frac", GRPO, "", {}, "fraction of the step's sampled groups (before --dynamic-sampling's filter) whose every response is correct"),
-    M("train/all_wrong_frac", GRPO, "", {}, "fraction of the step's sampled groups (before --dynamic-sampling's filter) with no correct response"),
     M("train/response_len_max", f"{GRPO} expert_iteration", "", {}, "longest sampled response (tokens)"),
     M("train/truncated_correct_frac", "expert_iteration", "", {}, "fraction of samples correct but cut at --max-tokens: not kept (SFT on them teaches not to stop)"),
     M("train/kept_len_mean", "", "expert_iteration", {}, "mean length (tokens) of the kept responses"),

@@ -68,11 +68,13 @@ def test_every_key_the_run_doctor_reads_is_in_the_table():
     assert sorted(keys - set(metric_table.KEYS)) == []
 
 
-def test_grpos_step_line_keeps_its_format():
+def test_grpos_step_line():
     row = {
         "train/loss": -0.01234,
         "train/reward": 0.5,
         "train/answer_reward": 0.25,
+        "train/all_correct_frac": 0.125,
+        "train/all_wrong_frac": 0.5,
         "train/response_len_mean": 60.75,
         "train/truncation_rate": 0.05,
         "train/entropy": 0.0671,
@@ -85,7 +87,8 @@ def test_grpos_step_line_keeps_its_format():
     }
     args = grpo.parse_args([])
     assert grpo.step_line(0, args, row) == (
-        "step 1/30 | loss -0.0123 | reward 0.500 | answer_reward 0.25 | response_len_mean 60.8 | "
+        "step 1/30 | loss -0.0123 | reward 0.500 | answer_reward 0.25 | all_correct_frac 0.12 | "
+        "all_wrong_frac 0.50 | response_len_mean 60.8 | "
         "truncation_rate 0.05 | entropy 0.067 | grad_norm 0.201 | clip_fraction 0.000 | "
         "generation 15.4 | training 6.5 | tokens_per_s 141"
     )
