@@ -1147,6 +1147,24 @@ def test_kl_to_the_initial_policy_is_exactly_zero_at_step_0_under_bf16(live):
     assert torch.equal(grads[0], grads[1])  # the penalty adds exactly nothing
 
 
+def scratch_grpo(folder, edits):
+    """grpo.py with `edits` ((anchor, replacement) pairs, each anchor found exactly once), written
+    to folder and imported as a module of its own (grpo_scratch): a fork's change, tried."""
+    import importlib.util
+
+    with open(os.path.join(ROOT, "grpo.py")) as f:
+        source = f.read()
+    for anchor, replacement in edits:
+        assert source.count(anchor) == 1, anchor
+        source = source.replace(anchor, replacement)
+    path = folder / "grpo_scratch.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("grpo_scratch", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def moved_reference(live, args, runtime):
     """A reference policy moved off the initial weights by seeded noise, so that KL != 0."""
     ref = grpo.load_policy(live["model_dir"], args, runtime)[0]
@@ -1272,21 +1290,12 @@ def test_a_reward_that_reads_the_policy_is_a_resolve_line_and_the_phase(live, tm
     args.advantages_read_log_probs in resolve (one line) and reads log_probs in the phase (one
     line here); under otherwise default flags train_step then scores pi_t and pi_ref and hands
     them over (equal at step 0: the reference is the initial policy)."""
-    import importlib.util
-
-    with open(os.path.join(ROOT, "grpo.py")) as f:
-        source = f.read()
     derived = "    args.advantages_read_log_probs = args.kl_in_reward\n"
     phase_end = "    return adv, rewards, metrics\n"
-    assert source.count(derived) == 1 and source.count(phase_end) == 1
     reads = "    metrics['x'] = (log_probs['policy'] - log_probs['ref']).abs().sum()\n"
-    edited = source.replace(derived, "    args.advantages_read_log_probs = True\n")
-    edited = edited.replace(phase_end, reads + phase_end)
-    path = tmp_path / "grpo_fork.py"
-    path.write_text(edited)
-    spec = importlib.util.spec_from_file_location("grpo_fork", path)
-    fork = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fork)
+    forked = derived.replace("args.kl_in_reward", "True")
+    edits = [(derived, forked), (phase_end, reads + phase_end)]
+    fork = scratch_grpo(tmp_path, edits)
     flags = ["--out", str(tmp_path / "run"), "--min-tokens", "4"]
     args = fork.parse_args(tiny_flags(live["model_dir"], live["task"], *flags))
     assert args.needs_ref and args.kl_beta == 0
@@ -1861,22 +1870,11 @@ def test_a_flag_with_a_profile_default_is_a_group_line_and_a_profiles_line(tmp_p
     """The promise at grpo.py's flag groups, kept in a scratch copy: a new flag whose default comes
     from the profiles is one line in its flag group and one line in PROFILES["hub"], and nothing
     else. The demo profile inherits it, the command line overrides it, args.json holds it."""
-    import importlib.util
-
-    with open(os.path.join(ROOT, "grpo.py")) as f:
-        source = f.read()
     group = '    g = p.add_argument_group("loss")  # --- loss ---\n'
     profile = "        lr=1e-5,  # the seeds\n"
-    assert source.count(group) == 1 and source.count(profile) == 1
     flag = '    g.add_argument("--throwaway", type=float, default=None, help="a scratch flag")\n'
-    edited = source.replace(group, group + flag)
-    edited = edited.replace(profile, profile + "        throwaway=0.5,\n")
-    assert len(edited.splitlines()) == len(source.splitlines()) + 2
-    path = tmp_path / "grpo_scratch.py"
-    path.write_text(edited)
-    spec = importlib.util.spec_from_file_location("grpo_scratch", path)
-    scratch = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(scratch)
+    edits = [(group, group + flag), (profile, profile + "        throwaway=0.5,\n")]
+    scratch = scratch_grpo(tmp_path, edits)  # two lines added, nothing else
     monkeypatch.chdir(tmp_path)
     demo = scratch.parse_args(["--out", str(tmp_path / "demo")])
     assert demo.profile == "demo"
