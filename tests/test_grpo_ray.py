@@ -222,7 +222,7 @@ def kl_reward_advantages(worker, gen, mode="group"):
     as this learner in its group ("group") or alone on the whole batch ("alone")."""
     args = copy.copy(worker.args)
     kl = dict(kl_beta=0.5, kl_in="reward", kl_in_reward=True, kl_in_loss=False, needs_ref=True)
-    vars(args).update(kl, kl_estimator="k1")
+    vars(args).update(kl, kl_estimator="k1", advantages_read_log_probs=True)
     policy = worker.learner["policy"]
     ref = copy.deepcopy(policy)
     noise = torch.Generator().manual_seed(0)
