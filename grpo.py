@@ -1703,23 +1703,30 @@ def _updates(learner, batch, tensors, args, runtime, step, dp=None):
                 group["lr"] = group["initial_lr"] * factor
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            if ratio_min == math.inf:
-                # no ratio in the loss (on-policy by construction), or no token: pi_old is pi
-                sums["ratio_mean"] = 1.0
-                ratio_min = 1.0
-                ratio_max = 1.0
-            row = {}
-            for key, value in sums.items():
-                row[f"train/{key}"] = value
-            row["train/ratio_min"] = ratio_min
-            row["train/ratio_max"] = ratio_max
-            row["train/grad_norm"] = grad_norm.item()
-            row["train/epoch"] = epoch
+            row = history_row(sums, ratio_min, ratio_max, grad_norm.item(), epoch)
             row["train/lr"] = optimizer.param_groups[0]["lr"]
             if keep is not None:
                 row["train/entropy_mask_frac"] = keep[rows].sum().item() / n_tok
             history.append(row)
     return history
+
+
+def history_row(sums, ratio_min, ratio_max, grad_norm, epoch):
+    """An optimizer step's history row from _updates' sums over its forwards and the ratio's
+    extremes (1 when no ratio entered the loss)."""
+    if ratio_min == math.inf:
+        # no ratio in the loss (on-policy by construction), or no token: pi_old is pi
+        sums["ratio_mean"] = 1.0
+        ratio_min = 1.0
+        ratio_max = 1.0
+    row = {}
+    for key, value in sums.items():
+        row[f"train/{key}"] = value
+    row["train/ratio_min"] = ratio_min
+    row["train/ratio_max"] = ratio_max
+    row["train/grad_norm"] = grad_norm
+    row["train/epoch"] = epoch
+    return row
 
 
 def _rows(tensors, key, idx, L, device):

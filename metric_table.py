@@ -1,4 +1,4 @@
-"""Every metric the trainers log, in one table: its key, who logs it, its step-line format, its meaning.
+"""Every metric the trainers log, in one table: key, who logs it, step-line format, meaning.
 
 METRICS is the one source. From it come each trainer's step keys (`step_keys`), its `|`-separated
 console line (`step_line`), the glossary in docs/metrics.md (`glossary`; `python metric_table.py
@@ -29,88 +29,165 @@ class Metric(NamedTuple):
 
 M = Metric
 # The order is the step line's order (grpo.py's, then the others' additions), then the rest.
-# One metric per line, however long (pyproject.toml lets this table run past 100 columns).
+# One metric per entry; ruff leaves the table's layout alone.
 # fmt: off
 METRICS = [
     # --- counters
-    M("step", f"{GRPO} expert_iteration sft", "", {}, "rollout (EI) step, 0-based; sft: optimizer steps done; on eval rows, the updates the evaluated weights hold"),
+    M("step", f"{GRPO} expert_iteration sft", "", {},
+      "rollout (EI) step, 0-based; sft: optimizer steps done; on eval rows, the updates the "
+      "evaluated weights hold"),
     M("opt_step", f"{GRPO} expert_iteration", "", {}, "optimizer steps done after this row"),
     M("eval_step", "", "sft", {}, "1, 2, ... per validation (seed 000's second wandb axis)"),
     # --- the step line
-    M("train/loss", f"{GRPO} sft", "expert_iteration", {"grpo": "+.4f", "expert_iteration": ".4f", "sft": ".4f"}, "the optimizer step's loss (grpo: sum of its microbatch shares; sft: response NLL summed per example / --normalize-constant, batch mean)"),
+    M("train/loss", f"{GRPO} sft", "expert_iteration",
+      {"grpo": "+.4f", "expert_iteration": ".4f", "sft": ".4f"},
+      "the optimizer step's loss (grpo: sum of its microbatch shares; sft: response NLL summed per"
+      " example / --normalize-constant, batch mean)"),
     M("train/nll_per_token", "sft", "expert_iteration", {"sft": ".4f"}, "response NLL per token"),
-    M("train/reward", f"{GRPO} expert_iteration", "", {"grpo": ".3f"}, "mean total reward of the rollout batch (every shaping term of grpo.score included; before a --kl-in reward penalty)"),
-    M("train/answer_reward", f"{GRPO} expert_iteration", "", {"grpo": ".2f", "expert_iteration": ".3f"}, "mean answer part of the rollout batch's reward"),
-    M("train/all_correct_frac", GRPO, "", {"grpo": ".2f"}, "fraction of the step's sampled groups (before --dynamic-sampling's filter) whose every response is correct"),
-    M("train/all_wrong_frac", GRPO, "", {"grpo": ".2f"}, "fraction of the step's sampled groups (before --dynamic-sampling's filter) with no correct response"),
-    M("train/kept_frac", "expert_iteration", "", {"expert_iteration": ".3f"}, "fraction of the step's samples kept for SFT: correct and finished by the engine (at most --max-per-question a question)"),
-    M("train/response_len_mean", f"{GRPO} expert_iteration", "", {"grpo": ".1f", "expert_iteration": ".1f"}, "mean sampled response length (tokens)"),
-    M("train/truncation_rate", f"{GRPO} expert_iteration", "", {"grpo": ".2f"}, "fraction of sampled responses cut at --max-tokens"),
-    M("train/entropy", f"{GRPO} expert_iteration sft", "", {"grpo": ".3f", "expert_iteration": ".3f", "sft": ".3f"}, "mean per-token entropy of the response tokens at the sampling temperature (expert_iteration: a no-grad pass over every sample before its SFT)"),
-    M("train/entropy_kept", "", "expert_iteration", {"expert_iteration": ".3f"}, "train/entropy over the kept responses only"),
-    M("train/grad_norm", f"{GRPO} sft", "expert_iteration", {"grpo": ".3f", "sft": ".3f"}, "gradient norm before clipping to --max-grad-norm"),
-    M("train/lr", f"{GRPO} sft", "expert_iteration", {"sft": ".2e"}, "learning rate of the optimizer step"),
-    M("train/clip_fraction", GRPO, "", {"grpo": ".3f"}, "fraction of response tokens whose ratio was clipped (clip losses)"),
-    M("train/kl_ref", "", GRPO, {"grpo": ".2e"}, "KL(pi_t || pi_init) on the batch by --kl-estimator, every --kl-every steps; 0 at step 0"),
-    M("train/kl_prev", "", GRPO, {"grpo": ".2e"}, "KL(pi_t || pi_t-1): how far the last update moved the policy, every --kl-every steps"),
-    M("train/kl_penalty", "", GRPO, {"grpo": ".2e"}, "--kl-in reward: the mean over responses of beta * sum_t (log pi_t - log pi_ref), taken off each reward"),
-    M("train/sft_steps", "", "expert_iteration", {"expert_iteration": "d"}, "optimizer steps of the step's SFT: each epoch's kept pairs in ceil(kept / --batch-size) steps"),
-    M("time/generation", f"{GRPO} expert_iteration", "", {"grpo": ".1f", "expert_iteration": ".1f"}, "seconds sampling the rollout batch (all rounds)"),
-    M("time/training", f"{GRPO} expert_iteration", "", {"grpo": ".1f", "expert_iteration": ".1f"}, "seconds of the optimizer steps"),
+    M("train/reward", f"{GRPO} expert_iteration", "", {"grpo": ".3f"},
+      "mean total reward of the rollout batch (every shaping term of grpo.score included; before a"
+      " --kl-in reward penalty)"),
+    M("train/answer_reward", f"{GRPO} expert_iteration", "",
+      {"grpo": ".2f", "expert_iteration": ".3f"},
+      "mean answer part of the rollout batch's reward"),
+    M("train/all_correct_frac", GRPO, "", {"grpo": ".2f"},
+      "fraction of the step's sampled groups (before --dynamic-sampling's filter) whose every "
+      "response is correct"),
+    M("train/all_wrong_frac", GRPO, "", {"grpo": ".2f"},
+      "fraction of the step's sampled groups (before --dynamic-sampling's filter) with no correct "
+      "response"),
+    M("train/kept_frac", "expert_iteration", "", {"expert_iteration": ".3f"},
+      "fraction of the step's samples kept for SFT: correct and finished by the engine (at most "
+      "--max-per-question a question)"),
+    M("train/response_len_mean", f"{GRPO} expert_iteration", "",
+      {"grpo": ".1f", "expert_iteration": ".1f"},
+      "mean sampled response length (tokens)"),
+    M("train/truncation_rate", f"{GRPO} expert_iteration", "", {"grpo": ".2f"},
+      "fraction of sampled responses cut at --max-tokens"),
+    M("train/entropy", f"{GRPO} expert_iteration sft", "",
+      {"grpo": ".3f", "expert_iteration": ".3f", "sft": ".3f"},
+      "mean per-token entropy of the response tokens at the sampling temperature "
+      "(expert_iteration: a no-grad pass over every sample before its SFT)"),
+    M("train/entropy_kept", "", "expert_iteration", {"expert_iteration": ".3f"},
+      "train/entropy over the kept responses only"),
+    M("train/grad_norm", f"{GRPO} sft", "expert_iteration", {"grpo": ".3f", "sft": ".3f"},
+      "gradient norm before clipping to --max-grad-norm"),
+    M("train/lr", f"{GRPO} sft", "expert_iteration", {"sft": ".2e"},
+      "learning rate of the optimizer step"),
+    M("train/clip_fraction", GRPO, "", {"grpo": ".3f"},
+      "fraction of response tokens whose ratio was clipped (clip losses)"),
+    M("train/kl_ref", "", GRPO, {"grpo": ".2e"},
+      "KL(pi_t || pi_init) on the batch by --kl-estimator, every --kl-every steps; 0 at step 0"),
+    M("train/kl_prev", "", GRPO, {"grpo": ".2e"},
+      "KL(pi_t || pi_t-1): how far the last update moved the policy, every --kl-every steps"),
+    M("train/kl_penalty", "", GRPO, {"grpo": ".2e"},
+      "--kl-in reward: the mean over responses of beta * sum_t (log pi_t - log pi_ref), taken off "
+      "each reward"),
+    M("train/sft_steps", "", "expert_iteration", {"expert_iteration": "d"},
+      "optimizer steps of the step's SFT: each epoch's kept pairs in ceil(kept / --batch-size) "
+      "steps"),
+    M("time/generation", f"{GRPO} expert_iteration", "", {"grpo": ".1f", "expert_iteration": ".1f"},
+      "seconds sampling the rollout batch (all rounds)"),
+    M("time/training", f"{GRPO} expert_iteration", "", {"grpo": ".1f", "expert_iteration": ".1f"},
+      "seconds of the optimizer steps"),
     M("time/tokens_per_s", GRPO, "", {"grpo": ".0f"}, "response tokens per second of the step"),
-    M("train/tokens_per_s", "sft", "expert_iteration", {"sft": ".0f"}, "prompt + response tokens trained per second"),
+    M("train/tokens_per_s", "sft", "expert_iteration", {"sft": ".0f"},
+      "prompt + response tokens trained per second"),
     # --- the rollout batch
-    M("train/format_reward", f"{GRPO} expert_iteration", "", {}, "mean format part of the rollout batch's reward"),
-    M("train/zero_var_frac", GRPO, "", {}, "fraction of groups whose G rewards are all equal: zero advantage, no signal"),
-    M("train/response_len_max", f"{GRPO} expert_iteration", "", {}, "longest sampled response (tokens)"),
-    M("train/truncated_correct_frac", "expert_iteration", "", {}, "fraction of samples correct but cut at --max-tokens: not kept (SFT on them teaches not to stop)"),
-    M("train/kept_len_mean", "", "expert_iteration", {}, "mean length (tokens) of the kept responses"),
-    M("train/dynamic_filtered_frac", "", GRPO, {}, "--dynamic-sampling: fraction of the sampled groups that were flat in --dynamic-sampling-on"),
-    M("train/dynamic_prompts_sampled", "", GRPO, {}, "--dynamic-sampling: prompts sampled to fill the batch"),
+    M("train/format_reward", f"{GRPO} expert_iteration", "", {},
+      "mean format part of the rollout batch's reward"),
+    M("train/zero_var_frac", GRPO, "", {},
+      "fraction of groups whose G rewards are all equal: zero advantage, no signal"),
+    M("train/response_len_max", f"{GRPO} expert_iteration", "", {},
+      "longest sampled response (tokens)"),
+    M("train/truncated_correct_frac", "expert_iteration", "", {},
+      "fraction of samples correct but cut at --max-tokens: not kept (SFT on them teaches not to "
+      "stop)"),
+    M("train/kept_len_mean", "", "expert_iteration", {},
+      "mean length (tokens) of the kept responses"),
+    M("train/dynamic_filtered_frac", "", GRPO, {},
+      "--dynamic-sampling: fraction of the sampled groups that were flat in --dynamic-sampling-on"),
+    M("train/dynamic_prompts_sampled", "", GRPO, {},
+      "--dynamic-sampling: prompts sampled to fill the batch"),
     # --- the learner
     M("train/epoch", GRPO, "", {}, "epoch within the rollout batch (--epochs-per-rollout-batch)"),
-    M("train/ratio_mean", GRPO, "", {}, "mean importance ratio pi / pi_old over response tokens (1 on-policy)"),
-    M("train/ratio_min", GRPO, "", {}, "smallest importance ratio pi / pi_old of the optimizer step"),
-    M("train/ratio_max", GRPO, "", {}, "largest importance ratio pi / pi_old of the optimizer step"),
-    M("train/entropy_mask_frac", "", GRPO, {}, "--entropy-top-quantile < 1: fraction of the step's response tokens that carried the policy-gradient loss"),
-    M("train/logprob_mismatch", "", GRPO, {}, "mean |log pi_trainer - log mu_engine| of the sampled tokens, on steps that score pi_old with a no-grad pass"),
-    M("train/mismatch_kl", "", GRPO, {}, "KL(mu || pi_old) on the engine's samples (k3): how off-policy they are"),
-    M("train/is_weight_mean", "", GRPO, {}, "mean rollout importance ratio pi_old / mu (per token or sequence)"),
+    M("train/ratio_mean", GRPO, "", {},
+      "mean importance ratio pi / pi_old over response tokens (1 on-policy)"),
+    M("train/ratio_min", GRPO, "", {},
+      "smallest importance ratio pi / pi_old of the optimizer step"),
+    M("train/ratio_max", GRPO, "", {},
+      "largest importance ratio pi / pi_old of the optimizer step"),
+    M("train/entropy_mask_frac", "", GRPO, {},
+      "--entropy-top-quantile < 1: fraction of the step's response tokens that carried the policy-"
+      "gradient loss"),
+    M("train/logprob_mismatch", "", GRPO, {},
+      "mean |log pi_trainer - log mu_engine| of the sampled tokens, on steps that score pi_old "
+      "with a no-grad pass"),
+    M("train/mismatch_kl", "", GRPO, {},
+      "KL(mu || pi_old) on the engine's samples (k3): how off-policy they are"),
+    M("train/is_weight_mean", "", GRPO, {},
+      "mean rollout importance ratio pi_old / mu (per token or sequence)"),
     M("train/is_weight_min", "", GRPO, {}, "smallest rollout importance ratio pi_old / mu"),
     M("train/is_weight_max", "", GRPO, {}, "largest rollout importance ratio pi_old / mu"),
-    M("train/is_weight_outside_frac", "", GRPO, {}, "fraction of rollout importance ratios outside [0.5, 2]"),
-    M("train/is_dropped_frac", "", GRPO, {}, "fraction of response tokens --rollout-is mis weights 0"),
-    M("train/mismatch_kernel_kl", "", "grpo_ray", {}, "one-version-stale batches with --kl-every: KL(mu || pi_t-1), the engine-vs-trainer part of the mismatch"),
-    M("train/mismatch_staleness_kl", "", "grpo_ray", {}, "one-version-stale batches with --kl-every: KL(pi_t-1 || pi_t), the staleness part"),
+    M("train/is_weight_outside_frac", "", GRPO, {},
+      "fraction of rollout importance ratios outside [0.5, 2]"),
+    M("train/is_dropped_frac", "", GRPO, {},
+      "fraction of response tokens --rollout-is mis weights 0"),
+    M("train/mismatch_kernel_kl", "", "grpo_ray", {},
+      "one-version-stale batches with --kl-every: KL(mu || pi_t-1), the engine-vs-trainer part of "
+      "the mismatch"),
+    M("train/mismatch_staleness_kl", "", "grpo_ray", {},
+      "one-version-stale batches with --kl-every: KL(pi_t-1 || pi_t), the staleness part"),
     # --- validation (eval rows)
-    M("eval/accuracy", "", f"{GRPO} expert_iteration sft", {}, "greedy validation: fraction with answer reward 1 (the one meaning of accuracy)"),
-    M("eval/accuracy_se", "", f"{GRPO} expert_iteration sft", {}, "its standard error over questions (sample std / sqrt(n)); NaN with one question"),
-    M("eval/n_questions", "", f"{GRPO} expert_iteration sft", {}, "validation questions the eval row used"),
+    M("eval/accuracy", "", f"{GRPO} expert_iteration sft", {},
+      "greedy validation: fraction with answer reward 1 (the one meaning of accuracy)"),
+    M("eval/accuracy_se", "", f"{GRPO} expert_iteration sft", {},
+      "its standard error over questions (sample std / sqrt(n)); NaN with one question"),
+    M("eval/n_questions", "", f"{GRPO} expert_iteration sft", {},
+      "validation questions the eval row used"),
     M("eval/reward", "", f"{GRPO} expert_iteration sft", {}, "mean validation reward"),
-    M("eval/format_reward", "", f"{GRPO} expert_iteration sft", {}, "mean validation format reward"),
-    M("eval/answer_reward", "", f"{GRPO} expert_iteration sft", {}, "mean validation answer reward"),
-    M("eval/response_len", "", f"{GRPO} expert_iteration sft", {}, "mean validation response length (tokens)"),
-    M("eval/truncation_rate", "", f"{GRPO} expert_iteration sft", {}, "fraction of validation responses cut at the token limit"),
-    M("eval/avg@k", "", f"{GRPO} expert_iteration sft", {}, "--eval-samples k: mean fraction of a question's k samples (at --eval-temperature) that are correct"),
+    M("eval/format_reward", "", f"{GRPO} expert_iteration sft", {},
+      "mean validation format reward"),
+    M("eval/answer_reward", "", f"{GRPO} expert_iteration sft", {},
+      "mean validation answer reward"),
+    M("eval/response_len", "", f"{GRPO} expert_iteration sft", {},
+      "mean validation response length (tokens)"),
+    M("eval/truncation_rate", "", f"{GRPO} expert_iteration sft", {},
+      "fraction of validation responses cut at the token limit"),
+    M("eval/avg@k", "", f"{GRPO} expert_iteration sft", {},
+      "--eval-samples k: mean fraction of a question's k samples (at --eval-temperature) that are "
+      "correct"),
     M("eval/avg@k_se", "", f"{GRPO} expert_iteration sft", {}, "its standard error over questions"),
-    M("eval/pass@k", "", f"{GRPO} expert_iteration sft", {}, "--eval-samples k: fraction of questions with a correct sample among the k (losses.pass_at_k)"),
-    M("eval/pass@k_se", "", f"{GRPO} expert_iteration sft", {}, "its standard error over questions"),
-    M("eval/maj@k", "", f"{GRPO} expert_iteration sft", {}, "--eval-samples k: the plurality answer of the k samples is correct (validation.maj_at_k)"),
+    M("eval/pass@k", "", f"{GRPO} expert_iteration sft", {},
+      "--eval-samples k: fraction of questions with a correct sample among the k "
+      "(losses.pass_at_k)"),
+    M("eval/pass@k_se", "", f"{GRPO} expert_iteration sft", {},
+      "its standard error over questions"),
+    M("eval/maj@k", "", f"{GRPO} expert_iteration sft", {},
+      "--eval-samples k: the plurality answer of the k samples is correct (validation.maj_at_k)"),
     M("eval/maj@k_se", "", f"{GRPO} expert_iteration sft", {}, "its standard error over questions"),
     # --- time
     M("time/grading", f"{GRPO} expert_iteration", "", {}, "seconds grading the rollout batch"),
-    M("time/dynamic_extra_generation", "", GRPO, {}, "--dynamic-sampling: seconds sampling after the first round"),
-    M("time/entropy", "expert_iteration", "", {}, "seconds of the no-grad pass that reads train/entropy"),
-    M("time/old_log_probs", GRPO, "", {}, "seconds of the no-grad passes (pi_old, reference, previous policy)"),
-    M("time/weight_sync", f"{GRPO} expert_iteration", "sft", {}, "seconds pushing weights into the engine (grpo: before this step; sft: before validation)"),
-    M("time/step", f"{GRPO} expert_iteration sft", "", {}, "seconds of the step with its weight sync, validation excluded (grpo_ray: since the previous logged step)"),
+    M("time/dynamic_extra_generation", "", GRPO, {},
+      "--dynamic-sampling: seconds sampling after the first round"),
+    M("time/entropy", "expert_iteration", "", {},
+      "seconds of the no-grad pass that reads train/entropy"),
+    M("time/old_log_probs", GRPO, "", {},
+      "seconds of the no-grad passes (pi_old, reference, previous policy)"),
+    M("time/weight_sync", f"{GRPO} expert_iteration", "sft", {},
+      "seconds pushing weights into the engine (grpo: before this step; sft: before validation)"),
+    M("time/step", f"{GRPO} expert_iteration sft", "", {},
+      "seconds of the step with its weight sync, validation excluded (grpo_ray: since the previous"
+      " logged step)"),
     M("time/gen_tokens_per_s", GRPO, "", {}, "response tokens per second of generation"),
     M("time/eval", "", f"{GRPO} expert_iteration sft", {}, "seconds of one validation"),
-    M("time/wall", f"{GRPO} expert_iteration sft", "", {}, "seconds since the run (or its resumed part) started"),
+    M("time/wall", f"{GRPO} expert_iteration sft", "", {},
+      "seconds since the run (or its resumed part) started"),
     # --- Ray
     M("ray/version", "grpo_ray", "", {}, "learner version after the update"),
     M("ray/gen_version", "grpo_ray", "", {}, "the version that generated the batch"),
-    M("ray/lag", "grpo_ray", "", {}, "how many versions the policy was ahead of the batch's generator when it trained on it"),
+    M("ray/lag", "grpo_ray", "", {},
+      "how many versions the policy was ahead of the batch's generator when it trained on it"),
 ]
 # fmt: on
 KEYS = [m.key for m in METRICS]
@@ -153,21 +230,23 @@ def glossary():
     return "\n".join(lines)
 
 
-def documented_glossary(path=DOC):
-    """The glossary table as docs/metrics.md has it (between its two markers)."""
+def glossary_span(path=DOC):
+    """(docs/metrics.md's text, where its glossary starts, where it ends): between its markers."""
     with open(path) as f:
         text = f.read()
     start = text.index(GLOSSARY_START) + len(GLOSSARY_START)
-    end = text.index(GLOSSARY_END)
+    return text, start, text.index(GLOSSARY_END)
+
+
+def documented_glossary(path=DOC):
+    """The glossary table as docs/metrics.md has it."""
+    text, start, end = glossary_span(path)
     return text[start:end].strip()
 
 
 def write_glossary(path=DOC):
     """Rewrite docs/metrics.md's glossary table from METRICS."""
-    with open(path) as f:
-        text = f.read()
-    start = text.index(GLOSSARY_START) + len(GLOSSARY_START)
-    end = text.index(GLOSSARY_END)
+    text, start, end = glossary_span(path)
     with open(path, "w") as f:
         f.write(text[:start] + "\n" + glossary() + "\n" + text[end:])
 

@@ -102,39 +102,10 @@ def init_vllm(
         enforce_eager=enforce_eager,
         use_tqdm_on_load=False,  # no progress bar for a load that takes a second
     )
-    patch = nullcontext()
-    if dev.type == "cpu":
-        # On CPU, gpu_memory_utilization is a share of one NUMA node minus this process's RSS
-        # (it fails when that is small): an explicit KV budget instead. fp32: CPU bf16 is slow and
-        # inexact. No chunked prefill: it crashes when seeded.
-        kwargs.update(
-            dtype="float32",
-            kv_cache_memory_bytes=kv_cache_memory_bytes or 256 * 2**20,
-            enable_chunked_prefill=False,
-        )
-        if enable_sleep_mode:
-            raise ValueError(
-                "init_vllm: sleep mode needs CUDA (cumem allocator); drop --sleep-engine on CPU"
-            )
-    else:
-        # CUDA, NOT run in CI. The in-process (UniProc) executor drops the device index and always
-        # starts its worker as local_rank 0 = cuda:0; for the seeds' 2 GPUs (engine on cuda:1) its
-        # worker gets local_rank = the index.
-        kwargs.update(
-            dtype="bfloat16",
-            gpu_memory_utilization=gpu_memory_utilization,
-            kv_cache_memory_bytes=kv_cache_memory_bytes,  # None: size the KV cache by utilization
-        )
-        from vllm.v1.executor.uniproc_executor import UniProcExecutor
-
-        index = dev.index or 0
-        orig = UniProcExecutor._distributed_args
-        current = torch.cuda.current_device()
-
-        def distributed_args(self):
-            return (orig(self)[0], 0, index)
-
-        patch = mock.patch.object(UniProcExecutor, "_distributed_args", distributed_args)
+    settings, patch, current = _placement(
+        dev, gpu_memory_utilization, kv_cache_memory_bytes, enable_sleep_mode
+    )
+    kwargs.update(settings)
     if _ENGINE_LOG["path"] and os.environ.get("VLLM_CONFIGURE_LOGGING") == "0":
         print(f"engine: vLLM's log -> {_ENGINE_LOG['path']}", flush=True)
     # finalize dead engines first: a late one's shutdown would tear down the new one's parallel
@@ -155,6 +126,43 @@ def init_vllm(
         # the worker made cuda:index current process-wide: the policy's "cuda" gets its own back
         torch.cuda.set_device(current)
     return llm
+
+
+def _placement(dev, gpu_memory_utilization, kv_cache_memory_bytes, enable_sleep_mode):
+    """init_vllm's device-specific part -> (LLM settings, the context to start it in, the CUDA
+    device current before it starts: None on CPU)."""
+    if dev.type == "cpu":
+        # On CPU, gpu_memory_utilization is a share of one NUMA node minus this process's RSS
+        # (it fails when that is small): an explicit KV budget instead. fp32: CPU bf16 is slow and
+        # inexact. No chunked prefill: it crashes when seeded.
+        if enable_sleep_mode:
+            raise ValueError(
+                "init_vllm: sleep mode needs CUDA (cumem allocator); drop --sleep-engine on CPU"
+            )
+        settings = dict(
+            dtype="float32",
+            kv_cache_memory_bytes=kv_cache_memory_bytes or 256 * 2**20,
+            enable_chunked_prefill=False,
+        )
+        return settings, nullcontext(), None
+    # CUDA, NOT run in CI. The in-process (UniProc) executor drops the device index and always
+    # starts its worker as local_rank 0 = cuda:0; for the seeds' 2 GPUs (engine on cuda:1) its
+    # worker gets local_rank = the index.
+    settings = dict(
+        dtype="bfloat16",
+        gpu_memory_utilization=gpu_memory_utilization,
+        kv_cache_memory_bytes=kv_cache_memory_bytes,  # None: size the KV cache by utilization
+    )
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+    index = dev.index or 0
+    orig = UniProcExecutor._distributed_args
+
+    def distributed_args(self):
+        return (orig(self)[0], 0, index)
+
+    patch = mock.patch.object(UniProcExecutor, "_distributed_args", distributed_args)
+    return settings, patch, torch.cuda.current_device()
 
 
 def vllm_version_notice(version):

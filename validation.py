@@ -27,21 +27,8 @@ def greedy_eval(engine, rows, reward, max_tokens, min_tokens=0, workers=None):
     "stop" strings) on the engine's weights, graded -> (eval/ metrics, sample rows).
     eval/accuracy is the fraction with answer reward 1, in every script."""
     import grader
-    import rollout
 
-    prompts = [r["prompt"] for r in rows]
-    stop = []
-    if rows:
-        stop = rows[0]["stop"]
-    generations = rollout.generate(
-        engine,
-        prompts,
-        n=1,
-        temperature=0.0,
-        max_tokens=max_tokens,
-        min_tokens=min_tokens,
-        stop=stop,
-    )
+    generations = answers_of(engine, rows, 1, 0.0, max_tokens, min_tokens)
     outs = [samples[0] for samples in generations]  # n=1: one sample per prompt
     texts = [o["text"] for o in outs]
     gts = [r["ground_truth"] for r in rows]
@@ -65,6 +52,26 @@ def greedy_eval(engine, rows, reward, max_tokens, min_tokens=0, workers=None):
             {"split": "eval", "prompt": r["prompt"], "response": o["text"], "ground_truth": g, **d}
         )
     return metrics, samples
+
+
+def answers_of(engine, rows, n, temperature, max_tokens, min_tokens, seed=None):
+    """rollout.generate's n samples for each row's prompt, stopped at the rows' "stop" strings."""
+    import rollout
+
+    stop = []
+    if rows:
+        stop = rows[0]["stop"]
+    prompts = [r["prompt"] for r in rows]
+    return rollout.generate(
+        engine,
+        prompts,
+        n=n,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        stop=stop,
+        seed=seed,
+    )
 
 
 def mean_se(values):
@@ -107,22 +114,8 @@ def sampled_eval(
     graded -> sampled_metrics' eval/ keys. The same seeds at every evaluation (sample j of question
     i uses seed + j * len(rows) + i), so two steps differ by their weights, not their draws."""
     import grader
-    import rollout
 
-    prompts = [r["prompt"] for r in rows]
-    stop = []
-    if rows:
-        stop = rows[0]["stop"]
-    generations = rollout.generate(
-        engine,
-        prompts,
-        n=k,
-        temperature=temperature,
-        max_tokens=max_tokens,
-        min_tokens=min_tokens,
-        stop=stop,
-        seed=seed,
-    )
+    generations = answers_of(engine, rows, k, temperature, max_tokens, min_tokens, seed)
     texts = []
     gts = []
     for r, samples in zip(rows, generations):
