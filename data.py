@@ -50,6 +50,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 from fractions import Fraction
 from functools import lru_cache
@@ -116,9 +117,19 @@ def task_defaults(task, model):
 
 
 # ----------------------------------------------------------------------------- prompts
-def load_prompt(name):
-    """Template text of prompts/<name>.prompt (one trailing newline, if an editor added it, is
-    dropped)."""
+# A prompt for a tool-using policy opens with a header, one `# key: "value"` line per key (the value
+# a JSON string, so its spaces and newlines are exact), before the template:
+#   # trigger: "="          the text that ends a turn and calls the tool (tools.py)
+#   # output: " {}"         how the tool's output is appended: {} is the output
+#   # template: "r1_zero"   (optional, with no text below) another prompt file's template
+HEADER_KEYS = ("trigger", "output", "template")
+
+
+def read_prompt_file(name):
+    """(template text, header dict) of prompts/<name>.prompt: the header (HEADER_KEYS, each once,
+    at the top) is not part of the template; the dict holds its trigger and output ({} without
+    one). One trailing newline, if an editor
+    added it, is dropped."""
     path = os.path.join(PROMPTS_DIR, f"{name}.prompt")
     if not os.path.exists(path):
         have = sorted(f[:-7] for f in os.listdir(PROMPTS_DIR) if f.endswith(".prompt"))
@@ -126,8 +137,47 @@ def load_prompt(name):
     with open(path, encoding="utf-8") as f:
         text = f.read()
     if text.endswith("\n"):
-        return text[:-1]
-    return text
+        text = text[:-1]
+    header = {}
+    lines = text.split("\n")
+    while lines:
+        match = re.fullmatch(r"# (\w+): (.*)", lines[0])
+        if not match or match[1] not in HEADER_KEYS:
+            break
+        key = match[1]
+        try:
+            value = json.loads(match[2])
+        except ValueError:
+            value = None
+        if not isinstance(value, str) or key in header:
+            raise ValueError(
+                f"prompts/{name}.prompt: header line {lines[0]!r} needs one JSON string per key"
+                f' (e.g. # {key}: "=")'
+            )
+        header[key] = value
+        lines = lines[1:]
+    template = "\n".join(lines)
+    if "template" in header:
+        if template.strip():
+            raise ValueError(f"prompts/{name}.prompt: a `# template:` header has no text below")
+        template = load_prompt(header.pop("template"))
+    if header and set(header) != {"trigger", "output"}:
+        raise ValueError(f"prompts/{name}.prompt: a tool header needs a trigger and an output")
+    if header.get("output", "{}").count("{}") != 1:
+        raise ValueError(f"prompts/{name}.prompt: the output header needs one {{}}")
+    if header.get("trigger") == "":
+        raise ValueError(f"prompts/{name}.prompt: the trigger is empty")
+    return template, header
+
+
+def load_prompt(name):
+    """Template text of prompts/<name>.prompt, without its header (read_prompt_file)."""
+    return read_prompt_file(name)[0]
+
+
+def prompt_header(name):
+    """The header of prompts/<name>.prompt: {"trigger", "output"} for a tool prompt, else {}."""
+    return read_prompt_file(name)[1]
 
 
 def load_templates(name):

@@ -56,6 +56,7 @@ import losses
 import metric_table
 import rollout as engines
 import runs
+import tools
 import validation
 
 # The settings table. An unset flag takes its value from the "hub" row, over which the "demo" row
@@ -163,6 +164,7 @@ def parser():
     loss_flags(p)  # --- loss ---
     correction_flags(p)  # --- off-policy correction and DAPO ---
     sampling_flags(p)  # --- sampling ---
+    tool_flags(p)  # --- tools ---
     g = eval_flags(p)  # --- eval and logging ---
     g.add_argument(
         "--kl-every",
@@ -606,6 +608,106 @@ def check_sampling(args):
     )
 
 
+def tool_flags(p):
+    """The "tools" flags (tools.py): the multi-turn loop, off by default; -> the group."""
+    g = p.add_argument_group("tools")  # --- tools ---
+    g.add_argument(
+        "--tools",
+        choices=tools.TOOLS,
+        default=None,
+        help="a tool the policy calls mid-response (default: none); the prompt's header declares "
+        "its trigger (default prompt: the task's, with _<tool> appended)",
+    )
+    g.add_argument(
+        "--max-tool-calls",
+        type=common.positive_int,
+        default=None,
+        help=f"tool calls per response (ToRL's C); default {tools.MAX_CALLS}",
+    )
+    g.add_argument(
+        "--max-obs-tokens",
+        type=common.positive_int,
+        default=256,
+        help="a tool output's cap in tokens (middle-truncated); it counts in --max-tokens",
+    )
+    g.add_argument(
+        "--tool-timeout",
+        type=common.positive_float,
+        default=None,
+        help="seconds per python call; default 10 for math and math500, 3 otherwise",
+    )
+    g.add_argument(
+        "--tool-workers",
+        type=common.positive_int,
+        default=8,
+        help="python calls run at once (the run's sandbox pool)",
+    )
+    g.add_argument(
+        "--tool-sandbox",
+        choices=("bwrap", "none"),
+        default="bwrap",
+        help="python calls run in bubblewrap (sandbox.py); none: rlimits and an audit hook only, "
+        "which hostile code can escape (on purpose only)",
+    )
+    return g
+
+
+def check_tools(args):
+    """The "tools" flags against the prompt and the seed blocks (before anything loads); sets
+    the derived max_tool_calls, tool_timeout and tool_isolated."""
+    if not args.tools:
+        return
+    header = common.attempt(data.prompt_header, args.prompt, what=f"--prompt {args.prompt}")
+    common.check(
+        bool(header),
+        f"--tools {args.tools} needs a prompt that declares its trigger: --prompt NAME, where "
+        f'prompts/NAME.prompt opens with `# trigger: "..."` and `# output: "... {{}} ..."`',
+    )
+    if args.max_tool_calls is None:
+        args.max_tool_calls = tools.MAX_CALLS[args.tools]
+    if args.tool_timeout is None:
+        args.tool_timeout = 3.0
+        if args.task in ("math", "math500"):
+            args.tool_timeout = 10.0
+    # turn t of a round samples in its own stride of 2 x the batch (rollout): all in 2^20 seeds
+    common.check(
+        (args.max_tool_calls + 1) * 2 * args.rollout_batch_size <= 2**20,
+        "(--max-tool-calls + 1) x 2 x --rollout-batch-size must be <= 2^20 (the step's seeds)",
+    )
+    common.check(args.max_obs_tokens >= 8, "--max-obs-tokens must be >= 8")
+    args.tool_isolated = False
+    if args.tools == "python":
+        import sandbox
+
+        args.tool_isolated = common.attempt(sandbox.isolation, args.tool_sandbox)
+
+
+def make_tool(args):
+    """The run's tools.Tool (--tools), else None. python's calls run on one sandbox pool per run
+    (close it with tool.pool.close())."""
+    if not args.tools:
+        return None
+    header = data.prompt_header(args.prompt)
+    pool = None
+    if args.tools == "python":
+        import sandbox
+
+        pool = sandbox.ToolPool(
+            args.tool_workers,
+            args.tool_timeout,
+            args.tool_isolated,
+            max_chars=8 * args.max_obs_tokens,
+        )
+    return tools.Tool(
+        args.tools,
+        header["trigger"],
+        header["output"],
+        args.max_tool_calls,
+        args.max_obs_tokens,
+        pool,
+    )
+
+
 def eval_flags(p):
     """The "eval and logging" flags of grpo.py and expert_iteration.py; -> the group."""
     g = p.add_argument_group("eval and logging")  # --- eval and logging ---
@@ -779,7 +881,10 @@ def resolve(args):
         if getattr(args, name) is None:
             setattr(args, name, value)
     task = data.task_defaults(args.task, args.model)
-    args.prompt = args.prompt or task["prompt"]
+    if args.prompt is None:
+        args.prompt = task["prompt"]
+        if args.tools:
+            args.prompt = f"{task['prompt']}_{args.tools}"  # e.g. r1_zero_calculator
     args.reward = args.reward or task["reward"]
     args.train_path = args.train_path or task["path"]
     args.val_path = args.val_path or task["path"]
@@ -805,6 +910,7 @@ def resolve(args):
     check_loss(args)
     check_correction(args)
     check_sampling(args)
+    check_tools(args)
     check_systems(args)
     check_run(args)
     return args
@@ -1024,20 +1130,27 @@ def sample_seed(args, step, rnd=0):
     return ((args.seed * SEED_SPACE + step) * 16 + rnd) * 2**20
 
 
-def rollout(engine, rows, args, seed):
-    """G samples of each row's prompt -> batch: a dict of group-major lists (N = rows x G)."""
+def rollout(engine, rows, args, seed, tool=None):
+    """G samples of each row's prompt -> batch: a dict of group-major lists (N = rows x G).
+    With a tool (--tools) the samples are tools.generate's multi-turn ones: "responses" holds the
+    policy's own text (what is graded), "transcripts" the text with the tool output, and
+    "policy_masks" which response tokens the engine sampled."""
     prompts = [row["prompt"] for row in rows]
-    outs = engines.generate(
-        engine,
-        prompts,
-        n=args.group_size,
-        temperature=args.temperature,
-        seed=seed,
-        top_p=args.top_p,
-        max_tokens=args.max_tokens,
-        min_tokens=args.min_tokens,
-        stop=rows[0]["stop"],
-    )
+    sampling = {
+        "n": args.group_size,
+        "temperature": args.temperature,
+        "seed": seed,
+        "top_p": args.top_p,
+        "max_tokens": args.max_tokens,
+        "min_tokens": args.min_tokens,
+        "stop": rows[0]["stop"],
+    }
+    if tool is None:
+        outs = engines.generate(engine, prompts, **sampling)
+    else:
+        # turn t's seeds sit t strides past turn 0's: every shard's and round's block is disjoint
+        stride = 2 * args.rollout_batch_size
+        outs = tools.generate(engine, prompts, tool, turn_stride=stride, **sampling)
     batch = {
         "prompts": [],
         "ground_truths": [],
@@ -1047,6 +1160,9 @@ def rollout(engine, rows, args, seed):
         "engine_logprobs": [],
         "truncated": [],
     }
+    if tool is not None:
+        for key in TOOL_KEYS:
+            batch[key] = []
     for row, samples in zip(rows, outs):
         for sample in samples:  # group-major: a prompt's G samples one after the other
             batch["prompts"].append(row["prompt"])
@@ -1055,8 +1171,30 @@ def rollout(engine, rows, args, seed):
             batch["prompt_ids"].append(sample["prompt_token_ids"])
             batch["response_ids"].append(sample["token_ids"])
             batch["engine_logprobs"].append(sample["logprobs"])
-            batch["truncated"].append(sample["finish_reason"] == "length")
+            # out of tokens: cut at --max-tokens, or a tool output that did not fit
+            finish = sample["finish_reason"]
+            batch["truncated"].append(finish in ("length", "truncated_by_tool"))
+            if tool is not None:
+                batch["responses"][-1] = sample["policy_text"]
+                batch["transcripts"].append(sample["text"])
+                batch["policy_masks"].append(sample["policy_mask"])
+                batch["truncated_by_tool"].append(finish == "truncated_by_tool")
+                for key in ("calls", "errors", "timeouts", "turns", "obs_tokens"):
+                    batch[key].append(sample[key])
     return batch
+
+
+# a tool run's extra batch columns (rollout), one value per sample
+TOOL_KEYS = (
+    "transcripts",
+    "policy_masks",
+    "truncated_by_tool",
+    "calls",
+    "errors",
+    "timeouts",
+    "turns",
+    "obs_tokens",
+)
 
 
 def score(batch, args):
@@ -1128,10 +1266,11 @@ def _drop_flat_groups(part, room, args):
     return kept, n_flat
 
 
-def collect(engine, train_rows, args, step, shard=(0, 1)):
+def collect(engine, train_rows, args, step, shard=(0, 1), tool=None):
     """The rollout and reward phases of a step -> (scored batch, this shard's stats: its seconds
-    of generation, grading and extra rounds, prompts sampled, flat groups dropped, all-correct and
-    all-wrong groups). `summarize` turns the joined batch into the step's rollout metrics.
+    of generation, grading, tool calls and extra rounds, prompts sampled, flat groups dropped,
+    all-correct and all-wrong groups). `summarize` turns the joined batch into the step's rollout
+    metrics. tool: the run's tools.Tool (--tools), else None.
 
     --dynamic-sampling (DAPO) drops the groups whose score does not vary and samples fresh prompts
     to fill their place, for up to --dynamic-sampling-max-rounds more rounds; then it trains what
@@ -1159,11 +1298,17 @@ def collect(engine, train_rows, args, step, shard=(0, 1)):
     all_wrong = 0  # sampled groups with no correct response
     t0 = time.perf_counter()
     t_grade = 0.0
+    t_tool = 0.0
     t_round0 = None  # the first round's time: the rest is dynamic sampling's extra
     for rnd in range(n_rounds):
         # a shard uses at most 2 x its prompts x G seeds of the round's block (a later round
         # samples up to twice the prompts it misses): shard i's part starts at 2 x start x G
-        part = rollout(engine, rows, args, sample_seed(args, step, rnd) + 2 * start * G)
+        tool_s = 0.0
+        if tool is not None:
+            tool_s = tool.seconds
+        part = rollout(engine, rows, args, sample_seed(args, step, rnd) + 2 * start * G, tool)
+        if tool is not None:
+            t_tool += tool.seconds - tool_s
         t1 = time.perf_counter()
         part = score(part, args)
         sampled += len(rows)
@@ -1209,8 +1354,9 @@ def collect(engine, train_rows, args, step, shard=(0, 1)):
     else:
         batch["ban_token_ids"] = []
     stats = {
-        "generation_s": time.perf_counter() - t0 - t_grade,
+        "generation_s": time.perf_counter() - t0 - t_grade - t_tool,
         "grading_s": t_grade,
+        "tool_s": t_tool,
         "extra_rounds_s": time.perf_counter() - t0 - t_round0,
         "prompts_sampled": sampled,
         "groups_flat": n_flat,
@@ -1227,7 +1373,9 @@ def summarize(batch, shard_stats, args):
     collect's stats of each shard (one for grpo.py; the shards ran side by side, so a time is their
     longest). The batch: G consecutive rows per prompt, batch["raw"] (N,) the rewards. A new metric
     is an entry in metric_table.METRICS and one line here."""
-    lengths = [len(ids) for ids in batch["response_ids"]]
+    lengths = [len(ids) for ids in batch["response_ids"]]  # every response token
+    if "policy_masks" in batch:
+        lengths = [sum(mask) for mask in batch["policy_masks"]]  # the tokens the policy sampled
     rewards = batch["rewards"]
     stats = losses.reward_stats(batch["raw"], args.group_size)
     groups = sum(s["prompts_sampled"] for s in shard_stats)  # every group sampled, all rounds
@@ -1250,19 +1398,47 @@ def summarize(batch, shard_stats, args):
         metrics["train/dynamic_filtered_frac"] = flat / sampled
         metrics["train/dynamic_prompts_sampled"] = sampled
         metrics["time/dynamic_extra_generation"] = max(s["extra_rounds_s"] for s in shard_stats)
+    if "policy_masks" in batch:
+        metrics |= tool_metrics(batch)
+        metrics["time/tool"] = max(s["tool_s"] for s in shard_stats)
+    return metrics
+
+
+def tool_metrics(batch):
+    """The tool/ metrics of a --tools batch (rollout's TOOL_KEYS columns); rates per call, or per
+    sample where it says so."""
+    calls = sum(batch["calls"])
+    metrics = {
+        "tool/calls_mean": fmean(batch["calls"]),
+        "tool/calls_max": max(batch["calls"]),
+        "tool/frac_with_call": fmean([c > 0 for c in batch["calls"]]),
+        "tool/error_rate": sum(batch["errors"]) / max(calls, 1),
+        "tool/timeout_rate": sum(batch["timeouts"]) / max(calls, 1),
+        "tool/turns_mean": fmean(batch["turns"]),
+        "tool/truncated_by_tool_rate": fmean(batch["truncated_by_tool"]),
+        "tool/obs_tokens_mean": fmean(batch["obs_tokens"]),
+        "train/response_len_total_mean": fmean([len(ids) for ids in batch["response_ids"]]),
+    }
     return metrics
 
 
 # ---------------------------------------- (eval) on the engine's weights, before train changes them
-def evaluate_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_run):
-    """Greedy validation on the engine's weights: logs the eval/ row and prints its line, then
-    writes rollouts/step_NNNN.jsonl (32 validation samples, then the first 2 train groups of
-    `batch` when given). -> the seconds it took (not counted as step time)."""
+def evaluate_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_run, tool=None):
+    """Greedy validation on the engine's weights (with the run's tool, if any): logs the eval/ row
+    and prints its line, then writes rollouts/step_NNNN.jsonl (32 validation samples, then the
+    first 2 train groups of `batch` when given; with a tool each response is its transcript).
+    -> the seconds it took (not counted as step time)."""
     from tqdm import tqdm
 
     t0 = time.perf_counter()
     metrics, samples = validation.greedy_eval(
-        engine, val_rows, args.reward, args.max_tokens, args.min_tokens, args.grader_workers
+        engine,
+        val_rows,
+        args.reward,
+        args.max_tokens,
+        args.min_tokens,
+        args.grader_workers,
+        tool=tool,
     )
     sampled = ""
     if args.eval_samples:
@@ -1276,6 +1452,7 @@ def evaluate_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_r
             args.min_tokens,
             args.grader_workers,
             args.seed,
+            tool=tool,
         )
         k = args.eval_samples
         sampled = (
@@ -1296,9 +1473,8 @@ def evaluate_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_r
     )
     train = []
     if batch is not None:
-        columns = zip(
-            batch["prompts"], batch["responses"], batch["ground_truths"], batch["rewards"]
-        )
+        responses = batch.get("transcripts", batch["responses"])  # with a tool: its output too
+        columns = zip(batch["prompts"], responses, batch["ground_truths"], batch["rewards"])
         for prompt, response, ground_truth, rewards in columns:
             train.append(
                 {
@@ -1319,10 +1495,12 @@ def evaluate_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_r
 # ----------------------------------------------------------------- 3. log-probs: the no-grad passes
 def collate(batch, args, pad_id=0):
     """The engine's token ids, right-padded, as tensors: input_ids, labels, response_mask,
-    loss_mask, engine_log_probs and ban_mask (N, T); lengths, group and prompt_len (N,).
-    response_mask marks every response token; loss_mask the ones that carry the loss (all of them
-    but a truncated row's under --mask-truncated). ban_mask marks the first --min-tokens response
-    positions (stop tokens are banned there)."""
+    policy_mask, loss_mask, engine_log_probs and ban_mask (N, T); lengths, group and prompt_len
+    (N,). response_mask marks every response token, tool output included; policy_mask the ones the
+    engine sampled (all of them without --tools): what a KL, an entropy or a ratio reads; loss_mask
+    the ones that carry the loss (the policy's, but a truncated row's under --mask-truncated).
+    ban_mask marks the first --min-tokens response positions (stop tokens are banned there: in
+    the first turn only, the one sampled with min_tokens)."""
     prompt_ids = batch["prompt_ids"]
     response_ids = batch["response_ids"]
     seqs = [p + r for p, r in zip(prompt_ids, response_ids)]
@@ -1330,6 +1508,7 @@ def collate(batch, args, pad_id=0):
     T = max(map(len, seqs)) - 1  # label positions: a sequence predicts all but its first token
     ids = torch.full((N, T + 1), pad_id, dtype=torch.long)  # (N, T+1)
     mask = torch.zeros(N, T, dtype=torch.bool)  # (N, T) over labels: the response tokens
+    policy = torch.zeros(N, T, dtype=torch.bool)  # (N, T) over labels: the sampled tokens
     ban = torch.zeros(N, T, dtype=torch.bool)  # (N, T) over labels: the first --min-tokens
     eng = torch.zeros(N, T)  # (N, T) over labels: the engine's log-probs
     for i in range(N):
@@ -1338,15 +1517,20 @@ def collate(batch, args, pad_id=0):
         ids[i, : len(p) + len(r)] = torch.tensor(p + r)
         s = len(p) - 1  # label s is the first response token
         mask[i, s : s + len(r)] = True
+        if "policy_masks" in batch:
+            policy[i, s : s + len(r)] = torch.tensor(batch["policy_masks"][i], dtype=torch.bool)
+        else:
+            policy[i, s : s + len(r)] = True
         ban[i, s : s + min(len(r), args.min_tokens)] = True
         eng[i, s : s + len(r)] = torch.tensor(batch["engine_logprobs"][i], dtype=torch.float32)
-    loss_mask = mask.clone()  # (N, T)
+    loss_mask = policy.clone()  # (N, T)
     if args.mask_truncated:  # DAPO's overlong filtering: truncated responses leave the loss
         loss_mask[torch.tensor(batch["truncated"], dtype=torch.bool)] = False
     return {
         "input_ids": ids[:, :-1],
         "labels": ids[:, 1:],
         "response_mask": mask,
+        "policy_mask": policy,
         "loss_mask": loss_mask,
         "engine_log_probs": eng,
         "ban_mask": ban,
@@ -1469,7 +1653,7 @@ def advantages(batch, tensors, log_probs, args):
         keep=keep,
     )
     if args.kl_in_reward:
-        mask = tensors["response_mask"]  # (N, T) every response token, truncated rows included
+        mask = tensors["policy_mask"]  # (N, T) the sampled tokens, truncated rows included
         log_ratio = (log_probs["policy"] - log_probs["ref"]) * mask  # (N, T)
         penalty = args.kl_beta * log_ratio.sum(dim=1)  # (N,)
         rewards = rewards - penalty
@@ -1517,8 +1701,9 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
 
     First the no-grad passes: pi_old, and the reference and previous policies for the KL; then the
     rewards -> advantages phase (`advantages`); then _updates (epochs x train batches x
-    microbatches). The response tokens (response_mask) are what a KL measures; the tokens that
-    carry the loss (loss_mask) leave out a truncated row's under --mask-truncated.
+    microbatches). The policy's tokens (policy_mask: every response token but tool output) are
+    what a KL measures; the tokens that carry the loss (loss_mask) leave out a truncated row's
+    under --mask-truncated.
     learner: build_learner's dict. lag: how many updates the policy is ahead of the batch's
     generator (grpo_ray.py); a stale batch takes pi_old from the engine unless --rollout-is
     corrects it. The previous policy is refreshed here. dp
@@ -1532,7 +1717,7 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
     ban_ids = batch["ban_token_ids"]
     tensors = collate(batch, args)  # and below, the per-token inputs of the loss
     metrics = {}
-    response = tensors["response_mask"]  # (N, T) every response token: what a KL measures
+    response = tensors["policy_mask"]  # (N, T) the tokens the engine sampled: what a KL measures
     mask = tensors["loss_mask"]  # (N, T) the tokens that carry the loss
     engine_log_probs = tensors["engine_log_probs"]  # (N, T) mu, the sampling distribution
     do_kl = bool(args.kl_every) and step % args.kl_every == 0
@@ -1865,7 +2050,9 @@ def stopped_in_loop(args, state, dirty):
     )
 
 
-def finish_run(engine, val_rows, learner, args, n_steps, state, t_run, wandb_run, interrupted):
+def finish_run(
+    engine, val_rows, learner, args, n_steps, state, t_run, wandb_run, interrupted, tool=None
+):
     """The end of a grpo.py or expert_iteration.py run after `n_steps` steps (or a stop request):
     the final validation (skipped after a stop), the checkpoint and the dashboard, then exit 130 or
     143 if the run was stopped. A stop request lets the save finish, unless the run is stopping
@@ -1874,7 +2061,7 @@ def finish_run(engine, val_rows, learner, args, n_steps, state, t_run, wandb_run
 
     if not interrupted:
         try:
-            evaluate_and_dump(engine, val_rows, args, n_steps, state, t_run, None, wandb_run)
+            evaluate_and_dump(engine, val_rows, args, n_steps, state, t_run, None, wandb_run, tool)
         except KeyboardInterrupt:
             interrupted = True  # every step is trained: save them; a resume runs the eval
             print(f"\n{runs.stop_name()}: final eval skipped; saving checkpoint", flush=True)
@@ -1923,6 +2110,7 @@ def main(args):
         engine = make_engine(lora.model_path(args), args, runtime, policy)
         if args.resume and args.lora_rank:
             engines.load_policy_into_vllm(policy, engine)  # the base + the checkpoint's adapter
+        tool = make_tool(args)  # --tools: the tool the rollouts call, else None
     except KeyboardInterrupt:
         stopped(f"{runs.stop_name()} while loading: stopped before training; nothing saved")
     write_settings(args, runtime)  # args.json, runtime.json
@@ -1952,12 +2140,12 @@ def main(args):
             t_step = time.perf_counter()
             # --- rollout + reward: G samples per question from the engine, which holds pi_step;
             # the batch's metrics ---
-            batch, stats = collect(engine, train_rows, args, step)
+            batch, stats = collect(engine, train_rows, args, step, tool=tool)
             metrics = summarize(batch, [stats], args)
             # --- eval: greedy on the engine's weights, the policy after `step` updates ---
             if args.eval_every and step % args.eval_every == 0:
                 eval_s = evaluate_and_dump(
-                    engine, val_rows, args, step, state, t_run, batch, wandb_run
+                    engine, val_rows, args, step, state, t_run, batch, wandb_run, tool
                 )
                 t_step += eval_s  # not step time
             if args.sleep_engine:
@@ -1996,8 +2184,19 @@ def main(args):
         stopped_in_loop(args, state, dirty)  # exits if inside a step's updates
     # --- final eval (not after a stop request), save, exit ---
     finish_run(
-        engine, val_rows, learner, args, args.n_grpo_steps, state, t_run, wandb_run, interrupted
+        engine,
+        val_rows,
+        learner,
+        args,
+        args.n_grpo_steps,
+        state,
+        t_run,
+        wandb_run,
+        interrupted,
+        tool,
     )
+    if tool is not None and tool.pool is not None:
+        tool.pool.close()  # the sandbox workers
 
 
 if __name__ == "__main__":

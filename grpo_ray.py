@@ -176,6 +176,11 @@ def resolve(args):
     M = args.num_learners
     colocated = args.placement == "colocated"
     common.check(
+        not args.tools,
+        f"--tools {args.tools}: the multi-turn loop runs in grpo.py only for now (python grpo.py "
+        f"--tools {args.tools} ...)",
+    )
+    common.check(
         (k == 1 or colocated) and not (args.async_mode and colocated),
         "--steps-per-rollout > 1 needs --placement colocated, --async disaggregated",
     )

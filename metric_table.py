@@ -5,7 +5,7 @@ console line (`step_line`), the glossary in docs/metrics.md (`glossary`; `python
 --write` rewrites it there, and a test checks the two agree), and the names the run doctor reads
 (a test checks each is here). A new metric is one entry here plus the line that computes it:
 `grpo.summarize` for the scored batch (both GRPO trainers call it), `grpo.train_step` for what the
-learner measures. Keys are namespaced `train/`, `eval/`, `time/`, `ray/`.
+learner measures. Keys are namespaced `train/`, `eval/`, `time/`, `tool/`, `ray/`.
 
     python metric_table.py           # print the glossary table
     python metric_table.py --write   # rewrite docs/metrics.md's table from METRICS
@@ -61,7 +61,8 @@ METRICS = [
       "--max-per-question a question)"),
     M("train/response_len_mean", f"{GRPO} expert_iteration", "",
       {"grpo": ".1f", "expert_iteration": ".1f"},
-      "mean sampled response length (tokens)"),
+      "mean response length in tokens the policy sampled (with --tools, tool output is not "
+      "counted: train/response_len_total_mean counts it)"),
     M("train/truncation_rate", f"{GRPO} expert_iteration", "", {"grpo": ".2f"},
       "fraction of sampled responses cut at --max-tokens"),
     M("train/entropy", f"{GRPO} expert_iteration sft", "",
@@ -86,6 +87,8 @@ METRICS = [
     M("train/sft_steps", "", "expert_iteration", {"expert_iteration": "d"},
       "optimizer steps of the step's SFT: each epoch's kept pairs in ceil(kept / --batch-size) "
       "steps"),
+    M("tool/calls_mean", "", "grpo", {"grpo": ".2f"},
+      "--tools: mean tool calls per sampled response"),
     M("time/generation", f"{GRPO} expert_iteration", "", {"grpo": ".1f", "expert_iteration": ".1f"},
       "seconds sampling the rollout batch (all rounds)"),
     M("time/training", f"{GRPO} expert_iteration", "", {"grpo": ".1f", "expert_iteration": ".1f"},
@@ -109,6 +112,20 @@ METRICS = [
       "--dynamic-sampling: fraction of the sampled groups that were flat in --dynamic-sampling-on"),
     M("train/dynamic_prompts_sampled", "", GRPO, {},
       "--dynamic-sampling: prompts sampled to fill the batch"),
+    # --- tools (--tools; grpo.tool_metrics)
+    M("train/response_len_total_mean", "", "grpo", {},
+      "--tools: mean response length in tokens, tool output included (what --max-tokens counts)"),
+    M("tool/calls_max", "", "grpo", {}, "--tools: most tool calls in one response"),
+    M("tool/frac_with_call", "", "grpo", {}, "--tools: fraction of responses with a tool call"),
+    M("tool/error_rate", "", "grpo", {},
+      "--tools: fraction of calls whose output is an error (timeouts included)"),
+    M("tool/timeout_rate", "", "grpo", {}, "--tools: fraction of calls cut at --tool-timeout"),
+    M("tool/turns_mean", "", "grpo", {},
+      "--tools: mean turns (engine calls) per response: calls + 1, unless a tool output ended it"),
+    M("tool/truncated_by_tool_rate", "", "grpo", {},
+      "--tools: fraction of responses ended because a tool output did not fit in --max-tokens"),
+    M("tool/obs_tokens_mean", "", "grpo", {},
+      "--tools: mean tool-output tokens per response (response but not loss)"),
     # --- the learner
     M("train/epoch", GRPO, "", {}, "epoch within the rollout batch (--epochs-per-rollout-batch)"),
     M("train/ratio_mean", GRPO, "", {},
@@ -154,6 +171,7 @@ METRICS = [
       "mean validation response length (tokens)"),
     M("eval/truncation_rate", "", f"{GRPO} expert_iteration sft", {},
       "fraction of validation responses cut at the token limit"),
+    M("eval/tool_calls_mean", "", "grpo", {}, "--tools: mean tool calls per validation answer"),
     M("eval/avg@k", "", f"{GRPO} expert_iteration sft", {},
       "--eval-samples k: mean fraction of a question's k samples (at --eval-temperature) that are "
       "correct"),
@@ -168,6 +186,8 @@ METRICS = [
     M("eval/maj@k_se", "", f"{GRPO} expert_iteration sft", {}, "its standard error over questions"),
     # --- time
     M("time/grading", f"{GRPO} expert_iteration", "", {}, "seconds grading the rollout batch"),
+    M("time/tool", "", "grpo", {},
+      "--tools: seconds in tool calls during the rollout (not in time/generation)"),
     M("time/dynamic_extra_generation", "", GRPO, {},
       "--dynamic-sampling: seconds sampling after the first round"),
     M("time/entropy", "expert_iteration", "", {},

@@ -12,7 +12,8 @@ Everything else calls:
     wake_engine(llm, policy)
 
 `generate` returns, per prompt, n dicts
-{"text", "token_ids", "logprobs", "finish_reason", "prompt_token_ids"}.
+{"text", "token_ids", "logprobs", "finish_reason", "stop_reason", "prompt_token_ids"}
+(stop_reason: the stop string that ended the sample, or its stop token id; None at max_tokens).
 "logprobs" has one float per generated token under the distribution it was sampled from,
 log_softmax(logits / T) (logprobs_mode="processed_logprobs"). It is renormalised if top_p < 1, so
 keep top_p=1.0 for RL; the first min_tokens positions ban min_tokens_banned_ids(llm). Stop strings
@@ -470,16 +471,25 @@ def generate(
     min_tokens=0,
     stop=None,
     seed=None,
+    seeds=None,
 ):
     """n continuations per prompt -> list (prompts) of list (n) of dicts (module docstring).
 
+    A prompt is text, or a list of token ids the engine continues as they are (tools.py's turns).
     seed: sample j of prompt i uses seed + j*len(prompts) + i, whatever else is in the batch;
-    None = the engine's RNG.
+    None = the engine's RNG. seeds: instead, prompt i's own seed (n = 1). max_tokens: one limit,
+    or one per prompt.
     """
     if not prompts:
         return []
+    if seeds is not None and (n != 1 or len(seeds) != len(prompts)):
+        raise ValueError("generate: seeds= takes one seed per prompt, with n=1")
+    if isinstance(max_tokens, int):
+        max_tokens = [max_tokens] * len(prompts)
     if isinstance(llm, HFEngine):
-        return llm.generate(prompts, n, temperature, top_p, max_tokens, min_tokens, stop, seed)
+        return llm.generate(
+            prompts, n, temperature, top_p, max_tokens, min_tokens, stop, seed, seeds
+        )
     from vllm import SamplingParams
 
     # One n=1 request per sample, with its own seed: vLLM seeds an n>1 request's children
@@ -489,7 +499,9 @@ def generate(
     params = []  # request i*n + j = sample j of prompt i
     for i in range(P):
         for j in range(n):
-            if seed is None:
+            if seeds is not None:
+                sample_seed = seeds[i]
+            elif seed is None:
                 sample_seed = None
             else:
                 sample_seed = seed + j * P + i
@@ -498,7 +510,7 @@ def generate(
                     n=1,
                     temperature=temperature,
                     top_p=top_p,
-                    max_tokens=max_tokens,
+                    max_tokens=max_tokens[i],
                     min_tokens=min_tokens,
                     stop=list(stop or []) or None,
                     include_stop_str_in_output=True,
@@ -506,7 +518,11 @@ def generate(
                     logprobs=0,  # 0 = the sampled token only
                 )
             )
-    requests = [p for p in prompts for _ in range(n)]
+    requests = []
+    for p in prompts:
+        if not isinstance(p, str):
+            p = {"prompt_token_ids": list(p)}  # vLLM's TokensPrompt: the ids as they are
+        requests.extend([p] * n)
     with _device_ctx(llm):
         outs = llm.generate(requests, params, use_tqdm=False)
     results = []
@@ -521,11 +537,19 @@ def generate(
                         "token_ids": list(c.token_ids),
                         "logprobs": logprobs,
                         "finish_reason": str(c.finish_reason),
+                        "stop_reason": c.stop_reason,
                         "prompt_token_ids": list(o.prompt_token_ids),
                     }
                 )
         results.append(samples)
     return results
+
+
+def engine_tokenizer(llm):
+    """The tokenizer the engine samples with (tools.py tokenises tool output with it)."""
+    if isinstance(llm, HFEngine):
+        return llm.tokenizer
+    return llm.get_tokenizer()
 
 
 def min_tokens_banned_ids(llm):
@@ -625,8 +649,11 @@ class HFEngine:
         min_tokens=0,
         stop=None,
         seed=None,
+        seeds=None,
     ):
         stop = list(stop or [])
+        if isinstance(max_tokens, int):
+            max_tokens = [max_tokens] * len(prompts)
         ends = min_tokens_banned_ids(self)  # vLLM's stop token ids
         results = []
         if seed is None:
@@ -634,15 +661,23 @@ class HFEngine:
         for i, prompt in enumerate(prompts):
             gens = []  # sample j's own stream
             for j in range(n):
-                gens.append(torch.Generator(self.device).manual_seed(seed + j * len(prompts) + i))
-            prompt_ids = self.tokenizer(prompt).input_ids
+                if seeds is not None:
+                    sample_seed = seeds[i]
+                else:
+                    sample_seed = seed + j * len(prompts) + i
+                gens.append(torch.Generator(self.device).manual_seed(sample_seed))
+            if isinstance(prompt, str):
+                prompt_ids = self.tokenizer(prompt).input_ids
+            else:
+                prompt_ids = list(prompt)  # token ids, continued as they are
             input_ids = torch.tensor([prompt_ids] * n, device=self.device)  # (n, P)
             out = self.model(input_ids, use_cache=True)
             toks = [[] for _ in range(n)]
             lps = [[] for _ in range(n)]
             texts = [None] * n
             reasons = [None] * n  # finish reason; None while sample j is still running
-            for step in range(max_tokens):
+            stopped_by = [None] * n  # vLLM's stop_reason: the stop string, or the stop token id
+            for step in range(max_tokens[i]):
                 logits = out.logits[:, -1, :].float()  # (n, V)
                 if step < min_tokens:
                     # like vLLM: stop tokens are banned before min_tokens
@@ -669,16 +704,19 @@ class HFEngine:
                     toks[j].append(int(nxt[j]))
                     lps[j].append(float(logp[j, nxt[j]]))
                     text = self.tokenizer.decode(toks[j], skip_special_tokens=True)
-                    hits = []  # where each stop string in the text ends
+                    hits = []  # (where each stop string in the text ends, the string)
                     if step >= min_tokens:
-                        hits = [text.find(s) + len(s) for s in stop if s in text]
+                        hits = [(text.find(s) + len(s), s) for s in stop if s in text]
                     if hits:
-                        texts[j] = text[: min(hits)]  # text ends with (includes) the stop string
+                        end, stopped_by[j] = min(hits)
+                        texts[j] = text[:end]  # text ends with (includes) the stop string
                     else:
                         texts[j] = text
+                    if not hits and toks[j][-1] in ends:
+                        stopped_by[j] = toks[j][-1]
                     if hits or toks[j][-1] in ends:
                         reasons[j] = "stop"
-                    elif len(toks[j]) == max_tokens:
+                    elif len(toks[j]) == max_tokens[i]:
                         reasons[j] = "length"
                 if all(r is not None for r in reasons):
                     break
@@ -691,6 +729,7 @@ class HFEngine:
                         "token_ids": toks[j],
                         "logprobs": lps[j],
                         "finish_reason": reasons[j],
+                        "stop_reason": stopped_by[j],
                         "prompt_token_ids": list(prompt_ids),
                     }
                 )

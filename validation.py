@@ -22,15 +22,16 @@ from grader import last_boxed
 
 
 # ----------------------------------------------------------------------------- validation
-def greedy_eval(engine, rows, reward, max_tokens, min_tokens=0, workers=None):
+def greedy_eval(engine, rows, reward, max_tokens, min_tokens=0, workers=None, tool=None):
     """The validation every trainer logs: greedy answers to the rows' prompts (stopped at their
     "stop" strings) on the engine's weights, graded -> (eval/ metrics, sample rows).
-    eval/accuracy is the fraction with answer reward 1, in every script."""
+    eval/accuracy is the fraction with answer reward 1, in every script. With a tool (tools.Tool)
+    the answers use it, the policy's own text is graded and a sample row shows the transcript."""
     import grader
 
-    generations = answers_of(engine, rows, 1, 0.0, max_tokens, min_tokens)
+    generations = answers_of(engine, rows, 1, 0.0, max_tokens, min_tokens, tool=tool)
     outs = [samples[0] for samples in generations]  # n=1: one sample per prompt
-    texts = [o["text"] for o in outs]
+    texts = [o.get("policy_text", o["text"]) for o in outs]
     gts = [r["ground_truth"] for r in rows]
     dicts = grader.grade_batch(grader.REWARD_FNS[reward], texts, gts, workers=workers)
 
@@ -44,7 +45,10 @@ def greedy_eval(engine, rows, reward, max_tokens, min_tokens=0, workers=None):
     metrics["eval/accuracy"], metrics["eval/accuracy_se"] = mean_se(correct)
     metrics["eval/n_questions"] = len(rows)
     metrics["eval/response_len"] = sum(len(o["token_ids"]) for o in outs) / n
-    metrics["eval/truncation_rate"] = sum(1 for o in outs if o["finish_reason"] == "length") / n
+    truncated = [o["finish_reason"] in ("length", "truncated_by_tool") for o in outs]
+    metrics["eval/truncation_rate"] = sum(truncated) / n
+    if tool is not None:
+        metrics["eval/tool_calls_mean"] = sum(o["calls"] for o in outs) / n
 
     samples = []
     for r, o, g, d in zip(rows, outs, gts, dicts):
@@ -54,24 +58,27 @@ def greedy_eval(engine, rows, reward, max_tokens, min_tokens=0, workers=None):
     return metrics, samples
 
 
-def answers_of(engine, rows, n, temperature, max_tokens, min_tokens, seed=None):
-    """rollout.generate's n samples for each row's prompt, stopped at the rows' "stop" strings."""
+def answers_of(engine, rows, n, temperature, max_tokens, min_tokens, seed=None, tool=None):
+    """rollout.generate's n samples for each row's prompt, stopped at the rows' "stop" strings;
+    with a tool, tools.generate's."""
     import rollout
+    import tools
 
     stop = []
     if rows:
         stop = rows[0]["stop"]
     prompts = [r["prompt"] for r in rows]
-    return rollout.generate(
-        engine,
-        prompts,
-        n=n,
-        temperature=temperature,
-        max_tokens=max_tokens,
-        min_tokens=min_tokens,
-        stop=stop,
-        seed=seed,
-    )
+    sampling = {
+        "n": n,
+        "temperature": temperature,
+        "max_tokens": max_tokens,
+        "min_tokens": min_tokens,
+        "stop": stop,
+        "seed": seed,
+    }
+    if tool is not None:
+        return tools.generate(engine, prompts, tool, **sampling)
+    return rollout.generate(engine, prompts, **sampling)
 
 
 def mean_se(values):
@@ -108,19 +115,19 @@ def sampled_metrics(correct, answers, k):
 
 
 def sampled_eval(
-    engine, rows, reward, k, temperature, max_tokens, min_tokens=0, workers=None, seed=0
+    engine, rows, reward, k, temperature, max_tokens, min_tokens=0, workers=None, seed=0, tool=None
 ):
     """Sampled validation (--eval-samples k, --eval-temperature T): k samples per question at T,
     graded -> sampled_metrics' eval/ keys. The same seeds at every evaluation (sample j of question
     i uses seed + j * len(rows) + i), so two steps differ by their weights, not their draws."""
     import grader
 
-    generations = answers_of(engine, rows, k, temperature, max_tokens, min_tokens, seed)
+    generations = answers_of(engine, rows, k, temperature, max_tokens, min_tokens, seed, tool)
     texts = []
     gts = []
     for r, samples in zip(rows, generations):
         for o in samples:
-            texts.append(o["text"])
+            texts.append(o.get("policy_text", o["text"]))  # with a tool: the policy's own text
             gts.append(r["ground_truth"])
     dicts = grader.grade_batch(grader.REWARD_FNS[reward], texts, gts, workers=workers)
     correct = []  # per question: its k samples' flags, then their answers

@@ -1,0 +1,416 @@
+"""tools.py: the tools, the multi-turn loop's masks, budgets and seeds (a scripted policy), and
+exact log-probs over multi-turn rows on the real engines (vLLM and hf) with the embedded model."""
+
+import types
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import data
+import grpo
+import losses
+import rollout
+import tools
+from conftest import requires_vllm
+
+LOGPROB_ATOL = 1e-4  # test_rollout's single-turn tolerance: fp32 engine vs fp32 forward
+EOS = "<EOS>"  # in a script: the tokenizer's EOS token id here
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return AutoTokenizer.from_pretrained(data.EMBEDDED_MODEL)
+
+
+def calculator(max_calls=8, trigger="=", max_obs_tokens=16):
+    return tools.Tool("calculator", trigger, " {}", max_calls, max_obs_tokens)
+
+
+# ----------------------------------------------------------------------------- the tools
+@pytest.mark.parametrize(
+    "expression, output, status",
+    [
+        ("5 + 2", "7", "ok"),
+        ("(8 - 2) * 5", "30", "ok"),
+        ("10 / 4", "2.5", "ok"),
+        ("1 / 3", "0.333333", "ok"),
+        ("-3 + 1", "-2", "ok"),
+        ("4 / (2 - 2)", "ZeroDivisionError: division by zero", "error"),
+        ("5 +", "SyntaxError: invalid syntax", "error"),
+        ("", "SyntaxError: no expression before the call", "error"),
+        ("10 ** 3", "ValueError: only numbers, + - * / and brackets", "error"),
+        ("99999999 * 99999999", "ValueError: number too large", "error"),
+    ],
+)
+def test_calculator(expression, output, status):
+    assert tools.calculate(expression) == (output, status)
+
+
+def test_the_expression_is_the_arithmetic_before_the_trigger():
+    assert tools.expression_before(" 5 + 2 =", "=") == "5 + 2"
+    assert tools.expression_before("vs 50 no. 5 * 2 =", "=") == "5 * 2"
+    assert tools.expression_before("13, 13 * (2 - 1) =", "=") == "13 * (2 - 1)"
+    assert tools.expression_before("no numbers =", "=") == ""
+
+
+def test_last_code_block():
+    text = "```python\nprint(1)\n```\nthen\n```py\nprint(2)\n```\n```output"
+    assert tools.last_code_block(text) == "print(2)\n"
+    assert tools.last_code_block("no code ```output") is None
+
+
+def test_an_observation_is_middle_truncated_to_its_token_cap(tok):
+    tool = calculator(max_obs_tokens=12)
+    output = "0123456789" * 1_000_000  # 10 MB
+    ids, text = tools.observation(tool, output, tok)
+    assert len(ids) <= 12
+    assert text.startswith(" 0123") and text.endswith("789")
+    assert tools.TRUNCATION_MARK in text
+    short, text = tools.observation(tool, "42", tok)
+    assert text == " 42"
+    assert short == tok(" 42", add_special_tokens=False).input_ids
+
+
+# ----------------------------------------------------------------------------- a scripted policy
+class ScriptedEngine(rollout.HFEngine):
+    """An engine that says prompt i's script, one turn per call, with the engine's stop
+    semantics (stop strings after min_tokens, EOS, max_tokens; the last token may run past a stop
+    string); every call's arguments are recorded. n = 1 per prompt."""
+
+    def __init__(self, tokenizer, scripts):
+        self.tokenizer = tokenizer
+        self.model = types.SimpleNamespace(generation_config=types.SimpleNamespace())
+        self.scripts = scripts  # prompt text -> its turns' texts
+        self.turn = {}  # prompt text -> turns said
+        self.calls = []
+
+    def _script_of(self, prompt):
+        for text in self.scripts:
+            ids = self.tokenizer(text).input_ids
+            if prompt == text or list(prompt[: len(ids)]) == ids:
+                return text
+        raise AssertionError("no script for this prompt")
+
+    def generate(self, prompts, n, temperature, top_p, max_tokens, min_tokens, stop, seed, seeds):
+        assert n == 1
+        self.calls.append(
+            {"n": len(prompts), "min_tokens": min_tokens, "stop": stop, "seeds": seeds}
+        )
+        results = []
+        for i, prompt in enumerate(prompts):
+            key = self._script_of(prompt)
+            k = self.turn.get(key, 0)
+            self.turn[key] = k + 1
+            parts = self.scripts[key][k].split(EOS)
+            ids = []
+            for part in parts:
+                if ids or part is not parts[0]:
+                    ids.append(self.tokenizer.eos_token_id)  # an EOS between two parts
+                ids += self.tokenizer(part, add_special_tokens=False).input_ids
+            if isinstance(prompt, str):
+                prompt_ids = self.tokenizer(prompt).input_ids
+            else:
+                prompt_ids = list(prompt)
+            out = {"finish_reason": "length", "stop_reason": None}
+            toks = []
+            text = ""
+            for t in ids[: max_tokens[i]]:
+                toks.append(t)
+                text = self.tokenizer.decode(toks, skip_special_tokens=True)
+                hits = []
+                if len(toks) > min_tokens:
+                    hits = [(text.find(s) + len(s), s) for s in stop if s in text]
+                if hits:
+                    end, reason = min(hits)
+                    text = text[:end]
+                    out = {"finish_reason": "stop", "stop_reason": reason}
+                    break
+                if t == self.tokenizer.eos_token_id:
+                    out = {"finish_reason": "stop", "stop_reason": None}
+                    break
+            logprobs = [-0.1 - 0.01 * j for j in range(len(toks))]
+            out |= {"text": text, "token_ids": toks, "logprobs": logprobs}
+            out["prompt_token_ids"] = prompt_ids
+            results.append([out])
+        return results
+
+
+ANSWER = " </think> <answer> 5 + 2 </answer>"
+
+
+def scripted(tok, scripts, tool, max_tokens=64, min_tokens=0, seed=1000, stride=100):
+    engine = ScriptedEngine(tok, scripts)
+    prompts = list(scripts)
+    outs = tools.generate(
+        engine,
+        prompts,
+        tool,
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        stop=["</answer>"],
+        seed=seed,
+        turn_stride=stride,
+    )
+    return engine, [o[0] for o in outs]
+
+
+def obs_ids(tok, text):
+    return tok(text, add_special_tokens=False).input_ids
+
+
+def test_zero_one_and_k_calls_and_the_last_turns_trigger_is_trained_not_run(tok):
+    scripts = {
+        "A: no call": [" 7 vs 7 yes" + ANSWER],
+        "B: one call": [" 5 + 2 =", " vs 7 yes" + ANSWER],
+        "C: two calls, a third trigger": [" 1 + 1 =", " 2 * 3 =", " 6 + 1 = 7" + ANSWER],
+    }
+    engine, (a, b, c) = scripted(tok, scripts, calculator(max_calls=2))
+    assert (a["calls"], a["turns"], a["obs_tokens"]) == (0, 1, 0)
+    assert a["policy_mask"] == [1] * len(a["token_ids"])
+    assert (b["calls"], b["turns"]) == (1, 2)
+    assert b["text"] == " 5 + 2 = 7 vs 7 yes" + ANSWER
+    assert b["policy_text"] == " 5 + 2 = vs 7 yes" + ANSWER  # what is graded: the policy's own
+    first = obs_ids(tok, " 5 + 2 =")
+    seven = obs_ids(tok, " 7")
+    assert b["token_ids"][: len(first) + len(seven)] == first + seven
+    assert b["policy_mask"][len(first) : len(first) + len(seven)] == [0] * len(seven)
+    assert sum(b["policy_mask"]) == len(b["token_ids"]) - len(seven)
+    # C: the third turn's "=" is no stop (2 calls made): sampled and trained, not run
+    assert (c["calls"], c["turns"], c["errors"]) == (2, 3, 0)
+    assert c["text"] == " 1 + 1 = 2 2 * 3 = 6 6 + 1 = 7" + ANSWER
+    assert engine.calls[-1]["stop"] == ["</answer>"]
+    assert engine.calls[0]["stop"] == ["</answer>", "="]
+    for s in (a, b, c):
+        assert len(s["logprobs"]) == len(s["token_ids"]) == len(s["policy_mask"])
+        for lp, m in zip(s["logprobs"], s["policy_mask"]):
+            assert (lp != 0) == bool(m)  # the engine's log-probs on its own tokens only
+        assert s["finish_reason"] == "stop"
+
+
+def test_seeds_follow_prompt_sample_and_turn_not_the_samples_still_running(tok):
+    scripts = {
+        "A: done at once": [ANSWER],
+        "B: calls twice": [" 1 + 1 =", " 1 + 2 =", ANSWER],
+        "C: calls once": [" 2 + 2 =", ANSWER],
+    }
+    engine, _ = scripted(tok, scripts, calculator(), seed=1000, stride=100)
+    # turn t of prompt i (n = 1): 1000 + t x 100 + i; turn 0 is rollout.generate's seed + i
+    assert engine.calls[0]["seeds"] is None
+    assert engine.calls[1]["seeds"] == [1101, 1102]
+    assert engine.calls[2]["seeds"] == [1201]
+    # the min_tokens ban is the first turn's only
+    engine, _ = scripted(tok, scripts, calculator(), min_tokens=2)
+    assert [c["min_tokens"] for c in engine.calls] == [2, 0, 0]
+
+
+def test_budgets_an_observation_that_does_not_fit_a_turn_cut_by_length_and_eos(tok):
+    scripts = {
+        "A: no room for the output": [" 11 + 22 =", ANSWER],
+        "B: cut by its length": [" 1 + 2 + 3 + 4 + 5 + 6 + 7 + 8 + 9 =", ANSWER],
+        "C: EOS mid-turn": [" 3 + 3" + EOS + " =", ANSWER],
+    }
+    first = len(obs_ids(tok, " 11 + 22 ="))
+    # A's " 33" would end exactly at the limit: no room for a sampled token, so it ends the sample
+    limit = first + len(obs_ids(tok, " 33"))
+    engine, (a, b, c) = scripted(tok, scripts, calculator(), max_tokens=limit)
+    assert a["finish_reason"] == "truncated_by_tool"
+    assert (a["calls"], a["obs_tokens"], len(a["token_ids"])) == (1, 0, first)
+    assert b["finish_reason"] == "length" and b["calls"] == 0  # its partial expression never ran
+    assert len(b["token_ids"]) == limit
+    assert c["finish_reason"] == "stop" and c["calls"] == 0
+    assert c["token_ids"][-1] == tok.eos_token_id
+    # one more token of room: A's output fits, then its next turn has one token
+    engine, (a, _, _) = scripted(tok, scripts, calculator(), max_tokens=limit + 1)
+    assert a["calls"] == 1 and a["obs_tokens"] == limit - first
+    assert a["finish_reason"] == "length" and len(a["token_ids"]) == limit + 1
+
+
+def demo_args(**kw):
+    args = dict(
+        group_size=1,
+        temperature=1.0,
+        top_p=1.0,
+        max_tokens=64,
+        min_tokens=2,
+        rollout_batch_size=3,
+        mask_truncated=False,
+        micro_train_batch_size=4,
+    )
+    return types.SimpleNamespace(**(args | kw))
+
+
+def test_collate_the_loss_reads_policy_tokens_only(tok):
+    """grpo.rollout + collate on scripted multi-turn rows: the loss-carrying positions are exactly
+    the policy's, the engine's log-probs are there only, and the min-tokens ban is in the first
+    turn."""
+    scripts = {
+        "A: one call": [" 5 + 2 =", " vs 7 yes" + ANSWER],
+        "B: two calls": [" 1 + 1 =", " 2 * 3 =", ANSWER],
+        "C: none": [ANSWER],
+    }
+    engine = ScriptedEngine(tok, scripts)
+    args = demo_args(mask_truncated=True)
+    rows = [{"prompt": p, "ground_truth": None, "stop": ["</answer>"]} for p in scripts]
+    batch = grpo.rollout(engine, rows, args, 0, calculator())
+    tensors = grpo.collate(batch, args)
+    policy = torch.zeros_like(tensors["loss_mask"])
+    ban = torch.zeros_like(tensors["loss_mask"])
+    for i in range(3):
+        s = len(batch["prompt_ids"][i]) - 1
+        mask = batch["policy_masks"][i]
+        policy[i, s : s + len(mask)] = torch.tensor(mask, dtype=torch.bool)
+        ban[i, s : s + 2] = True  # --min-tokens 2: inside every first turn here
+        assert sum(mask) < len(mask) or i == 2
+    assert torch.equal(tensors["loss_mask"], policy)
+    assert torch.equal(tensors["policy_mask"], policy)
+    assert torch.equal(tensors["engine_log_probs"] != 0, policy)
+    assert torch.equal(tensors["ban_mask"], ban)
+    assert tensors["response_mask"].sum() > policy.sum()  # tool output: response, not loss
+    metrics = grpo.tool_metrics(batch)
+    assert metrics["tool/calls_mean"] == 1.0 and metrics["tool/calls_max"] == 2
+    assert metrics["tool/frac_with_call"] == pytest.approx(2 / 3)
+
+
+def _without(x, keep):
+    """Rows of x (B, T) with only the `keep` positions, left-aligned, zero-padded."""
+    out = torch.zeros_like(x)
+    for i in range(x.shape[0]):
+        kept = x[i][keep[i]]
+        out[i, : len(kept)] = kept
+    return out
+
+
+@pytest.mark.parametrize("loss", sorted(losses.LOSSES))
+@pytest.mark.parametrize("length_norm", losses.LENGTH_NORMS)
+def test_tool_tokens_act_as_if_absent_at_the_gradient(loss, length_norm):
+    """Every loss and normaliser, with a KL term, an entropy bonus and importance weights, under
+    bf16 autocast: the loss and the gradient of rows with tool tokens (mask 0) equal those of the
+    same rows with the tool tokens deleted; the tool tokens get no gradient."""
+    g = torch.Generator().manual_seed(0)
+    B, T = 3, 12
+    policy = torch.rand(B, T, generator=g) > 0.3  # (B, T) policy tokens; the rest tool output
+    policy[:, 0] = True
+    logp = -torch.rand(B, T, generator=g) - 0.1
+    old = logp + 0.05 * torch.randn(B, T, generator=g)
+    ref = logp + 0.05 * torch.randn(B, T, generator=g)
+    ent = torch.rand(B, T, generator=g)
+    isw = 1 + 0.1 * torch.rand(B, T, generator=g)
+    adv = torch.randn(B, generator=g)
+    raw = torch.rand(B, generator=g)
+    settings = losses.LossSettings(
+        loss=loss,
+        cliprange=0.2,
+        length_norm=length_norm,
+        normalize_constant=float(T),
+        kl_beta=0.1,
+        entropy_coef=0.01,
+    )
+    packed = policy.sum(1)  # (B,) the policy tokens of each row
+    dense = torch.arange(T)[None, :] < packed[:, None]  # (B, T) the same, left-aligned
+
+    def run(mask, x_logp, x_old, x_ref, x_ent, x_isw):
+        leaf = x_logp.clone().requires_grad_()
+        ent_leaf = x_ent.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, _ = losses.grpo_microbatch_loss(
+                leaf,
+                mask,
+                adv,
+                raw,
+                settings,
+                old_log_probs=x_old,
+                ref_log_probs=x_ref,
+                is_weights=x_isw,
+                step_tokens=int(policy.sum()),
+                token_entropy=ent_leaf,
+            )
+        out.backward()
+        return out.detach(), leaf.grad, ent_leaf.grad
+
+    with_tool = run(policy, logp, old, ref, ent, isw)
+    moved = [_without(x, policy) for x in (logp, old, ref, ent, isw)]
+    moved[4] = torch.where(dense, moved[4], torch.ones(()))
+    absent = run(dense, *moved)
+    torch.testing.assert_close(with_tool[0], absent[0])
+    for grad_with, grad_absent in zip(with_tool[1:], absent[1:]):
+        assert torch.all(grad_with[~policy] == 0)
+        torch.testing.assert_close(_without(grad_with, policy), grad_absent)
+
+
+# ----------------------------------------------------------------------------- the real engines
+@pytest.fixture(scope="module")
+def embedded_vllm():
+    return rollout.init_vllm(
+        data.EMBEDDED_MODEL, device="cpu", seed=0, max_model_len=512, enforce_eager=True
+    )
+
+
+@pytest.fixture(scope="module")
+def embedded_hf():
+    return AutoModelForCausalLM.from_pretrained(data.EMBEDDED_MODEL, dtype=torch.float32).eval()
+
+
+def multi_turn_batch(engine, tool, temperature, n_prompts=4, group=2, seed=7):
+    rows = data.load_task(
+        "countdown", "test", "synthetic", n_prompts, 0, prompt="r1_zero_calculator"
+    )
+    args = demo_args(
+        group_size=group,
+        temperature=temperature,
+        max_tokens=96,
+        min_tokens=4,
+        rollout_batch_size=n_prompts * group,
+    )
+    batch = grpo.rollout(engine, rows, args, seed, tool)
+    batch["ban_token_ids"] = rollout.min_tokens_banned_ids(engine)
+    return batch, args
+
+
+def check_exact(batch, args, model, shared_prefix):
+    """The trainer's log-probs over the multi-turn rows against the engine's, at every policy
+    position; -> the largest difference."""
+    tensors = grpo.collate(batch, args)
+    runtime = {"shared_prefix": shared_prefix, "compute_dtype": torch.float32}
+    trainer = grpo.batch_log_probs(model, tensors, args, runtime, batch["ban_token_ids"])
+    policy = tensors["policy_mask"]
+    assert policy.sum() < tensors["response_mask"].sum(), "no tool output in the batch"
+    worst = (trainer - tensors["engine_log_probs"])[policy].abs().max().item()
+    assert worst < LOGPROB_ATOL
+    return worst
+
+
+@requires_vllm
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_multi_turn_log_probs_are_the_engines_vllm(embedded_vllm, embedded_hf, temperature):
+    batch, args = multi_turn_batch(embedded_vllm, calculator(), temperature)
+    assert max(batch["calls"]) >= 2
+    for shared_prefix in (False, True):
+        worst = check_exact(batch, args, embedded_hf, shared_prefix)
+        print(f"\nvLLM multi-turn, T={temperature}, shared prefix {shared_prefix}: {worst:.1e}")
+    # each turn continued exactly the ids before it: the prompt, then every segment as sampled
+    again, _ = multi_turn_batch(embedded_vllm, calculator(), temperature)
+    assert again["response_ids"] == batch["response_ids"]  # deterministic under fixed seeds
+
+
+@requires_vllm
+def test_a_trigger_that_ends_mid_token(embedded_vllm, embedded_hf, tok):
+    """ "vs 5" ends inside the token " 50" (" 56", ...): the engine's last token runs past the
+    trigger, and the tool output follows that token, not the trigger's text."""
+    tool = calculator(trigger="vs 5")
+    batch, args = multi_turn_batch(embedded_vllm, tool, 1.0)
+    seen = 0
+    for ids, mask in zip(batch["response_ids"], batch["policy_masks"]):
+        for k in range(1, len(ids)):
+            if mask[k - 1] == 1 and mask[k] == 0:  # the token before a tool output
+                assert tok.decode(ids[:k]).rstrip().split()[-1].startswith("5")
+                seen += 1
+    assert seen
+    check_exact(batch, args, embedded_hf, shared_prefix=True)
+
+
+def test_multi_turn_log_probs_are_the_engines_hf(embedded_hf):
+    engine = rollout.HFEngine(data.EMBEDDED_MODEL)
+    batch, args = multi_turn_batch(engine, calculator(), 1.0, n_prompts=2)
+    worst = check_exact(batch, args, embedded_hf, shared_prefix=False)
+    print(f"\nhf multi-turn, T=1.0: {worst:.1e}")

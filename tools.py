@@ -1,0 +1,308 @@
+"""Tool use: the tools a policy calls mid-response (python, calculator) and the multi-turn rollout.
+
+A turn ends at the task's stop (</answer>, EOS) or at the prompt's trigger (the prompt file's header,
+read by data.py: `# trigger:` and `# output:`). At a trigger the tool runs on the turn's text; its
+output (or the exception's last line, or TimeoutError), middle-truncated to --max-obs-tokens and put
+in the header's output format, is appended as tokens *after the engine's last token id* (which may
+run past the trigger text: ids are never trimmed to match text), and the next turn continues from
+the prompt's ids and every segment's ids as they are. Token ids are never re-tokenised from text.
+
+Each sample carries a policy mask over its response tokens: 1 on the tokens the engine sampled (the
+trigger and EOS included), 0 on tool output, whose log-probs read 0. Its text comes twice:
+"policy_text", the policy's own segments (what is graded: a tool that prints <answer> earns
+nothing), and "text", the transcript with the tool output.
+
+- python: runs the turn's last ```python block in sandbox.py's sandbox, on the run's pool; the
+  output is its stdout (and the exception's last line, if it raised).
+- calculator: evaluates the arithmetic expression before the trigger (numbers, + - * /, brackets)
+  in this process, exactly (fractions): an AST walk over numbers runs no code, so it needs no
+  sandbox.
+
+Budget: --max-tokens counts every response token, tool output included. An observation that leaves
+no room for one more sampled token ends the sample ("truncated_by_tool") instead of being cut; a turn
+cut by its length ends the sample, and its partial code never runs. After --max-tool-calls K calls
+the trigger is no longer a stop: a (K+1)-th trigger is sampled and trained on, not run.
+
+Seeds: turn t of sample j of prompt i uses seed + t * turn_stride + j * P + i (P prompts), fixed by
+(prompt, sample, turn), not by a sample's place among those still running. Turn 0 is
+rollout.generate's own call, so a response that never calls a tool is the one it samples.
+"""
+
+import ast
+import operator
+import re
+import time
+from fractions import Fraction
+
+import rollout
+
+TOOLS = ("python", "calculator")  # --tools choices
+MAX_CALLS = {"python": 1, "calculator": 8}  # --max-tool-calls defaults (ToRL's C = 1 for python)
+TRUNCATION_MARK = " ... "  # between an output's head and tail when it is cut
+
+
+# ----------------------------------------------------------------------------- the tools
+class Tool:
+    """One run's tool: its name, the prompt's trigger and output format, the call limit, the
+    observation cap in tokens, and (python) the sandbox pool its calls run on. `seconds` counts
+    the time spent in calls."""
+
+    def __init__(self, name, trigger, output, max_calls, max_obs_tokens, pool=None):
+        if name not in TOOLS:
+            raise ValueError(f"unknown tool {name!r}; choose from {TOOLS}")
+        self.name = name
+        self.trigger = trigger
+        self.output = output
+        self.max_calls = max_calls
+        self.max_obs_tokens = max_obs_tokens
+        self.pool = pool
+        self.seconds = 0.0
+
+    def run(self, turn_texts):
+        """Each turn's text (ending with the trigger) -> [(output, status)], status "ok", "error"
+        or "timeout"."""
+        t0 = time.perf_counter()
+        results = [None] * len(turn_texts)
+        if self.name == "calculator":
+            for k, text in enumerate(turn_texts):
+                results[k] = calculate(expression_before(text, self.trigger))
+        else:
+            codes = []  # (index, code) of the turns with a code block
+            for k, text in enumerate(turn_texts):
+                code = last_code_block(text)
+                if code is None:
+                    results[k] = ("SyntaxError: no ```python code block before the call", "error")
+                else:
+                    codes.append((k, code))
+            outs = self.pool.run([code for _, code in codes])
+            for (k, _), out in zip(codes, outs):
+                results[k] = (out["output"], out["status"])
+        self.seconds += time.perf_counter() - t0
+        return results
+
+
+CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
+
+
+def last_code_block(text):
+    """The last fenced code block's code in text (```python, ```py or a bare ```), or None."""
+    blocks = CODE_BLOCK.findall(text)
+    if not blocks:
+        return None
+    return blocks[-1]
+
+
+# the arithmetic the calculator reads: from a digit, bracket or minus sign to the trigger
+EXPRESSION = re.compile(r"[-(0-9][-+*/(). 0-9]*$")
+MAX_EXPRESSION_CHARS = 200
+MAX_MAGNITUDE = 10**15  # a larger intermediate value is an error, not a number to print
+OPERATORS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+}
+
+
+def expression_before(text, trigger):
+    """The arithmetic right before the trigger that ends text ("" when there is none): "no. 5 * 2
+    =" -> "5 * 2"."""
+    if text.endswith(trigger):
+        text = text[: len(text) - len(trigger)]
+    match = EXPRESSION.search(text[-MAX_EXPRESSION_CHARS:])
+    if match is None:
+        return ""
+    return match[0].strip()
+
+
+def calculate(expression):
+    """(output, status) of an arithmetic expression: the exact value (an integer, or 6
+    significant digits), or the error's one line."""
+    if not expression:
+        return "SyntaxError: no expression before the call", "error"
+    try:
+        value = _value(ast.parse(expression, mode="eval").body)
+    except SyntaxError:
+        return "SyntaxError: invalid syntax", "error"
+    except ZeroDivisionError:
+        return "ZeroDivisionError: division by zero", "error"
+    except ValueError as err:
+        return f"ValueError: {err}", "error"
+    if value.denominator == 1:
+        return str(value.numerator), "ok"
+    return f"{float(value):.6g}", "ok"
+
+
+def _value(node):
+    """The exact value of a parsed expression of numbers, + - * / and brackets."""
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        value = Fraction(node.value)
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _value(node.operand)
+        if isinstance(node.op, ast.USub):
+            value = -value
+    elif isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
+        left = _value(node.left)
+        right = _value(node.right)
+        if isinstance(node.op, ast.Div) and right == 0:
+            raise ZeroDivisionError
+        value = OPERATORS[type(node.op)](left, right)
+    else:
+        raise ValueError("only numbers, + - * / and brackets")
+    if abs(value) > MAX_MAGNITUDE:
+        raise ValueError("number too large")
+    return value
+
+
+# ----------------------------------------------------------------------------- observations
+def middle(text, n_chars):
+    """text cut to about n_chars characters: its head and tail around TRUNCATION_MARK."""
+    if len(text) <= n_chars:
+        return text
+    head = (n_chars + 1) // 2
+    tail = n_chars // 2
+    return text[:head] + TRUNCATION_MARK + text[len(text) - tail :]
+
+
+def observation(tool, output, tokenizer):
+    """(token ids, text) of a tool output in the prompt's output format, the output
+    middle-truncated until the whole fits in tool.max_obs_tokens tokens. The output is cut in
+    characters first (8 per allowed token) so a 10 MB print is never tokenised."""
+    n_chars = 8 * tool.max_obs_tokens
+    while True:
+        text = tool.output.replace("{}", middle(output, n_chars))
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        if len(ids) <= tool.max_obs_tokens or n_chars == 0:
+            return ids[: tool.max_obs_tokens], text
+        n_chars = min(n_chars - 1, n_chars * tool.max_obs_tokens // len(ids))
+
+
+# ----------------------------------------------------------------------------- the multi-turn loop
+def generate(
+    llm,
+    prompts,
+    tool,
+    n=1,
+    temperature=1.0,
+    top_p=1.0,
+    max_tokens=256,
+    min_tokens=0,
+    stop=None,
+    seed=None,
+    turn_stride=None,
+):
+    """rollout.generate with the tool in the loop (module docstring) -> per prompt, n dicts:
+    rollout.generate's keys over the whole response ("text" the transcript; "logprobs" 0 on tool
+    output; "finish_reason" also "truncated_by_tool"), plus "policy_mask", "policy_text", "calls",
+    "errors", "timeouts", "turns" and "obs_tokens". min_tokens bans stop tokens in the first turn
+    only; turn_stride (default n x prompts) spaces the turns' seeds."""
+    stop = list(stop or [])
+    P = len(prompts)
+    if turn_stride is None:
+        turn_stride = n * P
+    tokenizer = rollout.engine_tokenizer(llm)
+    samples = []  # sample j of prompt i at i * n + j
+    for i in range(P):
+        for j in range(n):
+            samples.append(_new_sample(i, j))
+    active = list(samples)  # the samples whose next turn is sampled now
+    turn = 0
+    while active:
+        calls_left = tool.max_calls - turn  # every active sample has made `turn` calls
+        turn_stop = list(stop)
+        if calls_left > 0:
+            turn_stop.append(tool.trigger)
+        sampling = {
+            "temperature": temperature,
+            "top_p": top_p,
+            "stop": turn_stop,
+        }
+        if turn == 0:
+            outs = rollout.generate(
+                llm,
+                prompts,
+                n=n,
+                max_tokens=max_tokens,
+                min_tokens=min_tokens,
+                seed=seed,
+                **sampling,
+            )
+            outs = [o for samples_of_prompt in outs for o in samples_of_prompt]
+        else:
+            contexts = []
+            seeds = None
+            budgets = []
+            if seed is not None:
+                seeds = []
+            for s in active:
+                contexts.append(s["prompt_token_ids"] + s["token_ids"])
+                budgets.append(max_tokens - len(s["token_ids"]))
+                if seed is not None:
+                    seeds.append(seed + turn * turn_stride + s["j"] * P + s["i"])
+            outs = rollout.generate(llm, contexts, max_tokens=budgets, seeds=seeds, **sampling)
+            outs = [o[0] for o in outs]
+        calling = []
+        for s, out in zip(active, outs):
+            if turn == 0:
+                s["prompt_token_ids"] = out["prompt_token_ids"]
+            _add_turn(s, out)
+            if calls_left > 0 and out["stop_reason"] == tool.trigger:
+                calling.append(s)  # finished by the trigger: the tool runs
+            else:
+                s["finish_reason"] = out["finish_reason"]  # the task's stop, EOS or the length
+                s["stop_reason"] = out["stop_reason"]
+        results = tool.run([s["turn_text"] for s in calling])
+        active = []
+        for s, (output, status) in zip(calling, results):
+            s["calls"] += 1
+            s["errors"] += status != "ok"
+            s["timeouts"] += status == "timeout"
+            ids, text = observation(tool, output, tokenizer)
+            if len(s["token_ids"]) + len(ids) >= max_tokens:
+                s["finish_reason"] = "truncated_by_tool"  # no room left for a sampled token
+                continue
+            s["token_ids"] += ids
+            s["logprobs"] += [0.0] * len(ids)
+            s["policy_mask"] += [0] * len(ids)
+            s["text"] += text
+            s["obs_tokens"] += len(ids)
+            active.append(s)
+        turn += 1
+    results = []
+    for i in range(P):
+        results.append(samples[i * n : (i + 1) * n])
+    for s in samples:
+        del s["i"], s["j"], s["turn_text"]
+    return results
+
+
+def _new_sample(i, j):
+    return {
+        "i": i,
+        "j": j,
+        "prompt_token_ids": [],
+        "token_ids": [],
+        "logprobs": [],
+        "policy_mask": [],
+        "text": "",
+        "policy_text": "",
+        "turn_text": "",
+        "finish_reason": None,
+        "stop_reason": None,
+        "calls": 0,
+        "errors": 0,
+        "timeouts": 0,
+        "turns": 0,
+        "obs_tokens": 0,
+    }
+
+
+def _add_turn(sample, out):
+    """Append a turn the engine sampled: its ids and log-probs as they are, mask 1."""
+    sample["token_ids"] += out["token_ids"]
+    sample["logprobs"] += out["logprobs"]
+    sample["policy_mask"] += [1] * len(out["token_ids"])
+    sample["text"] += out["text"]
+    sample["policy_text"] += out["text"]
+    sample["turn_text"] = out["text"]
+    sample["turns"] += 1
