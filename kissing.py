@@ -20,9 +20,6 @@ and sets over --mem-mb are rejected outright; an invalid set makes `verify` / `e
 """
 
 import argparse
-import contextlib
-import functools
-import glob
 import itertools
 import json
 import math
@@ -31,13 +28,7 @@ import platform
 import random
 import re
 import shutil
-import signal
-import site
-import struct
-import subprocess
 import sys
-import sysconfig
-import tempfile
 import time
 import urllib.request
 import warnings
@@ -62,6 +53,7 @@ from common import (
 from data import load_prompt, write_json_atomic  # noqa: E402
 from hardware import set_threads  # noqa: E402
 from runs import claim_run_dir, finish_then_interrupt, stop_exit_code, stop_name, stop_on_sigterm  # noqa: E402
+from sandbox import MAX_OUTPUT_BYTES, SYSCALLS, exit_reason, run_sandboxed  # noqa: E402
 
 # ----------------------------------------------------------------------------- exact verifier
 # Exactness bounds. With L = max|coordinate|, every squared distance is ≤ 4·d·L², so the int64 Gram
@@ -286,101 +278,8 @@ def verify(points, dim=11, path="auto", mem_mb=2048):
 
 
 # ----------------------------------------------------------------------------- sandboxed evaluator
-# Two layers.
-# - The OS (bwrap_cmd), when bubblewrap works here. The program sees an allowlist, not the host: its
-#   root is an empty read-only tmpfs holding only what the interpreter needs (sandbox_view: the
-#   python binary, its standard library with site-packages hidden, numpy, and the shared libraries
-#   these load), a private size-capped /tmp as working directory, a minimal /dev and a /proc of its
-#   own PID namespace. The project, the home, /etc and the data do not exist inside, so no read
-#   path finds them, audited or not (readline's history loader reads files in C, unseen by the
-#   hook). Own user, PID, UTS and network namespaces (the child is PID 1, so whatever it starts dies
-#   with it), no capabilities, and a seccomp filter against new processes (RLIMIT_NPROC spares
-#   root).
-# - In-process (RUNNER): rlimits, then an audit hook against processes, sockets, ctypes, rlimit
-#   changes and file access outside the working directory; json(points) goes to the channel `fd`.
-#   Without bwrap only this layer runs, loudly: `--sandbox none` is not isolated (C-level reads and
-#   writes the hook cannot see reach the host).
-# The parent reads at most MAX_OUTPUT_BYTES of the channel before parsing anything.
-RUNNER = r"""
-import sys, os, json, runpy, resource, importlib.util
-out = os.fdopen(int(sys.argv[1]), "w")
-prog = sys.argv[2]
-if sys.argv[3]:
-    sys.path.append(sys.argv[3])  # inside bwrap: where sandbox_view put numpy
-if importlib.util.find_spec("numpy"):
-    import numpy  # loads ctypes before the hook exists; programs then find it in sys.modules
-root = os.path.realpath(os.getcwd())
-for lim, val in zip(("AS", "CPU", "FSIZE", "CORE", "NPROC"), sys.argv[4:]):
-    resource.setrlimit(getattr(resource, "RLIMIT_" + lim), (int(val), int(val)))
-prefixes = [sys.prefix, sys.base_prefix, sys.exec_prefix] + sys.path
-ro = tuple({os.path.realpath(p) for p in prefixes if p})
-BLOCK = (
-    "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "subprocess.",
-    "pty.", "socket.", "ctypes.", "os.kill", "os.chdir", "os.fchdir", "os.chroot", "os.putenv",
-    "os.unsetenv", "os.symlink", "os.link", "gc.get_", "resource.", "sys.setprofile",
-    "sys.settrace", "setopencode", "code.__new__", "urllib.", "http.", "ftplib.", "smtplib.",
-    "webbrowser.",
-)
-PATHS = (
-    "os.listdir", "os.scandir", "os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.chmod",
-    "os.chown", "os.utime", "os.truncate", "shutil.", "glob.glob",
-)
-# event -> index of its dir_fd argument(s); CPython passes -1 (or None) when there is none
-DIRFD = {
-    "os.mkdir": 2, "os.remove": 1, "os.rmdir": 1, "os.rename": 2, "os.chmod": 2, "os.chown": 3,
-    "os.utime": 3, "shutil.rmtree": 1,
-}
-# the defaults make the hook immune to monkeypatching
-def hook(event, args, BLOCK=BLOCK, PATHS=PATHS, DIRFD=DIRFD, root=root, ro=ro, cwd=os.getcwd,
-         fsdecode=os.fsdecode, any=any, isinstance=isinstance, int=int, repr=repr,
-         PermissionError=PermissionError):
-    if event.startswith(BLOCK):
-        raise PermissionError("sandbox: " + event + " is blocked")
-    if event == "object.__setattr__" and args[1] in (
-        "__code__", "__defaults__", "__kwdefaults__", "__globals__"
-    ):
-        raise PermissionError("sandbox: setting " + args[1] + " is blocked")
-    if event == "open" or event.startswith(PATHS):
-        write = event != "open" or (args[2] or 0) & 0o3103
-        write = write or any(ch in (args[1] or "r") for ch in "wax+")
-        readonly = event in ("open", "os.listdir", "os.scandir", "glob.glob") and not write
-        # The kernel resolves a relative path against dir_fd, this check against cwd: writes
-        # through a descriptor (an fd as the path, a dir_fd, os.open of a relative path, whose
-        # dir_fd the event does not show) are refused.
-        if not readonly and (
-            isinstance(args[0], int)
-            or any(a not in (None, -1) for a in args[DIRFD.get(event, 9):])
-            or event == "open" and args[1] is None and not fsdecode(args[0]).startswith("/")
-        ):
-            raise PermissionError(
-                "sandbox: " + event
-                + " through a file descriptor (fd, dir_fd, relative os.open) is blocked"
-            )
-        # rename/copy: both ends
-        for path in args[:2 if event == "os.rename" or event.startswith("shutil.") else 1]:
-            path = "." if path is None or isinstance(path, int) else path
-            # normalise without os.path (patchable) or symlink resolution (os.symlink is blocked)
-            if fsdecode(path).startswith("/"):
-                full = fsdecode(path)
-            else:
-                full = cwd() + "/" + fsdecode(path)
-            parts = []
-            for part in full.split("/"):
-                if part == "..":
-                    parts = parts[:-1]
-                elif part not in ("", "."):
-                    parts = parts + [part]
-            p = "/" + "/".join(parts)
-            if readonly:
-                allowed = (root,) + ro
-            else:
-                allowed = (root,)
-            if not any(p == r or p.startswith(r + "/") for r in allowed):
-                raise PermissionError(
-                    "sandbox: " + event + "(" + repr(path)
-                    + ") outside the working directory is blocked"
-                )
-sys.addaudithook(hook)
+# kissing's epilogue to sandbox.HOOK: run the program, send json(points) down the channel `out`.
+POINTS = r"""
 ns = runpy.run_path(prog, run_name="__main__")
 pts = ns.get("points", ns.get("get_points"))
 pts = pts() if callable(pts) else pts
@@ -392,197 +291,12 @@ else:
 out.write(json.dumps(pts, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
 out.close()
 """
-# AUDIT_ARCH, clone, fork, vfork (aarch64 has no fork nor vfork: -1 matches no call)
-SYSCALLS = {
-    "x86_64": (0xC000003E, 56, 57, 58),
-    "aarch64": (0xC00000B7, 220, -1, -1),
-}
-
-
-def seccomp_filter():
-    """BPF for `bwrap --seccomp`: fork, vfork, and clone without CLONE_THREAD -> EPERM; clone3 ->
-    ENOSYS (libc then makes threads with clone); another ABI is killed. KeyError on other CPUs."""
-    numbers = SYSCALLS[platform.machine()]
-    arch = numbers[0] % 2**32
-    clone = numbers[1] % 2**32
-    fork = numbers[2] % 2**32
-    vfork = numbers[3] % 2**32
-    ALLOW = 0x7FFF0000  # SECCOMP_RET_ALLOW
-    EPERM = 0x50001  # SECCOMP_RET_ERRNO | EPERM
-    ENOSYS = 0x50026  # SECCOMP_RET_ERRNO | ENOSYS
-    # (opcode, jump if true, jump if false, operand); jumps count the instructions skipped
-    program = [
-        (0x20, 0, 0, 4),  # 0: load the arch
-        (0x15, 1, 0, arch),  # 1: our ABI: go to 3
-        (0x06, 0, 0, 0x80000000),  # 2: another ABI: kill
-        (0x20, 0, 0, 0),  # 3: load the syscall number
-        (0x35, 8, 0, 0x40000000),  # 4: the x32 ABI: EPERM
-        (0x15, 8, 0, 435),  # 5: clone3: ENOSYS
-        (0x15, 6, 0, fork),  # 6: fork: EPERM
-        (0x15, 5, 0, vfork),  # 7: vfork: EPERM
-        (0x15, 1, 0, clone),  # 8: clone: check its flags at 10
-        (0x06, 0, 0, ALLOW),  # 9: any other call
-        (0x20, 0, 0, 16),  # 10: load clone's flags (its first argument)
-        (0x45, 0, 1, 0x10000),  # 11: CLONE_THREAD set: allow, else EPERM
-        (0x06, 0, 0, ALLOW),  # 12
-        (0x06, 0, 0, EPERM),  # 13
-        (0x06, 0, 0, ENOSYS),  # 14
-    ]
-    return b"".join(struct.pack("=HBBI", *ins) for ins in program)
-
-
-# where sandbox_view puts numpy (and the libraries its wheel bundles) inside the sandbox
-SANDBOX_SITE = "/opt/site"
-
-
-@functools.lru_cache(maxsize=1)
-def sandbox_view():
-    """What of the host the sandbox holds, read-only: {"python": the interpreter to run inside,
-    "binds": [(host path, sandbox path)], "hidden": [empty dirs over a bound one], "site": the
-    sys.path entry for numpy}. The interpreter's standard library (its site-packages hidden), numpy,
-    and every shared library these load, as ldd resolves them; nothing else."""
-    python = os.path.realpath(getattr(sys, "_base_executable", sys.executable))  # not the venv's
-    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
-    dynload = os.path.realpath(sysconfig.get_config_var("DESTSHARED") or stdlib)
-    numpy_dir = os.path.dirname(os.path.realpath(np.__file__))
-    numpy_site = os.path.dirname(numpy_dir)
-    binds = [(python, python), (stdlib, stdlib), (numpy_dir, SANDBOX_SITE + "/numpy")]
-    if not dynload.startswith(stdlib + "/"):
-        binds.append((dynload, dynload))
-    if os.path.isdir(numpy_dir + ".libs"):  # the wheel's own BLAS, found via $ORIGIN
-        binds.append((numpy_dir + ".libs", SANDBOX_SITE + "/numpy.libs"))
-    # the installation's other packages stay outside (their .pth files would run at start)
-    hidden = []
-    for d in site.getsitepackages([sys.base_prefix]):
-        d = os.path.realpath(d)
-        if os.path.isdir(d) and d.startswith(stdlib + "/"):
-            hidden.append(d)
-    objects = [python] + glob.glob(dynload + "/*.so")
-    objects += glob.glob(numpy_dir + "/**/*.so", recursive=True)
-    # ldd prints "libz.so.1 => /lib/.../libz.so.1 (0x...)" and "/lib64/ld-linux-x86-64.so.2 (0x...)"
-    listing = subprocess.run(["ldd"] + objects, capture_output=True, text=True, check=False)
-    libs = set(re.findall(r"^\s+(?:\S+ => )?(/\S+) \(0x", listing.stdout, flags=re.M))
-    for lib in sorted(libs):
-        if not lib.startswith((stdlib + "/", numpy_site + "/")):
-            binds.append((lib, lib))
-    return {"python": python, "binds": binds, "hidden": hidden, "site": SANDBOX_SITE}
-
-
-def bwrap_cmd(program, fsize, bpf_fd):
-    """The OS layer's command prefix: /tmp/program.py is `program`, the seccomp filter is read
-    from bpf_fd; run sandbox_view()["python"] after it."""
-    view = sandbox_view()
-    cmd = [shutil.which("bwrap") or "bwrap"]
-    # new namespaces of every kind (user, PID, network, UTS...); no nested user namespaces
-    cmd += ["--unshare-all", "--unshare-user", "--disable-userns", "--hostname", "sandbox"]
-    # dies with us, no controlling terminal, the program is PID 1 (its children die with it)
-    cmd += ["--die-with-parent", "--new-session", "--as-pid-1"]
-    # no capabilities; seccomp_filter() read from bpf_fd
-    cmd += ["--cap-drop", "ALL", "--seccomp", str(bpf_fd)]
-    # the root is bwrap's empty tmpfs; into it only the allowlist, read-only
-    for src, dst in view["binds"]:
-        cmd += ["--ro-bind", src, dst]
-    for d in view["hidden"]:
-        cmd += ["--tmpfs", d, "--remount-ro", d]
-    # a read-only /dev of its own, the /proc of its PID namespace
-    cmd += ["--dev", "/dev", "--remount-ro", "/dev", "--proc", "/proc"]
-    # a private size-capped /tmp holding the program, the one writable place
-    cmd += ["--size", str(fsize), "--tmpfs", "/tmp", "--ro-bind", program, "/tmp/program.py"]
-    cmd += ["--remount-ro", "/", "--chdir", "/tmp"]
-    return cmd
-
-
-def _exit_reason(rc, stderr_tail):
-    """Why the sandboxed program exited with code rc != 0, from the last line of its stderr."""
-    last = (stderr_tail.strip().splitlines() or [""])[-1][:300]
-    why = {
-        signal.SIGXCPU: ", CPU time limit",
-        signal.SIGKILL: ", killed",
-        signal.SIGXFSZ: ", file size limit",
-    }
-    if rc < 0:
-        sig = -rc  # the child, killed by a signal
-    else:
-        sig = rc - 128  # bwrap reports its child's signal N as 128 + N
-    if last.startswith("bwrap:"):
-        return f"could not start the sandbox: {last} (--sandbox none runs without it)"
-    return f"program failed (exit {rc}{why.get(sig, '')}): {last}"
-
-
-# The parent reads at most this much of the points channel before parsing it: room for the
-# verifier's largest set (5181 points at --mem-mb 2048) of 11 coordinates near 2^62, thrice over.
-# Parsing costs the parent up to ~20x the bytes read.
-MAX_OUTPUT_BYTES = 4 << 20
-
-
-def run_sandboxed(source, timeout, mem_mb, fsize_mb, isolated):
-    """Run program text under the layers above (`python -I`, a scrubbed environment, a wall-clock
-    kill; bwrap if `isolated`). Returns ({returncode, stdout_tail, stderr_tail, timed_out}, the
-    first MAX_OUTPUT_BYTES + 1 bytes of the points channel). OSError if it cannot start."""
-    # RUNNER's rlimits: AS, CPU, FSIZE, CORE, NPROC
-    limits = (mem_mb << 20, int(timeout) + 2, fsize_mb << 20, 0, 0)
-    with (
-        tempfile.TemporaryDirectory(prefix="kissing_eval_") as work,
-        tempfile.TemporaryFile() as chan,
-        tempfile.TemporaryFile() as so,
-        tempfile.TemporaryFile() as se,
-        tempfile.TemporaryFile() as bpf,
-    ):
-        with open(os.path.join(work, "program.py"), "w", encoding="utf-8", errors="replace") as f:
-            f.write(source)
-        cmd = [sys.executable]
-        site_dir = ""  # numpy is on the interpreter's own path
-        home = work
-        if isolated:
-            bpf.write(seccomp_filter())
-            bpf.seek(0)
-            view = sandbox_view()
-            cmd = bwrap_cmd(f.name, fsize_mb << 20, bpf.fileno()) + [view["python"]]
-            site_dir = view["site"]
-            home = "/tmp"
-        env = {
-            "PATH": "/usr/bin:/bin",
-            "HOME": home,
-            "LANG": "C.UTF-8",
-            "OPENBLAS_NUM_THREADS": "1",
-            "OMP_NUM_THREADS": "1",
-        }
-        # the points come back on `chan`, an anonymous file passed as an fd: the dedicated channel
-        cmd += ["-I", "-c", RUNNER, str(chan.fileno()), "program.py", site_dir]
-        proc = subprocess.Popen(
-            cmd + [str(x) for x in limits],
-            cwd=work,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=so,
-            stderr=se,
-            pass_fds=(chan.fileno(), bpf.fileno()),
-            start_new_session=True,
-        )
-        run = {"timed_out": False}
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            run["timed_out"] = True
-        finally:
-            # bwrap (its child, PID 1 inside, then takes everything down) or the child; also when
-            # a second Ctrl-C or SIGTERM interrupts the wait
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        run["returncode"] = proc.returncode
-        for key, f in (("stdout_tail", so), ("stderr_tail", se)):
-            f.seek(max(0, f.seek(0, 2) - 2000))
-            run[key] = f.read().decode("utf-8", "replace")
-        chan.seek(0)
-        raw = chan.read(MAX_OUTPUT_BYTES + 1)  # bounded before anything parses it
-    return run, raw
 
 
 def evaluate_program(
     source, dim=11, timeout=30.0, mem_mb=2048, fsize_mb=64, keep_points=False, sandbox="auto"
 ):
-    """Run untrusted program text in the sandbox (run_sandboxed) and verify its points here within
+    """Run untrusted program text in the sandbox (sandbox.py) and verify its points here within
     the same mem_mb; never raises. sandbox: auto (bwrap if here, else loudly none) | bwrap |
     none."""
     isolated = sandbox != "none" and bool(shutil.which("bwrap")) and platform.machine() in SYSCALLS
@@ -609,7 +323,7 @@ def evaluate_program(
             "for this CPU)",
         )
     try:
-        run, raw = run_sandboxed(source, timeout, mem_mb, fsize_mb, isolated)
+        run, raw = run_sandboxed(source, timeout, mem_mb, fsize_mb, isolated, POINTS)
     except OSError as err:
         return dict(res, reason=f"could not start the sandbox: {err}")
     timed_out = run.pop("timed_out")
@@ -617,11 +331,11 @@ def evaluate_program(
     if timed_out:
         res["reason"] = f"timeout after {timeout:g} s"
     elif run["returncode"] != 0:
-        res["reason"] = _exit_reason(run["returncode"], res["stderr_tail"])
+        res["reason"] = exit_reason(run["returncode"], res["stderr_tail"])
     elif len(raw) > MAX_OUTPUT_BYTES:
         res["reason"] = (
             f"output over {MAX_OUTPUT_BYTES} bytes: the points as JSON must fit in that "
-            f"(kissing.MAX_OUTPUT_BYTES)"
+            f"(sandbox.MAX_OUTPUT_BYTES)"
         )
     else:
         try:

@@ -22,6 +22,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import kissing  # noqa: E402
+import sandbox  # noqa: E402
 
 
 def rational_rotation(points, rng, reflections=2, radius=700):
@@ -66,7 +67,7 @@ def main():
     res = {"load_avg_1min": os.getloadavg()[0], "cpus": os.cpu_count()}
     # a program whose points are twice MAX_OUTPUT_BYTES as JSON: the parent reads up to the bound
     # (measured first: any later check raises this process's peak)
-    n = 2 * kissing.MAX_OUTPUT_BYTES // 40  # ~40 bytes per point
+    n = 2 * sandbox.MAX_OUTPUT_BYTES // 40  # ~40 bytes per point
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     prog = f"points = [[i] + [1] * 10 for i in range({n})]\n"
     r, t = timed(lambda: kissing.evaluate_program(prog, 11, timeout=60), 1)
@@ -152,19 +153,19 @@ def main():
         kissing.shell_vectors(11, 1000)  # ~10^13 vectors: refused once the cap is passed
     except ValueError:
         res["shell_norm_1000_refused_s"] = round(time.perf_counter() - t0, 3)
-    # what the sandbox holds (sandbox_view: ldd over the interpreter's and numpy's libraries, once
-    # per process)
-    kissing.sandbox_view.cache_clear()
+    # what the sandbox holds (sandbox_view: ldd over the libraries of the interpreter and of
+    # sandbox.PACKAGES, once per process)
+    sandbox.sandbox_view.cache_clear()
     t0 = time.perf_counter()
-    view = kissing.sandbox_view()
+    view = sandbox.sandbox_view()
     res["sandbox_view"] = {"s": round(time.perf_counter() - t0, 3), "binds": len(view["binds"])}
     # the evaluator end to end on a 582-point program: sandbox start, numpy import, channel, exact
     # check
     prog = f"import numpy as np\npoints = np.array({c582})\n"
-    for sandbox in ("bwrap", "none"):
-        run = functools.partial(kissing.evaluate_program, prog, 11, timeout=60, sandbox=sandbox)
+    for mode in ("bwrap", "none"):
+        run = functools.partial(kissing.evaluate_program, prog, 11, timeout=60, sandbox=mode)
         r, t = timed(run, max(1, args.repeats // 2))
-        res[f"evaluate_582_{sandbox}"] = {
+        res[f"evaluate_582_{mode}"] = {
             "s": round(t, 3),
             "score": r["score"],
             "reason": r["reason"][:80],

