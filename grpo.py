@@ -1,7 +1,8 @@
 """GRPO with verifiable rewards: the training loop of seed 000 §7 (Algorithm 2), one flat loop.
 
 Each step of `main`:
-  rollout + reward  `collect`: G engine samples per question -> grades (`score`)
+  rollout + reward  `collect`: G engine samples per question (with --tools, multi-turn: the
+                    policy calls a tool mid-response, tools.py) -> grades (`score`)
   metrics           `summarize`: the batch's metrics, once per step (grpo_ray.py calls it on its
                     generators' joined shards)
   (eval)            every --eval-every steps, greedy, on the engine's weights (and with
@@ -56,6 +57,7 @@ import losses
 import metric_table
 import rollout as engines
 import runs
+import sandbox
 import tools
 import validation
 
@@ -653,8 +655,7 @@ def tool_flags(p):
 
 
 def check_tools(args):
-    """The "tools" flags against the prompt and the seed blocks (before anything loads); sets
-    the derived max_tool_calls, tool_timeout and tool_isolated."""
+    """The "tools" flags against the prompt and the seed blocks, before anything loads."""
     if not args.tools:
         return
     header = common.attempt(data.prompt_header, args.prompt, what=f"--prompt {args.prompt}")
@@ -663,23 +664,12 @@ def check_tools(args):
         f"--tools {args.tools} needs a prompt that declares its trigger: --prompt NAME, where "
         f'prompts/NAME.prompt opens with `# trigger: "..."` and `# output: "... {{}} ..."`',
     )
-    if args.max_tool_calls is None:
-        args.max_tool_calls = tools.MAX_CALLS[args.tools]
-    if args.tool_timeout is None:
-        args.tool_timeout = 3.0
-        if args.task in ("math", "math500"):
-            args.tool_timeout = 10.0
     # turn t of a round samples in its own stride of 2 x the batch (rollout): all in 2^20 seeds
     common.check(
         (args.max_tool_calls + 1) * 2 * args.rollout_batch_size <= 2**20,
         "(--max-tool-calls + 1) x 2 x --rollout-batch-size must be <= 2^20 (the step's seeds)",
     )
     common.check(args.max_obs_tokens >= 8, "--max-obs-tokens must be >= 8")
-    args.tool_isolated = False
-    if args.tools == "python":
-        import sandbox
-
-        args.tool_isolated = common.attempt(sandbox.isolation, args.tool_sandbox)
 
 
 def make_tool(args):
@@ -690,8 +680,6 @@ def make_tool(args):
     header = data.prompt_header(args.prompt)
     pool = None
     if args.tools == "python":
-        import sandbox
-
         pool = sandbox.ToolPool(
             args.tool_workers,
             args.tool_timeout,
@@ -886,6 +874,13 @@ def resolve(args):
         if args.tools:
             args.prompt = f"{task['prompt']}_{args.tools}"  # e.g. r1_zero_calculator
     args.reward = args.reward or task["reward"]
+    if args.tools:  # the call limit by tool, the python timeout by task
+        if args.max_tool_calls is None:
+            args.max_tool_calls = tools.MAX_CALLS[args.tools]
+        if args.tool_timeout is None:
+            args.tool_timeout = 3.0
+            if args.task in ("math", "math500"):
+                args.tool_timeout = 10.0
     args.train_path = args.train_path or task["path"]
     args.val_path = args.val_path or task["path"]
     # a missing prompt: one line now, not a traceback once the model is loaded
@@ -913,6 +908,9 @@ def resolve(args):
     check_tools(args)
     check_systems(args)
     check_run(args)
+    # python calls run under bubblewrap, or unisolated when --tool-sandbox none says so on purpose;
+    # one line now if bubblewrap does not work here (isolation starts one probe call)
+    args.tool_isolated = args.tools == "python" and sandbox.isolation(args.tool_sandbox)
     return args
 
 

@@ -56,8 +56,14 @@ out = os.fdopen(int(sys.argv[1]), "w")
 prog = sys.argv[2]
 if sys.argv[3]:
     sys.path.append(sys.argv[3])  # inside bwrap: where sandbox_view put the packages
-if importlib.util.find_spec("numpy"):
-    import numpy  # loads ctypes before the hook exists; programs then find it in sys.modules
+with open(prog, encoding="utf-8", errors="replace") as f:
+    source = f.read()
+named = any(name in source for name in ("numpy", "sympy", "mpmath"))
+# numpy loads ctypes, which the hook blocks: imported before it (programs then find it in
+# sys.modules) by a program that names a package that may load it; the others start ~4x sooner,
+# and a numpy import they spell another way fails closed
+if named and importlib.util.find_spec("numpy"):
+    import numpy
 root = os.path.realpath(os.getcwd())
 for lim, val in zip(("AS", "CPU", "FSIZE", "CORE", "NPROC"), sys.argv[4:]):
     resource.setrlimit(getattr(resource, "RLIMIT_" + lim), (int(val), int(val)))

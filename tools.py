@@ -1,11 +1,12 @@
 """Tool use: the tools a policy calls mid-response (python, calculator) and the multi-turn rollout.
 
-A turn ends at the task's stop (</answer>, EOS) or at the prompt's trigger (the prompt file's header,
-read by data.py: `# trigger:` and `# output:`). At a trigger the tool runs on the turn's text; its
-output (or the exception's last line, or TimeoutError), middle-truncated to --max-obs-tokens and put
-in the header's output format, is appended as tokens *after the engine's last token id* (which may
-run past the trigger text: ids are never trimmed to match text), and the next turn continues from
-the prompt's ids and every segment's ids as they are. Token ids are never re-tokenised from text.
+A turn ends at the task's stop (</answer>, EOS) or at the prompt's trigger (the prompt file's
+header, read by data.py: `# trigger:` and `# output:`). At a trigger the tool runs on the turn's
+text; its output (or the exception's last line, or TimeoutError), middle-truncated to
+--max-obs-tokens and put in the header's output format, is appended as tokens *after the engine's
+last token id* (which may run past the trigger text: ids are never trimmed to match text), and the
+next turn continues from the prompt's ids and every segment's ids as they are. Token ids are never
+re-tokenised from text.
 
 Each sample carries a policy mask over its response tokens: 1 on the tokens the engine sampled (the
 trigger and EOS included), 0 on tool output, whose log-probs read 0. Its text comes twice:
@@ -13,15 +14,16 @@ trigger and EOS included), 0 on tool output, whose log-probs read 0. Its text co
 nothing), and "text", the transcript with the tool output.
 
 - python: runs the turn's last ```python block in sandbox.py's sandbox, on the run's pool; the
-  output is its stdout (and the exception's last line, if it raised).
+  output is its stdout (and the exception's last line, if it raised), without trailing newlines.
 - calculator: evaluates the arithmetic expression before the trigger (numbers, + - * /, brackets)
   in this process, exactly (fractions): an AST walk over numbers runs no code, so it needs no
   sandbox.
 
-Budget: --max-tokens counts every response token, tool output included. An observation that leaves
-no room for one more sampled token ends the sample ("truncated_by_tool") instead of being cut; a turn
-cut by its length ends the sample, and its partial code never runs. After --max-tool-calls K calls
-the trigger is no longer a stop: a (K+1)-th trigger is sampled and trained on, not run.
+Budget: --max-tokens counts every response token, tool output included. An observation that
+leaves no room for one more sampled token ends the sample ("truncated_by_tool") instead of being
+cut; a turn cut by its length ends the sample, and its partial code never runs. After
+--max-tool-calls K calls the trigger is no longer a stop: a (K+1)-th trigger is sampled and
+trained on, not run.
 
 Seeds: turn t of sample j of prompt i uses seed + t * turn_stride + j * P + i (P prompts), fixed by
 (prompt, sample, turn), not by a sample's place among those still running. Turn 0 is
@@ -76,7 +78,8 @@ class Tool:
                     codes.append((k, code))
             outs = self.pool.run([code for _, code in codes])
             for (k, _), out in zip(codes, outs):
-                results[k] = (out["output"], out["status"])
+                # the output format places it: an error line and a print end alike
+                results[k] = (out["output"].rstrip("\n"), out["status"])
         self.seconds += time.perf_counter() - t0
         return results
 

@@ -32,7 +32,7 @@ import losses
 import metric_table
 import runs
 import validation
-from conftest import HAS_VLLM, ROOT, doc_section, run_script
+from conftest import HAS_VLLM, ROOT, doc_section, one_line_error, run_script
 
 EVAL_KEYS = [
     "eval/accuracy",
@@ -2071,3 +2071,41 @@ def test_keep_checkpoints_needs_save_every(tiny_model_dir, task_file, capsys):
     with pytest.raises(SystemExit):
         grpo.parse_args(flags + ["--out", "/tmp/unused"])
     assert "--keep-checkpoints keeps the --save-every checkpoints" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- --tools
+def test_tools_calculator_run_logs_the_tool_metrics_and_transcripts(tmp_path):
+    """grpo.py --tools calculator on the embedded model (its default prompt, r1_zero_calculator):
+    the step row has every tool/ metric the table lists for grpo.py's tool runs, the step line
+    shows the calls, validation uses the tool, and the rollouts show each transcript."""
+    out = tmp_path / "run"
+    flags = [
+        "--tools", "calculator", "--n-grpo-steps", "1", "--rollout-batch-size", "16",
+        "--group-size", "4", "--train-batch-size", "16", "--gradient-accumulation-steps", "2",
+        "--max-tokens", "96", "--eval-n", "8", "--eval-every", "1", "--grader-workers", "0",
+        "--eager",
+    ]  # fmt: skip
+    proc = run_grpo(flags, out)
+    rows = metrics(out)
+    step = train_metrics(rows)[0]
+    tool_keys = [k for k in metric_table.some_keys("grpo") if k.startswith("tool/")]
+    assert tool_keys and all(k in step for k in tool_keys)
+    assert step["train/response_len_total_mean"] > step["train/response_len_mean"]
+    assert step["tool/calls_mean"] > 0 and step["time/tool"] > 0
+    assert "| calls_mean " in proc.stdout + proc.stderr
+    evals = [r for r in rows if "eval/accuracy" in r]
+    assert all(r["eval/tool_calls_mean"] > 0 for r in evals)
+    with open(out / "args.json") as f:
+        saved = json.load(f)
+    assert (saved["prompt"], saved["max_tool_calls"]) == ("r1_zero_calculator", 8)
+
+
+def test_tools_flags_refuse_in_one_line(tmp_path):
+    """A prompt without a trigger, a missing tool prompt, grpo_ray.py (until part 2)."""
+    one_line_error(run_script(["grpo.py", "--tools", "calculator", "--prompt", "r1_zero"]),
+                   "needs a prompt that declares its trigger")  # fmt: skip
+    one_line_error(run_script(["grpo.py", "--tools", "python"]), "r1_zero_python")
+    one_line_error(run_script(["grpo_ray.py", "--tools", "calculator"]), "grpo.py only")
+    args = grpo.parse_args(["--tools", "calculator", "--out", str(tmp_path / "r")])
+    assert args.prompt == "r1_zero_calculator" and args.tool_isolated is False
+    assert args.tool_timeout == 3.0

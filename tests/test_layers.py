@@ -18,6 +18,7 @@ LAYERS = [  # bottom first: a file imports only from the layers before its own
     ("task data, LoRA, hardware", ["data", "lora", "hardware"]),
     ("a run on disk", ["runs"]),
     ("engines", ["rollout"]),
+    ("the multi-turn loop with tools", ["tools"]),
     ("validation, plots", ["validation", "plot"]),
     ("scripts", ["doctor", "convert_lm", "kissing", "eval_zero_shot", "sft"]),
     ("scripts on scripts", ["best_of_n", "grpo"]),

@@ -21,7 +21,7 @@ PROMPTS = [
     "User: Using the numbers [3, 4], create an equation",
     "A conversation between User and Assistant.",
 ]
-KEYS = {"text", "token_ids", "logprobs", "finish_reason", "prompt_token_ids"}
+KEYS = {"text", "token_ids", "logprobs", "finish_reason", "stop_reason", "prompt_token_ids"}
 LOGPROB_ATOL = 1e-4  # fp32 engine vs fp32 HF forward: measured ~1e-5 (printed with -s)
 
 

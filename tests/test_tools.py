@@ -414,3 +414,43 @@ def test_multi_turn_log_probs_are_the_engines_hf(embedded_hf):
     batch, args = multi_turn_batch(engine, calculator(), 1.0, n_prompts=2)
     worst = check_exact(batch, args, embedded_hf, shared_prefix=False)
     print(f"\nhf multi-turn, T=1.0: {worst:.1e}")
+
+
+# --------------------------------------------------------------------------- python in the sandbox
+def test_python_calls_a_scripted_policy_makes(tok):
+    """The python tool on the run's pool: a print, a syntax error, an infinite loop, a 10 MB
+    print and a host file's read become one-line observations (the print's head and tail, capped
+    at --max-obs-tokens); a turn cut by its length never runs its partial code."""
+    import shutil
+
+    import sandbox
+
+    call = "```python\n{}\n```\n```output"
+    rest = " so the answer is <answer> 5 </answer>"
+    scripts = {
+        "A: prints": [call.format("print(2 + 3)"), rest],
+        "B: a syntax error": [call.format("print(2 +"), rest],
+        "C: an infinite loop": [call.format("while True:\n    pass"), rest],
+        "D: 10 MB": [call.format("print('0123456789' * 1_000_000)"), rest],
+        "E: a host file": [call.format("print(open('/etc/passwd').read())"), rest],
+        "F: cut by its length": [call.format("print('never ran' * 2) " + "+ 1 " * 60), rest],
+    }
+    isolated = bool(shutil.which("bwrap"))
+    with sandbox.ToolPool(4, timeout=2.0, isolated=isolated, max_chars=8 * 32) as pool:
+        tool = tools.Tool("python", "```output", "\n{}\n```\n", 1, 32, pool)
+        engine, outs = scripted(tok, scripts, tool, max_tokens=96)
+    a = outs[0]  # prints
+    b = outs[1]  # a syntax error
+    c = outs[2]  # an infinite loop
+    d = outs[3]  # 10 MB
+    e = outs[4]  # a host file
+    f = outs[5]  # cut by its length
+    assert a["text"].endswith("```output\n5\n```\n" + rest)
+    assert (a["calls"], a["errors"]) == (1, 0)
+    assert "\nSyntaxError: " in b["text"] and b["errors"] == 1
+    assert "\nTimeoutError\n```" in c["text"] and (c["errors"], c["timeouts"]) == (1, 1)
+    assert tools.TRUNCATION_MARK in d["text"] and d["obs_tokens"] <= 32
+    assert "root:" not in e["text"] and e["errors"] == 1
+    assert e["text"].split("```output")[1].startswith(("\nPermissionErro", "\nFileNotFound"))
+    assert f["finish_reason"] == "length" and f["calls"] == 0
+    assert "never rannever ran" not in f["text"]  # what the code would have printed
