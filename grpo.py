@@ -656,9 +656,18 @@ def tool_flags(p):
 
 def check_tools(args):
     """The "tools" flags against the prompt and the seed blocks, before anything loads."""
-    if not args.tools:
-        return
     header = common.attempt(data.prompt_header, args.prompt, what=f"--prompt {args.prompt}")
+    if not args.tools:
+        common.check(
+            args.max_tool_calls is None and args.tool_timeout is None,
+            "--max-tool-calls and --tool-timeout need --tools",
+        )
+        common.check(
+            not header,
+            f"prompts/{args.prompt}.prompt declares a tool trigger: pass --tools, or a prompt "
+            "without a header",
+        )
+        return
     common.check(
         bool(header),
         f"--tools {args.tools} needs a prompt that declares its trigger: --prompt NAME, where "
@@ -873,6 +882,11 @@ def resolve(args):
         args.prompt = task["prompt"]
         if args.tools:
             args.prompt = f"{task['prompt']}_{args.tools}"  # e.g. r1_zero_calculator
+            common.check(
+                os.path.exists(os.path.join(data.PROMPTS_DIR, f"{args.prompt}.prompt")),
+                f"--tools {args.tools}: no prompts/{args.prompt}.prompt for --task {args.task}: "
+                "pass --prompt NAME, a prompt whose header declares the trigger (docs/tools.md)",
+            )
     args.reward = args.reward or task["reward"]
     if args.tools:  # the call limit by tool, the python timeout by task
         if args.max_tool_calls is None:
@@ -1495,8 +1509,9 @@ def collate(batch, args, pad_id=0):
     """The engine's token ids, right-padded, as tensors: input_ids, labels, response_mask,
     policy_mask, loss_mask, engine_log_probs and ban_mask (N, T); lengths, group and prompt_len
     (N,). response_mask marks every response token, tool output included; policy_mask the ones the
-    engine sampled (all of them without --tools): what a KL, an entropy or a ratio reads; loss_mask
-    the ones that carry the loss (the policy's, but a truncated row's under --mask-truncated).
+    engine sampled (all of them without --tools): what a KL and the log-prob mismatch read;
+    loss_mask the ones that carry the loss (the policy's, but a truncated row's under
+    --mask-truncated): what the loss, its normalisers, the entropy and the ratios read.
     ban_mask marks the first --min-tokens response positions (stop tokens are banned there: in
     the first turn only, the one sampled with min_tokens)."""
     prompt_ids = batch["prompt_ids"]
@@ -1715,7 +1730,7 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
     ban_ids = batch["ban_token_ids"]
     tensors = collate(batch, args)  # and below, the per-token inputs of the loss
     metrics = {}
-    response = tensors["policy_mask"]  # (N, T) the tokens the engine sampled: what a KL measures
+    sampled = tensors["policy_mask"]  # (N, T) the tokens the engine sampled: what a KL measures
     mask = tensors["loss_mask"]  # (N, T) the tokens that carry the loss
     engine_log_probs = tensors["engine_log_probs"]  # (N, T) mu, the sampling distribution
     do_kl = bool(args.kl_every) and step % args.kl_every == 0
@@ -1747,7 +1762,7 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
         )
         for key, value in is_metrics.items():
             metrics[f"train/{key}"] = value
-        mismatch = losses.masked_mean((cur - engine_log_probs).abs(), response)
+        mismatch = losses.masked_mean((cur - engine_log_probs).abs(), sampled)
         metrics["train/logprob_mismatch"] = mismatch.item()
         if args.rollout_is != "none":  # else measured, not applied
             tensors["is_weights"] = weights
@@ -1758,7 +1773,7 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
     if args.kl_in_loss and ref is not None:
         tensors["ref_log_probs"] = ref
     if do_kl:
-        kl_ref = losses.kl_divergence(cur, ref, response, args.kl_estimator)
+        kl_ref = losses.kl_divergence(cur, ref, sampled, args.kl_estimator)
         metrics["train/kl_ref"] = kl_ref.item()
         prev = None  # (N, T) pi_{t-1}
         prev_adapters = learner.get("prev_adapters")
@@ -1768,13 +1783,13 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
             with lora.loaded(policy, prev_adapters["weights"]):  # LoRA: pi_{t-1}'s adapters
                 prev = batch_log_probs(policy, tensors, args, runtime, ban_ids, dp)
         if prev is not None:
-            kl_prev = losses.kl_divergence(cur, prev, response, args.kl_estimator)
+            kl_prev = losses.kl_divergence(cur, prev, sampled, args.kl_estimator)
             metrics["train/kl_prev"] = kl_prev.item()
             if lag == 1:
                 # pi_{t-1} generated this batch: split the mismatch into kernel and staleness
                 # parts, KL(mu || pi_{t-1}) and KL(pi_{t-1} || pi_t)
-                kernel = losses.kl_divergence(engine_log_probs, prev, response, "k3")
-                staleness = losses.kl_divergence(prev, cur, response, "k3")
+                kernel = losses.kl_divergence(engine_log_probs, prev, sampled, "k3")
+                staleness = losses.kl_divergence(prev, cur, sampled, "k3")
                 metrics["train/mismatch_kernel_kl"] = kernel.item()
                 metrics["train/mismatch_staleness_kl"] = staleness.item()
     if prev_model is not None and args.kl_every and (step + 1) % args.kl_every == 0:
@@ -1960,6 +1975,8 @@ def step_rows(step, opt_step, batch, history, metrics, step_s, weight_sync_s, wa
     """One GRPO step's metric rows, one per optimizer step, for grpo.py and grpo_ray.py: metrics
     (collect's and train_step's) and the step's times, then each optimizer step's history row."""
     n_tok = sum(len(ids) for ids in batch["response_ids"])  # the step's generated tokens
+    if "policy_masks" in batch:
+        n_tok = sum(sum(mask) for mask in batch["policy_masks"])  # tool output is not generated
     shared = dict(metrics)
     shared["time/weight_sync"] = weight_sync_s
     shared["time/step"] = step_s

@@ -159,6 +159,11 @@ def parse_args(argv=None):
     )
 
     ray_args, rest = p.parse_known_args(argv)
+    tools_flag = [a for a in rest if a == "--tools" or a.startswith("--tools=")]
+    common.check(
+        not tools_flag,
+        "--tools: the multi-turn loop runs in grpo.py only for now (python grpo.py --tools ...)",
+    )
     args = grpo.parse_args(rest)  # every other flag is grpo.py's
     if args.resume:  # the placement flags of the resumed run too
         with open(os.path.join(args.resume, "state.json")) as f:
@@ -175,11 +180,6 @@ def resolve(args):
     N = args.num_generators
     M = args.num_learners
     colocated = args.placement == "colocated"
-    common.check(
-        not args.tools,
-        f"--tools {args.tools}: the multi-turn loop runs in grpo.py only for now (python grpo.py "
-        f"--tools {args.tools} ...)",
-    )
     common.check(
         (k == 1 or colocated) and not (args.async_mode and colocated),
         "--steps-per-rollout > 1 needs --placement colocated, --async disaggregated",

@@ -64,7 +64,8 @@ METRICS = [
       "mean response length in tokens the policy sampled (with --tools, tool output is not "
       "counted: train/response_len_total_mean counts it)"),
     M("train/truncation_rate", f"{GRPO} expert_iteration", "", {"grpo": ".2f"},
-      "fraction of sampled responses cut at --max-tokens"),
+      "fraction of sampled responses cut at --max-tokens (with --tools, or ended by a tool output "
+      "that did not fit)"),
     M("train/entropy", f"{GRPO} expert_iteration sft", "",
       {"grpo": ".3f", "expert_iteration": ".3f", "sft": ".3f"},
       "mean per-token entropy of the response tokens at the sampling temperature "
@@ -168,7 +169,7 @@ METRICS = [
     M("eval/answer_reward", "", f"{GRPO} expert_iteration sft", {},
       "mean validation answer reward"),
     M("eval/response_len", "", f"{GRPO} expert_iteration sft", {},
-      "mean validation response length (tokens)"),
+      "mean validation response length (tokens; with --tools, the tokens the policy sampled)"),
     M("eval/truncation_rate", "", f"{GRPO} expert_iteration sft", {},
       "fraction of validation responses cut at the token limit"),
     M("eval/tool_calls_mean", "", "grpo", {}, "--tools: mean tool calls per validation answer"),

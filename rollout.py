@@ -13,7 +13,9 @@ Everything else calls:
 
 `generate` returns, per prompt, n dicts
 {"text", "token_ids", "logprobs", "finish_reason", "stop_reason", "prompt_token_ids"}
-(stop_reason: the stop string that ended the sample, or its stop token id; None at max_tokens).
+(stop_reason: the stop string that ended the sample; else None, or on vLLM a stop token id of
+the generation config). A stop string is searched for only in text after the first min_tokens
+tokens, as vLLM does.
 "logprobs" has one float per generated token under the distribution it was sampled from,
 log_softmax(logits / T) (logprobs_mode="processed_logprobs"). It is renormalised if top_p < 1, so
 keep top_p=1.0 for RL; the first min_tokens positions ban min_tokens_banned_ids(llm). Stop strings
@@ -676,7 +678,7 @@ class HFEngine:
             lps = [[] for _ in range(n)]
             texts = [None] * n
             reasons = [None] * n  # finish reason; None while sample j is still running
-            stopped_by = [None] * n  # vLLM's stop_reason: the stop string, or the stop token id
+            stopped_by = [None] * n  # stop_reason: the stop string that ended sample j
             for step in range(max_tokens[i]):
                 logits = out.logits[:, -1, :].float()  # (n, V)
                 if step < min_tokens:
@@ -703,17 +705,21 @@ class HFEngine:
                         continue
                     toks[j].append(int(nxt[j]))
                     lps[j].append(float(logp[j, nxt[j]]))
+                    before = len(texts[j] or "")  # the text before this token
                     text = self.tokenizer.decode(toks[j], skip_special_tokens=True)
-                    hits = []  # (where each stop string in the text ends, the string)
+                    hits = []  # (where a stop string in the text ends, the string)
                     if step >= min_tokens:
-                        hits = [(text.find(s) + len(s), s) for s in stop if s in text]
+                        for s in stop:
+                            # as vLLM: only where this token's text completes s (text written
+                            # under the min_tokens ban is never searched)
+                            at = text.find(s, max(0, before - len(s) + 1))
+                            if at >= 0:
+                                hits.append((at + len(s), s))
                     if hits:
                         end, stopped_by[j] = min(hits)
                         texts[j] = text[:end]  # text ends with (includes) the stop string
                     else:
                         texts[j] = text
-                    if not hits and toks[j][-1] in ends:
-                        stopped_by[j] = toks[j][-1]
                     if hits or toks[j][-1] in ends:
                         reasons[j] = "stop"
                     elif len(toks[j]) == max_tokens[i]:

@@ -16,12 +16,13 @@ nothing), and "text", the transcript with the tool output.
 - python: runs the turn's last ```python block in sandbox.py's sandbox, on the run's pool; the
   output is its stdout (and the exception's last line, if it raised), without trailing newlines.
 - calculator: evaluates the arithmetic expression before the trigger (numbers, + - * /, brackets)
-  in this process, exactly (fractions): an AST walk over numbers runs no code, so it needs no
-  sandbox.
+  in this process, exactly (fractions of the decimals written): an AST walk over numbers runs no
+  code, so it needs no sandbox.
 
 Budget: --max-tokens counts every response token, tool output included. An observation that
 leaves no room for one more sampled token ends the sample ("truncated_by_tool") instead of being
-cut; a turn cut by its length ends the sample, and its partial code never runs. After
+cut (a trigger that is the budget's last token ends it so before the tool runs); a turn cut by
+its length ends the sample, and its partial code never runs. After
 --max-tool-calls K calls the trigger is no longer a stop: a (K+1)-th trigger is sampled and
 trained on, not run.
 
@@ -109,10 +110,11 @@ OPERATORS = {
 
 def expression_before(text, trigger):
     """The arithmetic right before the trigger that ends text ("" when there is none): "no. 5 * 2
-    =" -> "5 * 2"."""
+    =" -> "5 * 2". Read from the last 2 x MAX_EXPRESSION_CHARS characters: a longer one is
+    refused by `calculate`, never cut to a different expression."""
     if text.endswith(trigger):
         text = text[: len(text) - len(trigger)]
-    match = EXPRESSION.search(text[-MAX_EXPRESSION_CHARS:])
+    match = EXPRESSION.search(text[-2 * MAX_EXPRESSION_CHARS :])
     if match is None:
         return ""
     return match[0].strip()
@@ -123,6 +125,8 @@ def calculate(expression):
     significant digits), or the error's one line."""
     if not expression:
         return "SyntaxError: no expression before the call", "error"
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        return f"ValueError: expression over {MAX_EXPRESSION_CHARS} characters", "error"
     try:
         value = _value(ast.parse(expression, mode="eval").body)
     except SyntaxError:
@@ -139,7 +143,7 @@ def calculate(expression):
 def _value(node):
     """The exact value of a parsed expression of numbers, + - * / and brackets."""
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        value = Fraction(node.value)
+        value = Fraction(str(node.value))  # 0.1 is 1/10, not the float nearest it
     elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         value = _value(node.operand)
         if isinstance(node.op, ast.USub):
@@ -248,16 +252,20 @@ def generate(
         for s, out in zip(active, outs):
             if turn == 0:
                 s["prompt_token_ids"] = out["prompt_token_ids"]
-            _add_turn(s, out)
-            if calls_left > 0 and out["stop_reason"] == tool.trigger:
-                calling.append(s)  # finished by the trigger: the tool runs
-            else:
+            called = calls_left > 0 and out["stop_reason"] == tool.trigger
+            _add_turn(s, out, tokenizer, called)
+            if not called:
                 s["finish_reason"] = out["finish_reason"]  # the task's stop, EOS or the length
                 s["stop_reason"] = out["stop_reason"]
-        results = tool.run([s["turn_text"] for s in calling])
+            elif len(s["token_ids"]) >= max_tokens:
+                # the trigger was the budget's last token: no output could fit, nothing runs
+                s["finish_reason"] = "truncated_by_tool"
+            else:
+                calling.append(s)  # finished by the trigger: the tool runs
+        outputs = tool.run([s["turn_text"] for s in calling])
         active = []
-        for s, (output, status) in zip(calling, results):
-            s["calls"] += 1
+        for s, (output, status) in zip(calling, outputs):
+            s["calls"] += 1  # the calls that ran
             s["errors"] += status != "ok"
             s["timeouts"] += status == "timeout"
             ids, text = observation(tool, output, tokenizer)
@@ -271,12 +279,12 @@ def generate(
             s["obs_tokens"] += len(ids)
             active.append(s)
         turn += 1
-    results = []
+    per_prompt = []
     for i in range(P):
-        results.append(samples[i * n : (i + 1) * n])
+        per_prompt.append(samples[i * n : (i + 1) * n])
     for s in samples:
         del s["i"], s["j"], s["turn_text"]
-    return results
+    return per_prompt
 
 
 def _new_sample(i, j):
@@ -300,12 +308,20 @@ def _new_sample(i, j):
     }
 
 
-def _add_turn(sample, out):
-    """Append a turn the engine sampled: its ids and log-probs as they are, mask 1."""
+def _add_turn(sample, out, tokenizer, called):
+    """Append a turn the engine sampled: its ids and log-probs as they are, mask 1. The engine's
+    text ends at the stop string (the turn's text the tool reads); a turn that calls the tool
+    joins the sample's text as its ids decode, the characters of its last token past the trigger
+    included, so the transcript and the graded text are what the model saw."""
     sample["token_ids"] += out["token_ids"]
     sample["logprobs"] += out["logprobs"]
     sample["policy_mask"] += [1] * len(out["token_ids"])
-    sample["text"] += out["text"]
-    sample["policy_text"] += out["text"]
+    text = out["text"]
+    if called:
+        decoded = tokenizer.decode(out["token_ids"], skip_special_tokens=True)
+        if decoded.startswith(text):  # else (a tokenizer that decodes a turn apart otherwise) the
+            text = decoded  # engine's own text
+    sample["text"] += text
+    sample["policy_text"] += text
     sample["turn_text"] = out["text"]
     sample["turns"] += 1

@@ -44,7 +44,10 @@ def greedy_eval(engine, rows, reward, max_tokens, min_tokens=0, workers=None, to
         correct.append(int(grader.is_correct(d)))
     metrics["eval/accuracy"], metrics["eval/accuracy_se"] = mean_se(correct)
     metrics["eval/n_questions"] = len(rows)
-    metrics["eval/response_len"] = sum(len(o["token_ids"]) for o in outs) / n
+    lengths = [len(o["token_ids"]) for o in outs]
+    if tool is not None:
+        lengths = [sum(o["policy_mask"]) for o in outs]  # the tokens sampled, as in training
+    metrics["eval/response_len"] = sum(lengths) / n
     truncated = [o["finish_reason"] in ("length", "truncated_by_tool") for o in outs]
     metrics["eval/truncation_rate"] = sum(truncated) / n
     if tool is not None:

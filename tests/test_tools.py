@@ -36,6 +36,8 @@ def calculator(max_calls=8, trigger="=", max_obs_tokens=16):
         ("10 / 4", "2.5", "ok"),
         ("1 / 3", "0.333333", "ok"),
         ("-3 + 1", "-2", "ok"),
+        ("0.1 * 3 - 0.3", "0", "ok"),  # the decimals as written: floats would leave 5.55e-17
+        ("1 + " * 60 + "1", "ValueError: expression over 200 characters", "error"),
         ("4 / (2 - 2)", "ZeroDivisionError: division by zero", "error"),
         ("5 +", "SyntaxError: invalid syntax", "error"),
         ("", "SyntaxError: no expression before the call", "error"),
@@ -117,10 +119,13 @@ class ScriptedEngine(rollout.HFEngine):
             text = ""
             for t in ids[: max_tokens[i]]:
                 toks.append(t)
+                before = len(text)
                 text = self.tokenizer.decode(toks, skip_special_tokens=True)
                 hits = []
-                if len(toks) > min_tokens:
-                    hits = [(text.find(s) + len(s), s) for s in stop if s in text]
+                for s in stop:
+                    at = text.find(s, max(0, before - len(s) + 1))  # vLLM's window
+                    if len(toks) > min_tokens and at >= 0:
+                        hits.append((at + len(s), s))
                 if hits:
                     end, reason = min(hits)
                     text = text[:end]
@@ -220,6 +225,9 @@ def test_budgets_an_observation_that_does_not_fit_a_turn_cut_by_length_and_eos(t
     assert len(b["token_ids"]) == limit
     assert c["finish_reason"] == "stop" and c["calls"] == 0
     assert c["token_ids"][-1] == tok.eos_token_id
+    # a trigger that is the budget's last token: nothing can follow, so the tool does not run
+    engine, (a, _, _) = scripted(tok, scripts, calculator(), max_tokens=first)
+    assert (a["finish_reason"], a["calls"], len(a["token_ids"])) == ("truncated_by_tool", 0, first)
     # one more token of room: A's output fits, then its next turn has one token
     engine, (a, _, _) = scripted(tok, scripts, calculator(), max_tokens=limit + 1)
     assert a["calls"] == 1 and a["obs_tokens"] == limit - first
@@ -351,10 +359,14 @@ def embedded_hf():
     return AutoModelForCausalLM.from_pretrained(data.EMBEDDED_MODEL, dtype=torch.float32).eval()
 
 
-def multi_turn_batch(engine, tool, temperature, n_prompts=4, group=2, seed=7):
-    rows = data.load_task(
+def multi_turn_rows(n_prompts):
+    return data.load_task(
         "countdown", "test", "synthetic", n_prompts, 0, prompt="r1_zero_calculator"
     )
+
+
+def multi_turn_batch(engine, tool, temperature, n_prompts=4, group=2, seed=7):
+    rows = multi_turn_rows(n_prompts)
     args = demo_args(
         group_size=group,
         temperature=temperature,
@@ -400,13 +412,34 @@ def test_a_trigger_that_ends_mid_token(embedded_vllm, embedded_hf, tok):
     tool = calculator(trigger="vs 5")
     batch, args = multi_turn_batch(embedded_vllm, tool, 1.0)
     seen = 0
-    for ids, mask in zip(batch["response_ids"], batch["policy_masks"]):
+    rows = zip(batch["response_ids"], batch["policy_masks"], batch["transcripts"])
+    for ids, mask, transcript in rows:
         for k in range(1, len(ids)):
             if mask[k - 1] == 1 and mask[k] == 0:  # the token before a tool output
-                assert tok.decode(ids[:k]).rstrip().split()[-1].startswith("5")
+                said = tok.decode(ids[:k])
+                assert said.rstrip().split()[-1].startswith("5")
                 seen += 1
+                if seen == 1:
+                    # the transcript holds the whole token, not the text cut at the trigger
+                    assert transcript.startswith(said) and not said.endswith("vs 5")
     assert seen
     check_exact(batch, args, embedded_hf, shared_prefix=True)
+
+
+@requires_vllm
+def test_greedy_turns_are_the_same_on_both_engines(embedded_vllm):
+    """Greedy, with --min-tokens 4 (the demo's: the first " =" falls inside it, where neither
+    engine checks a stop string): the hf engine's multi-turn samples equal vLLM's, ids and
+    masks."""
+    prompts = [r["prompt"] for r in multi_turn_rows(3)]
+    kw = dict(temperature=0.0, max_tokens=96, min_tokens=4, stop=["</answer>"])
+    engine = rollout.HFEngine(data.EMBEDDED_MODEL)
+    hf = tools.generate(engine, prompts, calculator(), **kw)
+    vllm = tools.generate(embedded_vllm, prompts, calculator(), **kw)
+    for a, b in zip(hf, vllm):
+        assert a[0]["token_ids"] == b[0]["token_ids"]
+        assert a[0]["policy_mask"] == b[0]["policy_mask"]
+        assert a[0]["calls"] >= 1
 
 
 def test_multi_turn_log_probs_are_the_engines_hf(embedded_hf):
