@@ -1273,7 +1273,7 @@ def test_kl_in_reward_keeps_the_filters_score_and_zero_fallback_groups():
     centred = penalty.view(2, 4) - penalty.view(2, 4).mean(dim=1, keepdim=True)  # (groups, G)
     for flags in (["--dynamic-sampling"], []):
         args = summarize_args(*flags, "--kl-beta", "0.5", "--kl-in", "reward")
-        adv, rewards_out, m = grpo.advantages(batch, {"response_mask": mask}, log_probs, args)
+        adv, rewards_out, m = grpo.advantages(batch, {"policy_mask": mask}, log_probs, args)
         plain = step_advantages(batch, summarize_args(*flags))
         assert torch.allclose(rewards_out, batch["raw"] - penalty)
         assert torch.allclose(adv[:4], plain[:4] - centred[0])
