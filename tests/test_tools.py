@@ -487,3 +487,54 @@ def test_python_calls_a_scripted_policy_makes(tok):
     assert e["text"].split("```output")[1].startswith(("\nPermissionErro", "\nFileNotFound"))
     assert f["finish_reason"] == "length" and f["calls"] == 0
     assert "never rannever ran" not in f["text"]  # what the code would have printed
+
+
+def test_a_new_tool_is_three_lines_of_tools_py_and_a_prompt(tmp_path, tok, monkeypatch):
+    """docs/tools.md's promise, tried in a scratch copy: a tool that answers with the turn's text
+    reversed is its name in TOOLS, its call limit in MAX_CALLS, its call in Tool.run, and a prompt
+    whose header names its trigger; grpo.py's flags, make_tool, rollout and tool metrics take it
+    as it is."""
+    import importlib.util
+    import os
+    import shutil
+
+    from conftest import ROOT
+
+    with open(os.path.join(ROOT, "tools.py")) as f:
+        source = f.read()
+    edits = [
+        ('TOOLS = ("python", "calculator")', 'TOOLS = ("python", "calculator", "reverse")'),
+        ('MAX_CALLS = {"python": 1,', 'MAX_CALLS = {"reverse": 2, "python": 1,'),
+        (
+            '        if self.name == "calculator":',
+            '        if self.name == "reverse":\n'
+            '            return [(text[::-1], "ok") for text in turn_texts]\n'
+            '        if self.name == "calculator":',
+        ),
+    ]
+    for anchor, replacement in edits:
+        assert source.count(anchor) == 1, anchor
+        source = source.replace(anchor, replacement)
+    (tmp_path / "tools_scratch.py").write_text(source)
+    spec = importlib.util.spec_from_file_location("tools_scratch", tmp_path / "tools_scratch.py")
+    scratch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scratch)
+    prompts = tmp_path / "prompts"
+    shutil.copytree(data.PROMPTS_DIR, prompts)
+    (prompts / "r1_zero_reverse.prompt").write_text(
+        '# trigger: "!"\n# output: " {}"\n# template: "r1_zero"\n'
+    )
+    monkeypatch.setattr(data, "PROMPTS_DIR", str(prompts))
+    monkeypatch.setattr(grpo, "tools", scratch)
+
+    args = grpo.parse_args(["--tools", "reverse", "--out", str(tmp_path / "run")])
+    assert (args.prompt, args.max_tool_calls) == ("r1_zero_reverse", 2)
+    tool = grpo.make_tool(args)
+    rows = data.load_task("countdown", "test", "synthetic", 1, 0, prompt=args.prompt)
+    engine = ScriptedEngine(tok, {rows[0]["prompt"]: [" so abc!", ANSWER]})  # > --min-tokens
+    batch = grpo.rollout(
+        engine, rows, types.SimpleNamespace(**(vars(args) | {"group_size": 1})), 0, tool
+    )
+    assert batch["transcripts"] == [" so abc! !cba os " + ANSWER]
+    assert batch["responses"] == [" so abc!" + ANSWER]
+    assert grpo.tool_metrics(batch)["tool/calls_mean"] == 1
