@@ -200,7 +200,8 @@ METRICS = [
     M("time/step", f"{GRPO} expert_iteration sft", "", {},
       "seconds of the step with its weight sync, validation excluded (grpo_ray: since the previous"
       " logged step)"),
-    M("time/gen_tokens_per_s", GRPO, "", {}, "response tokens per second of generation"),
+    M("time/gen_tokens_per_s", GRPO, "", {},
+      "response tokens per second of generation (with --tools, the tokens the policy sampled)"),
     M("time/eval", "", f"{GRPO} expert_iteration sft", {}, "seconds of one validation"),
     M("time/wall", f"{GRPO} expert_iteration sft", "", {},
       "seconds since the run (or its resumed part) started"),

@@ -679,6 +679,7 @@ class HFEngine:
             texts = [None] * n
             reasons = [None] * n  # finish reason; None while sample j is still running
             stopped_by = [None] * n  # stop_reason: the stop string that ended sample j
+            shown = [""] * n  # sample j's text so far, an unfinished last character held back
             for step in range(max_tokens[i]):
                 logits = out.logits[:, -1, :].float()  # (n, V)
                 if step < min_tokens:
@@ -705,8 +706,13 @@ class HFEngine:
                         continue
                     toks[j].append(int(nxt[j]))
                     lps[j].append(float(logp[j, nxt[j]]))
-                    before = len(texts[j] or "")  # the text before this token
+                    before = len(shown[j])  # the text before this token
                     text = self.tokenizer.decode(toks[j], skip_special_tokens=True)
+                    if text.endswith("\ufffd"):
+                        # an unfinished character: held back until a token completes it, as
+                        # vLLM's detokenizer does
+                        text = shown[j]
+                    shown[j] = text
                     hits = []  # (where a stop string in the text ends, the string)
                     if step >= min_tokens:
                         for s in stop:
@@ -716,7 +722,8 @@ class HFEngine:
                             if at >= 0:
                                 hits.append((at + len(s), s))
                     if hits:
-                        end, stopped_by[j] = min(hits)
+                        # the first to end; a tie goes to the first in `stop`, as in vLLM
+                        end, stopped_by[j] = min(hits, key=lambda hit: hit[0])
                         texts[j] = text[:end]  # text ends with (includes) the stop string
                     else:
                         texts[j] = text

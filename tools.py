@@ -15,13 +15,13 @@ nothing), and "text", the transcript with the tool output.
 
 - python: runs the turn's last ```python block in sandbox.py's sandbox, on the run's pool; the
   output is its stdout (and the exception's last line, if it raised), without trailing newlines.
-- calculator: evaluates the arithmetic expression before the trigger (numbers, + - * /, brackets)
-  in this process, exactly (fractions of the decimals written): an AST walk over numbers runs no
-  code, so it needs no sandbox.
+- calculator: evaluates the arithmetic expression written out before the trigger in this turn
+  (numbers, + - * /, brackets) in this process, exactly (fractions of the decimals written): an
+  AST walk over numbers runs no code, so it needs no sandbox.
 
 Budget: --max-tokens counts every response token, tool output included. An observation that
 leaves no room for one more sampled token ends the sample ("truncated_by_tool") instead of being
-cut (a trigger that is the budget's last token ends it so before the tool runs); a turn cut by
+cut (when no output could fit, the tool does not run at all); a turn cut by
 its length ends the sample, and its partial code never runs. After
 --max-tool-calls K calls the trigger is no longer a stop: a (K+1)-th trigger is sampled and
 trained on, not run.
@@ -69,7 +69,7 @@ class Tool:
         if self.name == "calculator":
             for k, text in enumerate(turn_texts):
                 results[k] = calculate(expression_before(text, self.trigger))
-        else:
+        elif self.name == "python":
             codes = []  # (index, code) of the turns with a code block
             for k, text in enumerate(turn_texts):
                 code = last_code_block(text)
@@ -81,6 +81,8 @@ class Tool:
             for (k, _), out in zip(codes, outs):
                 # the output format places it: an error line and a print end alike
                 results[k] = (out["output"].rstrip("\n"), out["status"])
+        else:
+            raise ValueError(f"tool {self.name!r} has no call in Tool.run")
         self.seconds += time.perf_counter() - t0
         return results
 
@@ -121,8 +123,8 @@ def expression_before(text, trigger):
 
 
 def calculate(expression):
-    """(output, status) of an arithmetic expression: the exact value (an integer, or 6
-    significant digits), or the error's one line."""
+    """(output, status) of an arithmetic expression: the exact value (an integer, or rounded to
+    6 decimals), or the error's one line."""
     if not expression:
         return "SyntaxError: no expression before the call", "error"
     if len(expression) > MAX_EXPRESSION_CHARS:
@@ -137,7 +139,10 @@ def calculate(expression):
         return f"ValueError: {err}", "error"
     if value.denominator == 1:
         return str(value.numerator), "ok"
-    return f"{float(value):.6g}", "ok"
+    rounded = f"{float(value):.6f}".rstrip("0")  # 6 decimals, as the expression reads them back
+    if rounded in ("0.", "-0."):
+        return f"{float(value):.6g}", "ok"  # too small for 6 decimals
+    return rounded.rstrip("."), "ok"
 
 
 def _value(node):
@@ -179,8 +184,11 @@ def observation(tool, output, tokenizer):
     while True:
         text = tool.output.replace("{}", middle(output, n_chars))
         ids = tokenizer(text, add_special_tokens=False).input_ids
-        if len(ids) <= tool.max_obs_tokens or n_chars == 0:
-            return ids[: tool.max_obs_tokens], text
+        if len(ids) <= tool.max_obs_tokens:
+            return ids, text
+        if n_chars == 0:  # the output format alone is over the cap: cut, and shown as cut
+            ids = ids[: tool.max_obs_tokens]
+            return ids, tokenizer.decode(ids)
         n_chars = min(n_chars - 1, n_chars * tool.max_obs_tokens // len(ids))
 
 
@@ -208,6 +216,7 @@ def generate(
     if turn_stride is None:
         turn_stride = n * P
     tokenizer = rollout.engine_tokenizer(llm)
+    min_obs = int(tool.output != "{}")  # the fewest tokens an observation takes
     samples = []  # sample j of prompt i at i * n + j
     for i in range(P):
         for j in range(n):
@@ -257,8 +266,8 @@ def generate(
             if not called:
                 s["finish_reason"] = out["finish_reason"]  # the task's stop, EOS or the length
                 s["stop_reason"] = out["stop_reason"]
-            elif len(s["token_ids"]) >= max_tokens:
-                # the trigger was the budget's last token: no output could fit, nothing runs
+            elif len(s["token_ids"]) + min_obs >= max_tokens:
+                # no output could fit with room for one more sampled token: nothing runs
                 s["finish_reason"] = "truncated_by_tool"
             else:
                 calling.append(s)  # finished by the trigger: the tool runs
@@ -313,14 +322,18 @@ def _add_turn(sample, out, tokenizer, called):
     text ends at the stop string (the turn's text the tool reads); a turn that calls the tool
     joins the sample's text as its ids decode, the characters of its last token past the trigger
     included, so the transcript and the graded text are what the model saw."""
+    text = out["text"]
+    if called:
+        # decoded after a few ids of its context, as the engine's detokenizer does (a
+        # SentencePiece tokenizer drops a segment's leading space when it decodes it alone)
+        context = (sample["prompt_token_ids"] + sample["token_ids"])[-6:]
+        whole = tokenizer.decode(context + out["token_ids"], skip_special_tokens=True)
+        decoded = whole[len(tokenizer.decode(context, skip_special_tokens=True)) :]
+        if decoded.startswith(text):  # else the engine's own text
+            text = decoded
     sample["token_ids"] += out["token_ids"]
     sample["logprobs"] += out["logprobs"]
     sample["policy_mask"] += [1] * len(out["token_ids"])
-    text = out["text"]
-    if called:
-        decoded = tokenizer.decode(out["token_ids"], skip_special_tokens=True)
-        if decoded.startswith(text):  # else (a tokenizer that decodes a turn apart otherwise) the
-            text = decoded  # engine's own text
     sample["text"] += text
     sample["policy_text"] += text
     sample["turn_text"] = out["text"]

@@ -7,6 +7,7 @@ vocabularies (300, 550) vLLM pads to 64s of rows.
 import copy
 import importlib.metadata
 import os
+import types
 
 import pytest
 import torch
@@ -294,6 +295,54 @@ def test_min_tokens_ban_is_min_tokens_banned_ids(padded):
 
 
 # --------------------------------------------------------------------------- transformers fallback
+class ScriptedLM(torch.nn.Module):
+    """A causal LM stand-in that puts all its mass on the next token of `ids` (then on EOS): the
+    hf engine's stop logic on a known token sequence."""
+
+    def __init__(self, ids, eos):
+        super().__init__()
+        self.ids = ids
+        self.eos = eos
+        self.said = 0
+        self.generation_config = types.SimpleNamespace(eos_token_id=eos)
+        self.name_or_path = "scripted"
+
+    def forward(self, input_ids, past_key_values=None, use_cache=True):
+        if past_key_values is None:
+            self.said = 0  # a new prompt
+        nxt = self.eos
+        if self.said < len(self.ids):
+            nxt = self.ids[self.said]
+        self.said += 1
+        logits = torch.full((input_ids.shape[0], 1, 600), -30.0)
+        logits[:, :, nxt] = 0.0
+        return types.SimpleNamespace(logits=logits, past_key_values=())
+
+
+@pytest.mark.parametrize("min_tokens", [0, 6])
+def test_hf_engine_stops_where_vllm_does_on_split_characters(min_tokens):
+    """A stop string completed by the last byte of a character ("€" is 3 byte tokens here) stops
+    the hf engine at that token, as vLLM's detokenizer does (text is held back while a character is
+    unfinished, and only text after the first min_tokens tokens is searched): at 6, the "€" ends
+    after the ban and still stops; a "1" written inside the ban never does."""
+    from transformers import AutoTokenizer
+
+    import data
+
+    tok = AutoTokenizer.from_pretrained(data.EMBEDDED_MODEL)
+    ids = tok(" 1 + 1 \u20ac 2 + 2", add_special_tokens=False).input_ids
+    engine = rollout.HFEngine(ScriptedLM(ids, tok.eos_token_id), tokenizer=tok)
+    out = rollout.generate(
+        engine, ["Q:"], temperature=0.0, max_tokens=20, min_tokens=min_tokens, stop=["\u20ac"]
+    )[0][0]
+    assert out["token_ids"] == ids[:7]  # the token that completes the character
+    assert (out["text"], out["stop_reason"]) == (" 1 + 1 \u20ac", "\u20ac")
+    out = rollout.generate(
+        engine, ["Q:"], temperature=0.0, max_tokens=20, min_tokens=4, stop=["1", "\u20ac"]
+    )[0][0]
+    assert out["stop_reason"] == "\u20ac"  # both "1"s fall inside the first 4 tokens
+
+
 def test_hf_engine_same_structure_and_semantics(tiny_model_dir, hf):
     # set by importing rollout
     assert all(os.environ[k] == v for k, v in rollout.ENGINE_ENV.items())

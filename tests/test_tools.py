@@ -37,6 +37,8 @@ def calculator(max_calls=8, trigger="=", max_obs_tokens=16):
         ("1 / 3", "0.333333", "ok"),
         ("-3 + 1", "-2", "ok"),
         ("0.1 * 3 - 0.3", "0", "ok"),  # the decimals as written: floats would leave 5.55e-17
+        ("246913 / 2", "123456.5", "ok"),
+        ("1 / 10000000", "1e-07", "ok"),
         ("1 + " * 60 + "1", "ValueError: expression over 200 characters", "error"),
         ("4 / (2 - 2)", "ZeroDivisionError: division by zero", "error"),
         ("5 +", "SyntaxError: invalid syntax", "error"),
@@ -211,13 +213,16 @@ def test_seeds_follow_prompt_sample_and_turn_not_the_samples_still_running(tok):
 
 def test_budgets_an_observation_that_does_not_fit_a_turn_cut_by_length_and_eos(tok):
     scripts = {
-        "A: no room for the output": [" 11 + 22 =", ANSWER],
+        "A: no room for the output": [" 12345 + 1 =", ANSWER],
         "B: cut by its length": [" 1 + 2 + 3 + 4 + 5 + 6 + 7 + 8 + 9 =", ANSWER],
         "C: EOS mid-turn": [" 3 + 3" + EOS + " =", ANSWER],
     }
-    first = len(obs_ids(tok, " 11 + 22 ="))
-    # A's " 33" would end exactly at the limit: no room for a sampled token, so it ends the sample
-    limit = first + len(obs_ids(tok, " 33"))
+    first = len(obs_ids(tok, " 12345 + 1 ="))
+    output = len(obs_ids(tok, " 12346"))
+    assert output > 1
+    # A's output would end exactly at the limit: no room for a sampled token, so the call that
+    # ran ends the sample
+    limit = first + output
     engine, (a, b, c) = scripted(tok, scripts, calculator(), max_tokens=limit)
     assert a["finish_reason"] == "truncated_by_tool"
     assert (a["calls"], a["obs_tokens"], len(a["token_ids"])) == (1, 0, first)
@@ -225,12 +230,17 @@ def test_budgets_an_observation_that_does_not_fit_a_turn_cut_by_length_and_eos(t
     assert len(b["token_ids"]) == limit
     assert c["finish_reason"] == "stop" and c["calls"] == 0
     assert c["token_ids"][-1] == tok.eos_token_id
-    # a trigger that is the budget's last token: nothing can follow, so the tool does not run
-    engine, (a, _, _) = scripted(tok, scripts, calculator(), max_tokens=first)
-    assert (a["finish_reason"], a["calls"], len(a["token_ids"])) == ("truncated_by_tool", 0, first)
+    # room for no output and one more token (0 or 1 token left): the tool does not even run
+    for budget in (first, first + 1):
+        engine, (a, _, _) = scripted(tok, scripts, calculator(), max_tokens=budget)
+        assert (a["finish_reason"], a["calls"], len(a["token_ids"])) == (
+            "truncated_by_tool",
+            0,
+            first,
+        )
     # one more token of room: A's output fits, then its next turn has one token
     engine, (a, _, _) = scripted(tok, scripts, calculator(), max_tokens=limit + 1)
-    assert a["calls"] == 1 and a["obs_tokens"] == limit - first
+    assert a["calls"] == 1 and a["obs_tokens"] == output
     assert a["finish_reason"] == "length" and len(a["token_ids"]) == limit + 1
 
 
