@@ -52,6 +52,11 @@ GRAD_SPIKE = 10.0  # a grad norm this many times the run's median
 CLIP_ALWAYS = 0.9  # this fraction of optimizer steps (or more) clipped at --max-grad-norm
 REWARD_RISE = 0.05  # the end's mean train reward minus the start's: "rising"
 KL_REF_MAX = 0.1  # train/kl_ref per response token (seq: divided by the mean length), nats
+TOOL_ERROR_RATE = 0.5  # the end's mean tool/error_rate above this (--tools)
+TOOL_CALLS_ZERO = 0.05  # tool calls per response below this are "none" (--tools)
+TRUNCATED_BY_TOOL = 0.1  # the end's mean tool/truncated_by_tool_rate above this (--tools)
+MISMATCH_MULTI_TURN = 2.0  # multi-turn rows' median log-prob mismatch over single-turn rows'
+MISMATCH_FLOOR = 1e-3  # ... when above this (nats per token): smaller is float noise
 Z = 2.0  # standard errors that make a difference "resolved" (about 95%)
 EVAL_RESOLUTION = 0.05  # the accuracy difference an evaluation should resolve at Z SEs
 
@@ -602,6 +607,93 @@ def check_ratios(run):
     ]
 
 
+def check_tools(run):
+    """--tools runs: most calls failing, calls dying out, tool output crowding out the answer, and
+    multi-turn rows whose log-probs disagree with the engine's more than single-turn rows do."""
+    found = []
+    errors = series(run["steps"], "tool/error_rate")
+    if len(errors) >= MIN_STEPS:
+        first, last, window = ends(errors)
+        if last > TOOL_ERROR_RATE:
+            found.append(
+                finding(
+                    "warning",
+                    "tool_errors",
+                    "most tool calls fail",
+                    f"tool/error_rate {fmt(last)} at {span(errors, window, True)} (from "
+                    f"{fmt(first)}); {sample_excerpt(run, 'train')}",
+                    [
+                        "read the transcripts in rollouts/: a syntax error, a missing import, "
+                        "code the sandbox refuses, or --tool-timeout too short",
+                        "the prompt's output format and trigger: does the model see where its "
+                        "code ends and the output starts?",
+                    ],
+                    {"first": first, "last": last},
+                )
+            )
+    calls = series(run["steps"], "tool/calls_mean")
+    if len(calls) >= MIN_STEPS:
+        first, last, window = ends(calls)
+        if first >= TOOL_CALLS_ZERO and last < TOOL_CALLS_ZERO:
+            found.append(
+                finding(
+                    "warning",
+                    "tool_calls_collapse",
+                    "the policy stopped calling the tool",
+                    f"tool/calls_mean {fmt(first)} at {span(calls, window, False)} -> "
+                    f"{fmt(last)} at {span(calls, window, True)}",
+                    [
+                        "calls that error or time out teach the policy to avoid the tool: "
+                        "check tool/error_rate and the transcripts",
+                        "SimpleTIR's fix for collapse: leave turns without output out of the loss",
+                    ],
+                    {"first": first, "last": last},
+                )
+            )
+    cut = series(run["steps"], "tool/truncated_by_tool_rate")
+    if len(cut) >= MIN_STEPS:
+        first, last, window = ends(cut)
+        if last > TRUNCATED_BY_TOOL:
+            found.append(
+                finding(
+                    "warning",
+                    "truncated_by_tool",
+                    "tool output ends many responses before their answer",
+                    f"tool/truncated_by_tool_rate {fmt(last)} at {span(cut, window, True)}; "
+                    f"--max-tokens {flag(run, 'max_tokens')}, --max-obs-tokens "
+                    f"{flag(run, 'max_obs_tokens')}, --max-tool-calls "
+                    f"{flag(run, 'max_tool_calls')}",
+                    [
+                        "raise --max-tokens (it counts the tool's output too)",
+                        "a smaller --max-obs-tokens, or fewer --max-tool-calls",
+                    ],
+                    {"first": first, "last": last},
+                )
+            )
+    multi = series(run["steps"], "train/logprob_mismatch_multi_turn")
+    single = series(run["steps"], "train/logprob_mismatch_single_turn")
+    if multi and single:
+        m = statistics.median(value for _, value in multi)  # multi-turn rows
+        s = statistics.median(value for _, value in single)  # single-turn rows
+        if m > MISMATCH_FLOOR and m > MISMATCH_MULTI_TURN * s:
+            found.append(
+                finding(
+                    "warning",
+                    "multi_turn_mismatch",
+                    "the trainer scores multi-turn rows differently from the engine",
+                    f"train/logprob_mismatch_multi_turn median {fmt(m)} over {len(multi)} steps "
+                    f"against {fmt(s)} on single-turn rows (x{fmt(m / max(s, 1e-12))})",
+                    [
+                        "the trainer must see exactly the engine's token ids: a fork that "
+                        "re-tokenises text, or trims ids at the trigger, breaks the ratios",
+                        "a chat template or prompt change between sampling and training",
+                    ],
+                    {"multi_turn": m, "single_turn": s},
+                )
+            )
+    return found
+
+
 def check_grad_norm(run):
     """Gradient-norm spikes against the run's median, and clipping on at nearly every step."""
     points = series(run["train"], "train/grad_norm")
@@ -932,6 +1024,7 @@ CHECKS = [
     (check_truncation, RL),
     (check_length, RL),
     (check_ratios, GRPO),
+    (check_tools, GRPO),
     (check_grad_norm, None),
     (check_reward_vs_validation, RL),
     (check_kl, GRPO),

@@ -190,6 +190,7 @@ def resolve(args):
     args.advantages_read_log_probs = False
     args.kl_every = 0
     args.mask_truncated = False
+    args.mask_void_turns = False
 
     check = common.check
     check(

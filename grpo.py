@@ -645,6 +645,12 @@ def tool_flags(p):
         help="python calls run at once (the run's sandbox pool)",
     )
     g.add_argument(
+        "--mask-void-turns",
+        action="store_true",
+        help="SimpleTIR: a response with a void turn (a call with no code or expression, or an "
+        "end with neither an answer nor code) stays in its group's baseline but carries no loss",
+    )
+    g.add_argument(
         "--tool-sandbox",
         choices=("bwrap", "none"),
         default="bwrap",
@@ -659,8 +665,8 @@ def check_tools(args):
     header = common.attempt(data.prompt_header, args.prompt, what=f"--prompt {args.prompt}")
     if not args.tools:
         common.check(
-            args.max_tool_calls is None and args.tool_timeout is None,
-            "--max-tool-calls and --tool-timeout need --tools",
+            args.max_tool_calls is None and args.tool_timeout is None and not args.mask_void_turns,
+            "--max-tool-calls, --tool-timeout and --mask-void-turns need --tools",
         )
         common.check(
             not header,
@@ -1191,7 +1197,7 @@ def rollout(engine, rows, args, seed, tool=None):
                 batch["transcripts"].append(sample["text"])
                 batch["policy_masks"].append(sample["policy_mask"])
                 batch["truncated_by_tool"].append(finish == "truncated_by_tool")
-                for key in ("calls", "errors", "timeouts", "turns", "obs_tokens"):
+                for key in ("calls", "errors", "timeouts", "turns", "obs_tokens", "void"):
                     batch[key].append(sample[key])
     return batch
 
@@ -1206,6 +1212,7 @@ TOOL_KEYS = (
     "timeouts",
     "turns",
     "obs_tokens",
+    "void",
 )
 
 
@@ -1429,6 +1436,7 @@ def tool_metrics(batch):
         "tool/turns_mean": fmean(batch["turns"]),
         "tool/truncated_by_tool_rate": fmean(batch["truncated_by_tool"]),
         "tool/obs_tokens_mean": fmean(batch["obs_tokens"]),
+        "tool/void_turn_rate": fmean(batch["void"]),
         "train/response_len_total_mean": fmean([len(ids) for ids in batch["response_ids"]]),
     }
     return metrics
@@ -1511,7 +1519,8 @@ def collate(batch, args, pad_id=0):
     (N,). response_mask marks every response token, tool output included; policy_mask the ones the
     engine sampled (all of them without --tools): what a KL and the log-prob mismatch read;
     loss_mask the ones that carry the loss (the policy's, but a truncated row's under
-    --mask-truncated): what the loss, its normalisers, the entropy and the ratios read.
+    --mask-truncated and a void one's under --mask-void-turns): what the loss, its normalisers,
+    the entropy and the ratios read.
     ban_mask marks the first --min-tokens response positions (stop tokens are banned there: in
     the first turn only, the one sampled with min_tokens)."""
     prompt_ids = batch["prompt_ids"]
@@ -1539,6 +1548,8 @@ def collate(batch, args, pad_id=0):
     loss_mask = policy.clone()  # (N, T)
     if args.mask_truncated:  # DAPO's overlong filtering: truncated responses leave the loss
         loss_mask[torch.tensor(batch["truncated"], dtype=torch.bool)] = False
+    if args.mask_void_turns:  # SimpleTIR: responses with a void turn leave the loss
+        loss_mask[torch.tensor(batch["void"], dtype=torch.bool)] = False
     return {
         "input_ids": ids[:, :-1],
         "labels": ids[:, 1:],
@@ -1762,8 +1773,16 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
         )
         for key, value in is_metrics.items():
             metrics[f"train/{key}"] = value
-        mismatch = losses.masked_mean((cur - engine_log_probs).abs(), sampled)
-        metrics["train/logprob_mismatch"] = mismatch.item()
+        gap = (cur - engine_log_probs).abs()  # (N, T)
+        metrics["train/logprob_mismatch"] = losses.masked_mean(gap, sampled).item()
+        if "calls" in batch:
+            # rows that called the tool against rows that did not: a context the trainer gets
+            # wrong (re-tokenised text, a trimmed id) shows on the first only
+            called = torch.tensor(batch["calls"]) > 0  # (N,)
+            for name, rows in (("multi_turn", called), ("single_turn", ~called)):
+                if rows.any():
+                    part = losses.masked_mean(gap[rows], sampled[rows])
+                    metrics[f"train/logprob_mismatch_{name}"] = part.item()
         if args.rollout_is != "none":  # else measured, not applied
             tensors["is_weights"] = weights
     ref = None  # (N, T) pi_init

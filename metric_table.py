@@ -125,6 +125,9 @@ METRICS = [
       "--tools: mean turns (engine calls) per response: calls + 1, unless a tool output ended it"),
     M("tool/truncated_by_tool_rate", "", "grpo", {},
       "--tools: fraction of responses ended because a tool output did not fit in --max-tokens"),
+    M("tool/void_turn_rate", "", "grpo", {},
+      "--tools: fraction of responses with a void turn (a call with no code or expression, or an "
+      "end with neither an answer nor code; --mask-void-turns leaves them out of the loss)"),
     M("tool/obs_tokens_mean", "", "grpo", {},
       "--tools: mean tool-output tokens per response (response but not loss)"),
     # --- the learner
@@ -141,6 +144,10 @@ METRICS = [
     M("train/logprob_mismatch", "", GRPO, {},
       "mean |log pi_trainer - log mu_engine| of the sampled tokens, on steps that score pi_old "
       "with a no-grad pass"),
+    M("train/logprob_mismatch_multi_turn", "", "grpo", {},
+      "--tools: train/logprob_mismatch over the rows that called the tool"),
+    M("train/logprob_mismatch_single_turn", "", "grpo", {},
+      "--tools: train/logprob_mismatch over the rows that did not"),
     M("train/mismatch_kl", "", GRPO, {},
       "KL(mu || pi_old) on the engine's samples (k3): how off-policy they are"),
     M("train/is_weight_mean", "", GRPO, {},

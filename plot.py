@@ -59,12 +59,19 @@ PANELS = [
         ["train/response_len_mean", "eval/response_len"],
         ["train/truncation_rate", "eval/truncation_rate"],
     ),
+    # --tools runs: calls and turns per response; the fraction of calls that fail on the right
+    (
+        "tool calls / turns / errors (--tools)",
+        ["tool/calls_mean", "eval/tool_calls_mean", "tool/turns_mean"],
+        ["tool/error_rate"],
+    ),
 ]
 STYLES = ["-", "--", ":", "-."]
 # time key -> colour (grpo_ray.py's timeline colours); sft.py's training phase is its time/step
 PHASES = {
     "time/generation": "tab:blue",
     "time/grading": "tab:cyan",
+    "time/tool": "tab:purple",
     "time/old_log_probs": "tab:olive",
     "time/entropy": "tab:olive",  # expert_iteration.py's no-grad pass
     "time/training": "tab:red",

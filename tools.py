@@ -62,19 +62,22 @@ class Tool:
         self.seconds = 0.0
 
     def run(self, turn_texts):
-        """Each turn's text (ending with the trigger) -> [(output, status)], status "ok", "error"
-        or "timeout"."""
+        """Each turn's text (ending with the trigger) -> [(output, status)], status "ok", "error",
+        "timeout", or "void" for a call with nothing to run (no code, no expression)."""
         t0 = time.perf_counter()
         results = [None] * len(turn_texts)
         if self.name == "calculator":
             for k, text in enumerate(turn_texts):
-                results[k] = calculate(expression_before(text, self.trigger))
+                expression = expression_before(text, self.trigger)
+                results[k] = calculate(expression)
+                if not expression:
+                    results[k] = (results[k][0], "void")
         elif self.name == "python":
             codes = []  # (index, code) of the turns with a code block
             for k, text in enumerate(turn_texts):
                 code = last_code_block(text)
                 if code is None:
-                    results[k] = ("SyntaxError: no ```python code block before the call", "error")
+                    results[k] = ("SyntaxError: no ```python code block before the call", "void")
                 else:
                     codes.append((k, code))
             outs = self.pool.run([code for _, code in codes])
@@ -209,8 +212,9 @@ def generate(
     """rollout.generate with the tool in the loop (module docstring) -> per prompt, n dicts:
     rollout.generate's keys over the whole response ("text" the transcript; "logprobs" 0 on tool
     output; "finish_reason" also "truncated_by_tool"), plus "policy_mask", "policy_text", "calls",
-    "errors", "timeouts", "turns" and "obs_tokens". min_tokens bans stop tokens in the first turn
-    only; turn_stride (default n x prompts) spaces the turns' seeds."""
+    "errors", "timeouts", "turns", "obs_tokens" and "void" (SimpleTIR's void turn: a trigger with
+    nothing to run, or an end with neither an answer nor code). min_tokens bans stop tokens in
+    the first turn only; turn_stride (default n x prompts) spaces the turns' seeds."""
     stop = list(stop or [])
     P = len(prompts)
     if turn_stride is None:
@@ -266,6 +270,10 @@ def generate(
             if not called:
                 s["finish_reason"] = out["finish_reason"]  # the task's stop, EOS or the length
                 s["stop_reason"] = out["stop_reason"]
+                # SimpleTIR's void turn: a response that ends with neither an answer nor code
+                answered = "</answer>" in out["text"] or "\\boxed" in out["text"]
+                if not answered and last_code_block(out["text"]) is None:
+                    s["void"] = True
             elif len(s["token_ids"]) + min_obs >= max_tokens:
                 # no output could fit with room for one more sampled token: nothing runs
                 s["finish_reason"] = "truncated_by_tool"
@@ -277,6 +285,8 @@ def generate(
             s["calls"] += 1  # the calls that ran
             s["errors"] += status != "ok"
             s["timeouts"] += status == "timeout"
+            if status == "void":
+                s["void"] = True  # a trigger with nothing to run
             ids, text = observation(tool, output, tokenizer)
             if len(s["token_ids"]) + len(ids) >= max_tokens:
                 s["finish_reason"] = "truncated_by_tool"  # no room left for a sampled token
@@ -310,6 +320,7 @@ def _new_sample(i, j):
         "finish_reason": None,
         "stop_reason": None,
         "calls": 0,
+        "void": False,
         "errors": 0,
         "timeouts": 0,
         "turns": 0,

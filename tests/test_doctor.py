@@ -521,3 +521,50 @@ def test_every_threshold_is_in_the_readme_table_with_its_value():
         names = cells[0].removeprefix("| ").replace("`", "").split(", ")
         values = cells[1].split(", ")
         assert float(values[names.index(name)]) == value, f"{name}: docs/doctor.md says {cells[1]}"
+
+
+# ----------------------------------------------------------------------------- --tools runs
+@pytest.mark.parametrize(
+    "step, code, evidence",
+    [
+        (lambda i: {"tool/error_rate": 0.8}, "tool_errors", "tool/error_rate 0.8"),
+        (
+            lambda i: {"tool/calls_mean": max(0.0, 2.0 - 0.25 * i)},
+            "tool_calls_collapse",
+            "tool/calls_mean 1.5",
+        ),
+        (
+            lambda i: {"tool/truncated_by_tool_rate": 0.2},
+            "truncated_by_tool",
+            "--max-obs-tokens 256",
+        ),
+        (
+            lambda i: {
+                "train/logprob_mismatch_multi_turn": 0.05,
+                "train/logprob_mismatch_single_turn": 0.01,
+            },
+            "multi_turn_mismatch",
+            "x5",
+        ),
+    ],
+)
+def test_tool_diagnoses(tmp_path, grpo_args, capsys, step, code, evidence):
+    """Each tool diagnosis on a --tools run, beside its near miss: error rate 0.4, calls that
+    stay at 0.1, truncated_by_tool 0.08, a multi-turn mismatch 1.5x the single-turn one."""
+    args = {**grpo_args, "tools": "calculator", "max_obs_tokens": 256, "max_tool_calls": 8}
+    run = write_run(tmp_path / "run", args, step=step)
+    exit_code, found = findings(capsys, run)
+    assert exit_code == 1
+    assert found[code]["severity"] == "warning"
+    assert evidence in found[code]["evidence"]
+    near = {
+        "tool_errors": {"tool/error_rate": 0.4},
+        "tool_calls_collapse": {"tool/calls_mean": 0.1},
+        "truncated_by_tool": {"tool/truncated_by_tool_rate": 0.08},
+        "multi_turn_mismatch": {
+            "train/logprob_mismatch_multi_turn": 0.015,
+            "train/logprob_mismatch_single_turn": 0.01,
+        },
+    }
+    miss = write_run(tmp_path / "near", args, step=lambda i: near[code])
+    assert code not in findings(capsys, miss)[1]

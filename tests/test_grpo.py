@@ -2105,7 +2105,9 @@ def test_tools_flags_refuse_in_one_line(tmp_path):
     or a tool prompt without --tools."""
     one_line_error(run_script(["grpo.py", "--tools", "calculator", "--prompt", "r1_zero"]),
                    "needs a prompt that declares its trigger")  # fmt: skip
-    one_line_error(run_script(["grpo.py", "--tools", "python"]), "r1_zero_python")
+    one_line_error(
+        run_script(["grpo.py", "--task", "keyword", "--tools", "python"]), "keyword_python"
+    )
     one_line_error(run_script(["grpo_ray.py", "--tools", "calculator"]), "grpo.py only")
     one_line_error(run_script(["grpo.py", "--max-tool-calls", "2"]), "need --tools")
     one_line_error(run_script(["grpo.py", "--prompt", "r1_zero_calculator"]), "pass --tools")

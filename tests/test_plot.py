@@ -37,6 +37,7 @@ def grpo_rows(n_steps=4, opt_per_step=2, kl=True):
         }
         if kl:
             common |= {"train/kl_ref": 0.01 * s, "train/kl_prev": 0.001, "train/mismatch_kl": 1e-6}
+            common |= {"tool/calls_mean": 2.0, "tool/turns_mean": 3.0, "tool/error_rate": 0.1}
         for e in range(opt_per_step):
             opt += 1
             rows.append(
@@ -144,7 +145,7 @@ def test_grpo_run_writes_one_dashboard_with_every_panel(tmp_path):
     assert sorted(os.listdir(run)) == ["dashboard.png", "metrics.jsonl"]
     fig = plot.build_figure([run])
     assert list(panels(fig)) == ALL_PANELS
-    assert len(fig.axes) == len(ALL_PANELS) + 1  # + the truncation axis
+    assert len(fig.axes) == len(ALL_PANELS) + 2  # + the truncation and tool error axes
     length = panels(fig)["response length (tokens) / truncation"]
     twin = next(ax for ax in fig.axes if not ax.get_title())
     assert len(length.lines) == 2

@@ -420,6 +420,8 @@ STAND_INS = [
     (("GRPO on Countdown with rank-1 LoRA",), "hf", []),
     (GSM8K_ROWS, "hf", []),
     (("GSM8K GRPO baselines",), "hf", []),
+    (("GSM8K GRPO with a Python tool",), "hf", []),
+    (("ToRL-1.5B",), "hf", []),
     (("no-clip ablation",), "hf", []),
     (COUNTDOWN_GRID_ROWS, "hf", []),
     (RAY_ROWS, "hf", []),

@@ -253,6 +253,7 @@ def demo_args(**kw):
         min_tokens=2,
         rollout_batch_size=3,
         mask_truncated=False,
+        mask_void_turns=False,
         micro_train_batch_size=4,
     )
     return types.SimpleNamespace(**(args | kw))
@@ -288,6 +289,29 @@ def test_collate_the_loss_reads_policy_tokens_only(tok):
     metrics = grpo.tool_metrics(batch)
     assert metrics["tool/calls_mean"] == 1.0 and metrics["tool/calls_max"] == 2
     assert metrics["tool/frac_with_call"] == pytest.approx(2 / 3)
+
+
+def test_void_turns_leave_the_loss_but_stay_in_the_baseline(tok):
+    """--mask-void-turns (SimpleTIR): a call with nothing to run (no expression before "=") and a
+    response that ends with neither an answer nor code carry no loss; they are counted in
+    tool/void_turn_rate; their rewards still enter the group's baseline (advantages reads every
+    row's reward, not the loss mask)."""
+    scripts = {
+        "A: a call with no expression": [" so =", ANSWER],
+        "B: neither an answer nor code": [" 1 + 1 is 2" + EOS],
+        "C: a call, then the answer": [" 5 + 2 =", ANSWER],
+    }
+    engine = ScriptedEngine(tok, scripts)
+    args = demo_args(group_size=3, mask_void_turns=True)
+    rows = [{"prompt": p, "ground_truth": None, "stop": ["</answer>"]} for p in scripts]
+    batch = grpo.rollout(engine, rows, demo_args(), 0, calculator())
+    assert batch["void"] == [True, True, False]
+    assert batch["errors"] == [1, 0, 0]  # a void call is an error too
+    assert grpo.tool_metrics(batch)["tool/void_turn_rate"] == pytest.approx(2 / 3)
+    tensors = grpo.collate(batch, args)
+    assert not tensors["loss_mask"][:2].any()
+    assert torch.equal(tensors["loss_mask"][2], tensors["policy_mask"][2])
+    assert tensors["policy_mask"][:2].any()  # still scored for a KL, just not trained on
 
 
 def _without(x, keep):
