@@ -611,17 +611,25 @@ def check_tools(run):
     """--tools runs: most calls failing, calls dying out, tool output crowding out the answer, and
     multi-turn rows whose log-probs disagree with the engine's more than single-turn rows do."""
     found = []
-    errors = series(run["steps"], "tool/error_rate")
+    errors = []  # the steps that called the tool: a rate over a handful of calls is noise
+    for row, value in series(run["steps"], "tool/error_rate"):
+        if (number(row.get("tool/calls_mean")) or 0) >= TOOL_CALLS_ZERO:
+            errors.append((row, value))
     if len(errors) >= MIN_STEPS:
         first, last, window = ends(errors)
         if last > TOOL_ERROR_RATE:
+            evidence = (
+                f"tool/error_rate {fmt(last)} at {span(errors, window, True)} (from {fmt(first)})"
+            )
+            excerpt = sample_excerpt(run, "train")
+            if excerpt:
+                evidence += f"; {excerpt}"
             found.append(
                 finding(
                     "warning",
                     "tool_errors",
                     "most tool calls fail",
-                    f"tool/error_rate {fmt(last)} at {span(errors, window, True)} (from "
-                    f"{fmt(first)}); {sample_excerpt(run, 'train')}",
+                    evidence,
                     [
                         "read the transcripts in rollouts/: a syntax error, a missing import, "
                         "code the sandbox refuses, or --tool-timeout too short",
@@ -645,7 +653,8 @@ def check_tools(run):
                     [
                         "calls that error or time out teach the policy to avoid the tool: "
                         "check tool/error_rate and the transcripts",
-                        "SimpleTIR's fix for collapse: leave turns without output out of the loss",
+                        "SimpleTIR's fix for collapse: --mask-void-turns (responses with a call "
+                        "that had nothing to run, or with no answer and no code, carry no loss)",
                     ],
                     {"first": first, "last": last},
                 )
@@ -672,7 +681,7 @@ def check_tools(run):
             )
     multi = series(run["steps"], "train/logprob_mismatch_multi_turn")
     single = series(run["steps"], "train/logprob_mismatch_single_turn")
-    if multi and single:
+    if len(multi) >= MIN_STEPS and len(single) >= MIN_STEPS:
         m = statistics.median(value for _, value in multi)  # multi-turn rows
         s = statistics.median(value for _, value in single)  # single-turn rows
         if m > MISMATCH_FLOOR and m > MISMATCH_MULTI_TURN * s:

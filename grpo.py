@@ -1776,9 +1776,9 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
         gap = (cur - engine_log_probs).abs()  # (N, T)
         metrics["train/logprob_mismatch"] = losses.masked_mean(gap, sampled).item()
         if "calls" in batch:
-            # rows that called the tool against rows that did not: a context the trainer gets
-            # wrong (re-tokenised text, a trimmed id) shows on the first only
-            called = torch.tensor(batch["calls"]) > 0  # (N,)
+            # rows with tool output against rows without: a context the trainer gets wrong
+            # (re-tokenised text, a trimmed id) shows on the first only
+            called = torch.tensor(batch["turns"]) > 1  # (N,) rows with tool output inside
             for name, rows in (("multi_turn", called), ("single_turn", ~called)):
                 if rows.any():
                     part = losses.masked_mean(gap[rows], sampled[rows])

@@ -119,7 +119,8 @@ METRICS = [
     M("tool/calls_max", "", "grpo", {}, "--tools: most tool calls in one response"),
     M("tool/frac_with_call", "", "grpo", {}, "--tools: fraction of responses with a tool call"),
     M("tool/error_rate", "", "grpo", {},
-      "--tools: fraction of calls whose output is an error (timeouts included)"),
+      "--tools: fraction of calls whose output is an error (timeouts included; a void call, "
+      "with nothing to run, is in tool/void_turn_rate instead)"),
     M("tool/timeout_rate", "", "grpo", {}, "--tools: fraction of calls cut at --tool-timeout"),
     M("tool/turns_mean", "", "grpo", {},
       "--tools: mean turns (engine calls) per response: calls + 1, unless a tool output ended it"),
@@ -127,7 +128,8 @@ METRICS = [
       "--tools: fraction of responses ended because a tool output did not fit in --max-tokens"),
     M("tool/void_turn_rate", "", "grpo", {},
       "--tools: fraction of responses with a void turn (a call with no code or expression, or an "
-      "end with neither an answer nor code; --mask-void-turns leaves them out of the loss)"),
+      "end, not at --max-tokens, with no answer and no code; --mask-void-turns leaves them out of "
+      "the loss)"),
     M("tool/obs_tokens_mean", "", "grpo", {},
       "--tools: mean tool-output tokens per response (response but not loss)"),
     # --- the learner
@@ -145,9 +147,9 @@ METRICS = [
       "mean |log pi_trainer - log mu_engine| of the sampled tokens, on steps that score pi_old "
       "with a no-grad pass"),
     M("train/logprob_mismatch_multi_turn", "", "grpo", {},
-      "--tools: train/logprob_mismatch over the rows that called the tool"),
+      "--tools: train/logprob_mismatch over the rows with tool output inside"),
     M("train/logprob_mismatch_single_turn", "", "grpo", {},
-      "--tools: train/logprob_mismatch over the rows that did not"),
+      "--tools: train/logprob_mismatch over the rows without"),
     M("train/mismatch_kl", "", GRPO, {},
       "KL(mu || pi_old) on the engine's samples (k3): how off-policy they are"),
     M("train/is_weight_mean", "", GRPO, {},

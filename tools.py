@@ -213,8 +213,9 @@ def generate(
     rollout.generate's keys over the whole response ("text" the transcript; "logprobs" 0 on tool
     output; "finish_reason" also "truncated_by_tool"), plus "policy_mask", "policy_text", "calls",
     "errors", "timeouts", "turns", "obs_tokens" and "void" (SimpleTIR's void turn: a trigger with
-    nothing to run, or an end with neither an answer nor code). min_tokens bans stop tokens in
-    the first turn only; turn_stride (default n x prompts) spaces the turns' seeds."""
+    nothing to run, or an end with no answer and no code; "errors" counts neither). min_tokens
+    bans stop tokens in the first turn only; turn_stride (default n x prompts) spaces the turns'
+    seeds."""
     stop = list(stop or [])
     P = len(prompts)
     if turn_stride is None:
@@ -270,9 +271,12 @@ def generate(
             if not called:
                 s["finish_reason"] = out["finish_reason"]  # the task's stop, EOS or the length
                 s["stop_reason"] = out["stop_reason"]
-                # SimpleTIR's void turn: a response that ends with neither an answer nor code
-                answered = "</answer>" in out["text"] or "\\boxed" in out["text"]
-                if not answered and last_code_block(out["text"]) is None:
+                # SimpleTIR's void turn: a response that ends (not cut at its length: that is
+                # --mask-truncated's) with no answer anywhere and no code in its last turn
+                text = s["policy_text"]
+                answered = "</answer>" in text or "\\boxed" in text
+                ended = out["finish_reason"] != "length"
+                if ended and not answered and last_code_block(out["text"]) is None:
                     s["void"] = True
             elif len(s["token_ids"]) + min_obs >= max_tokens:
                 # no output could fit with room for one more sampled token: nothing runs
@@ -282,8 +286,8 @@ def generate(
         outputs = tool.run([s["turn_text"] for s in calling])
         active = []
         for s, (output, status) in zip(calling, outputs):
-            s["calls"] += 1  # the calls that ran
-            s["errors"] += status != "ok"
+            s["calls"] += 1  # the triggers the tool answered
+            s["errors"] += status in ("error", "timeout")
             s["timeouts"] += status == "timeout"
             if status == "void":
                 s["void"] = True  # a trigger with nothing to run

@@ -527,7 +527,11 @@ def test_every_threshold_is_in_the_readme_table_with_its_value():
 @pytest.mark.parametrize(
     "step, code, evidence",
     [
-        (lambda i: {"tool/error_rate": 0.8}, "tool_errors", "tool/error_rate 0.8"),
+        (
+            lambda i: {"tool/error_rate": 0.8, "tool/calls_mean": 1.0},
+            "tool_errors",
+            "tool/error_rate 0.8",
+        ),
         (
             lambda i: {"tool/calls_mean": max(0.0, 2.0 - 0.25 * i)},
             "tool_calls_collapse",
@@ -558,7 +562,7 @@ def test_tool_diagnoses(tmp_path, grpo_args, capsys, step, code, evidence):
     assert found[code]["severity"] == "warning"
     assert evidence in found[code]["evidence"]
     near = {
-        "tool_errors": {"tool/error_rate": 0.4},
+        "tool_errors": {"tool/error_rate": 0.4, "tool/calls_mean": 1.0},
         "tool_calls_collapse": {"tool/calls_mean": 0.1},
         "truncated_by_tool": {"tool/truncated_by_tool_rate": 0.08},
         "multi_turn_mismatch": {
@@ -568,3 +572,17 @@ def test_tool_diagnoses(tmp_path, grpo_args, capsys, step, code, evidence):
     }
     miss = write_run(tmp_path / "near", args, step=lambda i: near[code])
     assert code not in findings(capsys, miss)[1]
+
+
+def test_a_failing_last_call_of_a_dying_tool_is_no_error_warning(tmp_path, grpo_args, capsys):
+    """Calls fall to ~0 and the few left fail: the collapse is the finding; an error rate over
+    steps that barely call the tool is noise."""
+
+    def step(i):
+        return {"tool/calls_mean": max(0.0005, 1.0 - 0.1 * i), "tool/error_rate": float(i > 10)}
+
+    args = {**grpo_args, "tools": "calculator"}
+    run = write_run(tmp_path / "run", args, step=step)
+    found = findings(capsys, run)[1]
+    assert "tool_calls_collapse" in found
+    assert "tool_errors" not in found

@@ -293,24 +293,29 @@ def test_collate_the_loss_reads_policy_tokens_only(tok):
 
 def test_void_turns_leave_the_loss_but_stay_in_the_baseline(tok):
     """--mask-void-turns (SimpleTIR): a call with nothing to run (no expression before "=") and a
-    response that ends with neither an answer nor code carry no loss; they are counted in
+    response that ends with no answer and no code carry no loss (an answer before a last check
+    is an answer; a cut at --max-tokens is --mask-truncated's, not void); they are counted in
     tool/void_turn_rate; their rewards still enter the group's baseline (advantages reads every
     row's reward, not the loss mask)."""
     scripts = {
         "A: a call with no expression": [" so =", ANSWER],
         "B: neither an answer nor code": [" 1 + 1 is 2" + EOS],
         "C: a call, then the answer": [" 5 + 2 =", ANSWER],
+        "D: the answer, then a check": [" so \\boxed{7}. check 5 + 2 =", " yes" + EOS],
+        "E: cut at its length": [" one two three four five six seven eight nine ten"],
     }
     engine = ScriptedEngine(tok, scripts)
-    args = demo_args(group_size=3, mask_void_turns=True)
+    args = demo_args(group_size=5, mask_void_turns=True)
     rows = [{"prompt": p, "ground_truth": None, "stop": ["</answer>"]} for p in scripts]
-    batch = grpo.rollout(engine, rows, demo_args(), 0, calculator())
-    assert batch["void"] == [True, True, False]
-    assert batch["errors"] == [1, 0, 0]  # a void call is an error too
-    assert grpo.tool_metrics(batch)["tool/void_turn_rate"] == pytest.approx(2 / 3)
+    batch = grpo.rollout(engine, rows, demo_args(max_tokens=34), 0, calculator())  # E: 35
+    assert batch["void"] == [True, True, False, False, False]  # D answered; E is truncation's
+    assert batch["truncated"] == [False, False, False, False, True]
+    assert batch["errors"] == [0, 0, 0, 0, 0]  # a void call is no error: nothing ran
+    assert grpo.tool_metrics(batch)["tool/void_turn_rate"] == pytest.approx(2 / 5)
     tensors = grpo.collate(batch, args)
     assert not tensors["loss_mask"][:2].any()
-    assert torch.equal(tensors["loss_mask"][2], tensors["policy_mask"][2])
+    for i in (2, 3, 4):
+        assert torch.equal(tensors["loss_mask"][i], tensors["policy_mask"][i])
     assert tensors["policy_mask"][:2].any()  # still scored for a KL, just not trained on
 
 
