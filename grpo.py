@@ -1773,16 +1773,7 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
         )
         for key, value in is_metrics.items():
             metrics[f"train/{key}"] = value
-        gap = (cur - engine_log_probs).abs()  # (N, T)
-        metrics["train/logprob_mismatch"] = losses.masked_mean(gap, sampled).item()
-        if "calls" in batch:
-            # rows with tool output against rows without: a context the trainer gets wrong
-            # (re-tokenised text, a trimmed id) shows on the first only
-            called = torch.tensor(batch["turns"]) > 1  # (N,) rows with tool output inside
-            for name, rows in (("multi_turn", called), ("single_turn", ~called)):
-                if rows.any():
-                    part = losses.masked_mean(gap[rows], sampled[rows])
-                    metrics[f"train/logprob_mismatch_{name}"] = part.item()
+        metrics |= mismatch_metrics(cur, engine_log_probs, sampled, batch)
         if args.rollout_is != "none":  # else measured, not applied
             tensors["is_weights"] = weights
     ref = None  # (N, T) pi_init
@@ -1826,6 +1817,21 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
     history = _updates(learner, batch, tensors, args, runtime, step, dp)
     metrics["time/training"] = time.perf_counter() - t1
     return history, metrics
+
+
+def mismatch_metrics(cur, engine_log_probs, sampled, batch):
+    """train/logprob_mismatch: the mean |log pi_t - log mu| over the sampled tokens; with --tools
+    also over the rows with tool output inside and the rows without, apart: a context the trainer
+    gets wrong (re-tokenised text, a trimmed id) shows on the first only."""
+    gap = (cur - engine_log_probs).abs()  # (N, T)
+    metrics = {"train/logprob_mismatch": losses.masked_mean(gap, sampled).item()}
+    if "turns" in batch:
+        multi = torch.tensor(batch["turns"]) > 1  # (N,) rows with tool output inside
+        for name, rows in (("multi_turn", multi), ("single_turn", ~multi)):
+            if rows.any():
+                part = losses.masked_mean(gap[rows], sampled[rows])
+                metrics[f"train/logprob_mismatch_{name}"] = part.item()
+    return metrics
 
 
 def _updates(learner, batch, tensors, args, runtime, step, dp=None):

@@ -663,10 +663,9 @@ class HFEngine:
         for i, prompt in enumerate(prompts):
             gens = []  # sample j's own stream
             for j in range(n):
+                sample_seed = seed + j * len(prompts) + i
                 if seeds is not None:
                     sample_seed = seeds[i]
-                else:
-                    sample_seed = seed + j * len(prompts) + i
                 gens.append(torch.Generator(self.device).manual_seed(sample_seed))
             if isinstance(prompt, str):
                 prompt_ids = self.tokenizer(prompt).input_ids
@@ -713,21 +712,14 @@ class HFEngine:
                         # vLLM's detokenizer does
                         text = shown[j]
                     shown[j] = text
-                    hits = []  # (where a stop string in the text ends, the string)
+                    hit = None  # text written under the min_tokens ban is never searched
                     if step >= min_tokens:
-                        for s in stop:
-                            # as vLLM: only where this token's text completes s (text written
-                            # under the min_tokens ban is never searched)
-                            at = text.find(s, max(0, before - len(s) + 1))
-                            if at >= 0:
-                                hits.append((at + len(s), s))
-                    if hits:
-                        # the first to end; a tie goes to the first in `stop`, as in vLLM
-                        end, stopped_by[j] = min(hits, key=lambda hit: hit[0])
+                        hit = first_stop(text, before, stop)
+                    texts[j] = text
+                    if hit:
+                        end, stopped_by[j] = hit
                         texts[j] = text[:end]  # text ends with (includes) the stop string
-                    else:
-                        texts[j] = text
-                    if hits or toks[j][-1] in ends:
+                    if hit or toks[j][-1] in ends:
                         reasons[j] = "stop"
                     elif len(toks[j]) == max_tokens[i]:
                         reasons[j] = "length"
@@ -748,6 +740,20 @@ class HFEngine:
                 )
             results.append(samples)
         return results
+
+
+def first_stop(text, before, stop):
+    """(where it ends, the stop string) of the first of `stop` to end in text, or None; searched
+    as vLLM's detokenizer does, only where text past its first `before` characters completes one
+    (a tie goes to the first in `stop`)."""
+    hits = []
+    for s in stop:
+        at = text.find(s, max(0, before - len(s) + 1))
+        if at >= 0:
+            hits.append((at + len(s), s))
+    if not hits:
+        return None
+    return min(hits, key=lambda hit: hit[0])
 
 
 def cpu_engine_refusal(model_id):

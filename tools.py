@@ -250,18 +250,7 @@ def generate(
             )
             outs = [o for samples_of_prompt in outs for o in samples_of_prompt]
         else:
-            contexts = []
-            seeds = None
-            budgets = []
-            if seed is not None:
-                seeds = []
-            for s in active:
-                contexts.append(s["prompt_token_ids"] + s["token_ids"])
-                budgets.append(max_tokens - len(s["token_ids"]))
-                if seed is not None:
-                    seeds.append(seed + turn * turn_stride + s["j"] * P + s["i"])
-            outs = rollout.generate(llm, contexts, max_tokens=budgets, seeds=seeds, **sampling)
-            outs = [o[0] for o in outs]
+            outs = _continue(llm, active, turn, sampling, max_tokens, seed, turn_stride, P)
         calling = []
         for s, out in zip(active, outs):
             if turn == 0:
@@ -271,13 +260,7 @@ def generate(
             if not called:
                 s["finish_reason"] = out["finish_reason"]  # the task's stop, EOS or the length
                 s["stop_reason"] = out["stop_reason"]
-                # SimpleTIR's void turn: a response that ends (not cut at its length: that is
-                # --mask-truncated's) with no answer anywhere and no code in its last turn
-                text = s["policy_text"]
-                answered = "</answer>" in text or "\\boxed" in text
-                ended = out["finish_reason"] != "length"
-                if ended and not answered and last_code_block(out["text"]) is None:
-                    s["void"] = True
+                s["void"] = s["void"] or void_end(s["policy_text"], out)
             elif len(s["token_ids"]) + min_obs >= max_tokens:
                 # no output could fit with room for one more sampled token: nothing runs
                 s["finish_reason"] = "truncated_by_tool"
@@ -308,6 +291,31 @@ def generate(
     for s in samples:
         del s["i"], s["j"], s["turn_text"]
     return per_prompt
+
+
+def void_end(policy_text, last):
+    """SimpleTIR's void end: a response that ends (not cut at its length: that is
+    --mask-truncated's) with no answer anywhere in its policy text and no code in its last turn."""
+    answered = "</answer>" in policy_text or "\\boxed" in policy_text
+    ended = last["finish_reason"] != "length"
+    return ended and not answered and last_code_block(last["text"]) is None
+
+
+def _continue(llm, active, turn, sampling, max_tokens, seed, turn_stride, P):
+    """Turn `turn` (> 0) of the active samples: each continues the prompt's ids and its
+    segments' ids, with the budget it has left and its own seed (none when seed is None)."""
+    contexts = []
+    budgets = []
+    seeds = None
+    if seed is not None:
+        seeds = []
+    for s in active:
+        contexts.append(s["prompt_token_ids"] + s["token_ids"])
+        budgets.append(max_tokens - len(s["token_ids"]))
+        if seed is not None:
+            seeds.append(seed + turn * turn_stride + s["j"] * P + s["i"])
+    outs = rollout.generate(llm, contexts, max_tokens=budgets, seeds=seeds, **sampling)
+    return [o[0] for o in outs]
 
 
 def _new_sample(i, j):
