@@ -607,100 +607,117 @@ def check_ratios(run):
     ]
 
 
-def check_tools(run):
-    """--tools runs: most calls failing, calls dying out, tool output crowding out the answer, and
-    multi-turn rows whose log-probs disagree with the engine's more than single-turn rows do."""
-    found = []
-    errors = []  # the steps that called the tool: a rate over a handful of calls is noise
+def check_tool_errors(run):
+    """--tools runs: most calls fail (judged on the steps that call the tool: a rate over a
+    handful of calls is noise)."""
+    errors = []
     for row, value in series(run["steps"], "tool/error_rate"):
         if (number(row.get("tool/calls_mean")) or 0) >= TOOL_CALLS_ZERO:
             errors.append((row, value))
-    if len(errors) >= MIN_STEPS:
-        first, last, window = ends(errors)
-        if last > TOOL_ERROR_RATE:
-            evidence = (
-                f"tool/error_rate {fmt(last)} at {span(errors, window, True)} (from {fmt(first)})"
-            )
-            excerpt = sample_excerpt(run, "train")
-            if excerpt:
-                evidence += f"; {excerpt}"
-            found.append(
-                finding(
-                    "warning",
-                    "tool_errors",
-                    "most tool calls fail",
-                    evidence,
-                    [
-                        "read the transcripts in rollouts/: a syntax error, a missing import, "
-                        "code the sandbox refuses, or --tool-timeout too short",
-                        "the prompt's output format and trigger: does the model see where its "
-                        "code ends and the output starts?",
-                    ],
-                    {"first": first, "last": last},
-                )
-            )
+    if len(errors) < MIN_STEPS:
+        return []
+    first, last, window = ends(errors)
+    if last <= TOOL_ERROR_RATE:
+        return []
+    evidence = f"tool/error_rate {fmt(last)} at {span(errors, window, True)} (from {fmt(first)})"
+    excerpt = sample_excerpt(run, "train")
+    if excerpt:
+        evidence += f"; {excerpt}"
+    return [
+        finding(
+            "warning",
+            "tool_errors",
+            "most tool calls fail",
+            evidence,
+            [
+                "read the transcripts in rollouts/: a syntax error, a missing import, "
+                "code the sandbox refuses, or --tool-timeout too short",
+                "the prompt's output format and trigger: does the model see where its "
+                "code ends and the output starts?",
+            ],
+            {"first": first, "last": last},
+        )
+    ]
+
+
+def check_tool_calls(run):
+    """--tools runs: the policy stopped calling the tool."""
     calls = series(run["steps"], "tool/calls_mean")
-    if len(calls) >= MIN_STEPS:
-        first, last, window = ends(calls)
-        if first >= TOOL_CALLS_ZERO and last < TOOL_CALLS_ZERO:
-            found.append(
-                finding(
-                    "warning",
-                    "tool_calls_collapse",
-                    "the policy stopped calling the tool",
-                    f"tool/calls_mean {fmt(first)} at {span(calls, window, False)} -> "
-                    f"{fmt(last)} at {span(calls, window, True)}",
-                    [
-                        "calls that error or time out teach the policy to avoid the tool: "
-                        "check tool/error_rate and the transcripts",
-                        "SimpleTIR's fix for collapse: --mask-void-turns (responses with a call "
-                        "that had nothing to run, or with no answer and no code, carry no loss)",
-                    ],
-                    {"first": first, "last": last},
-                )
-            )
+    if len(calls) < MIN_STEPS:
+        return []
+    first, last, window = ends(calls)
+    if first < TOOL_CALLS_ZERO or last >= TOOL_CALLS_ZERO:
+        return []
+    return [
+        finding(
+            "warning",
+            "tool_calls_collapse",
+            "the policy stopped calling the tool",
+            f"tool/calls_mean {fmt(first)} at {span(calls, window, False)} -> "
+            f"{fmt(last)} at {span(calls, window, True)}",
+            [
+                "calls that error or time out teach the policy to avoid the tool: "
+                "check tool/error_rate and the transcripts",
+                "SimpleTIR's fix for collapse: --mask-void-turns (responses with a call "
+                "that had nothing to run, or with no answer and no code, carry no loss)",
+            ],
+            {"first": first, "last": last},
+        )
+    ]
+
+
+def check_truncated_by_tool(run):
+    """--tools runs: tool output ends many responses before their answer."""
     cut = series(run["steps"], "tool/truncated_by_tool_rate")
-    if len(cut) >= MIN_STEPS:
-        first, last, window = ends(cut)
-        if last > TRUNCATED_BY_TOOL:
-            found.append(
-                finding(
-                    "warning",
-                    "truncated_by_tool",
-                    "tool output ends many responses before their answer",
-                    f"tool/truncated_by_tool_rate {fmt(last)} at {span(cut, window, True)}; "
-                    f"--max-tokens {flag(run, 'max_tokens')}, --max-obs-tokens "
-                    f"{flag(run, 'max_obs_tokens')}, --max-tool-calls "
-                    f"{flag(run, 'max_tool_calls')}",
-                    [
-                        "raise --max-tokens (it counts the tool's output too)",
-                        "a smaller --max-obs-tokens, or fewer --max-tool-calls",
-                    ],
-                    {"first": first, "last": last},
-                )
-            )
+    if len(cut) < MIN_STEPS:
+        return []
+    first, last, window = ends(cut)
+    if last <= TRUNCATED_BY_TOOL:
+        return []
+    return [
+        finding(
+            "warning",
+            "truncated_by_tool",
+            "tool output ends many responses before their answer",
+            f"tool/truncated_by_tool_rate {fmt(last)} at {span(cut, window, True)}; "
+            f"--max-tokens {flag(run, 'max_tokens')}, --max-obs-tokens "
+            f"{flag(run, 'max_obs_tokens')}, --max-tool-calls "
+            f"{flag(run, 'max_tool_calls')}",
+            [
+                "raise --max-tokens (it counts the tool's output too)",
+                "a smaller --max-obs-tokens, or fewer --max-tool-calls",
+            ],
+            {"first": first, "last": last},
+        )
+    ]
+
+
+def check_multi_turn_mismatch(run):
+    """--tools runs that score pi_old: rows with tool output disagree with the engine more than
+    rows without (a context the trainer gets wrong)."""
     multi = series(run["steps"], "train/logprob_mismatch_multi_turn")
     single = series(run["steps"], "train/logprob_mismatch_single_turn")
-    if len(multi) >= MIN_STEPS and len(single) >= MIN_STEPS:
-        m = statistics.median(value for _, value in multi)  # multi-turn rows
-        s = statistics.median(value for _, value in single)  # single-turn rows
-        if m > MISMATCH_FLOOR and m > MISMATCH_MULTI_TURN * s:
-            found.append(
-                finding(
-                    "warning",
-                    "multi_turn_mismatch",
-                    "the trainer scores multi-turn rows differently from the engine",
-                    f"train/logprob_mismatch_multi_turn median {fmt(m)} over {len(multi)} steps "
-                    f"against {fmt(s)} on single-turn rows (x{fmt(m / max(s, 1e-12))})",
-                    [
-                        "the trainer must see exactly the engine's token ids: a fork that "
-                        "re-tokenises text, or trims ids at the trigger, breaks the ratios",
-                        "a chat template or prompt change between sampling and training",
-                    ],
-                    {"multi_turn": m, "single_turn": s},
-                )
-            )
-    return found
+    if len(multi) < MIN_STEPS or len(single) < MIN_STEPS:
+        return []
+    m = statistics.median(value for _, value in multi)  # multi-turn rows
+    s = statistics.median(value for _, value in single)  # single-turn rows
+    if m <= MISMATCH_FLOOR or m <= MISMATCH_MULTI_TURN * s:
+        return []
+    return [
+        finding(
+            "warning",
+            "multi_turn_mismatch",
+            "the trainer scores multi-turn rows differently from the engine",
+            f"train/logprob_mismatch_multi_turn median {fmt(m)} over {len(multi)} steps "
+            f"against {fmt(s)} on single-turn rows (x{fmt(m / max(s, 1e-12))})",
+            [
+                "the trainer must see exactly the engine's token ids: a fork that "
+                "re-tokenises text, or trims ids at the trigger, breaks the ratios",
+                "a chat template or prompt change between sampling and training",
+            ],
+            {"multi_turn": m, "single_turn": s},
+        )
+    ]
 
 
 def check_grad_norm(run):
@@ -1033,7 +1050,10 @@ CHECKS = [
     (check_truncation, RL),
     (check_length, RL),
     (check_ratios, GRPO),
-    (check_tools, GRPO),
+    (check_tool_errors, GRPO),
+    (check_tool_calls, GRPO),
+    (check_truncated_by_tool, GRPO),
+    (check_multi_turn_mismatch, GRPO),
     (check_grad_norm, None),
     (check_reward_vs_validation, RL),
     (check_kl, GRPO),

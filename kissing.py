@@ -52,7 +52,13 @@ from common import (
 )
 from data import load_prompt, write_json_atomic  # noqa: E402
 from hardware import set_threads  # noqa: E402
-from runs import claim_run_dir, finish_then_interrupt, stop_exit_code, stop_name, stop_on_sigterm  # noqa: E402
+from runs import (  # noqa: E402
+    claim_run_dir,
+    finish_then_interrupt,
+    stop_exit_code,
+    stop_name,
+    stop_on_sigterm,
+)
 from sandbox import MAX_OUTPUT_BYTES, SYSCALLS, exit_reason, run_sandboxed  # noqa: E402
 
 # ----------------------------------------------------------------------------- exact verifier
