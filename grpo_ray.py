@@ -857,6 +857,16 @@ def run(args, actors):
         print(f"\n{runs.stop_name()}: saving the steps logged", flush=True)
         _save_on_stop(args, actors, state, state["done"], time.time() - t_run)
 
+    # --- the end: the last push, the final eval, the save, the summary ---
+    return _finish(args, actors, state, syncs, pushed, start)
+
+
+def _finish(args, actors, state, syncs, pushed, start):
+    """The end of `run` after its last step: wait for the last push, the final eval, the final
+    checkpoint (a stop request lets it finish), then the summary, timeline.json and
+    summary.json. -> the summary."""
+    n = args.n_grpo_steps
+    t_run = state["t_run"]
     try:
         _synced(args, actors, state, syncs, pushed)
         wall = time.time() - t_run

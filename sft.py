@@ -304,17 +304,9 @@ def parse_args(argv=None):
     return args
 
 
-def resolve(args):
-    """Defaults that depend on other flags, derived sizes, and the checks that need no model.
-
-    Each check is a one-line error that names the fix.
-    """
-    tiny = args.init_config == "tiny"
-    model = args.model
-    if tiny:
-        model = data.EMBEDDED_MODEL  # a tiny init is the embedded kind of model
-
-    # --- checks ---
+def check_flags(args, tiny):
+    """resolve's checks that need no model and no derived value: sizes, flag pairs, the data
+    files and the model directory, each a one-line error that names the fix."""
     check(
         args.n_examples == "all" or (args.n_examples.isdigit() and int(args.n_examples) > 0),
         f"--n-examples {args.n_examples}: pass 'all' or an integer > 0",
@@ -329,7 +321,6 @@ def resolve(args):
         f"--batch-size {args.batch_size} must be a multiple "
         f"of --gradient-accumulation-steps {args.gradient_accumulation_steps}",
     )
-    args.micro_batch_size = args.batch_size // args.gradient_accumulation_steps
     check(
         not args.keep_checkpoints or args.save_every,
         "--keep-checkpoints keeps the --save-every checkpoints: set --save-every N",
@@ -354,6 +345,21 @@ def resolve(args):
         )
     if not tiny and not args.resume:
         common.check_model_dir(args.model)
+
+
+def resolve(args):
+    """Defaults that depend on other flags, derived sizes, and the checks that need no model.
+
+    Each check is a one-line error that names the fix.
+    """
+    tiny = args.init_config == "tiny"
+    model = args.model
+    if tiny:
+        model = data.EMBEDDED_MODEL  # a tiny init is the embedded kind of model
+
+    # --- checks ---
+    check_flags(args, tiny)
+    args.micro_batch_size = args.batch_size // args.gradient_accumulation_steps
 
     # --- training data and validation defaults (data.task_defaults) ---
     if not args.prompt:
