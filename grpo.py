@@ -57,7 +57,6 @@ import losses
 import metric_table
 import rollout as engines
 import runs
-import sandbox
 import tools
 import validation
 
@@ -611,103 +610,24 @@ def check_sampling(args):
 
 
 def tool_flags(p):
-    """The "tools" flags (tools.py): the multi-turn loop, off by default; -> the group."""
-    g = p.add_argument_group("tools")  # --- tools ---
-    g.add_argument(
-        "--tools",
-        choices=tools.TOOLS,
-        default=None,
-        help="a tool the policy calls mid-response (default: none); the prompt's header declares "
-        "its trigger (default prompt: the task's, with _<tool> appended)",
-    )
-    g.add_argument(
-        "--max-tool-calls",
-        type=common.positive_int,
-        default=None,
-        help=f"tool calls per response (ToRL's C); default {tools.MAX_CALLS}",
-    )
-    g.add_argument(
-        "--max-obs-tokens",
-        type=common.positive_int,
-        default=256,
-        help="a tool output's cap in tokens (middle-truncated); it counts in --max-tokens",
-    )
-    g.add_argument(
-        "--tool-timeout",
-        type=common.positive_float,
-        default=None,
-        help="seconds per python call; default 10 for math and math500, 3 otherwise",
-    )
-    g.add_argument(
-        "--tool-workers",
-        type=common.positive_int,
-        default=8,
-        help="python calls run at once (the run's sandbox pool)",
-    )
+    """tools.py's "tools" flags and grpo.py's own training one; -> the group."""
+    g = tools.add_flags(p)  # --- tools ---
     g.add_argument(
         "--mask-void-turns",
         action="store_true",
         help="SimpleTIR: a response with a void turn (a call with no code or expression, or an "
         "end with neither an answer nor code) stays in its group's baseline but carries no loss",
     )
-    g.add_argument(
-        "--tool-sandbox",
-        choices=("bwrap", "none"),
-        default="bwrap",
-        help="python calls run in bubblewrap (sandbox.py); none: rlimits and an audit hook only, "
-        "which hostile code can escape (on purpose only)",
-    )
     return g
 
 
 def check_tools(args):
-    """The "tools" flags against the prompt and the seed blocks, before anything loads."""
-    header = common.attempt(data.prompt_header, args.prompt, what=f"--prompt {args.prompt}")
-    if not args.tools:
-        common.check(
-            args.max_tool_calls is None and args.tool_timeout is None and not args.mask_void_turns,
-            "--max-tool-calls, --tool-timeout and --mask-void-turns need --tools",
-        )
-        common.check(
-            not header,
-            f"prompts/{args.prompt}.prompt declares a tool trigger: pass --tools, or a prompt "
-            "without a header",
-        )
-        return
-    common.check(
-        bool(header),
-        f"--tools {args.tools} needs a prompt that declares its trigger: --prompt NAME, where "
-        f'prompts/NAME.prompt opens with `# trigger: "..."` and `# output: "... {{}} ..."`',
-    )
+    """The training side of the "tools" flags (tools.resolve checks the rest)."""
+    common.check(args.tools or not args.mask_void_turns, "--mask-void-turns needs --tools")
     # turn t of a round samples in its own stride of 2 x the batch (rollout): all in 2^20 seeds
     common.check(
-        (args.max_tool_calls + 1) * 2 * args.rollout_batch_size <= 2**20,
+        not args.tools or (args.max_tool_calls + 1) * 2 * args.rollout_batch_size <= 2**20,
         "(--max-tool-calls + 1) x 2 x --rollout-batch-size must be <= 2^20 (the step's seeds)",
-    )
-    common.check(args.max_obs_tokens >= 8, "--max-obs-tokens must be >= 8")
-
-
-def make_tool(args):
-    """The run's tools.Tool (--tools), else None. python's calls run on one sandbox pool per run
-    (close it with tool.pool.close())."""
-    if not args.tools:
-        return None
-    header = data.prompt_header(args.prompt)
-    pool = None
-    if args.tools == "python":
-        pool = sandbox.ToolPool(
-            args.tool_workers,
-            args.tool_timeout,
-            args.tool_isolated,
-            max_chars=8 * args.max_obs_tokens,
-        )
-    return tools.Tool(
-        args.tools,
-        header["trigger"],
-        header["output"],
-        args.max_tool_calls,
-        args.max_obs_tokens,
-        pool,
     )
 
 
@@ -884,23 +804,8 @@ def resolve(args):
         if getattr(args, name) is None:
             setattr(args, name, value)
     task = data.task_defaults(args.task, args.model)
-    if args.prompt is None:
-        args.prompt = task["prompt"]
-        if args.tools:
-            args.prompt = f"{task['prompt']}_{args.tools}"  # e.g. r1_zero_calculator
-            common.check(
-                os.path.exists(os.path.join(data.PROMPTS_DIR, f"{args.prompt}.prompt")),
-                f"--tools {args.tools}: no prompts/{args.prompt}.prompt for --task {args.task}: "
-                "pass --prompt NAME, a prompt whose header declares the trigger (docs/tools.md)",
-            )
+    tools.resolve(args, task["prompt"])  # --prompt's default, --tools' defaults and checks
     args.reward = args.reward or task["reward"]
-    if args.tools:  # the call limit by tool, the python timeout by task
-        if args.max_tool_calls is None:
-            args.max_tool_calls = tools.MAX_CALLS[args.tools]
-        if args.tool_timeout is None:
-            args.tool_timeout = 3.0
-            if args.task in ("math", "math500"):
-                args.tool_timeout = 10.0
     args.train_path = args.train_path or task["path"]
     args.val_path = args.val_path or task["path"]
     # a missing prompt: one line now, not a traceback once the model is loaded
@@ -928,9 +833,7 @@ def resolve(args):
     check_tools(args)
     check_systems(args)
     check_run(args)
-    # python calls run under bubblewrap, or unisolated when --tool-sandbox none says so on purpose;
-    # one line now if bubblewrap does not work here (isolation starts one probe call)
-    args.tool_isolated = args.tools == "python" and sandbox.isolation(args.tool_sandbox)
+    args.tool_isolated = tools.isolated(args)  # last: it may start a probe call
     return args
 
 
@@ -2150,7 +2053,7 @@ def main(args):
         engine = make_engine(lora.model_path(args), args, runtime, policy)
         if args.resume and args.lora_rank:
             engines.load_policy_into_vllm(policy, engine)  # the base + the checkpoint's adapter
-        tool = make_tool(args)  # --tools: the tool the rollouts call, else None
+        tool = tools.make(args)  # --tools: the tool the rollouts call, else None
     except KeyboardInterrupt:
         stopped(f"{runs.stop_name()} while loading: stopped before training; nothing saved")
     write_settings(args, runtime)  # args.json, runtime.json

@@ -33,11 +33,15 @@ rollout.generate's own call, so a response that never calls a tool is the one it
 
 import ast
 import operator
+import os
 import re
 import time
 from fractions import Fraction
 
+import common
+import data
 import rollout
+import sandbox
 
 TOOLS = ("python", "calculator")  # --tools choices
 MAX_CALLS = {"python": 1, "calculator": 8}  # --max-tool-calls defaults (ToRL's C = 1 for python)
@@ -195,6 +199,125 @@ def observation(tool, output, tokenizer):
         n_chars = min(n_chars - 1, n_chars * tool.max_obs_tokens // len(ids))
 
 
+# ----------------------------------------------------------------------------- the flags
+# Every script that samples (grpo.py, grpo_ray.py, expert_iteration.py, eval_zero_shot.py,
+# best_of_n.py) takes these flags, reads them in its resolve through `resolve` and
+# `isolated`, and builds its run's tool with `make`.
+def add_flags(p):
+    """The "tools" flag group (off by default) -> the group (grpo.py adds its training flags)."""
+    g = p.add_argument_group("tools")  # --- tools ---
+    g.add_argument(
+        "--tools",
+        choices=TOOLS,
+        default=None,
+        help="a tool the policy calls mid-response (default: none); the prompt's header declares "
+        "its trigger (default prompt: the task's, with _<tool> appended)",
+    )
+    g.add_argument(
+        "--max-tool-calls",
+        type=common.positive_int,
+        default=None,
+        help=f"tool calls per response (ToRL's C); default {MAX_CALLS}",
+    )
+    g.add_argument(
+        "--max-obs-tokens",
+        type=common.positive_int,
+        default=256,
+        help="a tool output's cap in tokens (middle-truncated); it counts in --max-tokens",
+    )
+    g.add_argument(
+        "--tool-timeout",
+        type=common.positive_float,
+        default=None,
+        help="seconds per python call; default 10 for math and math500, 3 otherwise",
+    )
+    g.add_argument(
+        "--tool-workers",
+        type=common.positive_int,
+        default=8,
+        help="python calls run at once (the run's sandbox pool)",
+    )
+    g.add_argument(
+        "--tool-sandbox",
+        choices=("bwrap", "none"),
+        default="bwrap",
+        help="python calls run in bubblewrap (sandbox.py); none: rlimits and an audit hook only, "
+        "which hostile code can escape (on purpose only)",
+    )
+    return g
+
+
+def resolve(args, task_prompt):
+    """The tool flags' defaults and checks, before anything loads, each a one-line error: the
+    prompt (unset: the task's, `task_prompt`, with _<tool> appended under --tools), the call limit
+    by tool, the python timeout by task; a prompt that declares a trigger needs --tools and
+    --tools needs one."""
+    if args.prompt is None:
+        args.prompt = task_prompt
+        if args.tools:
+            args.prompt = f"{task_prompt}_{args.tools}"  # e.g. r1_zero_calculator
+            common.check(
+                os.path.exists(os.path.join(data.PROMPTS_DIR, f"{args.prompt}.prompt")),
+                f"--tools {args.tools}: no prompts/{args.prompt}.prompt for --task {args.task}: "
+                "pass --prompt NAME, a prompt whose header declares the trigger (docs/tools.md)",
+            )
+    header = common.attempt(data.prompt_header, args.prompt, what=f"--prompt {args.prompt}")
+    if not args.tools:
+        common.check(
+            args.max_tool_calls is None and args.tool_timeout is None,
+            "--max-tool-calls and --tool-timeout need --tools",
+        )
+        common.check(
+            not header,
+            f"prompts/{args.prompt}.prompt declares a tool trigger: pass --tools, or a prompt "
+            "without a header",
+        )
+        return
+    common.check(
+        bool(header),
+        f"--tools {args.tools} needs a prompt that declares its trigger: --prompt NAME, where "
+        f'prompts/NAME.prompt opens with `# trigger: "..."` and `# output: "... {{}} ..."`',
+    )
+    common.check(args.max_obs_tokens >= 8, "--max-obs-tokens must be >= 8")
+    if args.max_tool_calls is None:
+        args.max_tool_calls = MAX_CALLS[args.tools]
+    if args.tool_timeout is None:
+        args.tool_timeout = 3.0
+        if args.task in ("math", "math500"):
+            args.tool_timeout = 10.0
+
+
+def isolated(args):
+    """Whether python calls run under bubblewrap: yes, unless --tool-sandbox none says so on
+    purpose; one line now if bubblewrap does not work here (one probe call: each script's
+    resolve asks last, after the cheap checks)."""
+    return args.tools == "python" and sandbox.isolation(args.tool_sandbox)
+
+
+def make(args):
+    """The run's Tool (--tools), else None. python's calls run on one sandbox pool per run
+    (close it with tool.pool.close())."""
+    if not args.tools:
+        return None
+    header = data.prompt_header(args.prompt)
+    pool = None
+    if args.tools == "python":
+        pool = sandbox.ToolPool(
+            args.tool_workers,
+            args.tool_timeout,
+            args.tool_isolated,
+            max_chars=8 * args.max_obs_tokens,
+        )
+    return Tool(
+        args.tools,
+        header["trigger"],
+        header["output"],
+        args.max_tool_calls,
+        args.max_obs_tokens,
+        pool,
+    )
+
+
 # ----------------------------------------------------------------------------- the multi-turn loop
 def generate(
     llm,
@@ -212,10 +335,11 @@ def generate(
     """rollout.generate with the tool in the loop (module docstring) -> per prompt, n dicts:
     rollout.generate's keys over the whole response ("text" the transcript; "logprobs" 0 on tool
     output; "finish_reason" also "truncated_by_tool"), plus "policy_mask", "policy_text", "calls",
-    "errors", "timeouts", "turns", "obs_tokens" and "void" (SimpleTIR's void turn: a trigger with
-    nothing to run, or an end with no answer and no code; "errors" counts neither). min_tokens
-    bans stop tokens in the first turn only; turn_stride (default n x prompts) spaces the turns'
-    seeds."""
+    "errors", "timeouts", "turns", "obs_tokens", "void" (SimpleTIR's void turn: a trigger with
+    nothing to run, or an end with no answer and no code; "errors" counts neither) and
+    "segments", the transcript turn by turn: [{"policy": text} or {"tool": text, "status"}], whose
+    texts join to "text". min_tokens bans stop tokens in the first turn only; turn_stride (default
+    n x prompts) spaces the turns' seeds."""
     stop = list(stop or [])
     P = len(prompts)
     if turn_stride is None:
@@ -282,6 +406,7 @@ def generate(
             s["logprobs"] += [0.0] * len(ids)
             s["policy_mask"] += [0] * len(ids)
             s["text"] += text
+            s["segments"].append({"tool": text, "status": status})
             s["obs_tokens"] += len(ids)
             active.append(s)
         turn += 1
@@ -337,6 +462,7 @@ def _new_sample(i, j):
         "timeouts": 0,
         "turns": 0,
         "obs_tokens": 0,
+        "segments": [],
     }
 
 
@@ -359,5 +485,6 @@ def _add_turn(sample, out, tokenizer, called):
     sample["policy_mask"] += [1] * len(out["token_ids"])
     sample["text"] += text
     sample["policy_text"] += text
+    sample["segments"].append({"policy": text})
     sample["turn_text"] = out["text"]
     sample["turns"] += 1

@@ -178,6 +178,13 @@ def test_zero_one_and_k_calls_and_the_last_turns_trigger_is_trained_not_run(tok)
     assert (b["calls"], b["turns"]) == (1, 2)
     assert b["text"] == " 5 + 2 = 7 vs 7 yes" + ANSWER
     assert b["policy_text"] == " 5 + 2 = vs 7 yes" + ANSWER  # what is graded: the policy's own
+    # the transcript turn by turn (generations.jsonl's "segments"): the tool's output apart
+    assert b["segments"] == [
+        {"policy": " 5 + 2 ="},
+        {"tool": " 7", "status": "ok"},
+        {"policy": " vs 7 yes" + ANSWER},
+    ]
+    assert a["segments"] == [{"policy": a["text"]}]
     first = obs_ids(tok, " 5 + 2 =")
     seven = obs_ids(tok, " 7")
     assert b["token_ids"][: len(first) + len(seven)] == first + seven
@@ -190,6 +197,7 @@ def test_zero_one_and_k_calls_and_the_last_turns_trigger_is_trained_not_run(tok)
     assert engine.calls[0]["stop"] == ["</answer>", "="]
     for s in (a, b, c):
         assert len(s["logprobs"]) == len(s["token_ids"]) == len(s["policy_mask"])
+        assert "".join(next(iter(seg.values())) for seg in s["segments"]) == s["text"]
         for lp, m in zip(s["logprobs"], s["policy_mask"]):
             assert (lp != 0) == bool(m)  # the engine's log-probs on its own tokens only
         assert s["finish_reason"] == "stop"
@@ -531,7 +539,7 @@ def test_python_calls_a_scripted_policy_makes(tok):
 def test_a_new_tool_is_three_lines_of_tools_py_and_a_prompt(tmp_path, tok, monkeypatch):
     """docs/tools.md's promise, tried in a scratch copy: a tool that answers with the turn's text
     reversed is its name in TOOLS, its call limit in MAX_CALLS, its call in Tool.run, and a prompt
-    whose header names its trigger; grpo.py's flags, make_tool, rollout and tool metrics take it
+    whose header names its trigger; grpo.py's flags, tools.make, rollout and tool metrics take it
     as it is."""
     import importlib.util
     import os
@@ -568,7 +576,7 @@ def test_a_new_tool_is_three_lines_of_tools_py_and_a_prompt(tmp_path, tok, monke
 
     args = grpo.parse_args(["--tools", "reverse", "--out", str(tmp_path / "run")])
     assert (args.prompt, args.max_tool_calls) == ("r1_zero_reverse", 2)
-    tool = grpo.make_tool(args)
+    tool = scratch.make(args)
     rows = data.load_task("countdown", "test", "synthetic", 1, 0, prompt=args.prompt)
     engine = ScriptedEngine(tok, {rows[0]["prompt"]: [" so abc!", ANSWER]})  # > --min-tokens
     batch = grpo.rollout(
