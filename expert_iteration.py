@@ -201,6 +201,7 @@ def resolve(args):
     grpo.check_sampling(args)
     grpo.check_systems(args)
     grpo.check_keep_checkpoints(args)
+    lora.check_export_dir(args)
     # grpo.sample_seed's blocks: 16 bits each for --seed and the step, 2^20 seeds a step
     check(
         args.seed < grpo.SEED_SPACE and args.n_ei_steps < grpo.SEED_SPACE,

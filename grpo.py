@@ -754,6 +754,7 @@ def run_flags(p):
 def check_run(args):
     """The "run" flags that contradict each other, each naming the fix."""
     check_keep_checkpoints(args)
+    lora.check_export_dir(args)  # the user's files there are never overwritten
     # sample_seed's blocks: 16 bits each for --seed and the step
     common.check(
         args.seed < SEED_SPACE and args.n_grpo_steps < SEED_SPACE,
@@ -2018,7 +2019,9 @@ def finish_run(
             path = save_checkpoint(learner, args, state)
             plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
             if args.export_merged:
-                lora.export_merged(learner["policy"], learner["tokenizer"], args.export_merged)
+                lora.export_merged(
+                    learner["policy"], learner["tokenizer"], args.export_merged, args.out
+                )
     except KeyboardInterrupt:
         interrupted = True
         if path is None:

@@ -479,7 +479,10 @@ class Worker:
             )
         if self.args.export_merged and final:
             lora.export_merged(
-                self.learner["policy"], self.learner["tokenizer"], self.args.export_merged
+                self.learner["policy"],
+                self.learner["tokenizer"],
+                self.args.export_merged,
+                self.args.out,
             )
         return path
 

@@ -24,14 +24,11 @@ import itertools
 import json
 import math
 import os
-import platform
 import random
 import re
-import shutil
 import sys
 import time
 import urllib.request
-import warnings
 
 # tiny matrices: BLAS threads only add contention (shared CPUs)
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -59,7 +56,12 @@ from runs import (  # noqa: E402
     stop_name,
     stop_on_sigterm,
 )
-from sandbox import MAX_OUTPUT_BYTES, SYSCALLS, exit_reason, run_sandboxed  # noqa: E402
+from sandbox import (  # noqa: E402
+    MAX_OUTPUT_BYTES,
+    exit_reason,
+    run_sandboxed,
+    sandbox_missing,
+)
 
 # ----------------------------------------------------------------------------- exact verifier
 # Exactness bounds. With L = max|coordinate|, every squared distance is ≤ 4·d·L², so the int64 Gram
@@ -300,19 +302,13 @@ out.close()
 
 
 def evaluate_program(
-    source, dim=11, timeout=30.0, mem_mb=2048, fsize_mb=64, keep_points=False, sandbox="auto"
+    source, dim=11, timeout=30.0, mem_mb=2048, fsize_mb=64, keep_points=False, sandbox="bwrap"
 ):
     """Run untrusted program text in the sandbox (sandbox.py) and verify its points here within
-    the same mem_mb; never raises. sandbox: auto (bwrap if here, else loudly none) | bwrap |
-    none."""
-    isolated = sandbox != "none" and bool(shutil.which("bwrap")) and platform.machine() in SYSCALLS
-    if sandbox == "auto" and not isolated:  # a warning is shown once per process
-        warnings.warn(
-            "no bwrap here, so untrusted programs get rlimits and an audit hook only, which "
-            "hostile code can escape: apt-get install bubblewrap, or refuse with --sandbox bwrap",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+    the same mem_mb; never raises. sandbox: bwrap (fails closed: without bubblewrap nothing runs)
+    | none (rlimits and the audit hook only, on purpose)."""
+    missing = sandbox_missing("--sandbox")
+    isolated = sandbox != "none" and missing is None
     t0 = time.time()
     res = {
         "validity": 0.0,
@@ -322,12 +318,8 @@ def evaluate_program(
         "stderr_tail": "",
         "sandbox": "bwrap" if isolated else "none",
     }
-    if sandbox == "bwrap" and not isolated:
-        return dict(
-            res,
-            reason="could not start the sandbox: bwrap is not installed (or no seccomp filter "
-            "for this CPU)",
-        )
+    if sandbox != "none" and not isolated:
+        return dict(res, reason=f"could not start the sandbox: {missing}")
     try:
         run, raw = run_sandboxed(source, timeout, mem_mb, fsize_mb, isolated, POINTS)
     except OSError as err:
@@ -900,13 +892,22 @@ def parse_args(argv=None):
         )
         q.add_argument(
             "--sandbox",
-            default="auto",
-            choices=["auto", "bwrap", "none"],
-            help="auto: bubblewrap if installed, else warn and use the audit hook alone; bwrap: "
-            "refuse to run without it; none: the audit hook alone, NOT isolated (reads and "
-            "writes in C, unseen by the hook, reach the host)",
+            default="bwrap",
+            choices=["bwrap", "none"],
+            help="bwrap: bubblewrap, refused in one line where it does not run; none: rlimits and "
+            "the audit hook alone, NOT isolated (reads and writes in C, unseen by the hook, reach "
+            "the host): on purpose only",
         )
     return p.parse_args(argv)
+
+
+def check_sandbox(mode):
+    """--sandbox bwrap fails closed: without bubblewrap, one line before anything runs (a bwrap
+    that is installed but cannot start fails each evaluation, naming why, in its result)."""
+    missing = None
+    if mode != "none":
+        missing = sandbox_missing("--sandbox")
+    check(missing is None, missing)
 
 
 def main(argv=None):
@@ -923,6 +924,7 @@ def main(argv=None):
         except (OSError, ValueError, RecursionError) as err:  # RecursionError: absurdly nested JSON
             fail(f"cannot read {args.file}: {str(err)[:300]}")
     elif args.cmd == "evaluate":
+        check_sandbox(args.sandbox)
         # existing_file checked it
         with open(args.program, encoding="utf-8", errors="replace") as f:
             source = f.read()
@@ -942,6 +944,7 @@ def main(argv=None):
         if args.out:
             write_json_atomic(args.out, pts)
     else:
+        check_sandbox(args.sandbox)
         stop_on_sigterm()  # SIGTERM (a scheduler, `timeout`) stops the search as Ctrl-C does
         m = search(args)
     print(json.dumps(m))

@@ -309,10 +309,45 @@ def is_adapter_dir(directory):
     return os.path.isfile(os.path.join(directory, ADAPTER_CONFIG))
 
 
-def export_merged(model, tokenizer, directory):
+def export_merged(model, tokenizer, directory, run=None):
     """A plain HF model (W + (alpha / r) B A, the base's names) and its tokenizer into `directory`,
-    for the evaluation scripts and serving. Returns the directory."""
+    for the evaluation scripts and serving; with `run` (a trainer's --out), EXPORT_MARKER names it
+    there, so that run's next export may replace this one (check_export_dir). Returns the
+    directory."""
     os.makedirs(directory, exist_ok=True)
+    if run is not None:
+        with open(os.path.join(directory, EXPORT_MARKER), "w") as f:
+            json.dump({"run": os.path.realpath(run)}, f)
     model.save_pretrained(directory, state_dict=merged_state_dict(model))
     tokenizer.save_pretrained(directory)
     return directory
+
+
+EXPORT_MARKER = ".exported_by_run.json"  # in an --export-merged directory: the run that wrote it
+
+
+def check_export_dir(args):
+    """--export-merged DIR, before anything loads: a new or empty directory, or one this run
+    (--out) exported to before (a resumed run exports again); never a file, never a directory
+    holding anyone else's files, which the export would overwrite or mix with."""
+    directory = args.export_merged
+    if not directory or not os.path.lexists(directory):
+        return
+    flag = f"--export-merged {directory}"
+    common.check(os.path.isdir(directory), f"{flag}: is a file; pass a new or empty directory")
+    entries = sorted(os.listdir(directory))
+    if not entries:
+        return
+    run = None
+    try:
+        with open(os.path.join(directory, EXPORT_MARKER)) as f:
+            run = json.load(f).get("run")
+    except (OSError, ValueError, AttributeError):
+        pass
+    shown = ", ".join(entries[:3])
+    if len(entries) > 3:
+        shown += f", ... ({len(entries)} in all)"
+    common.check(
+        run == os.path.realpath(args.out),
+        f"{flag} holds files this run did not export ({shown}): pass a new or empty directory",
+    )

@@ -62,6 +62,7 @@ def resume_from(parser, argv, args, needs=(), script=None):
         f"--resume {args.resume}: no complete checkpoint there, nor any other file of a run "
         f"(args.json, metrics.jsonl); start a run there with --out",
     )
+    check_is_run(run_dir, "--resume")  # another tool's metrics.jsonl is not ours to cut
     # the script that wrote the run: its checkpoint's, else its last claim's (read before this
     # process's claim replaces that record)
     written_by = read_claim(run_dir).get("script")
@@ -217,6 +218,7 @@ def claim_run_dir(out, resume=None, flag="--out", script=None):
     check(
         not os.path.exists(out) or os.path.isdir(out), f"{flag} {out}: is a file; pass a directory"
     )
+    check_is_run(out, flag)
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as e:
@@ -254,6 +256,20 @@ def claim_run_dir(out, resume=None, flag="--out", script=None):
         stop_on_storage_error(e, probe, "creating")
         fail(f"{flag} {out}: not writable ({e.strerror})")
     return out
+
+
+def check_is_run(out, flag="--out"):
+    """A folder that is not empty is a run only if it carries this project's run marker (run.lock,
+    which a run's first claim makes): anything else (the user's own checkpoint/, another tool's
+    metrics.jsonl) is refused in one line, never taken over, overwritten or deleted."""
+    if not os.path.isdir(out):
+        return
+    entries = os.listdir(out)
+    check(
+        not entries or LOCK_FILE in entries,
+        f"{flag} {out} is not empty and is not a run of this project (it has no {LOCK_FILE}): "
+        f"choose a new {flag}, or an empty folder",
+    )
 
 
 def run_markers(run_dir):
@@ -608,17 +624,34 @@ def snapshots(run_dir):
     return found
 
 
+SNAPSHOTS_WRITTEN = "written.json"  # in checkpoints/: the snapshots this run wrote, by name
+
+
 def save_snapshot(out_dir, model, tokenizer, args, state, keep):
     """--keep-checkpoints N: the weights after state["step"] steps as out_dir/checkpoints/step_NNNN
     (model, tokenizer, state.json; no optimizer), swapped in whole like checkpoint/; then the
-    oldest snapshots beyond `keep` are deleted. Saving a step twice (the last periodic save and
-    the run's end) writes it once. -> its path."""
-    name = os.path.join(SNAPSHOTS, f"step_{state['step']:04d}")
-    path = os.path.join(out_dir, name)
+    oldest snapshots beyond `keep` are deleted, among those the run wrote (checkpoints/written.json
+    lists them, each named before its save starts): a step_NNNN of anyone else's is never deleted
+    nor overwritten. Saving a step twice (the last periodic save and the run's end) writes it
+    once. -> its path."""
+    import data
+
+    step_name = f"step_{state['step']:04d}"
+    path = os.path.join(out_dir, SNAPSHOTS, step_name)
+    manifest = os.path.join(out_dir, SNAPSHOTS, SNAPSHOTS_WRITTEN)
+    written = (read_json(manifest, "written") or {"written": []})["written"]
     if not read_json(os.path.join(path, "state.json"), "step"):
+        if step_name not in written:
+            written = written + [step_name]
+            os.makedirs(os.path.dirname(manifest), exist_ok=True)
+            data.write_json_atomic(manifest, {"written": written})
+        name = os.path.join(SNAPSHOTS, step_name)
         save_model_checkpoint(out_dir, model, tokenizer, args, state, name=name)
-    series = snapshots(out_dir)
-    for _, old in series[: max(len(series) - keep, 0)]:
+    series = []
+    for _, snapshot in snapshots(out_dir):
+        if os.path.basename(snapshot) in written:
+            series.append(snapshot)
+    for old in series[: max(len(series) - keep, 0)]:
         shutil.rmtree(old)
     return path
 

@@ -494,15 +494,26 @@ class ToolPool:
         self.close()
 
 
-def isolation(mode):
-    """--tool-sandbox bwrap | none -> whether tool calls run under bwrap. `bwrap` starts one call
+def sandbox_missing(flag):
+    """Why bubblewrap cannot isolate code here, with the fix naming `flag`; None when it can
+    (installed, and a seccomp filter for this CPU)."""
+    fix = f"apt-get install bubblewrap, or pass {flag} none to run the code unisolated on purpose"
+    if not shutil.which("bwrap"):
+        return f"bubblewrap (bwrap) is not installed: {fix}"
+    if platform.machine() not in SYSCALLS:
+        return f"no seccomp filter for {platform.machine()}: {fix}"
+    return None
+
+
+def isolation(mode, flag="--tool-sandbox"):
+    """`flag` bwrap | none -> whether code runs under bwrap. Fails closed: `bwrap` starts one call
     to check that bubblewrap works here, and stops with a one-line error if it does not."""
-    check(mode in ("bwrap", "none"), f"--tool-sandbox {mode}: expected bwrap or none")
+    check(mode in ("bwrap", "none"), f"{flag} {mode}: expected bwrap or none")
     if mode == "none":
         return False
-    fix = "apt-get install bubblewrap, or pass --tool-sandbox none to run tool code unisolated"
-    check(shutil.which("bwrap"), f"bubblewrap (bwrap) is not installed: {fix}")
-    check(platform.machine() in SYSCALLS, f"no seccomp filter for {platform.machine()}: {fix}")
+    missing = sandbox_missing(flag)
+    check(missing is None, missing)
     probe = run_tool("print(6 * 7)", timeout=60, isolated=True)
+    fix = f"pass {flag} none to run the code unisolated on purpose"
     check(probe["output"] == "42\n", f"bubblewrap does not run here ({probe['output']}): {fix}")
     return True

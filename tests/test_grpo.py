@@ -791,6 +791,7 @@ def test_resume_takes_the_normaliser_typed_now_in_either_spelling(tmp_path, save
     the command line replaces them, instead of contradicting the restored other spelling."""
     sizes = {"group_size": 4, "rollout_batch_size": 8, "train_batch_size": 8}
     (tmp_path / "args.json").write_text(json.dumps({**sizes, **saved, "out": str(tmp_path)}))
+    (tmp_path / "run.lock").write_text("")  # the project's run marker
     args = grpo.parse_args(["--resume", str(tmp_path), "--dry-run", *typed])
     assert args.adv_std == want
 
@@ -1818,6 +1819,7 @@ def test_existing_run_is_refused_and_data_checked_before_loading(
 ):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
+    (tmp_path / "run" / "run.lock").write_text("")  # the project's run marker
     flags = tiny_flags(tiny_model_dir, task_file, "--out", str(tmp_path / "run"))
     proc = run_grpo(flags, check=False)
     assert proc.returncode != 0
@@ -1825,6 +1827,7 @@ def test_existing_run_is_refused_and_data_checked_before_loading(
     assert "--resume" in proc.stderr
     run = tmp_path / "broken"  # a checkpoint whose weights are gone: named before anything loads
     (run / "checkpoint").mkdir(parents=True)
+    (run / "run.lock").write_text("")
     for name in ("state.json", "config.json", "tokenizer.json", "optimizer.pt"):
         (run / "checkpoint" / name).write_text("{}")
     proc = run_grpo(["--resume", str(run)], check=False)
@@ -2044,11 +2047,22 @@ def test_snapshots_written_rotated_and_resumed(tiny_model_dir, task_file, tmp_pa
     flags = tiny_flags(tiny_model_dir, task_file, *STOP_FLAGS, "--n-grpo-steps", "2")
     flags += ["--save-every", "1", "--keep-checkpoints", "1", "--eval-samples", "2"]
     os.makedirs(out / "checkpoints" / "mine")  # the user's: never deleted
+    (out / "run.lock").write_text("")  # a run directory (runs.check_is_run) the user added to
     with open(out / "checkpoints" / "mine" / "notes.txt", "w") as f:
         f.write("keep")
+    # the user's own step_0001, shaped like a snapshot: neither overwritten nor rotated away
+    # (issue 44: --keep-checkpoints deleted it)
+    os.makedirs(out / "checkpoints" / "step_0001")
+    (out / "checkpoints" / "step_0001" / "state.json").write_text('{"step": 1, "mine": true}')
     grpo.main(grpo.parse_args(flags + ["--out", str(out), "--threads", "1"]))
-    assert [s for s, _ in runs.snapshots(out)] == [2]
-    assert sorted(os.listdir(out / "checkpoints")) == ["mine", "step_0002"]
+    assert [s for s, _ in runs.snapshots(out)] == [1, 2]
+    assert sorted(os.listdir(out / "checkpoints")) == [
+        "mine",
+        "step_0001",
+        "step_0002",
+        "written.json",
+    ]
+    assert (out / "checkpoints" / "step_0001" / "state.json").read_text().endswith("true}")
     snapshot = set(os.listdir(out / "checkpoints" / "step_0002"))
     assert {"config.json", "model.safetensors", "state.json"} <= snapshot
     assert "optimizer.pt" not in snapshot  # weights only
@@ -2062,7 +2076,7 @@ def test_snapshots_written_rotated_and_resumed(tiny_model_dir, task_file, tmp_pa
     missing = sorted(logged_keys(metrics(out)) - glossary_keys())
     assert not missing, missing
     grpo.main(grpo.parse_args(["--resume", str(out), "--n-grpo-steps", "3"]))
-    assert [s for s, _ in runs.snapshots(out)] == [3]
+    assert [s for s, _ in runs.snapshots(out)] == [1, 3]
     assert os.path.exists(out / "checkpoints" / "mine" / "notes.txt")
 
 

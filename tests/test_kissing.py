@@ -636,15 +636,30 @@ def test_program_may_change_its_own_working_directory(sandbox):
     assert res["validity"] == 1.0, res
 
 
-def test_fallback_is_loud_and_refusable(monkeypatch):
+def test_without_bubblewrap_nothing_runs_unless_none_says_so(monkeypatch, tmp_path):
+    """The default fails closed (issue 44: `auto` used to fall back to the audit hook alone, which
+    read /etc/passwd through readline): without bwrap the program does not run, and the CLI refuses
+    in one line naming the fix; --sandbox none runs it on purpose."""
+    source = "print('it ran')\npoints = [[1] + [0] * 10]\n"
     monkeypatch.setenv("PATH", "/nonexistent")  # no bwrap on PATH
-    with pytest.warns(RuntimeWarning, match="no bwrap here"):
-        res = kissing.evaluate_program("points = [[1] + [0] * 10]\n", timeout=20)
-    assert res["sandbox"] == "none"
-    assert res["validity"] == 1.0
-    res = kissing.evaluate_program("points = [[1] + [0] * 10]\n", timeout=20, sandbox="bwrap")
+    res = kissing.evaluate_program(source, timeout=20)
     assert res["validity"] == 0.0
-    assert res["reason"].startswith("could not start the sandbox: bwrap is not installed")
+    assert res["reason"].startswith("could not start the sandbox: bubblewrap (bwrap) is not")
+    assert "it ran" not in res["stdout_tail"]
+    program = tmp_path / "prog.py"
+    program.write_text(source)
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "kissing.py"), "evaluate", str(program)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode != 0 and "it ran" not in r.stdout
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert "apt-get install bubblewrap, or pass --sandbox none" in r.stderr
+    res = kissing.evaluate_program(source, timeout=20, sandbox="none")
+    assert (res["sandbox"], res["validity"]) == ("none", 1.0)
+    assert "it ran" in res["stdout_tail"]
 
 
 def test_point_count_bounded_by_the_memory_limit():

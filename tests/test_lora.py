@@ -72,6 +72,37 @@ def test_lora_resume_equals_the_straight_run_and_exports_a_plain_model(
     assert not all(torch.equal(ma[k], base[k]) for k in ma)  # trained
 
 
+def test_export_merged_never_overwrites_the_users_files(tmp_path, capsys):
+    """Issue 44: --export-merged DIR overwrote the user's model.safetensors and config.json there,
+    and pointed at a file it trained the whole run, then raised. Now both are one line at parse
+    time; an empty folder, or this run's own earlier export (a resume exports again), is fine."""
+    import json
+
+    import lora
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text("{}")
+    (mine / "model.safetensors").write_text("weights")
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    out = str(tmp_path / "run")
+    for target, needle in ((mine, "holds files this run did not export"), (a_file, "is a file")):
+        with pytest.raises(SystemExit):
+            grpo.parse_args(["--out", out, "--export-merged", str(target)])
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--export-merged {target}" in err and needle in err
+    assert (mine / "model.safetensors").read_text() == "weights"
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    grpo.parse_args(["--out", out, "--export-merged", str(ours)])  # empty
+    (ours / "config.json").write_text("{}")
+    (ours / lora.EXPORT_MARKER).write_text(json.dumps({"run": os.path.realpath(out)}))
+    grpo.parse_args(["--out", out, "--export-merged", str(ours)])  # this run's
+    with pytest.raises(SystemExit):  # another run's export
+        grpo.parse_args(["--out", str(tmp_path / "other"), "--export-merged", str(ours)])
+
+
 def test_qlora_off_cuda_is_one_line(tiny_model_dir, task_file, capsys):
     args = grpo.parse_args(tiny_flags(tiny_model_dir, task_file, "--lora-rank", "4", "--qlora"))
     with pytest.raises(SystemExit):

@@ -56,6 +56,7 @@ def fake_run(d, state='{"step": 1, "args": {}}', metrics='{"step": 0}\n{"step": 
         with open(os.path.join(ckpt, name), "w") as f:
             f.write(text)
     (d / "metrics.jsonl").write_text(metrics)
+    (d / "run.lock").write_text("")  # the project's run marker (runs.check_is_run)
     return str(d)
 
 
@@ -409,6 +410,7 @@ def a_run_that_never_saved(run_dir, rows):
     for step in range(rows):
         lines.append(json.dumps({"step": step, "train/loss": 1.0}) + "\n")
     (run_dir / "metrics.jsonl").write_text("".join(lines))
+    (run_dir / "run.lock").write_text("")  # the project's run marker (runs.check_is_run)
 
 
 def test_resume_of_a_run_without_checkpoint_restarts_it_from_step_0(tmp_path, capsys):
@@ -448,6 +450,46 @@ def test_a_new_run_takes_over_a_directory_whose_run_failed_at_start(tmp_path, ca
     err = capsys.readouterr().err
     assert "3 logged rows, no checkpoint: --resume restarts it from step 0" in err
     assert (logged / "metrics.jsonl").read_text().count("\n") == 3
+
+
+def a_users_folder(d):
+    """A folder of the user's own, shaped like a run: checkpoint/, a step-keyed metrics.jsonl
+    (another tool's), rollouts/; no run.lock."""
+    (d / "checkpoint").mkdir(parents=True)
+    (d / "checkpoint" / "notes.txt").write_text("mine")
+    (d / "rollouts").mkdir()
+    (d / "rollouts" / "step_0.jsonl").write_text("{}\n")
+    (d / "metrics.jsonl").write_text('{"step": 0, "loss": 2.0}\n{"step": 1, "loss": 1.5}\n')
+    return bytes_of(str(d))
+
+
+def test_a_folder_without_the_run_marker_is_never_taken_for_a_run(tmp_path, capsys):
+    """Issue 44: `--out DIR` holding the user's own checkpoint/, metrics.jsonl and rollouts/ was
+    taken for a run that stopped early (a file deleted, the rest overwritten), and --resume of
+    another tool's step-keyed metrics.jsonl deleted its rows. Now both are one line, nothing
+    touched; an empty folder is still a fine --out."""
+    import grpo
+
+    d = tmp_path / "mine"
+    before = a_users_folder(d)
+    args = grpo.parse_args(["--out", str(d)])
+    with pytest.raises(SystemExit):
+        runs.claim_run_dir(args.out, args.resume)
+    with pytest.raises(SystemExit):
+        grpo.parse_args(["--resume", str(d)])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 2, err
+    assert f"--out {d} is not empty and is not a run of this project" in err
+    assert f"--resume {d} is not empty and is not a run of this project" in err
+    assert bytes_of(str(d)) == before
+    assert not (d / "run.lock").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    try:
+        assert runs.claim_run_dir(str(empty)) == str(empty)
+        assert (empty / "run.lock").exists()  # the marker: from now on a run of this project
+    finally:
+        runs.release_run_dir(str(empty))
 
 
 # --------------------------------------------------------------------------- --resume checks first
