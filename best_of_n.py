@@ -50,6 +50,7 @@ from common import (
     positive_float,
     positive_int,
     probability,
+    thread_count,
 )
 from data import read_jsonl, write_json_atomic, write_jsonl_atomic
 from eval_zero_shot import (
@@ -287,7 +288,7 @@ def parse_args(argv=None):
     )
     p.add_argument(
         "--threads",
-        type=positive_int,
+        type=thread_count,
         default=None,
         help="torch CPU threads (default: torch's, one per core); 1 on a busy shared machine",
     )

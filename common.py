@@ -100,6 +100,13 @@ positive_float = _typed(
 nonneg_float = _typed(
     "nonneg_float", float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"
 )
+# --threads: more than the machine's CPUs only oversubscribes (and 50000 crashes OpenMP)
+thread_count = _typed(
+    "thread_count",
+    int,
+    lambda v: 0 < v <= (os.cpu_count() or 1),
+    f"an integer in 1..{os.cpu_count() or 1} (this machine's CPUs)",
+)
 probability = _typed("probability", float, lambda v: 0 < v <= 1, "a probability in (0, 1]")
 fraction = _typed("fraction", float, lambda v: 0 <= v <= 1, "a fraction in [0, 1]")
 output_file = _typed(

@@ -53,6 +53,7 @@ from common import (
     positive_int,
     probability,
     read_json,
+    thread_count,
 )
 from data import (
     CHAT_TEMPLATES,
@@ -369,7 +370,7 @@ def parse_args(argv=None):
     )
     p.add_argument(
         "--threads",
-        type=positive_int,
+        type=thread_count,
         default=None,
         help="torch CPU threads (default: torch's, one per core); 1 on a busy shared machine",
     )

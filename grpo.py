@@ -693,7 +693,7 @@ def systems_flags(p):
     )
     g.add_argument(
         "--threads",
-        type=common.positive_int,
+        type=common.thread_count,
         default=None,
         help="torch CPU threads (default: torch's, one per core); 1 on a busy shared machine",
     )

@@ -46,6 +46,7 @@ from common import (
     output_file,
     positive_float,
     positive_int,
+    thread_count,
 )
 from data import load_prompt, write_json_atomic  # noqa: E402
 from hardware import set_threads  # noqa: E402
@@ -826,7 +827,7 @@ def parse_args(argv=None):
     )
     s.add_argument(
         "--threads",
-        type=positive_int,
+        type=thread_count,
         default=None,
         help="local: torch CPU threads (default: torch's, one per core); 1 on a busy machine",
     )

@@ -49,7 +49,15 @@ import data
 import lora
 import metric_table
 import plot
-from common import check, fraction, nonneg_float, nonneg_int, positive_float, positive_int
+from common import (
+    check,
+    fraction,
+    nonneg_float,
+    nonneg_int,
+    positive_float,
+    positive_int,
+    thread_count,
+)
 from losses import (
     get_response_log_probs,
     masked_mean,
@@ -256,7 +264,7 @@ def parse_args(argv=None):
     )
     g.add_argument(
         "--threads",
-        type=positive_int,
+        type=thread_count,
         default=None,
         help="torch CPU threads (default: torch's, one per core); 1 on a busy shared machine",
     )
