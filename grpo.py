@@ -804,6 +804,13 @@ def resolve(args):
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    if args.resume:  # a finished 6-step run resumed to 3 would log an eval of the step-6 model
+        done = common.read_json(os.path.join(args.resume, "state.json"), "step")["step"]
+        common.check(
+            args.n_grpo_steps >= done,
+            f"--resume {args.resume}: its checkpoint has trained {done} steps, more than "
+            f"--n-grpo-steps {args.n_grpo_steps}: pass --n-grpo-steps {done} or more",
+        )
     task = data.task_defaults(args.task, args.model)
     tools.resolve(args, task["prompt"])  # --prompt's default, --tools' defaults and checks
     args.reward = args.reward or task["reward"]

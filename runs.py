@@ -57,6 +57,14 @@ def resume_from(parser, argv, args, needs=(), script=None):
     if script is None:
         script = this_script()
     run_dir = run_dir_of(args.resume)
+    # a resumed run goes on in its own directory: --out elsewhere would fork it without its rows
+    out = getattr(args, "out", None)
+    check(
+        "out" not in explicit_dests(parser, argv)
+        or os.path.realpath(out) == os.path.realpath(run_dir),
+        f"--resume {args.resume} --out {out}: a resumed run continues in its own directory; drop "
+        f"--out, or copy the run there first (cp -a {run_dir} {out}) and resume the copy",
+    )
     check(
         run_markers(run_dir),
         f"--resume {args.resume}: no complete checkpoint there, nor any other file of a run "

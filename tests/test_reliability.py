@@ -493,6 +493,31 @@ def test_a_folder_without_the_run_marker_is_never_taken_for_a_run(tmp_path, caps
 
 
 # --------------------------------------------------------------------------- --resume checks first
+def test_a_resume_stays_in_its_run_and_never_goes_back_in_steps(tmp_path, capsys):
+    """Issue 44: `--resume A --out B` forked B without A's rows; a finished 6-step run resumed with
+    --n-grpo-steps 3 logged a second "step 3" eval of the step-6 model. Both are one line now,
+    before any file changes."""
+    import grpo
+
+    run_dir = fake_run(tmp_path / "run", state='{"step": 6, "args": {}}')
+    before = bytes_of(run_dir)
+    for argv, needle in (
+        (["--out", str(tmp_path / "b")], "a resumed run continues in its own directory"),
+        (["--n-grpo-steps", "3"], "has trained 6 steps, more than --n-grpo-steps 3"),
+    ):
+        with pytest.raises(SystemExit):
+            grpo.parse_args(["--resume", run_dir, *argv])
+        runs.release_run_dir(run_dir)
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and needle in err, err
+    assert bytes_of(run_dir) == before
+    assert not (tmp_path / "b").exists()
+    args = grpo.parse_args(["--resume", run_dir, "--out", run_dir, "--n-grpo-steps", "6"])
+    runs.release_run_dir(run_dir)
+    assert args.out == run_dir
+
+
+
 def bytes_of(run_dir):
     """Every file under run_dir -> its bytes (what a refused resume must leave as it was)."""
     found = {}
