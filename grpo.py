@@ -39,6 +39,7 @@ Examples:
 """
 
 import contextlib
+import importlib.util
 import math
 import os
 import random
@@ -648,7 +649,12 @@ def eval_flags(p):
         default=2,
         help="grading processes (0 = in this process)",
     )
-    g.add_argument("--wandb", default=None, help="wandb project name (off when omitted)")
+    g.add_argument(
+        "--wandb",
+        type=common.wandb_project,
+        default=None,
+        help="wandb project name (off when omitted)",
+    )
     return g
 
 
@@ -755,6 +761,11 @@ def check_run(args):
     """The "run" flags that contradict each other, each naming the fix."""
     check_keep_checkpoints(args)
     lora.check_export_dir(args)  # the user's files there are never overwritten
+    # one line now, not an ImportError once the model and engine have loaded (sft.py's check)
+    common.check(
+        not args.wandb or importlib.util.find_spec("wandb"),
+        "--wandb needs the wandb package (pip install wandb)",
+    )
     # sample_seed's blocks: 16 bits each for --seed and the step
     common.check(
         args.seed < SEED_SPACE and args.n_grpo_steps < SEED_SPACE,

@@ -1802,6 +1802,7 @@ def test_a_second_sigterm_stops_at_once_keeping_the_last_checkpoint(
         ("--val-path /tmp", "is a directory"),
         ("--model /tmp", "no config.json"),
         ("--resume /tmp", "no complete checkpoint"),
+        ("--wandb proj", "--wandb needs the wandb package"),  # (not installed here)
     ],
 )
 def test_bad_values_fail_in_one_line_before_loading(bad, msg, tmp_path):
