@@ -649,12 +649,7 @@ def eval_flags(p):
         default=2,
         help="grading processes (0 = in this process)",
     )
-    g.add_argument(
-        "--wandb",
-        type=common.wandb_project,
-        default=None,
-        help="wandb project name (off when omitted)",
-    )
+    g.add_argument("--wandb", default=None, help="wandb project name (off when omitted)")
     return g
 
 
