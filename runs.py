@@ -57,6 +57,12 @@ def resume_from(parser, argv, args, needs=(), script=None):
     if script is None:
         script = this_script()
     run_dir = run_dir_of(args.resume)
+    check(
+        run_markers(run_dir),
+        f"--resume {args.resume}: no complete checkpoint there, nor any other file of a run "
+        f"(args.json, metrics.jsonl); start a run there with --out",
+    )
+    check_is_run(run_dir, "--resume")  # another tool's metrics.jsonl is not ours to cut
     # a resumed run goes on in its own directory: --out elsewhere would fork it without its rows
     out = getattr(args, "out", None)
     check(
@@ -65,12 +71,6 @@ def resume_from(parser, argv, args, needs=(), script=None):
         f"--resume {args.resume} --out {out}: a resumed run continues in its own directory; drop "
         f"--out, or copy the run there first (cp -a {run_dir} {out}) and resume the copy",
     )
-    check(
-        run_markers(run_dir),
-        f"--resume {args.resume}: no complete checkpoint there, nor any other file of a run "
-        f"(args.json, metrics.jsonl); start a run there with --out",
-    )
-    check_is_run(run_dir, "--resume")  # another tool's metrics.jsonl is not ours to cut
     # the script that wrote the run: its checkpoint's, else its last claim's (read before this
     # process's claim replaces that record)
     written_by = read_claim(run_dir).get("script")
