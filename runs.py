@@ -173,15 +173,42 @@ def explicit_dests(parser, argv):
     return set(vars(ns))
 
 
+def check_restored(action, value, source):
+    """A flag's value restored from a saved run passes the checks a typed one does (its type and
+    choices; a switch is a bool): a hand-edited or corrupt args.json is one line, not a step -5 row
+    or a traceback."""
+    flag = action.option_strings[0] if action.option_strings else action.dest
+    bad = f"--resume: {source} has {flag} {value!r}"
+    if value is None:
+        return
+    if isinstance(action.const, bool) and action.nargs == 0:  # store_true / store_false
+        check(isinstance(value, bool), f"{bad}, not true or false; fix or drop it there")
+        return
+    values = value
+    if not isinstance(value, list):
+        values = [value]
+    for v in values:
+        converted = v
+        if action.type is not None:
+            try:
+                converted = action.type(str(v))
+            except (argparse.ArgumentTypeError, TypeError, ValueError) as e:
+                fail(f"{bad}: {e}; fix or drop it there")
+        if action.choices is not None:
+            check(converted in action.choices, f"{bad}, not one of {list(action.choices)}")
+
+
 def resume_args(parser, argv, args, saved, keep=("resume", "dry_run"), source="its checkpoint"):
     """Take every flag of a resumed run from `saved` (its args.json) unless given again on this
     command line; print the overrides (and where the flags came from: `source`). Keys that are not
     this parser's flags (derived sizes) are ignored."""
     given = explicit_dests(parser, argv) | set(keep)
-    dests = {a.dest for a in parser._actions if a.dest != "help"}
+    actions = {a.dest: a for a in parser._actions if a.dest != "help"}
+    dests = set(actions)
     overrides = []
     for k in sorted(dests & set(saved) - set(keep)):
         if k not in given:
+            check_restored(actions[k], saved[k], source)
             setattr(args, k, saved[k])
         elif getattr(args, k) != saved[k]:
             overrides.append(f"{k} {saved[k]!r} -> {getattr(args, k)!r}")

@@ -493,6 +493,29 @@ def test_a_folder_without_the_run_marker_is_never_taken_for_a_run(tmp_path, caps
 
 
 # --------------------------------------------------------------------------- --resume checks first
+@pytest.mark.parametrize(
+    "saved,needle",
+    [
+        ({"n_grpo_steps": -5}, "--n-grpo-steps -5: '-5' is not an integer > 0"),
+        ({"lr": "abc"}, "--lr 'abc': 'abc' is not a finite number > 0"),
+        ({"loss": "nope"}, "--loss 'nope', not one of"),
+        ({"mask_truncated": "yes"}, "--mask-truncated 'yes', not true or false"),
+    ],
+)
+def test_restored_flags_pass_the_checks_typed_ones_do(saved, needle, tmp_path, capsys):
+    """Issue 44: a saved run's flags were restored unchecked (n_grpo_steps -5 logged a step -5
+    row; a string lr was a traceback)."""
+    import grpo
+
+    state = json.dumps({"step": 1, "args": saved})
+    run_dir = fake_run(tmp_path / "run", state=state)
+    with pytest.raises(SystemExit):
+        grpo.parse_args(["--resume", run_dir])
+    runs.release_run_dir(run_dir)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err, err
+
+
 def test_a_resume_stays_in_its_run_and_never_goes_back_in_steps(tmp_path, capsys):
     """Issue 44: `--resume A --out B` forked B without A's rows; a finished 6-step run resumed with
     --n-grpo-steps 3 logged a second "step 3" eval of the step-6 model. Both are one line now,
