@@ -226,3 +226,33 @@ def test_isolation(monkeypatch, capsys):
 @requires_bwrap
 def test_isolation_with_bubblewrap():
     assert sandbox.isolation("bwrap") is True
+
+
+ORDINARY = """from dataclasses import dataclass, field
+import logging
+from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
+import numpy as np
+from numpy.polynomial import Polynomial
+
+@dataclass
+class Point:
+    x: int = 1
+    tags: list = field(default_factory=list)
+
+logging.basicConfig(level=logging.INFO)
+logging.getLogger("probe").info("logged")
+Path("a.txt").write_text("x")
+with ThreadPoolExecutor(2) as pool:
+    squares = list(pool.map(lambda v: v * v, range(4)))
+fit = Polynomial.fit([0, 1, 2], [1, 3, 5], 1).convert().coef.round(3).tolist()
+print(Point(2), "a.txt" in [p.name for p in Path(".").iterdir()], squares, fit)
+"""
+
+
+@pytest.mark.parametrize("isolated", [pytest.param(True, marks=requires_bwrap), False])
+def test_ordinary_standard_library_programs_run(isolated):
+    """Issue 44's probes: dataclasses, logging, pathlib, concurrent.futures and numpy.polynomial
+    are ordinary programs' modules, reaching no host resource: both layers let them run."""
+    r = sandbox.run_tool(ORDINARY, timeout=30, isolated=isolated)
+    assert r["output"] == "Point(x=2, tags=[]) True [0, 1, 4, 9] [1.0, 2.0]\n", r
