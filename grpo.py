@@ -713,6 +713,8 @@ def check_systems(args):
         args.sleep_engine is False or args.engine == "vllm",
         "--sleep-engine frees vLLM's GPU memory: use --engine vllm",
     )
+    hardware.check_device("--policy-device", args.policy_device)
+    hardware.check_device("--vllm-device", args.vllm_device)
 
 
 def run_flags(p):

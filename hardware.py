@@ -11,7 +11,37 @@ vLLM engine beside the policy, and the CPU threads.
 import contextlib
 import os
 
-from common import check
+from common import check, fail
+
+
+# ----------------------------------------------------------------------------- devices
+def check_device(flag, device):
+    """--policy-device / --vllm-device (None: chosen at run time): a device torch can name and
+    this torch build can reach, else one line before anything loads, not a traceback once it
+    does. A CUDA index is checked where torch sees GPUs (a Ray driver without one places actors
+    that have them)."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        fail(f"{flag} {device}: not a device; pass cpu, cuda or cuda:N")
+    check(parsed.type in ("cpu", "cuda"), f"{flag} {device}: pass cpu, cuda or cuda:N")
+    if parsed.type != "cuda":
+        return
+    check(
+        torch.backends.cuda.is_built(),
+        f"{flag} {device}: this torch is built without CUDA; pass {flag} cpu, or install a CUDA "
+        "build of torch",
+    )
+    n = torch.cuda.device_count()
+    check(
+        parsed.index is None or n == 0 or parsed.index < n,
+        f"{flag} {device}: torch sees {n} GPU(s), cuda:0 to cuda:{n - 1}",
+    )
+
 
 # ----------------------------------------------------------------------------- precision
 DTYPES = ("auto", "float32", "bfloat16")

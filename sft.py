@@ -390,6 +390,8 @@ def resolve(args):
 
     # --- devices and precision ---
     n_gpu = torch.cuda.device_count()
+    hardware.check_device("--policy-device", args.policy_device)
+    hardware.check_device("--vllm-device", args.vllm_device)
     if not args.policy_device:
         args.policy_device = "cuda:0" if n_gpu else "cpu"
     if not args.vllm_device:

@@ -540,7 +540,6 @@ def test_a_resume_stays_in_its_run_and_never_goes_back_in_steps(tmp_path, capsys
     assert args.out == run_dir
 
 
-
 def bytes_of(run_dir):
     """Every file under run_dir -> its bytes (what a refused resume must leave as it was)."""
     found = {}
@@ -927,3 +926,37 @@ def test_the_next_test_starts_from_ctrl_c_with_the_old_handlers():
     """Runs after the test above (pytest keeps file order)."""
     assert runs.stop_exit_code() == 130
     assert signal.getsignal(signal.SIGTERM) is not signal.getsignal(signal.SIGINT)
+
+
+@pytest.mark.parametrize("script", ["grpo.py", "sft.py", "expert_iteration.py"])
+@pytest.mark.parametrize(
+    "flag,device,needle",
+    [
+        ("--policy-device", "bogus", "not a device; pass cpu, cuda or cuda:N"),
+        ("--vllm-device", "bogus", "not a device; pass cpu, cuda or cuda:N"),
+        ("--policy-device", "mps", "pass cpu, cuda or cuda:N"),
+    ],
+)
+def test_a_bad_device_is_one_line_before_loading(script, flag, device, needle, capsys):
+    """Issue 44: these were tracebacks once the model loaded (torch's device parser, or "Torch not
+    compiled with CUDA enabled")."""
+    import importlib
+
+    module = importlib.import_module(script.removesuffix(".py"))
+    with pytest.raises(SystemExit):
+        module.parse_args([flag, device, "--dry-run"])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{flag} {device}: {needle}" in err, err
+
+
+@pytest.mark.skipif(
+    __import__("torch").backends.cuda.is_built(), reason="a CUDA build of torch is installed"
+)
+def test_cuda_on_a_cpu_only_torch_is_one_line(capsys):
+    import grpo
+
+    for device in ("cuda", "cuda:0"):
+        with pytest.raises(SystemExit):
+            grpo.parse_args(["--policy-device", device, "--dry-run"])
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "this torch is built without CUDA" in err, err
