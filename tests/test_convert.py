@@ -11,6 +11,7 @@ import json
 import math
 import pickle
 import random
+import shlex
 from collections import Counter
 
 import pytest
@@ -21,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import convert_lm
 import grpo
 import rollout
-from conftest import requires_vllm
+from conftest import doc_section, requires_vllm, run_script
 
 # the handout's pre-tokenizer pattern
 PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -912,3 +913,33 @@ def test_a_tokenizer_pickle_runs_no_code(student, tmp_path, capsys):
     err = refusal(argv, capsys)
     assert "pickles io.open, not plain data" in err
     assert not marker.exists()
+
+
+# ----------------------------------------------------------------------------- the workflow
+GRPO_ONE_STEP = (
+    "--n-grpo-steps 1 --rollout-batch-size 4 --group-size 2 --train-batch-size 4 "
+    "--gradient-accumulation-steps 2 --max-tokens 12 --eval-n 2 --eval-every 0 "
+    "--grader-workers 0 --eager --engine hf"
+).split()
+
+
+def test_the_readmes_seed_004_workflow_runs(student, tmp_path):
+    """The README's two commands as written, in a directory holding the student's files: convert,
+    then one GRPO step of the keyword task on the converted model."""
+    block = doc_section("Your own assignment-1 model (seed 004)").split("```bash")[1]
+    commands = [shlex.split(line) for line in block.split("```")[0].strip().splitlines()]
+    assert [c[:2] for c in commands] == [["python", "convert_lm.py"], ["python", "grpo.py"]]
+    write_student(tmp_path, student["vocab"], student["merges"], student["sd"])
+    # about 10% of the words hash to the validation split
+    words = ["apple", "river", "cat"] + [str(i) for i in range(100)]
+    (tmp_path / "keywords.txt").write_text("\n".join(words) + "\n")
+    proc = run_script(commands[0][1:], str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    grpo_argv = commands[1][1:]
+    proc = run_script(grpo_argv + GRPO_ONE_STEP, str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / grpo_argv[grpo_argv.index("--out") + 1]
+    saved = json.loads((run / "args.json").read_text())
+    assert saved["task"] == "keyword" and saved["model"] == "models/my-lm"
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any("train/loss" in m for m in metrics)
