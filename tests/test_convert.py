@@ -11,6 +11,7 @@ import json
 import math
 import pickle
 import random
+import shlex
 from collections import Counter
 
 import pytest
@@ -21,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import convert_lm
 import grpo
 import rollout
-from conftest import requires_vllm
+from conftest import doc_section, requires_vllm, run_script
 
 # the handout's pre-tokenizer pattern
 PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -222,13 +223,17 @@ def ref_greedy(sd, prompt_ids, heads, max_tokens, eos):
 
 
 # ----------------------------------------------------------------------------- fixtures
-def write_student(d, vocab, merges, sd, wrap=True):
+def write_student(d, vocab, merges, sd, wrap=True, save=True, tokenizer=True):
     """The student's files: a checkpoint (save_checkpoint's dict), GPT-2-style vocab.json +
-    merges.txt and a (vocab, merges) pickle."""
+    merges.txt and a (vocab, merges) pickle (save / tokenizer False: not the checkpoint / not the
+    tokenizer files)."""
     obj = sd
     if wrap:
         obj = {"model": sd, "optimizer": {}, "iteration": 10}
-    torch.save(obj, d / "ckpt.pt")
+    if save:
+        torch.save(obj, d / "ckpt.pt")
+    if not tokenizer:
+        return
     to_char = convert_lm.bytes_to_unicode()
 
     def s(b):
@@ -362,7 +367,7 @@ def test_rope_buffers_in_the_state_dict_are_dropped_with_a_notice(student, tmp_p
     sd["rope.inv_freq"] = torch.rand(16)
     diff, _ = convert_and_compare(student, tmp_path, sd, student["sd"])
     notices = [line for line in capsys.readouterr().out.splitlines() if "notice" in line]
-    assert len(notices) == 1 and "dropped 5 RoPE buffers" in notices[0], notices
+    assert len(notices) == 1 and "dropped 5 RoPE or mask buffers" in notices[0], notices
     assert diff <= LOGITS_ATOL
 
 
@@ -461,7 +466,11 @@ def small_vocab(sd):
 
 
 def extra_key(sd):
-    sd["layers.0.attn.q_proj.bias"] = torch.zeros(SIZES["d_model"])
+    sd["layers.0.attn.rope_scale.weight"] = torch.zeros(SIZES["d_model"], SIZES["d_model"])
+
+
+def head_bias(sd):
+    sd["lm_head.bias"] = torch.ones(SIZES["vocab"])
 
 
 BAD = [
@@ -471,8 +480,10 @@ BAD = [
     ("missing ln1", drop_ln1, [], "layers.1.ln1.weight is missing"),
     ("shape", bad_w2, [], "layers.1.ffn.w2.weight has shape (128, 64), expected (64, 128)"),
     ("vocab", small_vocab, [], "token_embeddings.weight has 300 rows"),
-    ("extra key", extra_key, [], "layers.0.attn.q_proj.bias is not a TransformerLM weight"),
-    ("no merges", None, ["--merges"], "--tokenizer-format gpt2 needs --merges"),
+    ("extra key", extra_key, [], "names do not say which handout weight 1 keys are"),
+    ("head bias", head_bias, [], "the output layer has a bias, which a Llama has not"),
+    ("state key", None, ["--state-key", "weights"], "--state-key weights is not one of its keys"),
+    ("no merges", None, ["--merges"], "vocab.json holds no merges: pass --merges merges.txt"),
     ("not a checkpoint", None, ["--checkpoint", "{dir}/merges.txt"], "cannot read it with torch"),
     (
         "not a pickle",
@@ -503,3 +514,432 @@ def test_bad_input_is_one_line(student, tmp_path, capsys, what, mutate, flags, n
     assert len(err) == 1 and err[0].startswith("error:"), err
     assert needle in err[0], err
     assert not (tmp_path / "lm").exists()
+
+
+# ----------------------------------------------------------------------------- students' styles
+# A student's own TransformerLM, written here in the styles students write it: their own module
+# names and parameter names, a fused QKV, an einsum-style Linear storing (d_in, d_out), biases, a
+# tied head, two norm epsilons. Its forward is the reference; its state_dict() is the checkpoint.
+HANDOUT_SCHEME = {
+    "emb": "token_embeddings", "emb_param": "weight", "blocks": "layers", "ln1": "ln1",
+    "ln2": "ln2", "gain": "weight", "attn": "attn", "q": "q_proj", "k": "k_proj",
+    "v": "v_proj", "o": "output_proj", "qkv": None, "ffn": "ffn", "w1": "w1", "w2": "w2",
+    "w3": "w3", "final": "ln_final", "head": "lm_head", "param": "weight",
+}  # fmt: skip
+
+
+def put(parent, dotted, module):
+    """Register module under a dotted name, making plain containers on the way."""
+    *path, last = dotted.split(".")
+    for name in path:
+        if not hasattr(parent, name):
+            parent.add_module(name, torch.nn.Module())
+        parent = getattr(parent, name)
+    parent.add_module(last, module)
+
+
+def get(parent, dotted):
+    for name in dotted.split("."):
+        parent = getattr(parent, name)
+    return parent
+
+
+class Linear(torch.nn.Module):
+    """y = x W^T (+ b), W stored (d_out, d_in), or (d_in, d_out) when transposed (y = x W)."""
+
+    def __init__(self, d_in, d_out, param, transposed, bias, gen):
+        super().__init__()
+        std = math.sqrt(2 / (d_in + d_out))
+        w = torch.nn.init.trunc_normal_(torch.empty(d_out, d_in), 0, std, -3 * std, 3 * std, gen)
+        if transposed:
+            w = w.T.contiguous()
+        self.param = param
+        self.transposed = transposed
+        self.register_parameter(param, torch.nn.Parameter(w))
+        self.bias = None
+        if bias:
+            self.bias = torch.nn.Parameter(0.1 * torch.randn(d_out, generator=gen))
+
+    def forward(self, x):
+        w = getattr(self, self.param)
+        y = x @ w if self.transposed else x @ w.T
+        if self.bias is not None:
+            y = y + self.bias
+        return y
+
+
+class Norm(torch.nn.Module):
+    def __init__(self, d, param, eps, gen):
+        super().__init__()
+        self.param = param
+        self.eps = eps
+        self.register_parameter(param, torch.nn.Parameter(1 + 0.1 * torch.randn(d, generator=gen)))
+
+    def forward(self, x):
+        return rmsnorm(x, getattr(self, self.param), self.eps)
+
+
+class StudentLM(torch.nn.Module):
+    """The handout's model under a naming scheme, with a student's options."""
+
+    def __init__(self, scheme, transposed=False, attn_bias=False, ffn_bias=False, tied=False,
+                 eps=EPS, final_eps=EPS, seed=0):  # fmt: skip
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        V = SIZES["vocab"]
+        D = SIZES["d_model"]
+        F = SIZES["d_ff"]
+        self.s = {**HANDOUT_SCHEME, **scheme}
+        s = self.s
+        self.tied = tied
+        emb = torch.nn.Module()
+        table = torch.nn.init.trunc_normal_(torch.empty(V, D), 0, 1, -3, 3, generator=gen)
+        emb.register_parameter(s["emb_param"], torch.nn.Parameter(table))
+        put(self, s["emb"], emb)
+
+        def lin(d_in, d_out, bias):
+            return Linear(d_in, d_out, s["param"], transposed, bias, gen)
+
+        for i in range(SIZES["layers"]):
+            p = f"{s['blocks']}.{i}."
+            put(self, p + s["ln1"], Norm(D, s["gain"], eps, gen))
+            if s["qkv"]:
+                put(self, p + f"{s['attn']}.{s['qkv']}", lin(D, 3 * D, attn_bias))
+            else:
+                for role in ("q", "k", "v"):
+                    put(self, p + f"{s['attn']}.{s[role]}", lin(D, D, attn_bias))
+            put(self, p + f"{s['attn']}.{s['o']}", lin(D, D, False))  # no o bias: zeros
+            put(self, p + s["ln2"], Norm(D, s["gain"], eps, gen))
+            put(self, p + f"{s['ffn']}.{s['w1']}", lin(D, F, ffn_bias))
+            put(self, p + f"{s['ffn']}.{s['w2']}", lin(F, D, ffn_bias))
+            put(self, p + f"{s['ffn']}.{s['w3']}", lin(D, F, ffn_bias))
+        put(self, s["final"], Norm(D, s["gain"], final_eps, gen))
+        if not tied:
+            put(self, s["head"], lin(D, V, False))
+
+    def forward(self, ids):
+        s = self.s
+        B, T = ids.shape
+        table = getattr(get(self, s["emb"]), s["emb_param"])
+        x = table[ids]  # (B, T, D)
+        D = x.shape[-1]
+        heads = SIZES["heads"]
+        d = D // heads
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        for i in range(SIZES["layers"]):
+            p = f"{s['blocks']}.{i}."
+            a = get(self, p + s["ln1"])(x)
+            if s["qkv"]:
+                qkv = get(self, p + f"{s['attn']}.{s['qkv']}")(a).chunk(3, dim=-1)  # [q; k; v]
+            else:
+                qkv = [get(self, p + f"{s['attn']}.{s[r]}")(a) for r in ("q", "k", "v")]
+            qkv = [t.view(B, T, heads, d).transpose(1, 2) for t in qkv]  # (B, H, T, d) each
+            q = qkv[0]
+            k = qkv[1]
+            v = qkv[2]
+            scores = rope(q, THETA) @ rope(k, THETA).transpose(-1, -2) / math.sqrt(d)
+            attn = scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v
+            x = x + get(self, p + f"{s['attn']}.{s['o']}")(attn.transpose(1, 2).reshape(B, T, D))
+            f = get(self, p + s["ln2"])(x)
+            ffn = p + s["ffn"] + "."
+            gate = torch.nn.functional.silu(get(self, ffn + s["w1"])(f))
+            x = x + get(self, ffn + s["w2"])(gate * get(self, ffn + s["w3"])(f))
+        x = get(self, s["final"])(x)
+        if self.tied:
+            return x @ table.T
+        return get(self, s["head"])(x)
+
+
+SCHEME_A = {
+    "emb": "token_embedding", "blocks": "transformer_blocks", "ln1": "norm1", "ln2": "norm2",
+    "gain": "gain", "attn": "attention", "o": "o_proj", "ffn": "feed_forward", "w1": "W1",
+    "w2": "W2", "w3": "W3", "final": "final_norm",
+}  # fmt: skip
+SCHEME_B = {
+    "emb": "embedding", "emb_param": "embedding_table", "ln1": "pre_attn_norm",
+    "ln2": "pre_ffn_norm", "gain": "gi", "q": "W_q", "k": "W_k", "v": "W_v", "o": "W_o",
+    "w1": "w1.linear", "w2": "w2.linear", "w3": "w3.linear", "final": "final_norm",
+}  # fmt: skip
+SCHEME_C = {
+    "blocks": "blocks", "attn": "mha_r", "q": "w_Q", "k": "w_K", "v": "w_V", "o": "w_O",
+    "ffn": "swiglu_ff", "w1": "linear_1", "w2": "linear_2", "w3": "linear_3", "param": "W",
+    "gain": "g", "ln1": "rms_1", "ln2": "rms_2", "final": "rms_final",
+}  # fmt: skip
+SCHEME_GATE = {"attn": "self_attn", "o": "out_proj", "ffn": "mlp", "w1": "gate_proj",
+               "w2": "down_proj", "w3": "up_proj", "qkv": "qkv_proj"}  # fmt: skip
+
+
+def save_bare(sd, path):
+    torch.save(sd, path)
+
+
+def save_compiled(sd, path):  # torch.compile's prefix, in the handout's save_checkpoint dict
+    state = {"_orig_mod." + k: v for k, v in sd.items()}
+    torch.save({"model_state_dict": state, "optimizer_state_dict": {}, "iteration": 7}, path)
+
+
+def save_ddp(sd, path):  # DDP's prefix, under model_state
+    state = {"module." + k: v for k, v in sd.items()}
+    torch.save({"model_state": state, "optimizer": {"state": {}}, "step": 3}, path)
+
+
+# (id, StudentLM options, how it is saved, extra flags)
+STYLES = [
+    ("compiled, model_state_dict", {"scheme": {}}, save_compiled, []),
+    ("ddp, model_state", {"scheme": {}}, save_ddp, []),
+    ("names a", {"scheme": SCHEME_A}, save_bare, []),
+    ("names b", {"scheme": SCHEME_B}, save_compiled, []),
+    ("names c, transposed", {"scheme": SCHEME_C, "transposed": True}, save_ddp, []),
+    ("gate/up/down, fused qkv", {"scheme": SCHEME_GATE}, save_bare, []),
+    ("fused qkv, transposed", {"scheme": {"qkv": "qkv"}, "transposed": True}, save_bare, []),
+    ("biases", {"scheme": SCHEME_A, "attn_bias": True, "ffn_bias": True}, save_bare, []),
+    ("fused qkv with bias", {"scheme": {"qkv": "qkv"}, "attn_bias": True}, save_bare, []),
+    ("tied", {"scheme": SCHEME_B, "tied": True}, save_bare, []),
+    ("two epsilons", {"scheme": {}, "eps": 1e-5, "final_eps": 1e-6}, save_bare,
+     ["--norm-eps", "1e-5", "--final-norm-eps", "1e-6"]),
+]  # fmt: skip
+
+
+def convert_student(student, tmp_path, model, save, extra):
+    """Save a StudentLM's state dict its way, convert it, and return (its float32 logits, the
+    converted model's, what convert_lm printed)."""
+    save(model.state_dict(), tmp_path / "ckpt.pt")
+    write_student(tmp_path, student["vocab"], student["merges"], {}, save=False)
+    flags = ["--num-heads", str(SIZES["heads"]), "--rope-theta", str(THETA)]
+    if "--norm-eps" not in extra:
+        flags += ["--norm-eps", str(EPS)]
+    out = convert_lm.main(convert_argv(tmp_path, tmp_path / "lm", *flags, *extra))
+    hf = AutoModelForCausalLM.from_pretrained(out)
+    ids = torch.randint(0, SIZES["vocab"], (2, 32), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        return model(ids), hf(ids).logits, hf
+
+
+@pytest.mark.parametrize("what,options,save,extra", STYLES, ids=[s[0] for s in STYLES])
+def test_a_students_style_converts_to_the_same_logits(
+    student, tmp_path, capsys, what, options, save, extra
+):
+    """Each style converts, unchanged, to the student's own forward's logits within 1e-4 (both in
+    float32), and the mapping chosen is printed one line per kind of key, not per layer."""
+    model = StudentLM(**options)
+    want, got, hf = convert_student(student, tmp_path, model, save, extra)
+    printed = capsys.readouterr().out
+    diff = (got - want).abs().max().item()
+    print(f"{what}: max |logit difference| {diff:.1e}")
+    assert diff < 1e-4, what
+    names = [line for line in printed.splitlines() if line.startswith("names:")]
+    assert not any(".1." in line for line in names), names  # {i}, not each layer
+    if options["scheme"] not in ({}, {"qkv": "qkv"}):
+        assert names
+    if save is not save_bare:
+        assert "checkpoint: weights from its 'model_" in printed
+    assert hf.config.attention_bias == options.get("attn_bias", False)
+    assert hf.config.mlp_bias == options.get("ffn_bias", False)
+    assert hf.config.tie_word_embeddings == options.get("tied", False)
+
+
+def test_a_key_map_names_what_hints_cannot(student, tmp_path, capsys):
+    """Names without hints are refused listing them; --key-map's regexes (with groups) decide."""
+    scheme = {"blocks": "h", "attn": "mix", "q": "a", "k": "b", "v": "c", "o": "d"}
+    model = StudentLM(scheme)
+    torch.save(model.state_dict(), tmp_path / "ckpt.pt")
+    write_student(tmp_path, student["vocab"], student["merges"], {}, save=False)
+    argv = convert_argv(tmp_path, tmp_path / "lm", "--num-heads", "2")
+    with pytest.raises(SystemExit):
+        convert_lm.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "h.0.mix.a.weight" in err[0] and "--key-map" in err[0], err
+    key_map = {r"h\.(\d+)\.mix\.a\.weight": r"layers.\1.attn.q_proj.weight",
+               r"h\.(\d+)\.mix\.b\.weight": r"layers.\1.attn.k_proj.weight",
+               r"h\.(\d+)\.mix\.c\.weight": r"layers.\1.attn.v_proj.weight",
+               r"h\.(\d+)\.mix\.d\.weight": r"layers.\1.attn.output_proj.weight"}  # fmt: skip
+    (tmp_path / "names.json").write_text(json.dumps(key_map))
+    extra = ["--rope-theta", str(THETA), "--norm-eps", str(EPS)]
+    argv += ["--key-map", str(tmp_path / "names.json"), *extra]
+    out = convert_lm.main(argv)
+    printed = capsys.readouterr().out
+    assert "names: h.{i}.mix.a.weight -> layers.{i}.attn.q_proj.weight" in printed
+    ids = torch.randint(0, SIZES["vocab"], (1, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        diff = (AutoModelForCausalLM.from_pretrained(out)(ids).logits - model(ids)).abs().max()
+    assert diff < 1e-4
+
+
+def namespace_checkpoint(model, path):
+    import argparse
+
+    torch.save({"model": model.state_dict(), "args": argparse.Namespace(lr=1e-3)}, path)
+
+
+def refusal(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        convert_lm.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2
+    assert len(err) == 1 and err[0].startswith("error:"), err
+    return err[0]
+
+
+def test_a_namespace_in_the_checkpoint_needs_trust(student, tmp_path, capsys):
+    """weights_only refuses a pickled Namespace: one line saying how to re-save; with
+    --trust-checkpoint it loads, after a one-line warning."""
+    model = StudentLM({})
+    namespace_checkpoint(model, tmp_path / "ckpt.pt")
+    write_student(tmp_path, student["vocab"], student["merges"], {}, save=False)
+    argv = convert_argv(tmp_path, tmp_path / "lm", "--num-heads", "2")
+    err = refusal(argv, capsys)
+    assert "torch.save(model.state_dict()" in err and "--trust-checkpoint" in err
+    convert_lm.main(argv + ["--trust-checkpoint"])
+    warnings = [x for x in capsys.readouterr().out.splitlines() if x.startswith("warning")]
+    assert len(warnings) == 1 and "runs any code" in warnings[0]
+
+
+def test_what_cannot_convert_is_one_line(student, tmp_path, capsys):
+    """Two epsilons far apart, square shapes that cannot show the orientation, two state dicts:
+    each one line naming the flag."""
+    write_student(tmp_path, student["vocab"], student["merges"], {}, save=False)
+    model = StudentLM({})
+    torch.save(model.state_dict(), tmp_path / "ckpt.pt")
+    argv = convert_argv(tmp_path, tmp_path / "lm", "--num-heads", "2")
+    err = refusal(argv + ["--final-norm-eps", "10"], capsys)
+    assert "--final-norm-eps 10.0" in err and "over 0.0001" in err
+    sd = {k: v for k, v in model.state_dict().items() if not k.startswith("lm_head")}
+    for name in list(sd):  # d_ff = d_model, tied: every Linear square
+        if ".ffn.w" in name:
+            sd[name] = torch.randn(SIZES["d_model"], SIZES["d_model"])
+    torch.save(sd, tmp_path / "ckpt.pt")
+    assert "pass --no-transposed" in refusal(argv, capsys)
+    torch.save({"model": sd, "ema": sd}, tmp_path / "ckpt.pt")
+    assert "pass --state-key NAME" in refusal(argv, capsys)
+    convert_lm.main(argv + ["--state-key", "ema", "--no-transposed"])
+
+
+# ----------------------------------------------------------------------------- tokenizer files
+def hexs(b):
+    return b.hex()
+
+
+def latin1(b):
+    return b.decode("latin-1")
+
+
+def reprs(b):
+    return repr(b)
+
+
+def ints(b):
+    return list(b)
+
+
+def gpt2s(b):
+    to_char = convert_lm.bytes_to_unicode()
+    return "".join(to_char[x] for x in b)
+
+
+# (id, how a vocab entry is written, orientation, how merges are written, the form reported)
+TOKENIZER_FORMS = [
+    ("ids to int lists, repr merges", ints, "id", "repr", "byte values"),
+    ("str ids to GPT-2 strings, text merges", gpt2s, "id", "text", "GPT-2 byte-to-unicode"),
+    ("str ids to latin-1, JSON merges", latin1, "id", "json", "latin-1 strings"),
+    ("ids to hex, text merges", hexs, "id", "text", "hex strings"),
+    ("ids to bytes reprs, repr merges", reprs, "id", "repr", "bytes reprs"),
+    ("latin-1 token to id, repr merges", latin1, "token", "repr", "latin-1 strings"),
+]
+
+
+def write_json_tokenizer(d, vocab, merges, spell, orientation, merges_as):
+    table = {}
+    for i, b in vocab.items():
+        if orientation == "id":
+            table[str(i)] = spell(b)
+        else:
+            table[spell(b)] = i
+    (d / "vocab.json").write_text(json.dumps(table), encoding="utf-8")
+    if merges_as == "json":
+        text = json.dumps([[spell(a), spell(b)] for a, b in merges])
+    elif merges_as == "repr":
+        text = "\n".join(f"{a!r} {b!r}" for a, b in merges)
+    else:
+        text = "\n".join(f"{spell(a)} {spell(b)}" for a, b in merges)
+    (d / "merges.txt").write_text(text + "\n", encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    "what,spell,orientation,merges_as,form", TOKENIZER_FORMS, ids=[f[0] for f in TOKENIZER_FORMS]
+)
+def test_json_tokenizers_students_write_read_as_their_bpe(
+    student, tmp_path, capsys, what, spell, orientation, merges_as, form
+):
+    """auto reads each form, says which it found, and gives the reference BPE's ids."""
+    write_json_tokenizer(
+        tmp_path, student["vocab"], student["merges"], spell, orientation, merges_as
+    )
+    vocab, merges = convert_lm.read_tokenizer(
+        "auto", str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"), [EOT]
+    )
+    assert f"with {form}" in capsys.readouterr().out
+    assert vocab == student["vocab"] and merges == student["merges"]
+    tok = convert_lm.build_tokenizer(vocab, merges, [EOT], 64)
+    for text in sample_strings(60, seed=4):
+        assert tok.encode(text) == ref_encode(text, student["vocab"], student["merges"]), text
+
+
+def test_a_lossy_json_vocabulary_is_one_line(student, tmp_path, capsys):
+    """Tokens saved with bytes.decode(errors="replace") lost their bytes: refused, naming why."""
+    spell = lambda b: b.decode("utf-8", errors="replace")  # noqa: E731
+    write_json_tokenizer(tmp_path, student["vocab"], student["merges"], spell, "id", "text")
+    write_student(tmp_path, student["vocab"], student["merges"], student["sd"], tokenizer=False)
+    err = refusal(convert_argv(tmp_path, tmp_path / "lm", "--num-heads", "2"), capsys)
+    assert "U+FFFD" in err
+
+
+class Payload:
+    """A pickle whose loading would write a file (what a hostile tokenizer.pkl could do)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_tokenizer_pickle_runs_no_code(student, tmp_path, capsys):
+    marker = tmp_path / "ran"
+    with open(tmp_path / "tokenizer.pkl", "wb") as f:
+        pickle.dump((student["vocab"], student["merges"], Payload(str(marker))), f)
+    write_student(tmp_path, student["vocab"], student["merges"], student["sd"], tokenizer=False)
+    argv = ["--checkpoint", str(tmp_path / "ckpt.pt"), "--vocab", str(tmp_path / "tokenizer.pkl")]
+    argv += ["--tokenizer-format", "pickle", "--out", str(tmp_path / "lm")]
+    err = refusal(argv, capsys)
+    assert "pickles io.open, not plain data" in err
+    assert not marker.exists()
+
+
+# ----------------------------------------------------------------------------- the workflow
+GRPO_ONE_STEP = (
+    "--n-grpo-steps 1 --rollout-batch-size 4 --group-size 2 --train-batch-size 4 "
+    "--gradient-accumulation-steps 2 --max-tokens 12 --eval-n 2 --eval-every 0 "
+    "--grader-workers 0 --eager --engine hf"
+).split()
+
+
+def test_the_readmes_seed_004_workflow_runs(student, tmp_path):
+    """The README's two commands as written, in a directory holding the student's files: convert,
+    then one GRPO step of the keyword task on the converted model."""
+    block = doc_section("Your own assignment-1 model (seed 004)").split("```bash")[1]
+    commands = [shlex.split(line) for line in block.split("```")[0].strip().splitlines()]
+    assert [c[:2] for c in commands] == [["python", "convert_lm.py"], ["python", "grpo.py"]]
+    write_student(tmp_path, student["vocab"], student["merges"], student["sd"])
+    # about 10% of the words hash to the validation split
+    words = ["apple", "river", "cat"] + [str(i) for i in range(100)]
+    (tmp_path / "keywords.txt").write_text("\n".join(words) + "\n")
+    proc = run_script(commands[0][1:], str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    grpo_argv = commands[1][1:]
+    proc = run_script(grpo_argv + GRPO_ONE_STEP, str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / grpo_argv[grpo_argv.index("--out") + 1]
+    saved = json.loads((run / "args.json").read_text())
+    assert saved["task"] == "keyword" and saved["model"] == "models/my-lm"
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any("train/loss" in m for m in metrics)

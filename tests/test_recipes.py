@@ -268,14 +268,26 @@ SEED_MODELS = {
     ("001", "expert_iteration.py"): "Qwen/Qwen3-0.6B",
     ("002", "eval_zero_shot.py"): "Qwen/Qwen3-1.7B",
     ("002", "grpo.py"): "Qwen/Qwen3-1.7B",
+    ("004", "grpo_ray.py"): "models/my-lm",  # the student's own model, the table's convert_lm row
 }
+
+
+def test_seed_004_converts_the_model_its_rows_run():
+    """The table's convert_lm.py row writes the directory every seed-004 row names."""
+    converts = []
+    for _what, cmd in table("Experiments", "recipes")[1:]:
+        for part in re.findall(r"`([^`]+)`", cmd):
+            argv = shlex.split(part)
+            if argv[:2] == ["python", "convert_lm.py"]:
+                converts.append(argv[argv.index("--out") + 1])
+    assert converts == [SEED_MODELS[("004", "grpo_ray.py")]]
 
 
 def test_every_seed_row_runs_the_seeds_model():
     checked = set()
     for label, argv in recipes():
         seed = re.search(r"\((\d{3})\b", label)
-        if seed is None or "--model" not in argv:  # the embedded model's rows, seed 004's on Ray
+        if seed is None or "--model" not in argv:  # the embedded model's rows
             continue
         key = (seed.group(1), argv[0])
         assert argv[argv.index("--model") + 1] == SEED_MODELS[key], label
@@ -482,6 +494,41 @@ def saved_config(out):
     raise AssertionError(f"no saved configuration in {out}: {os.listdir(out)}")
 
 
+@pytest.fixture(scope="module")
+def tiny_converted_lm_dir(tmp_path_factory):
+    """convert_lm.py's output for a tiny random assignment-1 model (handout names, 1 layer) with a
+    byte-level tokenizer (no merges): the stand-in for seed 004's models/my-lm."""
+    import pickle
+
+    import torch
+
+    import convert_lm
+
+    d = tmp_path_factory.mktemp("my_lm")
+    gen = torch.Generator().manual_seed(0)
+    V = 260
+    D = 64
+    F = 128
+    sd = {"token_embeddings.weight": torch.randn(V, D, generator=gen)}
+    for name in ("q_proj", "k_proj", "v_proj", "output_proj"):
+        sd[f"layers.0.attn.{name}.weight"] = 0.1 * torch.randn(D, D, generator=gen)
+    sd["layers.0.ln1.weight"] = torch.ones(D)
+    sd["layers.0.ln2.weight"] = torch.ones(D)
+    sd["layers.0.ffn.w1.weight"] = 0.1 * torch.randn(F, D, generator=gen)
+    sd["layers.0.ffn.w3.weight"] = 0.1 * torch.randn(F, D, generator=gen)
+    sd["layers.0.ffn.w2.weight"] = 0.1 * torch.randn(D, F, generator=gen)
+    sd["ln_final.weight"] = torch.ones(D)
+    sd["lm_head.weight"] = 0.1 * torch.randn(V, D, generator=gen)
+    torch.save({"model": sd, "iteration": 1}, d / "ckpt.pt")
+    vocab = {0: b"<|endoftext|>"}
+    for b in range(256):
+        vocab[1 + b] = bytes([b])
+    with open(d / "tokenizer.pkl", "wb") as f:
+        pickle.dump((vocab, []), f)
+    argv = ["--checkpoint", str(d / "ckpt.pt"), "--vocab", str(d / "tokenizer.pkl")]
+    return convert_lm.main(argv + ["--out", str(d / "my-lm")])
+
+
 def test_every_recipe_row_has_one_stand_in():
     prefixes = [p for ps, _, _ in STAND_INS for p in ps]
     for label, _ in recipes():
@@ -491,15 +538,18 @@ def test_every_recipe_row_has_one_stand_in():
 
 @pytest.mark.parametrize("prefixes,engine,extra", STAND_INS, ids=[s[0][0] for s in STAND_INS])
 def test_recipe_runs_end_to_end_on_a_stand_in(
-    prefixes, engine, extra, tiny_qwen2_dir, tiny_qwen3_dir, tmp_path
+    prefixes, engine, extra, tiny_qwen2_dir, tiny_qwen3_dir, tmp_path, request
 ):
     rows, argv = stand_in(prefixes, extra)
     hub = "--model" in argv
     argv = localise(argv, str(tmp_path))
-    # the hub id -> a tiny local model of its family (Qwen2 for Qwen2.5-Math, Qwen3 for Qwen3)
+    # the hub id -> a tiny local model of its family (Qwen2 for Qwen2.5-Math, Qwen3 for Qwen3);
+    # seed 004's converted model -> a tiny converted one
     if hub:
         i = argv.index("--model") + 1
-        if "Qwen2" in argv[i]:
+        if argv[i] == SEED_MODELS[("004", "grpo_ray.py")]:
+            argv[i] = request.getfixturevalue("tiny_converted_lm_dir")
+        elif "Qwen2" in argv[i]:
             argv[i] = tiny_qwen2_dir
         else:
             argv[i] = tiny_qwen3_dir
