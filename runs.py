@@ -24,6 +24,7 @@ import contextlib
 import errno
 import fcntl
 import glob
+import hashlib
 import json
 import math
 import os
@@ -100,6 +101,7 @@ def resume_from(parser, argv, args, needs=(), script=None):
                 f"--resume {ckpt}: {f} is missing (a broken checkpoint)",
             )
         state = check_state(ckpt)
+        check_files(ckpt, state)
     rows = read_metrics(os.path.join(run_dir, "metrics.jsonl"), quiet=True)  # bad rows: refused
     if ckpt:
         if not dry:
@@ -598,6 +600,61 @@ def _write_rows(path, rows):
         raise
 
 
+FINGERPRINT_BYTES = 1 << 20  # a file's head and tail, hashed at save and checked at resume
+
+
+def fingerprint(path):
+    """{"bytes", "blake2b"}: a file's size and a hash of its first and last MiB. It tells a
+    truncated or replaced file (another model's optimizer.pt) from the one a save wrote, at a cost
+    that does not grow with the file (a full hash of a 1.5B model's 18 GB checkpoint would take
+    seconds at every save)."""
+    size = os.path.getsize(path)
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        h.update(f.read(FINGERPRINT_BYTES))
+        if size > FINGERPRINT_BYTES:
+            f.seek(max(size - FINGERPRINT_BYTES, FINGERPRINT_BYTES))
+            h.update(f.read())
+    return {"bytes": size, "blake2b": h.hexdigest()}
+
+
+def file_records(directory):
+    """{name: fingerprint} of the files in a checkpoint directory (its subdirectories' too)."""
+    records = {}
+    for parent, _, files in os.walk(directory):
+        for name in sorted(files):
+            path = os.path.join(parent, name)
+            records[os.path.relpath(path, directory)] = fingerprint(path)
+    return records
+
+
+def check_files(ckpt, state):
+    """Every file a checkpoint's save recorded (state.json's "files"; a checkpoint saved before
+    they were recorded has none) is there, whole and the same, else one line before anything
+    loads: a truncated model.safetensors or another run's optimizer.pt is not a traceback."""
+    records = state.get("files")
+    if not isinstance(records, dict):
+        return
+    for name, saved in sorted(records.items()):
+        path = os.path.join(ckpt, name)
+        problem = None
+        if not os.path.isfile(path):
+            problem = "is missing"
+        elif not isinstance(saved, dict):
+            problem = "has a damaged record in state.json"
+        else:
+            now = fingerprint(path)
+            if now["bytes"] != saved.get("bytes"):
+                problem = f"has {now['bytes']} bytes, the save wrote {saved.get('bytes')}"
+            elif now["blake2b"] != saved.get("blake2b"):
+                problem = "is not the file the save wrote (its content differs)"
+        check(
+            problem is None,
+            f"--resume {ckpt}: {name} {problem} (truncated or replaced): restore the checkpoint "
+            f"from a copy, or start a new run",
+        )
+
+
 def jsonable(d):
     """A dict with every value JSON can hold (dtypes, paths -> str)."""
     return json.loads(json.dumps(d, default=str))
@@ -630,6 +687,7 @@ def save_model_checkpoint(
             torch.save(obj, os.path.join(tmp, name))
         # state.json last and atomically: a crash mid-write leaves no half file that looks complete
         state_with_args = dict(state)
+        state_with_args["files"] = file_records(tmp)  # what a resume checks (check_files)
         if script:
             state_with_args["script"] = script
         state_with_args["args"] = jsonable(vars(args))

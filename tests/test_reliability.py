@@ -960,3 +960,48 @@ def test_cuda_on_a_cpu_only_torch_is_one_line(capsys):
             grpo.parse_args(["--policy-device", device, "--dry-run"])
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "this torch is built without CUDA" in err, err
+
+
+def test_a_truncated_or_replaced_checkpoint_file_is_one_line(tiny_model_dir, tmp_path, capsys):
+    """Issue 44: only missing files were checked, so a truncated model.safetensors or another
+    model's optimizer.pt was a traceback once loading began. A save records each file's size and
+    a hash of its head and tail; a resume checks them before anything loads."""
+    import argparse
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import grpo
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.lock").write_text("")
+    (run_dir / "metrics.jsonl").write_text('{"step": 0}\n')
+    args = argparse.Namespace(model=tiny_model_dir, lora_rank=0)
+    extra = {"optimizer.pt": {"state": {0: torch.ones(4)}}, "scheduler.pt": {}}
+    ckpt = runs.save_model_checkpoint(str(run_dir), model, tokenizer, args, {"step": 1}, extra)
+    good = tmp_path / "good"
+    shutil.copytree(ckpt, good)
+    capsys.readouterr()  # the loading and saving bars
+    weights = os.path.join(ckpt, "model.safetensors")
+    size = os.path.getsize(weights)
+    with open(weights, "r+b") as f:
+        f.truncate(size // 2)
+    optimizer = os.path.join(ckpt, "optimizer.pt")
+    for damage, needle in (
+        (None, f"model.safetensors has {size // 2} bytes, the save wrote {size}"),
+        ("optimizer", "optimizer.pt is not the file the save wrote (its content differs)"),
+    ):
+        if damage == "optimizer":  # the weights back, another model's optimizer state instead
+            shutil.copy2(good / "model.safetensors", weights)
+            torch.save({"state": {0: torch.zeros(4)}}, optimizer)
+        with pytest.raises(SystemExit):
+            grpo.parse_args(["--resume", str(run_dir)])
+        runs.release_run_dir(str(run_dir))
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and needle in err, err
+    shutil.copy2(good / "optimizer.pt", optimizer)
+    grpo.parse_args(["--resume", str(run_dir), "--dry-run"])  # whole again: accepted
