@@ -4,6 +4,7 @@ Seed 001 (Problem 15) compares GRPO's entropy with "what you observed in the EI 
 lecture sets expert iteration beside policy gradients; no seed gives its settings, so PROFILES holds
 ours (docs/settings.md lists them). Each step of `main`:
   rollout + reward  `sample`: --ei-batch-size questions, --group-size engine samples each, graded
+                    (with --tools, multi-turn: the policy calls a tool mid-response, tools.py)
   keep              `keep_correct`: the responses with answer reward 1 that the engine finished
                     (at most --max-per-question of a question's)
   (eval)            every --eval-every steps, greedy, on the engine's weights (grpo.py's)
@@ -13,12 +14,16 @@ ours (docs/settings.md lists them). Each step of `main`:
                     sft.py's `train_step` (its loss, microbatches and clipping); log
   save, sync        a checkpoint every --save-every steps; the new weights into the engine
 It reuses grpo.py's flag groups, data loading, learner, engine, sampling, validation, checkpoint
-and run end, and sft.py's train step.
+and run end, tools.py's flags and tool, and sft.py's train step.
 
 How it departs from the lecture's loop and from grpo.py:
 - it trains on the kept responses' text, re-tokenised (sft.py's train step), not on the engine's
   token ids: what SFT on a data set of filtered samples does; a response the engine ended with its
   EOS token keeps it (as text), so the model learns to stop;
+- with --tools it trains on the engine's token ids instead (a transcript re-tokenised would not
+  give them back), with loss only on the tokens the policy sampled: the tool output is context.
+  A kept response is one whose own text (tool output left out) is correct and that the engine
+  finished; train/loss sums, and train/nll_per_token averages, over its policy tokens only;
 - a correct response cut at --max-tokens is not kept (train/truncated_correct_frac counts them);
 - the lr is constant: how many optimizer steps a run takes depends on how much is kept;
 - the policy and its AdamW state carry over from step to step (no restart from the base model);
@@ -33,6 +38,7 @@ Examples:
   python expert_iteration.py --model Qwen/Qwen3-0.6B --task gsm8k \\
       --train-path gsm8k_train.jsonl --val-path gsm8k_test.jsonl --out runs/gsm8k_ei
   python expert_iteration.py --group-size 16 --max-per-question 2 --epochs 1 --dry-run
+  python expert_iteration.py --tools calculator --out runs/ei_calculator   # the demo, with a tool
 """
 
 import math
@@ -54,6 +60,7 @@ import metric_table
 import rollout as engines
 import runs
 import sft
+import tools
 
 # The settings table (no seed defines expert iteration's: these are our choices, listed in
 # docs/settings.md). An unset flag takes its value from the run's profile: "demo" (the embedded
@@ -142,6 +149,7 @@ def parse_args(argv=None):
     )
     grpo.trainer_flags(g)  # --max-grad-norm, --gradient-checkpointing, --dtype, --pure-bf16
     grpo.sampling_flags(p)  # --- sampling ---
+    tools.add_flags(p)  # --- tools: --tools, --max-tool-calls, ... (tools.py) ---
     grpo.eval_flags(p)  # --- eval and logging ---
     grpo.systems_flags(p)  # --- systems ---
     grpo.run_flags(p)  # --- run ---
@@ -167,7 +175,7 @@ def resolve(args):
         if getattr(args, name) is None:
             setattr(args, name, value)
     task = data.task_defaults(args.task, args.model)
-    args.prompt = args.prompt or task["prompt"]
+    tools.resolve(args, task["prompt"])  # --prompt's default, --tools' defaults and checks
     args.reward = args.reward or task["reward"]
     args.train_path = args.train_path or task["path"]
     args.val_path = args.val_path or task["path"]
@@ -191,6 +199,8 @@ def resolve(args):
     args.kl_every = 0
     args.mask_truncated = False
     args.mask_void_turns = False
+    # grpo.rollout spaces a tool run's turns by 2 x the step's samples (its seeds: checked below)
+    args.rollout_batch_size = args.ei_batch_size * args.group_size
 
     check = common.check
     check(
@@ -211,6 +221,14 @@ def resolve(args):
         args.ei_batch_size * args.group_size <= 2**20,
         "--ei-batch-size x --group-size must be <= 2^20",
     )
+    # with a tool, turn t samples from seed + t x that stride: all turns in the step's 2^20 seeds
+    check(
+        not args.tools
+        or (args.max_tool_calls + 1) * 2 * args.ei_batch_size * args.group_size <= 2**20,
+        "(--max-tool-calls + 1) x 2 x --ei-batch-size x --group-size must be <= 2^20 (the step's "
+        "seeds)",
+    )
+    args.tool_isolated = tools.isolated(args)  # last: it may start a probe call
     return args
 
 
@@ -227,15 +245,19 @@ def load_data(args):
 
 
 # ----------------------------------------------------------------------------- sample / keep
-def sample(engine, train_rows, args, step):
+def sample(engine, train_rows, args, step, tool=None):
     """--ei-batch-size questions, G engine samples each, graded -> (batch: grpo.rollout's
     group-major lists plus "rewards" (the reward dicts), "stop_token_ids" (the engine's) and
-    "ban_token_ids" (those, with --min-tokens), stats: seconds of generation and grading). The
-    questions and seeds are grpo.py's for the step."""
+    "ban_token_ids" (those, with --min-tokens), stats: seconds of generation and grading, and with
+    a tool of its calls). The questions and seeds are grpo.py's for the step. tool: the run's
+    tools.Tool (--tools: multi-turn samples, their policy's own text graded), else None."""
     t0 = time.perf_counter()
     seed = grpo.sample_seed(args, step)
     questions = random.Random(seed).sample(train_rows, args.ei_batch_size)
-    batch = grpo.rollout(engine, questions, args, seed)
+    tool_s = 0.0  # the tool's clock before this rollout
+    if tool is not None:
+        tool_s = tool.seconds
+    batch = grpo.rollout(engine, questions, args, seed, tool)
     t1 = time.perf_counter()
     batch["rewards"] = grader.grade_batch(
         grader.REWARD_FNS[args.reward],
@@ -249,13 +271,18 @@ def sample(engine, train_rows, args, step):
     if args.min_tokens:
         batch["ban_token_ids"] = batch["stop_token_ids"]  # the entropy bans them too
     stats = {"generation_s": t1 - t0, "grading_s": time.perf_counter() - t1}
+    if tool is not None:
+        stats["tool_s"] = tool.seconds - tool_s
+        stats["generation_s"] -= stats["tool_s"]  # as grpo.py's time/generation: not the calls
     return batch, stats
 
 
 def keep_correct(batch, args):
     """The rows of `batch` to train on: each response with answer reward 1 (the one meaning of
     accuracy) that the engine finished (one cut at --max-tokens would teach the model to ramble
-    on: summarize counts those), the first --max-per-question of a question's G when that is set."""
+    on: summarize counts those), the first --max-per-question of a question's G when that is set.
+    With --tools the reward is the policy's own text's and a response a tool output ended
+    (truncated_by_tool) is not finished."""
     G = args.group_size
     kept = []
     for start in range(0, len(batch["rewards"]), G):
@@ -273,9 +300,10 @@ def keep_correct(batch, args):
 def response_entropy(policy, batch, args, runtime):
     """-> (N,) summed token entropy of each response and (N,) its token count, under `policy` at the
     sampling temperature with the min_tokens ban, on the engine's tokens: what grpo.py's training
-    forward reads as train/entropy, here from a no-grad pass."""
+    forward reads as train/entropy, here from a no-grad pass. With --tools, over the tokens the
+    policy sampled (not the tool output)."""
     tensors = grpo.collate(batch, args)  # (N, T) ids, labels, masks
-    mask = tensors["response_mask"]  # (N, T)
+    mask = tensors["policy_mask"]  # (N, T) the sampled tokens: every response token without a tool
     N = mask.shape[0]
     sums = torch.zeros(N)  # (N,)
     device = runtime["policy_device"]
@@ -303,10 +331,13 @@ def response_entropy(policy, batch, args, runtime):
 
 def summarize(batch, kept, entropy, stats):
     """The step's sampling metrics: rewards, kept fraction, response entropy over all sampled
-    responses and over the kept ones (token-weighted, as grpo.py's train/entropy), lengths."""
+    responses and over the kept ones (token-weighted, as grpo.py's train/entropy), lengths (with
+    --tools, the tokens the policy sampled, and grpo.py's tool/ metrics)."""
     sums, counts = entropy
     rewards = batch["rewards"]
     lengths = [len(ids) for ids in batch["response_ids"]]
+    if "policy_masks" in batch:
+        lengths = [sum(mask) for mask in batch["policy_masks"]]  # the tokens the policy sampled
     cut_correct = []  # 1 for a correct response cut at --max-tokens (not kept), else 0
     for d, truncated in zip(rewards, batch["truncated"]):
         cut_correct.append(int(grader.is_correct(d) and truncated))
@@ -323,6 +354,9 @@ def summarize(batch, kept, entropy, stats):
         "time/generation": stats["generation_s"],
         "time/grading": stats["grading_s"],
     }
+    if "policy_masks" in batch:
+        metrics |= grpo.tool_metrics(batch)
+        metrics["time/tool"] = stats["tool_s"]
     if kept:  # nothing kept: no kept-response metrics
         rows = torch.tensor(kept)
         metrics["train/entropy_kept"] = (sums[rows].sum() / counts[rows].sum().clamp(min=1)).item()
@@ -335,7 +369,10 @@ def sft_pairs(batch, kept, tokenizer):
     """The kept responses as sft.py's pairs {"prompt", "response", "n_tokens"}. The response is the
     engine's text; when its token ids ended with a stop token (the engine's EOS) that token is
     appended as text, which the tokenizer reads back as the one special id: the decoded text drops
-    it, and without it a prompt with no stop string never teaches the model to stop."""
+    it, and without it a prompt with no stop string never teaches the model to stop.
+    With --tools, id pairs instead (tool_pairs)."""
+    if "policy_masks" in batch:
+        return tool_pairs(batch, kept)
     stop_ids = set(batch["stop_token_ids"])
     pairs = []
     for i in kept:
@@ -345,6 +382,25 @@ def sft_pairs(batch, kept, tokenizer):
             response = response + tokenizer.decode(response_ids[-1:])  # e.g. "<|im_end|>"
         n_tokens = len(batch["prompt_ids"][i]) + len(response_ids)  # sorts microbatches
         pairs.append({"prompt": batch["prompts"][i], "response": response, "n_tokens": n_tokens})
+    return pairs
+
+
+def tool_pairs(batch, kept):
+    """--tools: the kept responses as sft.py's id pairs {"prompt_ids", "response_ids", "loss_mask",
+    "n_tokens"}: the engine's ids as they are, its EOS included (re-tokenising the transcript
+    would not give them back), and the policy mask as the loss mask: the tool output is context,
+    with no loss (the policy did not write it). n_tokens counts every token (it sorts
+    microbatches); the loss and train/nll_per_token count the policy's."""
+    pairs = []
+    for i in kept:
+        pairs.append(
+            {
+                "prompt_ids": batch["prompt_ids"][i],
+                "response_ids": batch["response_ids"][i],
+                "loss_mask": batch["policy_masks"][i],
+                "n_tokens": len(batch["prompt_ids"][i]) + len(batch["response_ids"][i]),
+            }
+        )
     return pairs
 
 
@@ -415,10 +471,15 @@ def build_learner(args, runtime):
 
 
 # ----------------------------------------------------------------------------- main
-# The keys every step row has (metric_table.py's), and those a step that keeps nothing lacks: the
-# SFT's on the kept responses (its train/ keys logged on some rows).
+# The keys every step row has (metric_table.py's), those a --tools run adds, and those a step that
+# keeps nothing lacks: the SFT's on the kept responses (the other train/ keys of some rows).
 STEP_KEYS = metric_table.step_keys("expert_iteration")
-SFT_KEYS = [key for key in metric_table.some_keys("expert_iteration") if key.startswith("train/")]
+TOOL_KEYS = metric_table.tool_keys("expert_iteration")
+SFT_KEYS = [
+    key
+    for key in metric_table.some_keys("expert_iteration")
+    if key.startswith("train/") and key not in TOOL_KEYS
+]
 
 
 def step_line(step, args, row):
@@ -445,6 +506,7 @@ def main(args):
         engine = grpo.make_engine(lora.model_path(args), args, runtime, policy)
         if args.resume and args.lora_rank:
             engines.load_policy_into_vllm(policy, engine)  # the base + the checkpoint's adapter
+        tool = tools.make(args)  # --tools: the tool the rollouts and validation call, else None
     except KeyboardInterrupt:
         grpo.stopped(f"{runs.stop_name()} while loading: stopped before training; nothing saved")
     grpo.write_settings(args, runtime)  # args.json, runtime.json
@@ -460,59 +522,75 @@ def main(args):
     dirty = False  # inside a step's updates: nothing consistent to save
     interrupted = False
     os.makedirs(os.path.join(args.out, "rollouts"), exist_ok=True)
+    # python's sandbox pool closes however the run ends: finished, stopped (Ctrl-C, SIGTERM: both
+    # exit through SystemExit) or failed
     try:
-        steps = tqdm(
-            range(state["step"], args.n_ei_steps), initial=state["step"], total=args.n_ei_steps
+        try:
+            steps = tqdm(
+                range(state["step"], args.n_ei_steps), initial=state["step"], total=args.n_ei_steps
+            )
+            for step in steps:
+                t_step = time.perf_counter()
+                # --- rollout + reward: G samples per question from the engine (pi_step) ---
+                batch, stats = sample(engine, train_rows, args, step, tool)
+                # --- keep: the correct responses ---
+                kept = keep_correct(batch, args)
+                # --- eval: greedy on the engine's weights, the policy after `step` EI steps ---
+                if args.eval_every and step % args.eval_every == 0:
+                    eval_s = grpo.evaluate_and_dump(
+                        engine, val_rows, args, step, state, t_run, batch, wandb_run, tool
+                    )
+                    t_step += eval_s  # not step time
+                # --- entropy of every sampled response under pi_step (grpo.py's train/entropy) ---
+                t1 = time.perf_counter()
+                entropy = response_entropy(policy, batch, args, runtime)
+                metrics = summarize(batch, kept, entropy, stats)
+                metrics["time/entropy"] = time.perf_counter() - t1
+                if args.sleep_engine:
+                    # one shared GPU: the engine leaves it while training
+                    engines.sleep_engine(engine)
+                # --- train: SFT on the kept responses; log. A first Ctrl-C lets this finish, so
+                # the saved weights, optimizer and step counter agree ---
+                with runs.finish_then_interrupt("this step's updates"):
+                    dirty = True
+                    t2 = time.perf_counter()
+                    train_metrics = sft_on_kept(learner, batch, kept, args, runtime, step)
+                    metrics["time/training"] = time.perf_counter() - t2
+                    opt_step = state["opt_step"] + train_metrics.get("train/sft_steps", 0)
+                    row = {"step": step, "opt_step": opt_step, **metrics, **train_metrics}
+                    row["time/weight_sync"] = sync_s
+                    row["time/step"] = time.perf_counter() - t_step + sync_s
+                    row["time/wall"] = time.perf_counter() - t_run
+                    runs.log_row(args.out, row, wandb_run)
+                    tqdm.write(step_line(step, args, row))
+                    state["step"] = step + 1
+                    state["opt_step"] = opt_step
+                    state["wall"] = time.perf_counter() - t_run
+                    dirty = False
+                # --- save ---
+                if args.save_every and (step + 1) % args.save_every == 0:
+                    grpo.save_checkpoint(learner, args, state)
+                # --- sync weights into the engine for the next rollout ---
+                sync_s = grpo.sync_weights(engine, policy, args)
+        except KeyboardInterrupt:
+            interrupted = True
+            grpo.stopped_in_loop(args, state, dirty)  # exits if inside a step's updates
+        # --- final eval (not after a stop request), save, exit ---
+        grpo.finish_run(
+            engine,
+            val_rows,
+            learner,
+            args,
+            args.n_ei_steps,
+            state,
+            t_run,
+            wandb_run,
+            interrupted,
+            tool,
         )
-        for step in steps:
-            t_step = time.perf_counter()
-            # --- rollout + reward: G samples per question from the engine, which holds pi_step ---
-            batch, stats = sample(engine, train_rows, args, step)
-            # --- keep: the correct responses ---
-            kept = keep_correct(batch, args)
-            # --- eval: greedy on the engine's weights, the policy after `step` EI steps ---
-            if args.eval_every and step % args.eval_every == 0:
-                eval_s = grpo.evaluate_and_dump(
-                    engine, val_rows, args, step, state, t_run, batch, wandb_run
-                )
-                t_step += eval_s  # not step time
-            # --- entropy of every sampled response under pi_step (grpo.py's train/entropy) ---
-            t1 = time.perf_counter()
-            entropy = response_entropy(policy, batch, args, runtime)
-            metrics = summarize(batch, kept, entropy, stats)
-            metrics["time/entropy"] = time.perf_counter() - t1
-            if args.sleep_engine:
-                engines.sleep_engine(engine)  # one shared GPU: the engine leaves it while training
-            # --- train: SFT on the kept responses; log. A first Ctrl-C lets this finish, so the
-            # saved weights, optimizer and step counter agree ---
-            with runs.finish_then_interrupt("this step's updates"):
-                dirty = True
-                t2 = time.perf_counter()
-                train_metrics = sft_on_kept(learner, batch, kept, args, runtime, step)
-                metrics["time/training"] = time.perf_counter() - t2
-                opt_step = state["opt_step"] + train_metrics.get("train/sft_steps", 0)
-                row = {"step": step, "opt_step": opt_step, **metrics, **train_metrics}
-                row["time/weight_sync"] = sync_s
-                row["time/step"] = time.perf_counter() - t_step + sync_s
-                row["time/wall"] = time.perf_counter() - t_run
-                runs.log_row(args.out, row, wandb_run)
-                tqdm.write(step_line(step, args, row))
-                state["step"] = step + 1
-                state["opt_step"] = opt_step
-                state["wall"] = time.perf_counter() - t_run
-                dirty = False
-            # --- save ---
-            if args.save_every and (step + 1) % args.save_every == 0:
-                grpo.save_checkpoint(learner, args, state)
-            # --- sync weights into the engine for the next rollout ---
-            sync_s = grpo.sync_weights(engine, policy, args)
-    except KeyboardInterrupt:
-        interrupted = True
-        grpo.stopped_in_loop(args, state, dirty)  # exits if inside a step's updates
-    # --- final eval (not after a stop request), save, exit ---
-    grpo.finish_run(
-        engine, val_rows, learner, args, args.n_ei_steps, state, t_run, wandb_run, interrupted
-    )
+    finally:
+        if tool is not None and tool.pool is not None:
+            tool.pool.close()  # the sandbox workers
 
 
 if __name__ == "__main__":

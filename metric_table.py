@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 SCRIPTS = ("grpo", "grpo_ray", "expert_iteration", "sft")  # the trainers, by file name
 GRPO = "grpo grpo_ray"  # the two GRPO trainers log the same step rows (grpo_ray adds ray/*)
+TOOL_RUNS = "grpo expert_iteration"  # the trainers that take --tools (tools.py)
 
 
 class Metric(NamedTuple):
@@ -43,7 +44,9 @@ METRICS = [
       {"grpo": "+.4f", "expert_iteration": ".4f", "sft": ".4f"},
       "the optimizer step's loss (grpo: sum of its microbatch shares; sft: response NLL summed per"
       " example / --normalize-constant, batch mean)"),
-    M("train/nll_per_token", "sft", "expert_iteration", {"sft": ".4f"}, "response NLL per token"),
+    M("train/nll_per_token", "sft", "expert_iteration", {"sft": ".4f"},
+      "response NLL per token (expert_iteration --tools: per policy token; tool output has no "
+      "loss)"),
     M("train/reward", f"{GRPO} expert_iteration", "", {"grpo": ".3f"},
       "mean total reward of the rollout batch (every shaping term of grpo.score included; before a"
       " --kl-in reward penalty)"),
@@ -88,7 +91,7 @@ METRICS = [
     M("train/sft_steps", "", "expert_iteration", {"expert_iteration": "d"},
       "optimizer steps of the step's SFT: each epoch's kept pairs in ceil(kept / --batch-size) "
       "steps"),
-    M("tool/calls_mean", "", "grpo", {"grpo": ".2f"},
+    M("tool/calls_mean", "", TOOL_RUNS, {"grpo": ".2f", "expert_iteration": ".2f"},
       "--tools: mean tool calls per sampled response"),
     M("time/generation", f"{GRPO} expert_iteration", "", {"grpo": ".1f", "expert_iteration": ".1f"},
       "seconds sampling the rollout batch (all rounds)"),
@@ -114,23 +117,23 @@ METRICS = [
     M("train/dynamic_prompts_sampled", "", GRPO, {},
       "--dynamic-sampling: prompts sampled to fill the batch"),
     # --- tools (--tools; grpo.tool_metrics)
-    M("train/response_len_total_mean", "", "grpo", {},
+    M("train/response_len_total_mean", "", TOOL_RUNS, {},
       "--tools: mean response length in tokens, tool output included (what --max-tokens counts)"),
-    M("tool/calls_max", "", "grpo", {}, "--tools: most tool calls in one response"),
-    M("tool/frac_with_call", "", "grpo", {}, "--tools: fraction of responses with a tool call"),
-    M("tool/error_rate", "", "grpo", {},
+    M("tool/calls_max", "", TOOL_RUNS, {}, "--tools: most tool calls in one response"),
+    M("tool/frac_with_call", "", TOOL_RUNS, {}, "--tools: fraction of responses with a tool call"),
+    M("tool/error_rate", "", TOOL_RUNS, {},
       "--tools: fraction of calls whose output is an error (timeouts included; a void call, "
       "with nothing to run, is in tool/void_turn_rate instead)"),
-    M("tool/timeout_rate", "", "grpo", {}, "--tools: fraction of calls cut at --tool-timeout"),
-    M("tool/turns_mean", "", "grpo", {},
+    M("tool/timeout_rate", "", TOOL_RUNS, {}, "--tools: fraction of calls cut at --tool-timeout"),
+    M("tool/turns_mean", "", TOOL_RUNS, {},
       "--tools: mean turns (engine calls) per response: calls + 1, unless a tool output ended it"),
-    M("tool/truncated_by_tool_rate", "", "grpo", {},
+    M("tool/truncated_by_tool_rate", "", TOOL_RUNS, {},
       "--tools: fraction of responses ended because a tool output did not fit in --max-tokens"),
-    M("tool/void_turn_rate", "", "grpo", {},
+    M("tool/void_turn_rate", "", TOOL_RUNS, {},
       "--tools: fraction of responses with a void turn (a call with no code or expression, or an "
       "end, not at --max-tokens, with no answer and no code; --mask-void-turns leaves them out of "
       "the loss)"),
-    M("tool/obs_tokens_mean", "", "grpo", {},
+    M("tool/obs_tokens_mean", "", TOOL_RUNS, {},
       "--tools: mean tool-output tokens per response (response but not loss)"),
     # --- the learner
     M("train/epoch", GRPO, "", {}, "epoch within the rollout batch (--epochs-per-rollout-batch)"),
@@ -181,7 +184,7 @@ METRICS = [
       "mean validation response length (tokens; with --tools, the tokens the policy sampled)"),
     M("eval/truncation_rate", "", f"{GRPO} expert_iteration sft", {},
       "fraction of validation responses cut at the token limit"),
-    M("eval/tool_calls_mean", "", "grpo", {}, "--tools: mean tool calls per validation answer"),
+    M("eval/tool_calls_mean", "", TOOL_RUNS, {}, "--tools: mean tool calls per validation answer"),
     M("eval/avg@k", "", f"{GRPO} expert_iteration sft", {},
       "--eval-samples k: mean fraction of a question's k samples (at --eval-temperature) that are "
       "correct"),
@@ -196,7 +199,7 @@ METRICS = [
     M("eval/maj@k_se", "", f"{GRPO} expert_iteration sft", {}, "its standard error over questions"),
     # --- time
     M("time/grading", f"{GRPO} expert_iteration", "", {}, "seconds grading the rollout batch"),
-    M("time/tool", "", "grpo", {},
+    M("time/tool", "", TOOL_RUNS, {},
       "--tools: seconds in tool calls during the rollout (not in time/generation)"),
     M("time/dynamic_extra_generation", "", GRPO, {},
       "--dynamic-sampling: seconds sampling after the first round"),
@@ -240,6 +243,11 @@ def step_keys(script):
 def some_keys(script):
     """The keys `script` logs on some rows only, in table order."""
     return [m.key for m in METRICS if script in m.some.split()]
+
+
+def tool_keys(script):
+    """The keys `script` logs in --tools runs only (their meaning opens with "--tools:")."""
+    return [m.key for m in METRICS if script in logged_by(m) and m.meaning.startswith("--tools:")]
 
 
 def step_line(script, head, row):

@@ -668,9 +668,43 @@ def lr_lambda(step, total, warmup, min_frac):
     return min_frac + (1 - min_frac) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def microbatch_tensors(mb, tokenizer):
+    """A microbatch of pairs -> input_ids, labels, response_mask and loss_mask (B, T), right-padded.
+    A text pair {"prompt", "response"} is tokenised (losses.tokenize_prompt_and_output) and every
+    response token carries loss. An id pair {"prompt_ids", "response_ids", "loss_mask"}
+    (expert_iteration.py --tools) trains on its ids as they are, with loss only on the response
+    tokens its mask marks 1: the policy's, not the tool output between them."""
+    if "response_ids" not in mb[0]:
+        prompts = [r["prompt"] for r in mb]
+        responses = [r["response"] for r in mb]
+        batch = tokenize_prompt_and_output(prompts, responses, tokenizer)
+        batch["loss_mask"] = batch["response_mask"]
+        return batch
+    longest = max(len(r["prompt_ids"]) + len(r["response_ids"]) for r in mb)
+    # any pad id does: a row's padding comes after its last token, so (causal attention) it
+    # changes none of the row's log-probs, and it carries no loss
+    ids = torch.zeros(len(mb), longest, dtype=torch.long)  # (B, L)
+    response = torch.zeros(ids.shape, dtype=torch.bool)  # (B, L) the response tokens
+    loss = torch.zeros(ids.shape, dtype=torch.bool)  # (B, L) those that carry the loss
+    for i, r in enumerate(mb):
+        p = len(r["prompt_ids"])
+        n = len(r["response_ids"])
+        ids[i, : p + n] = torch.tensor(r["prompt_ids"] + r["response_ids"], dtype=torch.long)
+        response[i, p : p + n] = True
+        loss[i, p : p + n] = torch.tensor(r["loss_mask"], dtype=torch.bool)
+    return {
+        "input_ids": ids[:, :-1],
+        "labels": ids[:, 1:],
+        "response_mask": response[:, 1:],
+        "loss_mask": loss[:, 1:],
+    }
+
+
 def train_step(model, tokenizer, optimizer, scheduler, pairs, args, shared_prefix):
     """One optimizer step over `pairs` (at most --batch-size; the loss is their mean), sorted by
     length into microbatches of --batch-size / --gradient-accumulation-steps (little padding).
+    Pairs are text, or token ids with a loss mask (microbatch_tensors): the loss, nll_per_token
+    and entropy then read the mask-1 tokens only (the policy's), n_tokens counts every token.
     shared_prefix: the runtime record's verdict (a microbatch's common prompt prefix runs once).
 
     Returns the step's train/ and time/ metrics."""
@@ -679,15 +713,14 @@ def train_step(model, tokenizer, optimizer, scheduler, pairs, args, shared_prefi
     loss_sum = 0.0  # the microbatches' losses, as backpropagated
     nll_tok = 0.0  # summed response NLL per token, weighted by each microbatch's tokens
     ent_tok = 0.0  # mean token entropy, weighted the same way
-    n_tok = 0  # response tokens in the step
+    n_tok = 0  # loss-carrying response tokens in the step
     for m in range(0, len(pairs), args.micro_batch_size):
         mb = pairs[m : m + args.micro_batch_size]
-        prompts = [r["prompt"] for r in mb]
-        responses = [r["response"] for r in mb]
-        batch = tokenize_prompt_and_output(prompts, responses, tokenizer)
+        batch = microbatch_tensors(mb, tokenizer)
         input_ids = batch["input_ids"].to(args.policy_device)  # (B, T)
         labels = batch["labels"].to(args.policy_device)  # (B, T)
         mask = batch["response_mask"].to(args.policy_device)  # (B, T)
+        loss_mask = batch["loss_mask"].to(args.policy_device)  # (B, T)
         # --shared-prefix: the rows' common prompt prefix (the template) runs once, up to the
         # first response label
         P = 0
@@ -717,13 +750,13 @@ def train_step(model, tokenizer, optimizer, scheduler, pairs, args, shared_prefi
         # smaller last microbatch (expert_iteration.py's last step of an epoch)
         divisor = len(pairs) / len(mb)
         loss, meta = sft_microbatch_train_step(
-            out["log_probs"], mask, divisor, args.normalize_constant
+            out["log_probs"], loss_mask, divisor, args.normalize_constant
         )
         k = int(meta["num_response_tokens"])
         loss_sum = loss_sum + float(loss)
         nll_tok = nll_tok + float(meta["nll_per_token"]) * k
         n_tok = n_tok + k
-        ent_tok += float(masked_mean(out["token_entropy"].detach(), mask)) * k
+        ent_tok += float(masked_mean(out["token_entropy"].detach(), loss_mask)) * k
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm))
     lr = scheduler.get_last_lr()[0]
     optimizer.step()

@@ -6,7 +6,9 @@ gradient (the mean over a step's pairs, against a hand computation), the entropy
 grpo.py's train/entropy on one real batch (module fixture `live`), and two steps of main() end to
 end, straight through and as one step plus a --resume (module fixture `runs`): the logged keys
 (each in docs/metrics.md's glossary), the kept fraction, the resumed step equal to the straight
-run's, refused bad input, SIGTERM.
+run's, refused bad input, SIGTERM; --tools: one step with the calculator (its tool metrics, and
+the SFT pairs the engine's ids with the policy mask as loss mask) and an id pair's masked loss at
+the gradient level under bf16 autocast.
 """
 
 import contextlib
@@ -22,8 +24,10 @@ import torch
 import data
 import expert_iteration as ei
 import grpo
+import hardware
 import losses
 import plot
+import sft
 from test_grpo import glossary_keys
 
 # 2 questions x 4 samples a step, SFT in microbatches of 2, greedy validation on 2 questions at the
@@ -323,6 +327,10 @@ def test_bad_input_is_one_line_before_loading(tmp_path, capsys):
     flags = ["--train-path", str(path), "--ei-batch-size", "4", "--out", str(tmp_path / "o")]
     args = ei.parse_args(flags)
     one_line_error_in_process(capsys, lambda: ei.load_data(args), "--ei-batch-size 4")
+    # with a tool, every turn's seeds fit the step's 2^20: 9 turns x 2 x 65536 samples do not
+    flags = ["--tools", "calculator", "--ei-batch-size", "8192", "--group-size", "8"]
+    needle = "(--max-tool-calls + 1) x 2 x --ei-batch-size x --group-size must be <= 2^20"
+    one_line_error_in_process(capsys, lambda: ei.parse_args(flags), needle)
 
 
 def test_sigterm_saves_the_steps_done(tmp_path, monkeypatch, sigterm, capsys):
@@ -331,10 +339,10 @@ def test_sigterm_saves_the_steps_done(tmp_path, monkeypatch, sigterm, capsys):
     flags = TINY_FLAGS + ["--max-tokens", "8", "--n-ei-steps", "3", "--out", str(tmp_path)]
     real = ei.sample
 
-    def sample(engine, train_rows, args, step):
+    def sample(engine, train_rows, args, step, tool=None):
         if step == 1:
             os.kill(os.getpid(), signal.SIGTERM)
-        return real(engine, train_rows, args, step)
+        return real(engine, train_rows, args, step, tool)
 
     monkeypatch.setattr(ei, "sample", sample)
     with pytest.raises(SystemExit) as exit_:
@@ -370,3 +378,111 @@ def test_lora_optimizer_holds_the_adapters_and_resume_continues(tmp_path):
     assert "resume: restored the run's flags" in stdout
     assert [r["step"] for r in step_rows(metrics(out))] == [0, 1]
     assert set(load_file(ckpt / lora.ADAPTER_WEIGHTS)) == set(adapter)
+
+
+# ----------------------------------------------------------------------------- --tools
+def test_tools_calculator_run_trains_on_the_engines_ids_with_the_policy_mask(tmp_path, monkeypatch):
+    """One step of --tools calculator on the embedded model (its default prompt,
+    r1_zero_calculator): the step row logs the tool metrics and its line the calls; the pairs SFT
+    trains on are the kept rows' prompt and response ids exactly as the engine produced them (no
+    re-tokenising of the transcript), with the policy mask as the loss mask (0 on tool output)."""
+    batches = []
+    trained = []
+    real_sample = ei.sample
+    real_step = sft.train_step
+
+    def recording_sample(engine, train_rows, args, step, tool=None):
+        batch, stats = real_sample(engine, train_rows, args, step, tool)
+        batches.append(batch)
+        return batch, stats
+
+    def recording_step(model, tokenizer, optimizer, scheduler, pairs, *rest):
+        trained.extend(pairs)
+        return real_step(model, tokenizer, optimizer, scheduler, pairs, *rest)
+
+    monkeypatch.setattr(ei, "sample", recording_sample)
+    monkeypatch.setattr(sft, "train_step", recording_step)
+    flags = TINY_FLAGS + ["--tools", "calculator", "--max-tokens", "96", "--n-ei-steps", "1"]
+    stdout = run_main(flags + ["--out", str(tmp_path)])
+    rows = metrics(tmp_path)
+    step = step_rows(rows)[0]
+    logged = set().union(*rows)  # eval/tool_calls_mean is on the eval row
+    assert set(ei.TOOL_KEYS) <= logged, set(ei.TOOL_KEYS) - logged
+    assert step["tool/calls_mean"] > 0 and step["tool/obs_tokens_mean"] > 0
+    assert re.search(r"^step 1/1 \| .*\| calls_mean [0-9.]+", stdout, re.M)
+    assert step["train/kept_frac"] > 0, "the embedded model should solve one at --seed 0"
+    batch = batches[0]
+    kept = ei.keep_correct(batch, ei.parse_args(flags))
+    assert len(trained) == 2 * len(kept)  # 2 epochs (the demo's) of the kept pairs
+    by_ids = {tuple(p["prompt_ids"] + p["response_ids"]): p for p in trained}
+    assert len(by_ids) == len(kept)
+    for i in kept:
+        pair = by_ids[tuple(batch["prompt_ids"][i] + batch["response_ids"][i])]
+        assert "response" not in pair  # ids, not text to re-tokenise
+        assert pair["prompt_ids"] == batch["prompt_ids"][i]
+        assert pair["response_ids"] == batch["response_ids"][i]
+        assert pair["loss_mask"] == batch["policy_masks"][i]
+        assert 0 in pair["loss_mask"]  # the tool output, context without loss
+        assert not batch["truncated"][i]
+    with open(tmp_path / "args.json") as f:
+        assert json.load(f)["prompt"] == "r1_zero_calculator"
+
+
+def test_an_id_pairs_loss_reads_only_its_mask_at_the_gradient_level():
+    """sft.train_step on two id pairs whose responses hold "tool output" (loss mask 0), under CPU
+    bf16 autocast, SGD at lr 1, no clipping: the update is minus the gradient of the mean over
+    the pairs of (NLL summed over the mask-1 tokens / --normalize-constant), computed here pair by
+    pair with the model's own forward; with the masked tokens' loss counted it is far off, so the
+    tool output carries no loss. The logged loss and nll_per_token are the masked ones."""
+    flags = ["--batch-size", "2", "--gradient-accumulation-steps", "1", "--dtype", "bfloat16"]
+    flags += ["--max-grad-norm", "1e9", "--normalize-constant", "3", "--threads", "1"]
+    args = ei.parse_args(flags)
+    runtime = grpo.setup_runtime(args)
+    policy, tokenizer = grpo.load_policy(args.model, args, runtime)
+    compute = getattr(torch, args.compute_dtype)
+    assert compute == torch.bfloat16
+    ids = tokenizer("Using 1 2 3, make 6. <answer>1+2+3 = 6 </answer>")["input_ids"]
+    pairs = []
+    for cut, masked in ((6, range(3, 6)), (8, range(2, 5))):  # prompt length, tool positions
+        response = ids[cut:] + [tokenizer.eos_token_id]
+        mask = [1] * len(response)
+        for k in masked:
+            mask[k] = 0
+        pairs.append({"prompt_ids": ids[:cut], "response_ids": response, "loss_mask": mask})
+        pairs[-1]["n_tokens"] = len(ids[:cut]) + len(response)
+
+    def hand_gradient(use_mask):
+        """The mean over the pairs of the (masked) summed response NLL / c, backpropagated."""
+        policy.zero_grad()
+        total = 0.0
+        for pair in pairs:
+            seq = torch.tensor([pair["prompt_ids"] + pair["response_ids"]])  # (1, T)
+            with hardware.autocast("cpu", compute):
+                logits = policy(seq).logits[0, :-1].float()  # (T-1, V)
+            log_probs = logits.log_softmax(-1).gather(-1, seq[0, 1:, None])[:, 0]  # (T-1,)
+            weights = torch.tensor([1.0] * len(pair["loss_mask"]))
+            if use_mask:
+                weights = torch.tensor(pair["loss_mask"], dtype=torch.float32)
+            response = log_probs[len(pair["prompt_ids"]) - 1 :]  # the response tokens' labels
+            nll = -(response * weights).sum() / args.normalize_constant / len(pairs)
+            nll.backward()
+            total += float(nll.detach())
+        grads = torch.cat([p.grad.flatten() for p in policy.parameters()])
+        policy.zero_grad()
+        return grads, total
+
+    expected, hand_loss = hand_gradient(use_mask=True)
+    unmasked, _ = hand_gradient(use_mask=False)
+    before = torch.cat([p.detach().flatten() for p in policy.parameters()])
+    optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0)
+    # no shared prefix: whole sequences, as the hand forward runs them (in bf16 a prompt run
+    # apart moves the gradient by ~2%)
+    row = sft.train_step(policy, tokenizer, optimizer, scheduler, pairs, args, False)
+    update = before - torch.cat([p.detach().flatten() for p in policy.parameters()])
+    assert float((update - expected).norm() / expected.norm()) < 1e-2  # measured 2e-3
+    assert float((unmasked - expected).norm() / expected.norm()) > 0.2  # measured 0.41
+    assert row["train/loss"] == pytest.approx(hand_loss, rel=1e-3)
+    n_policy = sum(sum(p["loss_mask"]) for p in pairs)
+    nll_per_token = hand_loss * len(pairs) * args.normalize_constant / n_policy
+    assert row["train/nll_per_token"] == pytest.approx(nll_per_token, rel=1e-2)
