@@ -40,6 +40,7 @@ import sys
 from fractions import Fraction
 from math import comb
 
+import tools
 from common import (
     Parser,
     check,
@@ -291,6 +292,8 @@ def parse_args(argv=None):
         default=None,
         help="torch CPU threads (default: torch's, one per core); 1 on a busy shared machine",
     )
+    # --- tools: --tools --max-tool-calls --max-obs-tokens --tool-timeout ... (tools.py) ---
+    tools.add_flags(p)
     args = p.parse_args(argv)
     return resolve(args)
 
@@ -310,7 +313,7 @@ def resolve(args):
         check_out(args.out, results, args.overwrite)
         return args
     check(args.ns[-1] <= args.n, f"--ns values must be in 1..--n ({args.n}), got {args.ns}")
-    args.prompt, args.reward, args.data = task_flags(args)
+    args.reward, args.data = task_flags(args)  # and args.prompt, through tools.resolve
     args.max_tokens = args.max_tokens or default_max_tokens(args.task, args.model)
     args.out = args.out or os.path.join("runs", f"bon_{args.task}")
     results = ["generations.jsonl", "best_of_n.json"]
@@ -319,6 +322,7 @@ def resolve(args):
     else:
         check_out(args.out, results, args.overwrite)
     check_engine(args.engine)
+    args.tool_isolated = tools.isolated(args)  # last: it may probe bubblewrap with a call
     return args
 
 
