@@ -15,6 +15,8 @@ every script):
            tied answers; an answer is correct if any sample carrying it is correct. Counted
            exactly by a small DP over the other answers' vote counts (see `validation.maj_at_k`).
   oracle gap = pass@k - Best@k (what a perfect verifier would add over likelihood selection).
+With --tools (tools.py) a sample's mean log-prob is over the tokens the policy sampled
+("policy_mask" 1): a tool's output was not the policy's choice, and its log-probs read 0.
 Best@1 == pass@1 == mean accuracy over all samples, exactly (asserted).
 
 Data, prompt, grader, engine and --out checks are eval_zero_shot.py's, and sample 0 of prompt i
@@ -23,6 +25,12 @@ its accuracy at the same --seed/--temperature/--max-tokens (tested). Departure: 
 samples per N; we draw --n once and average over k-subsets (unbiased, lower variance). Log-probs
 are of the sampled (temperature-scaled) distribution, as rollout.generate returns them; at T=1,
 the model's.
+
+--tools python|calculator samples with tools.py's multi-turn loop (flags and default prompt as in
+eval_zero_shot.py): each sample's policy text is graded and voted, and generations.jsonl shows
+its "segments" (each turn and each tool output apart) and "policy_mask". Turn t of sample j of
+prompt i uses seed + j*P + i + t * eval_zero_shot.TOOL_TURN_STRIDE, so sample 0 is still
+eval_zero_shot's sample at the same flags.
 
 Ctrl-C or SIGTERM (a scheduler's stop) exits 130 / 143 naming what was written: nothing until the
 samples are graded (one generation pass), then generations.jsonl, then best_of_n.json. --out is
@@ -33,6 +41,7 @@ Examples:
   python best_of_n.py --model Qwen/Qwen3-0.6B --task gsm8k --data gsm8k_test.jsonl --n 16 \\
       --ns 1,4,8,16
   python best_of_n.py --from-generations runs/bon_gsm8k/generations.jsonl --ns 1,2,4,8,16
+  python best_of_n.py --tools calculator --limit 50 --n 8 --ns 1,2,4,8
 """
 
 import os
@@ -40,6 +49,7 @@ import sys
 from fractions import Fraction
 from math import comb
 
+import tools
 from common import (
     Parser,
     check,
@@ -60,10 +70,12 @@ from eval_zero_shot import (
     check_out,
     check_sweep_out,
     claim_out,
+    close_tool,
     default_max_tokens,
     describe,
     expand_models,
     load_examples,
+    sample_responses,
     start_engine,
     sweep_args,
     task_flags,
@@ -88,6 +100,17 @@ def best_at_k(correct, scores, k):
     return Fraction(picked, comb(n, k))
 
 
+def policy_score(sample):
+    """The mean log-prob of the tokens the policy sampled: all of them, or with a "policy_mask"
+    (--tools) those marked 1, not the tool output's (read 0); -inf with none (never the pick)."""
+    logprobs = sample["logprobs"]
+    if "policy_mask" in sample:
+        logprobs = [lp for lp, m in zip(logprobs, sample["policy_mask"]) if m]
+    if not logprobs:
+        return float("-inf")
+    return sum(logprobs) / len(logprobs)
+
+
 def _mean(values):
     """The exact mean of per-prompt values (Fractions or ints)."""
     return sum(values, Fraction(0)) / len(values)
@@ -102,10 +125,7 @@ def metrics(rows, ks):
         answers = []
         for x in r["samples"]:
             correct.append(is_correct(x))
-            if x["logprobs"]:
-                scores.append(sum(x["logprobs"]) / len(x["logprobs"]))
-            else:
-                scores.append(float("-inf"))  # an empty response is never the pick
+            scores.append(policy_score(x))
             answers.append(x["answer"])
         prompts.append({"correct": correct, "scores": scores, "answers": answers})
 
@@ -218,6 +238,13 @@ def read_generations(path):
                 f"{path}: row {i} sample {j}: need a number answer_reward, an int num_tokens, "
                 f"a list of numbers logprobs and a string/null answer",
             )
+            mask = x.get("policy_mask", [1] * len(x["logprobs"]))  # older files: no tool
+            check(
+                isinstance(mask, list)
+                and len(mask) == len(x["logprobs"])
+                and all(m in (0, 1) for m in mask),
+                f"{path}: row {i} sample {j}: policy_mask must be one 0/1 per logprob",
+            )
     return rows
 
 
@@ -266,7 +293,7 @@ def parse_args(argv=None):
         type=nonneg_int,
         default=0,
         help="engine seed; sample j of prompt i uses seed + j*P + i (P prompts): "
-        "sample 0 = eval_zero_shot's",
+        "sample 0 = eval_zero_shot's (--tools: turn t adds t * 2^32)",
     )
     # --- output ---
     p.add_argument(
@@ -292,6 +319,8 @@ def parse_args(argv=None):
         default=None,
         help="torch CPU threads (default: torch's, one per core); 1 on a busy shared machine",
     )
+    # --- tools: --tools --max-tool-calls --max-obs-tokens --tool-timeout ... (tools.py) ---
+    tools.add_flags(p)
     args = p.parse_args(argv)
     return resolve(args)
 
@@ -303,6 +332,10 @@ def resolve(args):
     args.sweep, args.model = expand_models(args.model)
     if args.from_generations:
         check(not args.sweep, "--from-generations re-scores one file: drop the --model sweep")
+        check(
+            not args.tools,
+            "--from-generations re-scores the file's samples as they are: drop --tools",
+        )
         here = os.path.dirname(os.path.abspath(args.from_generations))
         args.out = args.out or here
         results = ["best_of_n.json"]  # what --out may hold only with --overwrite
@@ -311,7 +344,7 @@ def resolve(args):
         check_out(args.out, results, args.overwrite)
         return args
     check(args.ns[-1] <= args.n, f"--ns values must be in 1..--n ({args.n}), got {args.ns}")
-    args.prompt, args.reward, args.data = task_flags(args)
+    args.reward, args.data = task_flags(args)  # and args.prompt, through tools.resolve
     args.max_tokens = args.max_tokens or default_max_tokens(args.task, args.model)
     args.out = args.out or os.path.join("runs", f"bon_{args.task}")
     results = ["generations.jsonl", "best_of_n.json"]
@@ -320,12 +353,13 @@ def resolve(args):
     else:
         check_out(args.out, results, args.overwrite)
     check_engine(args.engine)
+    args.tool_isolated = tools.isolated(args)  # last: it may probe bubblewrap with a call
     return args
 
 
-def generate_rows(args):
-    """One pass of args.n samples per prompt, graded; returns the rows written to
-    generations.jsonl."""
+def generate_rows(args, tool=None):
+    """One pass of args.n samples per prompt (with --tools, tools.py's multi-turn ones: `tool`),
+    graded; returns the rows written to generations.jsonl."""
     examples, stop = load_examples(args)
     prompts = [ex["prompt"] for ex in examples]
     print(
@@ -333,11 +367,10 @@ def generate_rows(args):
         f"temperature {args.temperature}"
     )
     llm = start_engine(args, prompts, args.max_tokens)
-    import rollout
-
-    outs = rollout.generate(
+    outs = sample_responses(
         llm,
         prompts,
+        tool,
         n=args.n,
         temperature=args.temperature,
         top_p=args.top_p,
@@ -351,18 +384,28 @@ def generate_rows(args):
     for per_prompt, ex in zip(outs, examples):
         flat += per_prompt
         truths += [ex["ground_truth"]] * args.n
-    texts = [o["text"] for o in flat]
+    texts = []  # what is graded and votes: with --tools the policy's own text, not the tool's
+    for o in flat:
+        if args.tools:
+            texts.append(o["policy_text"])
+        else:
+            texts.append(o["text"])
     rewards = grade_batch(REWARD_FNS[args.reward], texts, truths, workers=args.workers)
     samples = []
-    for o, r in zip(flat, rewards):
+    for o, text, r in zip(flat, texts, rewards):
         sample = {
             "response": o["text"],
-            "answer": answer(o["text"]),
+            "answer": answer(text),
             **r,
             "num_tokens": len(o["token_ids"]),
             "finish_reason": o["finish_reason"],
             "logprobs": o["logprobs"],
         }
+        if args.tools:
+            sample["policy_mask"] = o["policy_mask"]  # Best@k scores the 1s (policy_score)
+            sample["segments"] = o["segments"]  # each turn and each tool output apart
+            sample["calls"] = o["calls"]
+            sample["errors"] = o["errors"]
         samples.append(sample)
     rows = []
     for i, (p, ex) in enumerate(zip(prompts, examples)):
@@ -389,15 +432,18 @@ def main(argv=None):
         dry_run(args)
     claim_out(args.out)  # held for this run's life: a second run there is refused
     written = []  # the files written so far, for a stop request's message
+    tool = None
+    if not args.from_generations:
+        tool = tools.make(args)  # --tools: one tool (python: one sandbox pool) for the run
     try:
         if not args.sweep:
-            score(args, written)
+            score(args, written, tool)
             return
         # a checkpoint sweep: each snapshot scored into --out/<label>, one row each
         rows = []
         for snapshot, one in sweep_args(args):
             print(f"== {snapshot['label']}: {snapshot['model']}", flush=True)
-            result, graded = score(one, written)
+            result, graded = score(one, written, tool)
             accuracy = []  # per prompt: the fraction of its samples that are right
             for r in graded:
                 right = [is_correct(x) for x in r["samples"]]
@@ -415,11 +461,14 @@ def main(argv=None):
             message += f"; re-score it with --from-generations {written[0]}"
         print(f"\n{message}", file=sys.stderr)
         raise SystemExit(stop_exit_code()) from None
+    finally:
+        close_tool(tool)
 
 
-def score(args, written):
-    """Generate (or read) the samples, compute the metrics, write them and the plot; each file
-    written is added to `written`. -> (the metrics, the graded rows)."""
+def score(args, written, tool=None):
+    """Generate (or read) the samples (with --tools, calling `tool`), compute the metrics, write
+    them and the plot; each file written is added to `written`. -> (the metrics, the graded
+    rows)."""
     out = args.out
     os.makedirs(out, exist_ok=True)  # (a sweep's snapshot folder)
     if args.from_generations:
@@ -430,7 +479,7 @@ def score(args, written):
             f"--ns values must be in 1..{n} (samples per prompt in {args.from_generations})",
         )
     else:
-        rows = generate_rows(args)
+        rows = generate_rows(args, tool)
         path = os.path.join(out, "generations.jsonl")
         write_jsonl_atomic(path, rows)
         written.append(path)

@@ -26,11 +26,17 @@ configuration (one JSON line) and stops before anything loads. --out is held for
 second run there is refused). Ctrl-C or SIGTERM (a scheduler's stop) writes the examples graded so
 far (summary.json says where it stopped) and exits 130 / 143.
 
+--tools python|calculator (tools.py, docs/tools.md) lets the policy call a tool mid-response: the
+default prompt is the task's with _<tool> appended, the policy's own text is graded (a tool output
+that prints an answer earns nothing), and each row of generations.jsonl shows the turns and the
+tool outputs apart ("segments"); summary.json adds the tool's rates.
+
 Examples:
   python eval_zero_shot.py                      # embedded tiny model, synthetic Countdown
   python eval_zero_shot.py --model Qwen/Qwen2.5-Math-1.5B --task math500 --data math500_test.jsonl
   python eval_zero_shot.py --model Qwen/Qwen3-1.7B --task countdown --max-tokens 256,512,1024 \\
       --dry-run
+  python eval_zero_shot.py --tools calculator --limit 100   # prompt r1_zero_calculator
 """
 
 import argparse
@@ -40,6 +46,7 @@ import os
 import sys
 import time
 
+import tools
 from common import (
     Parser,
     check,
@@ -93,6 +100,14 @@ SEED_SETTINGS = {
 # the embedded model answers in ~50 tokens (model card); grpo.py's demo budget
 EMBEDDED_MAX_TOKENS = 192
 NO_HUB_DATA = ("keyword", "jsonl")  # tasks whose data is always a local file
+# cut at the budget: by the response's own length, or by a tool output that left no room
+TRUNCATED = ("length", "truncated_by_tool")
+# --tools: turn t of a sample draws with its turn-0 seed + t * TOOL_TURN_STRIDE (tools.generate's
+# turn_stride). A constant above every (sample, example) offset j*P + i, so no turn's seed meets
+# another sample's or example's, whatever the chunking; and since it depends on neither --n nor
+# the chunk, best_of_n.py's sample 0 of prompt i draws every turn with the seeds this script's
+# example i draws with (both start from seed + i at turn 0). torch seeds take 64 bits.
+TOOL_TURN_STRIDE = 2**32
 
 
 def category(r):
@@ -108,8 +123,8 @@ def summarize(rows):
     for c in CATEGORIES:
         counts[c] = len([r for r in rows if r["category"] == c])
     correct = len([r for r in rows if is_correct(r)])
-    truncated = len([r for r in rows if r["finish_reason"] == "length"])
-    return {
+    truncated = len([r for r in rows if r["finish_reason"] in TRUNCATED])
+    out = {
         "n": n,
         "correct": correct,
         "accuracy": correct / max(n, 1),
@@ -117,6 +132,25 @@ def summarize(rows):
         "mean_reward": sum(r["reward"] for r in rows) / max(n, 1),
         "mean_tokens": sum(r["num_tokens"] for r in rows) / max(n, 1),
         "frac_truncated": truncated / max(n, 1),
+    }
+    if rows and "calls" in rows[0]:  # --tools
+        out.update(tool_summary(rows))
+    return out
+
+
+def tool_summary(rows):
+    """The tool's rates over graded rows (--tools): calls per response, errors (and timeouts) per
+    call, the fraction of responses that called it, and of those a tool output cut short."""
+    n = len(rows)
+    calls = sum(r["calls"] for r in rows)
+    errors = sum(r["errors"] for r in rows)
+    cut = len([r for r in rows if r["finish_reason"] == "truncated_by_tool"])
+    return {
+        "tool_calls_mean": calls / n,
+        "tool_error_rate": errors / max(calls, 1),
+        "frac_with_call": len([r for r in rows if r["calls"]]) / n,
+        "frac_truncated_by_tool": cut / n,
+        "mean_policy_tokens": sum(r["policy_tokens"] for r in rows) / n,
     }
 
 
@@ -144,17 +178,18 @@ def default_max_tokens(task, model):
 
 
 def task_flags(args):
-    """Check --model; return --prompt, --reward and --data, each as given or data.task_defaults',
-    checked. Loads nothing; each script's resolve stores them on args."""
+    """Check --model; resolve --prompt and the tool flags through tools.resolve (--prompt unset:
+    data.task_defaults', with _<tool> appended under --tools); return --reward and --data, each as
+    given or data.task_defaults', checked. Loads nothing; each script's resolve stores them."""
     check_model_dir(args.model)
     d = task_defaults(args.task, args.model)
-    prompt = args.prompt or d["prompt"]
+    tools.resolve(args, d["prompt"])  # sets args.prompt; a tool prompt's header checked
     reward = args.reward or d["reward"]
     path = args.data or d["path"]
     try:
-        load_prompt(prompt)
+        load_prompt(args.prompt)
     except ValueError as e:
-        fail(f"--prompt {prompt}: {e}")
+        fail(f"--prompt {args.prompt}: {e}")
     check(
         path != "synthetic" or args.task == "countdown",
         f"--data synthetic is data.py's Countdown generator; --task {args.task} needs a file",
@@ -163,7 +198,7 @@ def task_flags(args):
         path is not None or args.task not in NO_HUB_DATA,
         f"--task {args.task} needs --data FILE",
     )
-    return prompt, reward, path
+    return reward, path
 
 
 def check_out(out, results, overwrite):
@@ -211,10 +246,13 @@ def describe(args):
         data = args.data
     else:
         data = f"the {args.task} hub set (needs `datasets`)"
-    return (
+    line = (
         f"task {args.task} | data {data} | prompt {args.prompt} | reward {args.reward} | "
         f"model {args.model}"
     )
+    if args.tools:
+        line += f" | tools {args.tools} (up to {args.max_tool_calls} calls)"
+    return line
 
 
 # ------------------------------------------------------------------ load (shared with best_of_n.py)
@@ -272,6 +310,22 @@ def start_engine(args, prompts, max_tokens):
         extra["enforce_eager"] = args.eager
     rollout.engine_log(os.path.join(args.out, "engine.log"))  # console: real problems only
     return rollout.init_engine(args.engine, args.model, device=device, seed=args.seed, **extra)
+
+
+def sample_responses(llm, prompts, tool, **sampling):
+    """rollout.generate's samples of the prompts; with a tool (--tools), tools.generate's
+    multi-turn ones, turn t seeded t * TOOL_TURN_STRIDE above turn 0."""
+    import rollout
+
+    if tool is None:
+        return rollout.generate(llm, prompts, **sampling)
+    return tools.generate(llm, prompts, tool, turn_stride=TOOL_TURN_STRIDE, **sampling)
+
+
+def close_tool(tool):
+    """Stop the python tool's sandbox pool (a calculator has none)."""
+    if tool is not None and tool.pool is not None:
+        tool.pool.close()
 
 
 def add_data_flags(p):
@@ -381,6 +435,8 @@ def parse_args(argv=None):
         default=512,
         help="prompts per generate call (progress bar step)",
     )
+    # --- tools: --tools --max-tool-calls --max-obs-tokens --tool-timeout ... (tools.py) ---
+    tools.add_flags(p)
     args = p.parse_args(argv)
     return resolve(args)
 
@@ -389,7 +445,7 @@ def resolve(args):
     """The defaults that depend on --task/--model, and the checks that need no model: each a
     one-line error. After this, args is only read."""
     args.sweep, args.model = expand_models(args.model)
-    args.prompt, args.reward, args.data = task_flags(args)
+    args.reward, args.data = task_flags(args)  # and args.prompt, through tools.resolve
     args.max_tokens = args.max_tokens or [default_max_tokens(args.task, args.model)]
     if args.temperature is None:
         args.temperature = SEED_SETTINGS[args.task][1]
@@ -404,6 +460,7 @@ def resolve(args):
     else:
         check_out(args.out, results, args.overwrite)
     check_engine(args.engine)
+    args.tool_isolated = tools.isolated(args)  # last: it may probe bubblewrap with a call
     return args
 
 
@@ -420,6 +477,9 @@ def report(summary, rows, show):
     parts.append(f"mean_reward {summary['mean_reward']:.4f}")
     parts.append(f"mean_tokens {summary['mean_tokens']:.1f}")
     parts.append(f"truncated {summary['frac_truncated']:.3f}")
+    if "tool_calls_mean" in summary:
+        parts.append(f"tool_calls {summary['tool_calls_mean']:.2f}")
+        parts.append(f"tool_errors/call {summary['tool_error_rate']:.3f}")
     parts.append(f"generate {summary['time/generate_s']:.1f}s")
     print(" | ".join(parts))
     for c in CATEGORIES:
@@ -443,7 +503,12 @@ def grade_chunk(args, examples, start, samples, max_tokens):
     for per_prompt in samples:
         outs.append(per_prompt[0])
     chunk = examples[start : start + len(outs)]
-    texts = [o["text"] for o in outs]
+    texts = []  # what is graded: with --tools the policy's own text, not the tool output
+    for o in outs:
+        if args.tools:
+            texts.append(o["policy_text"])
+        else:
+            texts.append(o["text"])
     truths = [ex["ground_truth"] for ex in chunk]
     rewards = grade_batch(REWARD_FNS[args.reward], texts, truths, workers=args.workers)
     rows = []
@@ -461,6 +526,12 @@ def grade_chunk(args, examples, start, samples, max_tokens):
             "num_tokens": len(o["token_ids"]),
             "finish_reason": o["finish_reason"],
         }
+        if args.tools:
+            # the transcript turn by turn: the policy's turns and the tool outputs apart
+            row["segments"] = o["segments"]
+            row["calls"] = o["calls"]
+            row["errors"] = o["errors"]
+            row["policy_tokens"] = sum(o["policy_mask"])  # num_tokens counts the tool output too
         rows.append(row)
     return rows
 
@@ -473,24 +544,28 @@ def main(argv=None):
     set_threads(args.threads)  # before the engine starts
     if args.dry_run:
         dry_run(args)
-    if not args.sweep:
-        evaluate(args)
-        return
-    claim_out(args.out)
-    rows = []
-    for snapshot, one in sweep_args(args):
-        print(f"== {snapshot['label']}: {snapshot['model']}", flush=True)
-        summary, graded = evaluate(one, claim=False)
-        row = {**snapshot, **summary["rows"][0]}
-        row["accuracy_se"] = mean_se([int(is_correct(r)) for r in graded])[1]
-        rows.append(row)
-    write_sweep(args.out, rows, f"{args.task} T={args.temperature}")
+    tool = tools.make(args)  # --tools: one tool (python: one sandbox pool) for every snapshot
+    try:
+        if not args.sweep:
+            evaluate(args, tool)
+            return
+        claim_out(args.out)
+        rows = []
+        for snapshot, one in sweep_args(args):
+            print(f"== {snapshot['label']}: {snapshot['model']}", flush=True)
+            summary, graded = evaluate(one, tool, claim=False)
+            row = {**snapshot, **summary["rows"][0]}
+            row["accuracy_se"] = mean_se([int(is_correct(r)) for r in graded])[1]
+            rows.append(row)
+        write_sweep(args.out, rows, f"{args.task} T={args.temperature}")
+    finally:
+        close_tool(tool)  # also on a stop request or an error
 
 
-def evaluate(args, claim=True):
-    """One model: generate, grade and write generations.jsonl and summary.json into args.out
-    (held while it runs; claim=False: a sweep's snapshot folder, in the --out the sweep holds).
-    -> (summary, graded rows)."""
+def evaluate(args, tool=None, claim=True):
+    """One model: generate (with --tools, tools.py's multi-turn loop, `tool`), grade and write
+    generations.jsonl and summary.json into args.out (held while it runs; claim=False: a sweep's
+    snapshot folder, in the --out the sweep holds). -> (summary, graded rows)."""
     try:
         examples, stop = load_examples(args)
         prompts = [ex["prompt"] for ex in examples]
@@ -508,8 +583,6 @@ def evaluate(args, claim=True):
         raise SystemExit(stop_exit_code()) from None
     from tqdm import tqdm
 
-    import rollout
-
     passes = []  # per max_tokens: {"max_tokens", "rows" (graded so far), "generate_s"}
     stopped = None  # where a stop request (Ctrl-C, SIGTERM) ended the evaluation
     try:
@@ -518,16 +591,17 @@ def evaluate(args, claim=True):
             passes.append(p)
             # --- generate, then grade, a chunk at a time: a stop keeps the chunks graded. Example
             # i is sampled with seed + i whatever the chunking, as rollout.generate seeds prompt k
-            # of a call with seed + k ---
+            # of a call with seed + k (--tools: turn t with seed + i + t * TOOL_TURN_STRIDE) ---
             bar = tqdm(
                 total=len(prompts), desc=f"generate max_tokens={max_tokens}", file=sys.stdout
             )
             with bar:
                 for start in range(0, len(prompts), args.chunk):
                     t0 = time.time()
-                    samples = rollout.generate(
+                    samples = sample_responses(
                         llm,
                         prompts[start : start + args.chunk],
+                        tool,
                         n=1,
                         temperature=args.temperature,
                         top_p=args.top_p,

@@ -40,7 +40,6 @@ from fractions import Fraction
 
 import common
 import data
-import rollout
 import sandbox
 
 TOOLS = ("python", "calculator")  # --tools choices
@@ -340,6 +339,10 @@ def generate(
     "segments", the transcript turn by turn: [{"policy": text} or {"tool": text, "status"}], whose
     texts join to "text". min_tokens bans stop tokens in the first turn only; turn_stride (default
     n x prompts) spaces the turns' seeds."""
+    # imported here, not at the top: rollout loads torch (~2 s), and the scripts that read
+    # add_flags at parse time (eval_zero_shot.py) give their one-line errors before that
+    import rollout
+
     stop = list(stop or [])
     P = len(prompts)
     if turn_stride is None:
@@ -429,6 +432,8 @@ def void_end(policy_text, last):
 def _continue(llm, active, turn, sampling, max_tokens, seed, turn_stride, P):
     """Turn `turn` (> 0) of the active samples: each continues the prompt's ids and its
     segments' ids, with the budget it has left and its own seed (none when seed is None)."""
+    import rollout
+
     contexts = []
     budgets = []
     seeds = None

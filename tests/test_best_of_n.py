@@ -161,6 +161,10 @@ def write_generations(path, **drop):
         (["--out", "{tmp}/empty.jsonl"], "is a file"),
         (["--out", "{tmp}/done"], "--overwrite"),  # earlier results are not clobbered
         (["--from-generations", "{tmp}/g.jsonl", "--out", "{tmp}/done"], "--overwrite"),
+        (["--from-generations", "{tmp}/g.jsonl", "--tools", "calculator"], "drop --tools"),
+        # tools.resolve's checks, through eval_zero_shot.task_flags
+        (["--tools", "python", "--prompt", "r1_zero"], "needs a prompt that declares its trigger"),
+        (["--max-tool-calls", "2"], "need --tools"),
     ],
 )
 def test_bad_input_one_line_error(args, needle, tmp_path):
@@ -384,3 +388,90 @@ def test_sweep_over_several_models_one_row_per_snapshot(tiny_model_dir, problems
         assert r["accuracy_se"] >= 0
     assert sweep["best"]["label"] == "step_0005"  # the same weights: a tie goes to the earliest
     assert os.path.exists(out / "checkpoints.png")
+
+
+# ----------------------------------------------------------------------------- --tools
+def test_best_at_k_scores_policy_tokens_only(tmp_path):
+    """A sample's tool output (log-probs 0) does not lift its score: with its policy_mask, sample
+    0's score is its one policy token's -1.0 and the correct sample 1 (-0.5) is Best@2's pick; a
+    file of no tool (no policy_mask) scores every token, as before; a bad mask, one line."""
+    samples = []
+    for logprobs, mask, right in [
+        ([-1.0, 0.0, 0.0, 0.0], [1, 0, 0, 0], 0),
+        ([-0.5] * 2, [1, 1], 1),
+    ]:
+        sample = {"answer_reward": right, "logprobs": logprobs, "policy_mask": mask}
+        sample |= {"answer": str(right), "num_tokens": len(logprobs)}
+        samples.append(sample)
+    path = tmp_path / "g.jsonl"
+
+    def best_at_2():
+        path.write_text(json.dumps({"samples": samples}) + "\n")
+        r = run("--from-generations", str(path), "--ns", "1,2")
+        assert r.returncode == 0, r.stderr
+        with open(tmp_path / "best_of_n.json") as f:
+            return json.load(f)["rows"][1]["best@k"]
+
+    assert best_at_2() == 1
+    for sample in samples:
+        del sample["policy_mask"]
+    assert best_at_2() == 0  # -0.25 (zeros counted) beats -0.5
+    samples[0]["policy_mask"] = [1, 0]
+    path.write_text(json.dumps({"samples": samples}) + "\n")
+    one_line_error(run("--from-generations", str(path)), "row 1 sample 0: policy_mask")
+
+
+def test_tools_end_to_end_rescored_and_sample_0_is_eval_zero_shots(tmp_path):
+    """--tools calculator on the embedded model: segments join to each response, the saved score
+    is the mean over policy tokens (hand-computed), --from-generations reproduces the metrics,
+    and sample 0 is eval_zero_shot.py's sample with --tools at the same flags (chunked)."""
+    import best_of_n
+
+    out = tmp_path / "bon"
+    flags = ["--tools", "calculator", "--engine", "hf", "--limit", "2", "--max-tokens", "32"]
+    flags += ["--workers", "1"]
+    r = run(*flags, "--n", "2", "--ns", "1,2", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(out / "generations.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    with open(out / "best_of_n.json") as f:
+        res = json.load(f)
+    tool_tokens = 0
+    for row in rows:
+        hand = []  # per sample: the mean log-prob over the policy's tokens
+        for x in row["samples"]:
+            texts = [seg.get("policy", seg.get("tool")) for seg in x["segments"]]
+            assert "".join(texts) == x["response"]
+            assert len(x["policy_mask"]) == len(x["logprobs"]) == x["num_tokens"]
+            policy = [lp for lp, m in zip(x["logprobs"], x["policy_mask"]) if m]
+            tool = [lp for lp, m in zip(x["logprobs"], x["policy_mask"]) if not m]
+            assert tool == [0.0] * len(tool)
+            tool_tokens += len(tool)
+            hand.append(sum(policy) / len(policy))
+            assert best_of_n.policy_score(x) == hand[-1]
+        # Best@2 picks the top score: make that sample the one correct one, and it scores 1
+        top = min(range(2), key=lambda j: (-hand[j], j))
+        for j, x in enumerate(row["samples"]):
+            x["answer_reward"] = int(j == top)
+    assert tool_tokens > 0, "no tool output in the samples"
+    assert best_of_n.metrics(rows, [2])["rows"][0]["best@k"] == 1
+    # --from-generations recomputes the same numbers without a model
+    again = tmp_path / "re"
+    r = run(
+        "--from-generations", str(out / "generations.jsonl"), "--ns", "1,2", "--out", str(again)
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(again / "best_of_n.json") as f:
+        res2 = json.load(f)
+    assert res2["rows"] == res["rows"] and res2["accuracy"] == res["accuracy"]
+    # sample 0 = eval_zero_shot.py's, every turn (the same TOOL_TURN_STRIDE, any chunking)
+    zs = tmp_path / "zs"
+    argv = [*flags, "--temperature", "1", "--chunk", "1", "--out", str(zs)]
+    r = run(*argv, script=os.path.join(ROOT, "eval_zero_shot.py"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(zs / "generations.jsonl") as f:
+        zs_rows = [json.loads(line) for line in f]
+    for z, row in zip(zs_rows, rows):
+        assert z["segments"] == row["samples"][0]["segments"]
+    with open(zs / "summary.json") as f:
+        assert json.load(f)["rows"][0]["accuracy"] == res["first_sample_accuracy"]

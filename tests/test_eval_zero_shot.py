@@ -91,6 +91,10 @@ def test_categories_and_accuracy_is_answer_reward():
         (["--out", "{tmp}/empty.jsonl"], "is a file"),  # --out is an existing file
         (["--out", "{tmp}/empty.jsonl/sub"], "cannot create"),  # --out under a file
         (["--out", "{tmp}/done"], "--overwrite"),  # earlier results are not clobbered
+        # tools.resolve's checks, through task_flags
+        (["--tools", "python", "--prompt", "r1_zero"], "needs a prompt that declares its trigger"),
+        (["--max-tool-calls", "2"], "need --tools"),
+        (["--prompt", "r1_zero_calculator"], "pass --tools"),
     ],
 )
 def test_bad_input_one_line_error(args, needle, tmp_path):
@@ -141,6 +145,10 @@ def test_dry_run_effective_config(tmp_path):
     assert cfg["prompt"] == "r1_zero"
     assert cfg["max_tokens"] == [1024]
     assert cfg["temperature"] == 1.0
+    # --tools: the task's prompt with _<tool> appended, the tool's call limit
+    cfg = dry_config(run("--tools", "calculator", "--out", out, "--dry-run"))
+    assert cfg["prompt"] == "r1_zero_calculator"
+    assert cfg["max_tool_calls"] == 8 and cfg["tool_isolated"] is False
     # --overwrite lets a run replace earlier results
     os.makedirs(out)
     open(os.path.join(out, "generations.jsonl"), "w").close()
@@ -174,7 +182,10 @@ def check_outputs(out, n, max_tokens):
         assert s["n"] == n and sum(s["counts"].values()) == n
         assert s["correct"] == len([r for r in mine if r["answer_reward"] >= 1])
         assert s["accuracy"] == s["correct"] / n
+    for s in summary["rows"]:
+        assert "tool_calls_mean" not in s  # no --tools: the summary of before
     for row in rows:
+        assert not {"segments", "calls", "errors", "policy_tokens"} & set(row)
         assert keys <= set(row) and row["num_tokens"] <= row["max_tokens"]
         assert row["finish_reason"] in ("stop", "length") and row["prompt"].endswith(prompt_end)
         assert set(row["ground_truth"]) == {"numbers", "target"}
@@ -399,3 +410,84 @@ def test_write_sweep_names_the_best_and_draws_error_bars(tmp_path, monkeypatch):
     assert drawn == [([10, 20, 30], [0.2, 0.5, 0.4], [0.05, 0.04, 0.06])]
     with open(tmp_path / "checkpoints.json") as f:
         assert json.load(f)["best"]["step"] == 20
+
+
+# ----------------------------------------------------------------------------- --tools
+def test_tools_grade_the_policys_own_text_not_the_tool_output():
+    """A tool output that prints the right answer earns nothing; the row's response is the
+    transcript, its segments the turns and tool outputs apart."""
+    import argparse
+
+    from eval_zero_shot import grade_chunk
+
+    answer = " </think> <answer> 5 + 2 </answer>"
+    turns = {
+        "the tool's": [" 5 + 2 =", answer],
+        "the policy's": [" 5 + 2 =", " 7", answer],
+    }
+    samples = []
+    for parts in turns.values():
+        segments = []
+        for k, text in enumerate(parts):
+            if k % 2:
+                segments.append({"tool": text, "status": "ok"})
+            else:
+                segments.append({"policy": text})
+        policy = "".join(seg["policy"] for seg in segments if "policy" in seg)
+        sample = {
+            "text": "".join(parts),
+            "policy_text": policy,
+            "token_ids": [1, 2, 3, 4],
+            "policy_mask": [1, 0, 1, 1],
+            "finish_reason": "stop",
+            "segments": segments,
+            "calls": 1,
+            "errors": 0,
+        }
+        samples.append([sample])
+    example = {"prompt": "p", "ground_truth": {"numbers": [5, 2], "target": 7}}
+    args = argparse.Namespace(tools="calculator", reward="countdown", workers=1)
+    tool_said, policy_said = grade_chunk(args, [example, example], 0, samples, 64)
+    assert tool_said["response"].endswith(answer) and tool_said["answer_reward"] == 0
+    assert policy_said["answer_reward"] == 1
+    assert tool_said["segments"][1] == {"tool": answer, "status": "ok"}
+    assert tool_said["policy_tokens"] == 3 and tool_said["num_tokens"] == 4
+    s = summarize([tool_said, policy_said])
+    assert s["tool_calls_mean"] == 1 and s["frac_with_call"] == 1 and s["accuracy"] == 0.5
+
+
+def test_tools_calculator_end_to_end(tmp_path):
+    """--tools calculator on the embedded model (its default prompt r1_zero_calculator), chunked:
+    each row's segments join to its response, the policy's own text is what was graded, and the
+    summary counts the calls."""
+    from grader import REWARD_FNS
+
+    out = tmp_path / "eval"
+    argv = ["--tools", "calculator", "--engine", "hf", "--limit", "3", "--max-tokens", "40"]
+    r = run(*argv, "--chunk", "2", "--out", str(out), "--workers", "1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(out / "summary.json") as f:
+        summary = json.load(f)
+    with open(out / "generations.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    assert summary["args"]["prompt"] == "r1_zero_calculator" and len(rows) == 3
+    for row in rows:
+        texts = []
+        for seg in row["segments"]:
+            texts.append(seg.get("policy", seg.get("tool")))
+        assert "".join(texts) == row["response"]
+        policy = "".join(seg["policy"] for seg in row["segments"] if "policy" in seg)
+        graded = REWARD_FNS["countdown"](policy, row["ground_truth"])
+        assert graded["reward"] == row["reward"]
+        assert graded["answer_reward"] == row["answer_reward"]
+        outputs = [seg for seg in row["segments"] if "tool" in seg]
+        assert len(outputs) <= row["calls"]  # a call whose output did not fit shows none
+        assert (row["policy_tokens"] < row["num_tokens"]) == bool(outputs)
+        assert row["finish_reason"] in ("stop", "length", "truncated_by_tool")
+    s = summary["rows"][0]
+    calls = [row["calls"] for row in rows]
+    assert max(calls) >= 1, "the embedded model writes '=' in its reasoning: it calls"
+    assert s["tool_calls_mean"] == sum(calls) / 3
+    assert s["frac_with_call"] == len([c for c in calls if c]) / 3
+    cut = [row for row in rows if row["finish_reason"] in ("length", "truncated_by_tool")]
+    assert s["frac_truncated"] == len(cut) / 3
