@@ -338,10 +338,9 @@ def resolve(args):
         )
         here = os.path.dirname(os.path.abspath(args.from_generations))
         args.out = args.out or here
-        results = ["best_of_n.json"]  # what --out may hold only with --overwrite
-        if os.path.abspath(args.out) == here:
-            results = []  # re-scoring next to the file replaces its metrics: no --overwrite needed
-        check_out(args.out, results, args.overwrite)
+        # what --out may hold only with --overwrite: next to the file too, the metrics there are
+        # the user's (issue 44: a re-score replaced them unasked)
+        check_out(args.out, ["best_of_n.json"], args.overwrite)
         return args
     check(args.ns[-1] <= args.n, f"--ns values must be in 1..--n ({args.n}), got {args.ns}")
     args.reward, args.data = task_flags(args)  # and args.prompt, through tools.resolve

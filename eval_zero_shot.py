@@ -79,7 +79,9 @@ from hardware import set_threads
 from runs import (
     dry_run,
     find_checkpoint,
+    finish_then_interrupt,
     lock_run_dir,
+    run_markers,
     snapshots,
     stop_exit_code,
     stop_name,
@@ -207,6 +209,14 @@ def check_out(out, results, overwrite):
     generation pass."""
     if os.path.exists(out) and not os.path.isdir(out):
         fail(f"--out {out}: is a file; pass a directory")
+    # a training run's directory: its run.lock and files are its own (issue 44: an eval took over
+    # the lock and wrote beside the checkpoint)
+    trained = run_markers(out) if os.path.isdir(out) else []
+    check(
+        not trained,
+        f"--out {out} is a training run's directory (it holds {', '.join(trained)}); pass "
+        f"another --out, e.g. {os.path.join(out, 'eval')}",
+    )
     held = [f for f in results if os.path.exists(os.path.join(out, f))]
     if held and not overwrite:
         fail(
@@ -634,11 +644,21 @@ def evaluate(args, tool=None, claim=True):
     if stopped:
         summary["stopped"] = stopped
     path = os.path.join(args.out, "summary.json")
+    written = False
     try:
-        write_jsonl_atomic(os.path.join(args.out, "generations.jsonl"), all_rows)
-        write_json_atomic(path, summary)
+        # a stop here waits for both files (a second one aborts): the graded rows are not lost
+        with finish_then_interrupt("writing the results"):
+            write_jsonl_atomic(os.path.join(args.out, "generations.jsonl"), all_rows)
+            write_json_atomic(path, summary)
+            written = True
     except KeyboardInterrupt:
-        print(f"\n{stop_name()} while writing the results: stopped", file=sys.stderr)
+        message = f"\n{stop_name()} while writing the results: stopped, nothing written"
+        if written:
+            message = (
+                f"\n{stop_name()}: stopped after writing {args.out}/generations.jsonl "
+                f"({len(all_rows)} rows) and {path}"
+            )
+        print(message, file=sys.stderr)
         raise SystemExit(stop_exit_code()) from None
     print(f"wrote {args.out}/generations.jsonl ({len(all_rows)} rows) and {path}")
     if stopped:

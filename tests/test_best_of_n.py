@@ -206,10 +206,11 @@ def test_from_generations_wrong_file_one_line_error(tmp_path):
 
 def test_from_generations_rescores_in_place_and_dry_run(tmp_path):
     path = write_generations(tmp_path / "g.jsonl", format_reward=(0, 0))  # not a field it needs
-    (tmp_path / "best_of_n.json").write_text(
-        "{}"
-    )  # an earlier re-scoring next to the file: replaced
-    r = run("--from-generations", path, "--ns", "1,2")
+    (tmp_path / "best_of_n.json").write_text("{}")  # an earlier re-scoring next to the file
+    # issue 44: replaced only when --overwrite says so
+    one_line_error(run("--from-generations", path, "--ns", "1,2"), "pass --overwrite")
+    assert (tmp_path / "best_of_n.json").read_text() == "{}"
+    r = run("--from-generations", path, "--ns", "1,2", "--overwrite")
     assert r.returncode == 0, r.stderr
     res = json.load(open(tmp_path / "best_of_n.json"))
     assert res["accuracy"] == 0.5 and [row["k"] for row in res["rows"]] == [1, 2]
@@ -407,7 +408,7 @@ def test_best_at_k_scores_policy_tokens_only(tmp_path):
 
     def best_at_2():
         path.write_text(json.dumps({"samples": samples}) + "\n")
-        r = run("--from-generations", str(path), "--ns", "1,2")
+        r = run("--from-generations", str(path), "--ns", "1,2", "--overwrite")
         assert r.returncode == 0, r.stderr
         with open(tmp_path / "best_of_n.json") as f:
             return json.load(f)["rows"][1]["best@k"]

@@ -91,6 +91,8 @@ def test_categories_and_accuracy_is_answer_reward():
         (["--out", "{tmp}/empty.jsonl"], "is a file"),  # --out is an existing file
         (["--out", "{tmp}/empty.jsonl/sub"], "cannot create"),  # --out under a file
         (["--out", "{tmp}/done"], "--overwrite"),  # earlier results are not clobbered
+        # issue 44: an eval took over a training run's run.lock and wrote beside its checkpoint
+        (["--out", "{tmp}/trained"], "is a training run's directory (it holds metrics.jsonl)"),
         # tools.resolve's checks, through task_flags
         (["--tools", "python", "--prompt", "r1_zero"], "needs a prompt that declares its trigger"),
         (["--max-tool-calls", "2"], "need --tools"),
@@ -102,6 +104,8 @@ def test_bad_input_one_line_error(args, needle, tmp_path):
     (tmp_path / "blank.jsonl").write_text("\n\n")
     (tmp_path / "done").mkdir()
     (tmp_path / "done" / "summary.json").write_text("{}")
+    (tmp_path / "trained").mkdir()
+    (tmp_path / "trained" / "metrics.jsonl").write_text('{"step": 0}\n')
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     out = [] if "--out" in args else ["--out", str(tmp_path / "out")]
     one_line_error(run(*out, *args), needle)
@@ -264,6 +268,32 @@ def test_sigterm_writes_the_examples_graded_so_far(
         expected = {"max_tokens": s["max_tokens"], **summarize(mine)}
         expected["time/generate_s"] = s["time/generate_s"]  # measured: not recomputable
         assert s == expected
+
+
+def test_a_sigterm_while_the_results_are_written_keeps_them(
+    tiny_model_dir, problems, tmp_path, monkeypatch, sigterm, capsys
+):
+    """Issue 44: one SIGTERM inside the write of the results lost every graded example. The stop
+    now waits for both files, then exits 143 naming them."""
+    import eval_zero_shot
+
+    real_write = eval_zero_shot.write_jsonl_atomic
+
+    def write(*a, **kw):
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives inside the write
+        return real_write(*a, **kw)
+
+    monkeypatch.setattr(eval_zero_shot, "write_jsonl_atomic", write)
+    out = tmp_path / "eval"
+    argv = ["--model", tiny_model_dir, "--engine", "hf", "--data", problems, "--limit", "3"]
+    argv += ["--max-tokens", "4", "--out", str(out), "--workers", "1"]
+    with pytest.raises(SystemExit) as exit_:
+        eval_zero_shot.main(argv)
+    assert exit_.value.code == 143
+    err = capsys.readouterr().err
+    assert "SIGTERM: stopped after writing" in err and "Traceback" not in err
+    assert len(open(out / "generations.jsonl").readlines()) == 3
+    assert json.load(open(out / "summary.json"))["rows"][0]["n"] == 3
 
 
 # ----------------------------------------------------------------------------- --chat-template
