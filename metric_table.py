@@ -88,7 +88,7 @@ METRICS = [
     M("train/sft_steps", "", "expert_iteration", {"expert_iteration": "d"},
       "optimizer steps of the step's SFT: each epoch's kept pairs in ceil(kept / --batch-size) "
       "steps"),
-    M("tool/calls_mean", "", "grpo", {"grpo": ".2f"},
+    M("tool/calls_mean", "", GRPO, {"grpo": ".2f"},
       "--tools: mean tool calls per sampled response"),
     M("time/generation", f"{GRPO} expert_iteration", "", {"grpo": ".1f", "expert_iteration": ".1f"},
       "seconds sampling the rollout batch (all rounds)"),
@@ -114,23 +114,23 @@ METRICS = [
     M("train/dynamic_prompts_sampled", "", GRPO, {},
       "--dynamic-sampling: prompts sampled to fill the batch"),
     # --- tools (--tools; grpo.tool_metrics)
-    M("train/response_len_total_mean", "", "grpo", {},
+    M("train/response_len_total_mean", "", GRPO, {},
       "--tools: mean response length in tokens, tool output included (what --max-tokens counts)"),
-    M("tool/calls_max", "", "grpo", {}, "--tools: most tool calls in one response"),
-    M("tool/frac_with_call", "", "grpo", {}, "--tools: fraction of responses with a tool call"),
-    M("tool/error_rate", "", "grpo", {},
+    M("tool/calls_max", "", GRPO, {}, "--tools: most tool calls in one response"),
+    M("tool/frac_with_call", "", GRPO, {}, "--tools: fraction of responses with a tool call"),
+    M("tool/error_rate", "", GRPO, {},
       "--tools: fraction of calls whose output is an error (timeouts included; a void call, "
       "with nothing to run, is in tool/void_turn_rate instead)"),
-    M("tool/timeout_rate", "", "grpo", {}, "--tools: fraction of calls cut at --tool-timeout"),
-    M("tool/turns_mean", "", "grpo", {},
+    M("tool/timeout_rate", "", GRPO, {}, "--tools: fraction of calls cut at --tool-timeout"),
+    M("tool/turns_mean", "", GRPO, {},
       "--tools: mean turns (engine calls) per response: calls + 1, unless a tool output ended it"),
-    M("tool/truncated_by_tool_rate", "", "grpo", {},
+    M("tool/truncated_by_tool_rate", "", GRPO, {},
       "--tools: fraction of responses ended because a tool output did not fit in --max-tokens"),
-    M("tool/void_turn_rate", "", "grpo", {},
+    M("tool/void_turn_rate", "", GRPO, {},
       "--tools: fraction of responses with a void turn (a call with no code or expression, or an "
       "end, not at --max-tokens, with no answer and no code; --mask-void-turns leaves them out of "
       "the loss)"),
-    M("tool/obs_tokens_mean", "", "grpo", {},
+    M("tool/obs_tokens_mean", "", GRPO, {},
       "--tools: mean tool-output tokens per response (response but not loss)"),
     # --- the learner
     M("train/epoch", GRPO, "", {}, "epoch within the rollout batch (--epochs-per-rollout-batch)"),
@@ -146,9 +146,9 @@ METRICS = [
     M("train/logprob_mismatch", "", GRPO, {},
       "mean |log pi_trainer - log mu_engine| of the sampled tokens, on steps that score pi_old "
       "with a no-grad pass"),
-    M("train/logprob_mismatch_multi_turn", "", "grpo", {},
+    M("train/logprob_mismatch_multi_turn", "", GRPO, {},
       "--tools: train/logprob_mismatch over the rows with tool output inside"),
-    M("train/logprob_mismatch_single_turn", "", "grpo", {},
+    M("train/logprob_mismatch_single_turn", "", GRPO, {},
       "--tools: train/logprob_mismatch over the rows without"),
     M("train/mismatch_kl", "", GRPO, {},
       "KL(mu || pi_old) on the engine's samples (k3): how off-policy they are"),
@@ -181,7 +181,7 @@ METRICS = [
       "mean validation response length (tokens; with --tools, the tokens the policy sampled)"),
     M("eval/truncation_rate", "", f"{GRPO} expert_iteration sft", {},
       "fraction of validation responses cut at the token limit"),
-    M("eval/tool_calls_mean", "", "grpo", {}, "--tools: mean tool calls per validation answer"),
+    M("eval/tool_calls_mean", "", GRPO, {}, "--tools: mean tool calls per validation answer"),
     M("eval/avg@k", "", f"{GRPO} expert_iteration sft", {},
       "--eval-samples k: mean fraction of a question's k samples (at --eval-temperature) that are "
       "correct"),
@@ -196,7 +196,7 @@ METRICS = [
     M("eval/maj@k_se", "", f"{GRPO} expert_iteration sft", {}, "its standard error over questions"),
     # --- time
     M("time/grading", f"{GRPO} expert_iteration", "", {}, "seconds grading the rollout batch"),
-    M("time/tool", "", "grpo", {},
+    M("time/tool", "", GRPO, {},
       "--tools: seconds in tool calls during the rollout (not in time/generation)"),
     M("time/dynamic_extra_generation", "", GRPO, {},
       "--dynamic-sampling: seconds sampling after the first round"),
