@@ -24,6 +24,9 @@ each applies grpo.py's --threads (default: Ray's OMP_NUM_THREADS = the actor's C
 ends the run in one line naming it and its logs; Ctrl-C or SIGTERM saves the steps logged (exit
 130 / 143); --resume continues. --address fails in one line when no cluster answers within
 --connect-timeout-s.
+--tools python / calculator: each generator runs grpo.py's multi-turn rollout with a tool of its own
+(a python tool's sandbox pool lives in that actor's process); the policy masks travel with the
+joined batch, so every learner leaves tool output out of the loss, as grpo.py does.
 --weight-sync gloo / nccl: Ray Direct Transport (one learner, one generator; nccl is Ray's
 documented API, NOT exercised in CI).
 
@@ -34,6 +37,7 @@ mismatch together; timestamps are each actor's own clock.
 
   python grpo_ray.py --placement colocated --steps-per-rollout 4 --loss grpo_clip     # Problem 7 B
   python grpo_ray.py --placement disaggregated --async --loss grpo_clip                # Problem 8
+  python grpo_ray.py --placement disaggregated --num-generators 2 --tools calculator
   python grpo_ray.py --address auto --model Qwen/Qwen2.5-Math-1.5B-Instruct \\
       --placement disaggregated --async --loss grpo_clip \\
       --num-generators 6 --num-learners 2                            # 8 GPUs, on any nodes
@@ -60,6 +64,7 @@ import losses
 import plot
 import rollout
 import runs
+import tools
 import validation
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -159,11 +164,6 @@ def parse_args(argv=None):
     )
 
     ray_args, rest = p.parse_known_args(argv)
-    tools_flag = [a for a in rest if a == "--tools" or a.startswith("--tools=")]
-    common.check(
-        not tools_flag,
-        "--tools: the multi-turn loop runs in grpo.py only for now (python grpo.py --tools ...)",
-    )
     args = grpo.parse_args(rest)  # every other flag is grpo.py's
     if args.resume:  # the placement flags of the resumed run too
         with open(os.path.join(args.resume, "state.json")) as f:
@@ -275,6 +275,7 @@ class Worker:
         self.is_learner = learner  # holds a policy and its optimizer
         self.learner = None  # grpo.build_learner's dict
         self.engine = None
+        self.tool = None  # a generator's tools.Tool (--tools), else None
         self.reset(args)
 
     def reset(self, args):
@@ -299,6 +300,11 @@ class Worker:
             log = f"engine_{self.name.replace(' ', '_')}.log"
             rollout.engine_log(os.path.join(args.out, log))
             self.train_rows, self.val_rows = grpo.load_data(args)
+            # the run's tool in this actor, so a python tool's sandbox pool lives in this process.
+            # Its bubblewrap probe (args.tool_isolated) ran on the driver: on a remote node without
+            # bwrap the first python call fails, not the start-up
+            self.close()  # a reused actor: the previous run's pool
+            self.tool = tools.make(args)
             # a LoRA checkpoint holds the adapter: the engine starts from the base, then takes the
             # merged weights
             stale = bool(args.resume and args.lora_rank)
@@ -317,14 +323,25 @@ class Worker:
                 rollout.load_policy_into_vllm(policy, self.engine)
         return os.getpid()
 
+    def close(self):
+        """Close the tool's sandbox pool, if any (a reused actor's reset, and the driver before
+        it kills the actors)."""
+        if self.tool is not None and self.tool.pool is not None:
+            self.tool.pool.close()
+        self.tool = None
+
     def runtime_record(self):
         """What this actor decided at run time (grpo.setup_runtime, after loading its models)."""
         return self.runtime
 
     def generate(self, step, shard=(0, 1)):
-        """This engine's shard (i, n) of step `step`'s rollout batch, graded (grpo.collect)."""
+        """This engine's shard (i, n) of step `step`'s rollout batch, graded (grpo.collect; with
+        the run's tool, multi-turn: the batch holds grpo.TOOL_KEYS' columns, its policy masks
+        among them)."""
         t0 = time.time()
-        batch, stats = grpo.collect(self.engine, self.train_rows, self.args, step, shard)
+        batch, stats = grpo.collect(
+            self.engine, self.train_rows, self.args, step, shard, tool=self.tool
+        )
         t_gen = t0 + stats["generation_s"]  # collect times generation and grading apart
         spans = [
             _span(self.name, "generate", t0, step, t_gen),
@@ -368,7 +385,8 @@ class Worker:
         return {"version": version, "spans": pushed["spans"] + [sync]}
 
     def evaluate(self, version):
-        """Greedy validation with the engine, which must hold `version`."""
+        """Greedy (and --eval-samples) validation with the engine, which must hold `version`, and
+        the run's tool, if any."""
         t0 = time.time()
         common.check(
             version == self.engine_version,
@@ -376,7 +394,13 @@ class Worker:
         )
         a = self.args
         metrics, samples = validation.greedy_eval(
-            self.engine, self.val_rows, a.reward, a.max_tokens, a.min_tokens, a.grader_workers
+            self.engine,
+            self.val_rows,
+            a.reward,
+            a.max_tokens,
+            a.min_tokens,
+            a.grader_workers,
+            tool=self.tool,
         )
         if a.eval_samples:
             metrics |= validation.sampled_eval(
@@ -389,6 +413,7 @@ class Worker:
                 a.min_tokens,
                 a.grader_workers,
                 a.seed,
+                tool=self.tool,
             )
         span = _span(self.name, "eval", t0, version)
         self.free_at = span["t1"]
@@ -723,8 +748,14 @@ def build_actors(args):
 
 
 def kill_actors(actors):
+    """End the actors and their placement group, the generators' tool pools closed first."""
     from ray.experimental.collective import destroy_collective_group, get_collective_groups
 
+    # a finished run's generators are idle: their pools close cleanly. Waited for a few seconds
+    # only: a dead actor's close fails at once, a busy one's (a failed run) waits behind its call,
+    # and ray.kill ends both (a running bwrap call dies with its parent)
+    closing = [g.close.remote() for g in actors["generator"]]
+    ray.wait(closing, num_returns=len(closing), timeout=5)
     for group in get_collective_groups(actors["all"]):  # RDT: no half-done transfer to report
         destroy_collective_group(group)
     for a in actors["all"]:
@@ -734,8 +765,9 @@ def kill_actors(actors):
 
 def join_shards(shards):
     """One step's rollout batch from its generators' shards, in shard order: lists and tensors
-    concatenated, each shard's stats kept in a list (grpo.summarize reads them). All shards must
-    share one policy version."""
+    concatenated (with --tools grpo.TOOL_KEYS' columns too: the policy masks reach the learners),
+    each shard's stats kept in a list (grpo.summarize reads them). All shards must share one
+    policy version."""
     versions = sorted({s["version"] for s in shards})
     common.check(
         len(versions) == 1,

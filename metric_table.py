@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 SCRIPTS = ("grpo", "grpo_ray", "expert_iteration", "sft")  # the trainers, by file name
 GRPO = "grpo grpo_ray"  # the two GRPO trainers log the same step rows (grpo_ray adds ray/*)
-TOOL_RUNS = "grpo expert_iteration"  # the trainers that take --tools (tools.py)
+TOOL_RUNS = f"{GRPO} expert_iteration"  # the trainers that take --tools (tools.py)
 
 
 class Metric(NamedTuple):
@@ -149,9 +149,9 @@ METRICS = [
     M("train/logprob_mismatch", "", GRPO, {},
       "mean |log pi_trainer - log mu_engine| of the sampled tokens, on steps that score pi_old "
       "with a no-grad pass"),
-    M("train/logprob_mismatch_multi_turn", "", "grpo", {},
+    M("train/logprob_mismatch_multi_turn", "", GRPO, {},
       "--tools: train/logprob_mismatch over the rows with tool output inside"),
-    M("train/logprob_mismatch_single_turn", "", "grpo", {},
+    M("train/logprob_mismatch_single_turn", "", GRPO, {},
       "--tools: train/logprob_mismatch over the rows without"),
     M("train/mismatch_kl", "", GRPO, {},
       "KL(mu || pi_old) on the engine's samples (k3): how off-policy they are"),

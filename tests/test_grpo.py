@@ -2116,14 +2116,13 @@ def test_tools_calculator_run_logs_the_tool_metrics_and_transcripts(tmp_path):
 
 
 def test_tools_flags_refuse_in_one_line(tmp_path):
-    """A prompt without a trigger, a missing tool prompt, grpo_ray.py (until part 2), tool flags
-    or a tool prompt without --tools."""
+    """A prompt without a trigger, a missing tool prompt, tool flags or a tool prompt without
+    --tools."""
     one_line_error(run_script(["grpo.py", "--tools", "calculator", "--prompt", "r1_zero"]),
                    "needs a prompt that declares its trigger")  # fmt: skip
     one_line_error(
         run_script(["grpo.py", "--task", "keyword", "--tools", "python"]), "keyword_python"
     )
-    one_line_error(run_script(["grpo_ray.py", "--tools", "calculator"]), "grpo.py only")
     one_line_error(run_script(["grpo.py", "--max-tool-calls", "2"]), "need --tools")
     one_line_error(run_script(["grpo.py", "--prompt", "r1_zero_calculator"]), "pass --tools")
     args = grpo.parse_args(["--tools", "calculator", "--out", str(tmp_path / "r")])

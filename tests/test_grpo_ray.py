@@ -16,7 +16,12 @@ Covers:
 - time/weight_sync holds the transfer: a push slow to deserialise (object store) lengthens the
   span by as much; over RDT the span starts when the learner's copy exists (the engine idle);
 - join_shards only concatenates, and grpo.summarize of the joined shards equals that of the whole
-  batch for every train/ key (no Ray needed); runtime.json holds each actor's runtime record.
+  batch for every train/ key, with --tools every tool/ key too (no Ray needed); runtime.json holds
+  each actor's runtime record;
+- --tools calculator, disaggregated (the tiny model) and colocated with a second generator (the
+  embedded model): tool/ metrics on the step rows, tool calls in validation, the learner's loss
+  mask without the tool output, a shard the same on either engine, and a reused generator's
+  sandbox pool closed at its reset.
 
 Ray starts once per module; each actor set is built once and reused across runs through reset().
 """
@@ -44,6 +49,7 @@ import grader  # noqa: E402
 import grpo  # noqa: E402
 import grpo_ray  # noqa: E402
 import lora  # noqa: E402
+import metric_table  # noqa: E402
 import runs  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -341,9 +347,10 @@ GROUPS = [
 SHARD_GROUPS = [2, 1, 2]  # groups per shard: whole groups, unequal shards
 
 
-def scored_rows(groups, first=0):
+def scored_rows(groups, first=0, tools=False):
     """A scored batch as grpo.collect returns it, of the given (answers, formats) groups, numbered
-    from `first`: response lengths and truncation vary by row."""
+    from `first`: response lengths and truncation vary by row. tools: with grpo.TOOL_KEYS' columns
+    (tool_columns)."""
     batch = {
         "prompts": [],
         "ground_truths": [],
@@ -373,12 +380,36 @@ def scored_rows(groups, first=0):
     batch["raw"] = torch.tensor(raw, dtype=torch.float32)  # (N,)
     batch["correct"] = [grader.is_correct(d) for d in batch["rewards"]]
     batch["ban_token_ids"] = [7, 9]
+    if tools:
+        batch |= tool_columns(batch["response_ids"], first * 4)
     return batch
 
 
-def fixed_shards(version=3):
+def tool_columns(response_ids, first):
+    """A --tools batch's columns (grpo.TOOL_KEYS) for the rows' responses, numbered from row
+    `first`: calls, errors, tool output (policy mask 0) and voids vary by row."""
+    columns = {key: [] for key in grpo.TOOL_KEYS}
+    for k, ids in enumerate(response_ids, start=first):
+        calls = k % 3
+        obs = min(2 * calls, len(ids) - 1)  # tool-output tokens, mid-response
+        mask = [1] * len(ids)
+        mask[1 : 1 + obs] = [0] * obs
+        columns["transcripts"].append(f"transcript {k}")
+        columns["policy_masks"].append(mask)
+        columns["truncated_by_tool"].append(k % 5 == 4)
+        columns["calls"].append(calls)
+        columns["errors"].append(int(calls == 2))
+        columns["timeouts"].append(int(k % 7 == 2))
+        columns["turns"].append(calls + 1)
+        columns["obs_tokens"].append(obs)
+        columns["void"].append(k % 4 == 1)
+    return columns
+
+
+def fixed_shards(version=3, tools=False):
     """The step's groups split over len(SHARD_GROUPS) generators, each shard as Worker.generate
-    returns it; each shard's stats differ."""
+    returns it; each shard's stats differ. tools: a --tools run's shards (tool columns and
+    seconds)."""
     shards = []
     first = 0
     for i, n in enumerate(SHARD_GROUPS):
@@ -390,11 +421,14 @@ def fixed_shards(version=3):
             "groups_flat": i,
             "groups_all_correct": i,
             "groups_all_wrong": 1,
+            "tool_s": 0.0,
         }
+        if tools:
+            stats["tool_s"] = 0.25 + 0.5 * (i == 1)
         shard = {
             "step": 5,
             "version": version,
-            "batch": scored_rows(GROUPS[first : first + n], first),
+            "batch": scored_rows(GROUPS[first : first + n], first, tools),
             "stats": stats,
             "spans": [{"actor": f"generator {i}"}],
         }
@@ -403,23 +437,31 @@ def fixed_shards(version=3):
     return shards
 
 
-def shard_args():
-    """grpo's flags for GROUPS with --dynamic-sampling (so the dynamic_* metrics exist)."""
+def shard_args(tools=False):
+    """grpo's flags for GROUPS with --dynamic-sampling (so the dynamic_* metrics exist); tools:
+    with --tools calculator."""
     n_rows = 4 * len(GROUPS)
     flags = ["--dynamic-sampling", "--group-size", "4", "--rollout-batch-size", str(n_rows)]
     flags += ["--train-batch-size", str(n_rows)]
+    if tools:
+        flags += ["--tools", "calculator"]
     return grpo.parse_args(flags)
 
 
-def test_join_shards_only_concatenates_in_order():
-    """Shards of one step: rows in shard order, the engine's banned ids once, the shards' stats in
+@pytest.mark.parametrize("tools", [False, True], ids=["no_tools", "tools"])
+def test_join_shards_only_concatenates_in_order(tools):
+    """Shards of one step: rows in shard order (with --tools every tool column too, the policy
+    masks the learners train with among them), the engine's banned ids once, the shards' stats in
     a list, and no metrics (grpo.summarize computes them on the joined batch); shards from two
     policy versions are refused."""
-    shards = fixed_shards()
+    shards = fixed_shards(tools=tools)
     g = grpo_ray.join_shards(shards)
-    whole = scored_rows(GROUPS)
+    whole = scored_rows(GROUPS, tools=tools)
     assert g["batch"]["prompts"] == whole["prompts"]
     assert g["batch"]["response_ids"] == whole["response_ids"]
+    for key in grpo.TOOL_KEYS:
+        assert g["batch"].get(key) == whole.get(key), key
+    assert ("policy_masks" in whole) == tools
     assert g["batch"]["rewards"] == whole["rewards"]
     assert torch.equal(g["batch"]["raw"], whole["raw"])
     assert g["batch"]["ban_token_ids"] == [7, 9]
@@ -434,21 +476,32 @@ def test_join_shards_only_concatenates_in_order():
         grpo_ray.join_shards(mixed)
 
 
-def test_summarize_of_joined_shards_equals_summarize_of_the_whole_batch():
+@pytest.mark.parametrize("tools", [False, True], ids=["no_tools", "tools"])
+def test_summarize_of_joined_shards_equals_summarize_of_the_whole_batch(tools):
     """The metrics and advantages of the joined shards are those of the whole batch summarised at
-    once, for every train/ key (batch statistics are not per shard)."""
-    args = shard_args()
-    shards = fixed_shards()
+    once, for every train/ key (batch statistics are not per shard); with --tools every tool/ key
+    too, and time/tool is the longest shard's."""
+    args = shard_args(tools)
+    shards = fixed_shards(tools=tools)
     stats = [s["stats"] for s in shards]
     joined = grpo_ray.join_shards(shards)
     got = grpo.summarize(joined["batch"], joined["stats"], args)
-    whole = scored_rows(GROUPS)  # the concatenated batch, built by hand
+    whole = scored_rows(GROUPS, tools=tools)  # the concatenated batch, built by hand
     expected = grpo.summarize(whole, stats, args)
-    train_keys = [k for k in expected if k.startswith("train/")]
-    assert {"train/dynamic_filtered_frac", "train/dynamic_prompts_sampled"} <= set(train_keys)
+    batch_keys = [k for k in expected if k.startswith(("train/", "tool/"))]
+    assert {"train/dynamic_filtered_frac", "train/dynamic_prompts_sampled"} <= set(batch_keys)
     assert set(got) == set(expected)
-    for key in train_keys:
+    for key in batch_keys:
         assert got[key] == expected[key], key
+    tool_keys = [k for k in metric_table.some_keys("grpo_ray") if k.startswith("tool/")]
+    if tools:
+        assert tool_keys and set(tool_keys) <= set(got)
+        assert got["time/tool"] == 0.75  # shard 1's
+        # the policy's tokens, not the tool output's
+        assert got["train/response_len_mean"] < got["train/response_len_total_mean"]
+        assert 0 < got["tool/error_rate"] < 1
+    else:
+        assert not set(tool_keys) & set(got)
     no_kl = {"policy": None, "ref": None}
     joined_adv, _, _ = grpo.advantages(joined["batch"], None, no_kl, args)
     whole_adv, _, _ = grpo.advantages(whole, None, no_kl, args)
@@ -665,6 +718,89 @@ def test_disaggregated_async_staleness_and_overlap(disaggregated, make_args):
         "async: generation t+1 waited for train t"
     )
     assert_synced(disaggregated["generator"][0], args)
+
+
+# ----------------------------------------------------------------------------- --tools (helpers)
+# test_tools_disaggregated runs on this module's disaggregated actors; the colocated run on the
+# embedded model is at the end (actors of its own: another model)
+def assert_tool_rows(args):
+    """Every step row has the tool/ metrics (grpo.summarize on the joined shards) and time/tool;
+    the policy called the tool; every eval row has its validation calls."""
+    steps = logged_steps(args)
+    tool_keys = [k for k in metric_table.some_keys("grpo_ray") if k.startswith("tool/")]
+    assert tool_keys
+    for r in steps:
+        missing = set(tool_keys + ["time/tool", "train/response_len_total_mean"]) - set(r)
+        assert not missing, missing
+    assert any(r["tool/calls_mean"] > 0 for r in steps), "no tool call: the checks are vacuous"
+    evals = [r for r in read(args, "metrics.jsonl") if "eval/accuracy" in r]
+    assert len(evals) == 2  # before the first step and after the last
+    assert all("eval/tool_calls_mean" in r for r in evals)
+
+
+def trained_masks(worker, gen):
+    """The masks grpo.train_step builds on this learner from gen's batch (a spy on grpo.collate);
+    nothing moves (SGD at lr 0)."""
+    seen = []
+    real = grpo.collate
+
+    def spy(*a, **k):
+        seen.append(real(*a, **k))
+        return seen[-1]
+
+    probe = torch.optim.SGD(worker.learner["policy"].parameters(), lr=0.0)
+    learner = dict(worker.learner, optimizer=probe)
+    grpo.collate = spy
+    try:
+        grpo.train_step(
+            learner, gen["batch"], worker.args, worker.runtime, gen["step"], dp=worker.dp
+        )
+    finally:
+        grpo.collate = real
+    return {k: seen[0][k] for k in ("response_mask", "policy_mask", "loss_mask")}
+
+
+def assert_loss_leaves_tool_output_out(learner, gen):
+    """The batch a learner trains on carries the generators' policy masks: its loss mask covers
+    the tokens the engines sampled and none of the tool output inside the responses."""
+    batch = gen["batch"]
+    masks = ray.get(learner.__ray_call__.remote(trained_masks, ray.put(gen)), timeout=120)
+    tool_output = masks["response_mask"] & ~masks["policy_mask"]  # (N, T)
+    assert int(tool_output.sum()) == sum(batch["obs_tokens"]) > 0, "no tool output in the batch"
+    assert not (masks["loss_mask"] & tool_output).any()
+    assert int(masks["loss_mask"].sum()) == sum(sum(m) for m in batch["policy_masks"])
+
+
+def reset_and_probe_pool(worker, args):
+    """Reset this generator for `args`; -> (the previous run's pool closed, the new tool's name
+    and whether it has a pool)."""
+    old = worker.tool.pool
+    worker.reset(args)
+    return old.stop.is_set(), worker.tool.name, worker.tool.pool is not None
+
+
+@requires_vllm
+def test_tools_disaggregated(disaggregated, make_args):
+    """--tools calculator disaggregated (the module's tiny model, which writes the trigger "="
+    often, with the calculator's prompt): the generator's batch reaches the learner actor with its
+    policy masks (the loss leaves the tool output out), the sampled validation uses the tool; a
+    reused generator closes the previous run's sandbox pool (python) at its reset."""
+    flags = "--placement disaggregated --tools calculator --prompt r1_zero_calculator"
+    flags += " --max-tokens 48 --n-grpo-steps 1 --eval-samples 2"
+    args = start(disaggregated, make_args(*flags.split()))
+    grpo_ray.run(args, disaggregated)
+    assert_tool_rows(args)
+    evals = [r for r in read(args, "metrics.jsonl") if "eval/accuracy" in r]
+    assert all("eval/pass@k" in r for r in evals)
+    generator = disaggregated["generator"][0]
+    gen = ray.get(generator.generate.remote(7), timeout=120)
+    assert_loss_leaves_tool_output_out(disaggregated["learner"][0], gen)
+    # python's pool lives in the generator: closed when the actor starts its next run
+    flags = ["--placement", "disaggregated", "--tools", "python", "--tool-sandbox", "none"]
+    python = make_args(*flags, "--prompt", "r1_zero_python")  # no call runs: no bwrap needed
+    ray.get(generator.reset.remote(python), timeout=300)
+    probe = generator.__ray_call__.remote(reset_and_probe_pool, args)
+    assert ray.get(probe, timeout=120) == (True, "calculator", False)
 
 
 @requires_vllm
@@ -1111,5 +1247,54 @@ def test_lora_learner_holds_the_adapters_and_resume_continues(cluster, make_args
         assert resumed.lora_rank == 2
         grpo_ray.run(resumed, actors)
         assert [r["step"] for r in logged_steps(resumed)] == [0, 1]
+    finally:
+        grpo_ray.kill_actors(actors)
+
+
+# ----------------------------------------------------------------------------- --tools
+# A --tools calculator run on the embedded model (its countdown task and default prompt,
+# r1_zero_calculator, whose trigger "=" the model writes often): one step, two validation questions
+TOOLS_SMALL = (
+    "--tools calculator --n-grpo-steps 1 --rollout-batch-size 8 --group-size 4 "
+    "--train-batch-size 8 --gradient-accumulation-steps 2 --max-tokens 64 --eval-n 2 "
+    "--eval-every 0 --grader-workers 0 --num-cpus 8 --timeout-s 300 --eager"
+).split()
+
+
+@pytest.fixture(scope="module")
+def make_tool_args(tmp_path_factory):
+    """make_tool_args(*flags): grpo_ray's args for TOOLS_SMALL and a fresh --out, then the
+    flags."""
+    tmp = tmp_path_factory.mktemp("grpo_ray_tools")
+    counter = iter(range(1000))
+
+    def make(*flags):
+        out = ["--out", str(tmp / f"run{next(counter)}")]
+        return grpo_ray.parse_args(TOOLS_SMALL + out + list(flags))
+
+    return make
+
+
+@requires_vllm
+def test_tools_colocated_on_the_embedded_model(cluster, make_tool_args):
+    """--tools calculator colocated on the embedded model (vLLM), with a second generator: each
+    generator samples its shard multi-turn with a tool of its own; the step rows carry the joined
+    batch's tool metrics, the evals use the tool. A shard is the same whichever engine samples it
+    (every turn's seed follows from the step and the shard, not the actor); the joined shards reach
+    the learner with their policy masks, and its loss leaves the tool output out."""
+    args = make_tool_args("--num-generators", "2")
+    actors = grpo_ray.build_actors(args)  # the second engine costs little: the two start at once
+    try:
+        summary = grpo_ray.run(args, actors)
+        assert summary["mode"] == "colocated-k1-N2M1"
+        assert_tool_rows(args)
+        gens = actors["generator"]  # both hold version 1 now
+        refs = [g.generate.remote(7, (i, 2)) for i, g in enumerate(gens)]
+        refs.append(gens[0].generate.remote(7, (1, 2)))  # generator 1's shard, on engine 0
+        first, second, again = ray.get(refs, timeout=120)
+        for key in ("response_ids", "policy_masks", "transcripts", "calls"):
+            assert again["batch"][key] == second["batch"][key], key
+        joined = grpo_ray.join_shards([first, second])
+        assert_loss_leaves_tool_output_out(actors["learner"][0], joined)
     finally:
         grpo_ray.kill_actors(actors)
