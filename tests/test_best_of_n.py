@@ -419,7 +419,9 @@ def test_best_at_k_scores_policy_tokens_only(tmp_path):
     assert best_at_2() == 0  # -0.25 (zeros counted) beats -0.5
     samples[0]["policy_mask"] = [1, 0]
     path.write_text(json.dumps({"samples": samples}) + "\n")
-    one_line_error(run("--from-generations", str(path)), "row 1 sample 0: policy_mask")
+    one_line_error(
+        run("--from-generations", str(path), "--overwrite"), "row 1 sample 0: policy_mask"
+    )
 
 
 def test_tools_end_to_end_rescored_and_sample_0_is_eval_zero_shots(tmp_path):
