@@ -3,7 +3,8 @@ layer, function-level imports included, so the import graph has no cycle and a s
 below every file that uses it. LAYERS is the one list, bottom first; the README's file table shows
 the same layer for each file (checked here).
 
-A new root file gets a line in LAYERS: in the lowest layer above everything it imports.
+A new root file gets a line in LAYERS: in the lowest layer above everything it imports. The folders
+of ABOVE sit over every layer: their files import root scripts, and no root script imports them.
 """
 
 import ast
@@ -24,6 +25,7 @@ LAYERS = [  # bottom first: a file imports only from the layers before its own
     ("scripts on scripts", ["best_of_n", "grpo"]),
     ("scripts on grpo.py", ["expert_iteration", "grpo_ray"]),
 ]
+ABOVE = ["bench", "course"]  # the benchmarks; the course's test hooks and their runner
 
 
 def layer_of():
@@ -144,6 +146,15 @@ def test_imports_go_down_only_and_never_in_a_cycle():
     found = cycles(graph) + upward_imports(graph, layer_of())
     message = "\n".join(str(f) for f in found)
     assert not found, f"{message}\nthe layers the imports imply:\n{found_layers(graph)}"
+
+
+def test_no_root_script_imports_a_folder_above_the_layers():
+    found = []
+    for module in root_modules():
+        with open(os.path.join(ROOT, f"{module}.py")) as f:
+            for folder, line in imports_of(f.read(), set(ABOVE)).items():
+                found.append(f"{module}.py:{line} imports {folder}/")
+    assert found == []
 
 
 def test_the_readme_file_table_shows_each_files_layer():

@@ -176,10 +176,10 @@ def args_writes(source, path):
 
 
 def scripts():
-    """The root scripts and the benches (not the tests)."""
+    """The root scripts, the benches and course/ (not the tests)."""
     found = []
     for path in python_files():
-        if os.path.dirname(path) in ("", "bench"):
+        if os.path.dirname(path) in ("", "bench", "course"):
             found.append(path)
     return found
 
