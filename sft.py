@@ -881,6 +881,39 @@ def save_marker(path):
     return record
 
 
+def marker_writes(path):
+    """The names in directory `path` of SAVE_MARKER's own atomic writes (data.write_json_atomic's
+    <name>.tmp<pid>) that a kill left unfinished: sft.py's, whoever reads them."""
+    names = []
+    for n in os.listdir(path):
+        if n.startswith(SAVE_MARKER + ".tmp") and n[len(SAVE_MARKER) + 4 :].isdigit():
+            names.append(n)
+    return names
+
+
+def leftover(path):
+    """True when directory `path` (<save-dir>.tmp or .old) is what a killed save of sft.py's left:
+    it carries SAVE_MARKER, or holds nothing but the marker's unfinished write (a kill just after
+    the swap created it: nothing of anyone's is lost with it)."""
+    if save_marker(path) is not None:
+        return True
+    return sorted(os.listdir(path)) == sorted(marker_writes(path))
+
+
+def remove_leftover(path):
+    """Delete a leftover of sft.py's save, SAVE_MARKER last: a kill in between leaves a directory
+    that is still recognisably sft.py's (leftover)."""
+    for n in os.listdir(path):
+        if n == SAVE_MARKER:
+            continue
+        f = os.path.join(path, n)
+        if os.path.isdir(f) and not os.path.islink(f):
+            shutil.rmtree(f)
+        else:
+            os.remove(f)
+    shutil.rmtree(path)
+
+
 def save_complete(path):
     """True when `path` holds a finished save of sft.py's (its marker lists the files)."""
     record = save_marker(path)
@@ -892,7 +925,7 @@ def foreign_files(path):
     record = save_marker(path)
     if record is not None and record["files"] is None:
         return []  # a save being written when it was killed: all of it is sft.py's
-    allowed = set(MODEL_CARDS)
+    allowed = set(MODEL_CARDS) | set(marker_writes(path))
     if record is not None:
         allowed |= set(record["files"]) | {SAVE_MARKER}
     return [n for n in sorted(os.listdir(path)) if n not in allowed]
@@ -929,7 +962,7 @@ def check_save_dir(save_dir, out):
         check(os.path.isdir(d), f"--save-dir {save_dir}: {d} is a file; move it or pass another")
         if d != name:
             check(
-                save_marker(d) is not None,
+                leftover(d),
                 f"--save-dir {save_dir}: {d} is not an sft.py save (no {SAVE_MARKER}), and the "
                 f"save swaps through it; move it away",
             )
@@ -963,9 +996,9 @@ def recover_save_dir(save_dir):
         if source is not None:
             os.replace(source, final)
             print(f"recovered {save_dir} from an interrupted save ({os.path.basename(source)})")
-    for leftover in (tmp, old):
-        if save_marker(leftover) is not None:
-            shutil.rmtree(leftover)
+    for path in (tmp, old):
+        if os.path.isdir(path) and leftover(path):
+            remove_leftover(path)
 
 
 def save_model(args, model, tokenizer, step):

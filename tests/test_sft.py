@@ -408,6 +408,38 @@ def test_a_kill_between_the_final_swaps_renames_is_recovered_with_the_model_card
     assert not os.path.exists(f"{save}.old")
 
 
+@pytest.mark.parametrize(
+    "kill",
+    ["tmp made", "tmp marker half-written", "claim half-written"],
+)
+def test_a_kill_at_each_point_of_the_final_save_is_recovered(
+    kill, tiny_model_dir, sft_jsonl, tmp_path, capsys
+):
+    """kill -9 in save_model leaves the directories as below (made here by hand: a real kill runs
+    no cleanup); --resume is not refused, finishes the save and leaves no <save-dir>.tmp / .old.
+    tmp made: runs.save_checkpoint created <save-dir>.tmp, the marker not yet in it. tmp marker
+    half-written: data.write_json_atomic's temp file of the marker is all it holds. claim
+    half-written: the same in <save-dir>, a directory with only a model card."""
+    save = tmp_path / "model-x"
+    out = tmp_path / "run"
+    sft.main(flags(tiny_model_dir, sft_jsonl, out, "--steps", "1", "--save-dir", save))
+    if kill == "claim half-written":
+        shutil.rmtree(save)
+        save.mkdir()
+        (save / "MODEL_CARD.md").write_text("# card\n")
+        (save / f"{sft.SAVE_MARKER}.tmp4242").write_text('{"written_by": "sf')
+    else:
+        os.mkdir(f"{save}.tmp")
+    if kill == "tmp marker half-written":
+        with open(os.path.join(f"{save}.tmp", f"{sft.SAVE_MARKER}.tmp4242"), "w") as f:
+            f.write('{"written_by": "sf')
+    sft.main(["--resume", str(out), "--steps", "2"])
+    assert sft.save_complete(save)
+    assert json.load(open(save / "state.json"))["step"] == 2
+    assert not os.path.exists(f"{save}.tmp") and not os.path.exists(f"{save}.old")
+    assert not [n for n in os.listdir(save) if n.startswith(f"{sft.SAVE_MARKER}.tmp")]
+
+
 def test_shared_prefix_falls_back_where_the_models_cache_fails_its_check(
     tiny_model_dir, sft_jsonl, tmp_path, monkeypatch, capsys
 ):
