@@ -306,10 +306,34 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.resume:
         runs.resume_from(p, argv, args, needs=("optimizer.pt", "scheduler.pt"))
+        if "save_dir" not in runs.explicit_dests(p, argv):
+            args.save_dir = resumed_save_dir(args)
     resolve(args)
     if args.dry_run:
         runs.dry_run(args)
     return args
+
+
+def resumed_save_dir(args):
+    """The --save-dir of a resumed run that names none: the saved one while the run is where it was
+    saved (its checkpoint's --out, else its args.json's, is this --out); in a copied or moved run,
+    None: resolve's <out>/model, so that a copy never overwrites the original's model."""
+    if args.resume:
+        saved = common.read_json(os.path.join(args.resume, "state.json"), "args") or {}
+        saved = saved.get("args", {})
+    else:  # no checkpoint: the run starts again with its args.json's flags
+        saved = common.read_json(os.path.join(args.out, "args.json"), "out") or {}
+    was = saved.get("out")
+    if not isinstance(was, str) or os.path.realpath(was) == os.path.realpath(args.out):
+        return args.save_dir
+    if args.save_dir:
+        print(
+            f"notice: --resume {args.out} is a copy of the run saved in {was}: its final "
+            f"model goes to {os.path.join(args.out, 'model')}, not {args.save_dir} "
+            f"(--save-dir to choose)",
+            flush=True,
+        )
+    return None
 
 
 def check_flags(args, tiny):

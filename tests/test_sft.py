@@ -290,6 +290,23 @@ def test_sigterm_saves_like_ctrl_c_and_exits_143(
     assert json.load(open(cut / "model" / "state.json"))["step"] == 3
 
 
+def test_a_copied_run_saves_into_its_own_directory(tiny_model_dir, sft_jsonl, tmp_path, capsys):
+    """cp -a RUN COPY; --resume COPY: the saved --save-dir was RUN's own <out>/model, so COPY's
+    final model goes to COPY/model and RUN's stays as it was; --save-dir given now wins."""
+    run = tmp_path / "run"
+    sft.main(flags(tiny_model_dir, sft_jsonl, run, "--steps", "1"))
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy, symlinks=True)
+    sft.main(["--resume", str(copy), "--steps", "2"])
+    assert json.load(open(run / "model" / "state.json"))["step"] == 1
+    assert json.load(open(copy / "model" / "state.json"))["step"] == 2
+    assert "is a copy of the run saved in" in capsys.readouterr().out
+    named = tmp_path / "named"
+    sft.main(["--resume", str(copy), "--steps", "3", "--save-dir", str(named)])
+    assert json.load(open(named / "state.json"))["step"] == 3
+    assert json.load(open(copy / "model" / "state.json"))["step"] == 2
+
+
 @pytest.mark.parametrize(
     "save,needle",
     [
