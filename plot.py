@@ -283,8 +283,13 @@ def plot_runs(run_dirs, out_path, x="step"):
     os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
     root, ext = os.path.splitext(out_path)
     tmp = f"{root}.tmp{ext or '.png'}"  # same extension: savefig picks the format from it
-    fig.savefig(tmp, dpi=100)
-    os.replace(tmp, out_path)  # atomic: a viewer never sees half a figure
+    try:
+        fig.savefig(tmp, dpi=100)
+        os.replace(tmp, out_path)  # atomic: a viewer never sees half a figure
+    except BaseException:  # a stop request or a full disk: no half-drawn tmp file stays behind
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
     return out_path
 
 

@@ -11,8 +11,14 @@ which are graded (2048 tokens, seed 000 §3.2). Eval rows carry "eval_step" too:
 wandb axes.
 
 The final model goes to --save-dir: a new directory, or one an earlier sft.py save wrote (it
-carries .written_by_sft.json); a model card there (MODEL_CARD.md, README.md) stays. Ctrl-C or
-SIGTERM lets the optimizer step finish, saves the checkpoint and exits 130 or 143.
+carries .written_by_sft.json); a model card there (MODEL_CARD.md, README.md) stays. A resumed run
+writes inside its own directory unless this command line names another place: it keeps its saved
+--save-dir only while it is where it was saved; a copied or moved run (cp -a RUN COPY) saves into
+COPY/model, never into the original's model or --save-dir. Ctrl-C or SIGTERM lets the optimizer
+step finish, saves the checkpoint and exits 130 or 143; an evaluation that stop skipped runs first
+thing after --resume, so the resumed run logs the rows a straight run does. Flags given with
+--resume (--lr, --weight-decay, --steps, ...) take effect: AdamW's moments come from the
+checkpoint, its learning rate and weight decay from the flags.
 
 Departures from the seed: `--data countdown` trains on synthetic Countdown problems answered by a
 search trace, and `--init-config tiny` starts from a fresh BPE tokenizer and a random small model
@@ -305,11 +311,35 @@ def parse_args(argv=None):
 
     args = p.parse_args(argv)
     if args.resume:
-        runs.resume_from(p, argv, args, needs=("optimizer.pt", "scheduler.pt"))
+        runs.resume_from(p, argv, args, needs=("optimizer.pt",))
+        if "save_dir" not in runs.explicit_dests(p, argv):
+            args.save_dir = resumed_save_dir(args)
     resolve(args)
     if args.dry_run:
         runs.dry_run(args)
     return args
+
+
+def resumed_save_dir(args):
+    """The --save-dir of a resumed run that names none: the saved one while the run is where it was
+    saved (its checkpoint's --out, else its args.json's, is this --out); in a copied or moved run,
+    None: resolve's <out>/model, so that a copy never overwrites the original's model."""
+    if args.resume:
+        saved = common.read_json(os.path.join(args.resume, "state.json"), "args") or {}
+        saved = saved.get("args", {})
+    else:  # no checkpoint: the run starts again with its args.json's flags
+        saved = common.read_json(os.path.join(args.out, "args.json"), "out") or {}
+    was = saved.get("out")
+    if not isinstance(was, str) or os.path.realpath(was) == os.path.realpath(args.out):
+        return args.save_dir
+    if args.save_dir:
+        print(
+            f"notice: --resume {args.out} is a copy of the run saved in {was}: its final "
+            f"model goes to {os.path.join(args.out, 'model')}, not {args.save_dir} "
+            f"(--save-dir to choose)",
+            flush=True,
+        )
+    return None
 
 
 def check_flags(args, tiny):
@@ -881,6 +911,39 @@ def save_marker(path):
     return record
 
 
+def marker_writes(path):
+    """The names in directory `path` of SAVE_MARKER's own atomic writes (data.write_json_atomic's
+    <name>.tmp<pid>) that a kill left unfinished: sft.py's, whoever reads them."""
+    names = []
+    for n in os.listdir(path):
+        if n.startswith(SAVE_MARKER + ".tmp") and n[len(SAVE_MARKER) + 4 :].isdigit():
+            names.append(n)
+    return names
+
+
+def leftover(path):
+    """True when directory `path` (<save-dir>.tmp or .old) is what a killed save of sft.py's left:
+    it carries SAVE_MARKER, or holds nothing but the marker's unfinished write (a kill just after
+    the swap created it: nothing of anyone's is lost with it)."""
+    if save_marker(path) is not None:
+        return True
+    return sorted(os.listdir(path)) == sorted(marker_writes(path))
+
+
+def remove_leftover(path):
+    """Delete a leftover of sft.py's save, SAVE_MARKER last: a kill in between leaves a directory
+    that is still recognisably sft.py's (leftover)."""
+    for n in os.listdir(path):
+        if n == SAVE_MARKER:
+            continue
+        f = os.path.join(path, n)
+        if os.path.isdir(f) and not os.path.islink(f):
+            shutil.rmtree(f)
+        else:
+            os.remove(f)
+    shutil.rmtree(path)
+
+
 def save_complete(path):
     """True when `path` holds a finished save of sft.py's (its marker lists the files)."""
     record = save_marker(path)
@@ -892,7 +955,7 @@ def foreign_files(path):
     record = save_marker(path)
     if record is not None and record["files"] is None:
         return []  # a save being written when it was killed: all of it is sft.py's
-    allowed = set(MODEL_CARDS)
+    allowed = set(MODEL_CARDS) | set(marker_writes(path))
     if record is not None:
         allowed |= set(record["files"]) | {SAVE_MARKER}
     return [n for n in sorted(os.listdir(path)) if n not in allowed]
@@ -929,7 +992,7 @@ def check_save_dir(save_dir, out):
         check(os.path.isdir(d), f"--save-dir {save_dir}: {d} is a file; move it or pass another")
         if d != name:
             check(
-                save_marker(d) is not None,
+                leftover(d),
                 f"--save-dir {save_dir}: {d} is not an sft.py save (no {SAVE_MARKER}), and the "
                 f"save swaps through it; move it away",
             )
@@ -963,9 +1026,9 @@ def recover_save_dir(save_dir):
         if source is not None:
             os.replace(source, final)
             print(f"recovered {save_dir} from an interrupted save ({os.path.basename(source)})")
-    for leftover in (tmp, old):
-        if save_marker(leftover) is not None:
-            shutil.rmtree(leftover)
+    for path in (tmp, old):
+        if os.path.isdir(path) and leftover(path):
+            remove_leftover(path)
 
 
 def save_model(args, model, tokenizer, step):
@@ -1021,37 +1084,10 @@ def pair_order(n_pairs, steps, args):
     return order
 
 
-def final_save(args, model, tokenizer, start, steps):
-    """The trained model into --save-dir (unless a resumed, finished run saved it already). A first
-    stop request waits for it, then exits 130 / 143; a second one aborts, and --resume saves
-    again."""
-    saved = False
-    try:
-        with runs.finish_then_interrupt("the final save"):
-            if start < steps or not save_complete(args.save_dir):
-                save_model(args, model, tokenizer, steps)
-            saved = True
-    except KeyboardInterrupt:
-        if not saved:
-            raise SystemExit(
-                f"\naborted during the final save; --resume {args.out} saves {args.save_dir} again"
-            ) from None
-        print(f"{runs.stop_name()}: stopped after the final save; {args.save_dir} is complete")
-        sys.exit(runs.stop_exit_code())
-
-
-def main(argv=None):
-    runs.stop_on_sigterm()  # SIGTERM (schedulers, `timeout`) finishes the step, as Ctrl-C does
-    args = parse_args(argv)
-    threads = hardware.set_threads(args.threads)  # before the engine starts
-    runs.claim_run_dir(args.out, args.resume)
-    recover_save_dir(args.save_dir)
-    torch.manual_seed(args.seed)
-
-    # --- data (before any model loads: a bad file fails in a second) ---
-    pairs, val_rows = load_data(args)
-
-    # --- model, optimizer, resume ---
+def load_policy(args, pairs, threads):
+    """(model, tokenizer, the pairs that fit, the engine's starting weights, the runtime record):
+    the policy from --resume's checkpoint, --model, or a tiny init built in <out>/init, on
+    --policy-device (LoRA-wrapped with --lora-rank)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = args.resume or args.model
@@ -1095,28 +1131,136 @@ def main(argv=None):
         f"weights {args.param_dtype}, compute {args.compute_dtype} | "
         f"engine {args.engine} on {args.vllm_device}"
     )
-    steps = args.steps or math.ceil(args.epochs * len(pairs) / args.batch_size)
-    order = pair_order(len(pairs), steps, args)
+    return model, tokenizer, pairs, weights_from, runtime
+
+
+def make_optimizer(args, model, steps):
+    """(AdamW, its lr schedule, warmup steps, the step to start from): with --resume, the moments
+    and the step come from the checkpoint, the learning rate and weight decay from the flags, so a
+    --lr given with --resume takes effect (the schedule is rebuilt at the checkpoint's step)."""
     optimizer = torch.optim.AdamW(
         lora.trainable(model), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay
     )
-    warmup = max(1, int(args.warmup_frac * steps))
-    schedule = functools.partial(lr_lambda, total=steps, warmup=warmup, min_frac=args.min_lr_frac)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     start = 0
     if args.resume:
-        state = runs.restore_checkpoint(
-            args.resume, args.out, True, optimizer=optimizer, scheduler=scheduler
-        )
+        state = runs.restore_checkpoint(args.resume, args.out, True, optimizer=optimizer)
         start = state["step"]
-    logged = runs.read_metrics(os.path.join(args.out, "metrics.jsonl"))
-    n_evals = len([r for r in logged if "eval_step" in r])  # a resumed run continues the count
+    for group in optimizer.param_groups:
+        # load_state_dict brought back the saved run's values: the flags win
+        group["initial_lr"] = args.lr
+        group["weight_decay"] = args.weight_decay
+    warmup = max(1, int(args.warmup_frac * steps))
+    schedule = functools.partial(lr_lambda, total=steps, warmup=warmup, min_frac=args.min_lr_frac)
+    # last_epoch start - 1: the constructor's first step sets the lr of step `start`
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule, last_epoch=start - 1)
+    return optimizer, scheduler, warmup, start
 
-    # --- eval engine: loads the starting weights from disk, later receives pushes ---
-    llm = None
-    if val_rows:
-        rollout.engine_log(os.path.join(args.out, "engine.log"))  # console: real problems only
-        llm = make_engine(weights_from, args, tokenizer, model, val_rows)
+
+def eval_due(done, steps, args):
+    """True when the validation follows step `done` (every --eval-every, and the last)."""
+    return done == steps or bool(args.eval_every and done % args.eval_every == 0)
+
+
+def stop(line):
+    """A handled stop request: one line, exit 130 (Ctrl-C) or 143 (SIGTERM)."""
+    print(f"\n{runs.stop_name()}: {line}", flush=True)
+    sys.exit(runs.stop_exit_code())
+
+
+def model_saved(args, steps):
+    """True when --save-dir holds this run's finished save of step `steps`."""
+    if not save_complete(args.save_dir):
+        return False
+    state = common.read_json(os.path.join(args.save_dir, "state.json"), "step") or {}
+    out = state.get("args", {}).get("out")
+    same_run = isinstance(out, str) and os.path.realpath(out) == os.path.realpath(args.out)
+    return state.get("step") == steps and same_run
+
+
+def finish(args, model, tokenizer, start, steps):
+    """The trained model into --save-dir (unless a resumed, finished run saved it already), then
+    the closing plot; returns the dashboard's path. A stop request before the save begins exits
+    130 / 143 (the checkpoint holds the last step: --resume saves); a first one during the save or
+    the plot waits for it, then exits so; a second one during the save aborts it, and --resume
+    saves again."""
+    saving = False
+    try:
+        with runs.finish_then_interrupt("the final save"):
+            saving = True
+            if start < steps or not model_saved(args, steps):
+                save_model(args, model, tokenizer, steps)
+            saving = False
+        with runs.finish_then_interrupt("the closing plot"):
+            return plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
+    except KeyboardInterrupt:
+        if saving:
+            raise SystemExit(
+                f"\naborted during the final save; --resume {args.out} saves {args.save_dir} again"
+            ) from None
+        if not model_saved(args, steps):
+            stop(f"stopped before the final save; --resume {args.out} saves {args.save_dir}")
+        stop(f"stopped after the final save; {args.save_dir} is complete")
+
+
+def stop_in_loop(args, model, tokenizer, optimizer, scheduler, done, in_step):
+    """A stop request in the loop: the checkpoint of step `done` saved, the dashboard drawn, exit
+    130 / 143. A second one mid-step or while saving aborts in one line."""
+    if in_step:
+        # a second signal mid-step: the weights may be half-updated, so nothing is saved
+        raise SystemExit(
+            f"\naborted inside step {done + 1}: nothing saved; "
+            f"--resume {args.out} restarts from the last checkpoint"
+        )
+    print(
+        f"\n{runs.stop_name()}: interrupted after step {done}: saving the checkpoint; "
+        f"continue with --resume {args.out}",
+        flush=True,
+    )
+    try:
+        save_checkpoint(args, model, tokenizer, optimizer, scheduler, done)
+    except KeyboardInterrupt:
+        # a second signal while saving: the swap keeps the last complete checkpoint
+        raise SystemExit(
+            f"aborted while saving step {done}; --resume {args.out} restarts from the last "
+            f"complete checkpoint"
+        ) from None
+    try:
+        plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
+    except KeyboardInterrupt:
+        print("stopped again while drawing the dashboard: no dashboard.png", flush=True)
+    sys.exit(runs.stop_exit_code())
+
+
+def main(argv=None):
+    runs.stop_on_sigterm()  # SIGTERM (schedulers, `timeout`) finishes the step, as Ctrl-C does
+    args = parse_args(argv)
+    threads = hardware.set_threads(args.threads)  # before the engine starts
+    runs.claim_run_dir(args.out, args.resume)
+    recover_save_dir(args.save_dir)
+    torch.manual_seed(args.seed)
+
+    try:
+        # --- data (before any model loads: a bad file fails in a second) ---
+        pairs, val_rows = load_data(args)
+
+        # --- model, optimizer, resume ---
+        model, tokenizer, pairs, weights_from, runtime = load_policy(args, pairs, threads)
+        steps = args.steps or math.ceil(args.epochs * len(pairs) / args.batch_size)
+        order = pair_order(len(pairs), steps, args)
+        optimizer, scheduler, warmup, start = make_optimizer(args, model, steps)
+        logged = runs.read_metrics(os.path.join(args.out, "metrics.jsonl"))
+        n_evals = len([r for r in logged if "eval_step" in r])  # a resumed run continues the count
+
+        # --- eval engine: loads the starting weights from disk, later receives pushes ---
+        llm = None
+        if val_rows:
+            rollout.engine_log(os.path.join(args.out, "engine.log"))  # console: real problems only
+            llm = make_engine(weights_from, args, tokenizer, model, val_rows)
+    except KeyboardInterrupt:
+        # nothing trained yet: the run resumes (or, new, starts again) from its last checkpoint
+        if not args.resume:
+            data.write_json_atomic(os.path.join(args.out, "args.json"), runs.jsonable(vars(args)))
+        stop(f"stopped while starting (no step ran); continue with --resume {args.out}")
     wandb_run = runs.start_wandb(
         args.wandb, args, {"train/*": "step", "time/*": "step", "eval/*": "eval_step"}
     )
@@ -1133,6 +1277,12 @@ def main(argv=None):
     done = start  # optimizer steps finished
     in_step = False  # inside an optimizer step: a second Ctrl-C there saves nothing
     try:
+        # --- the evaluation a stop skipped: the checkpoint's step was due one that is not logged
+        if llm is not None and start and eval_due(start, steps, args):
+            if not [r for r in logged if "eval_step" in r and r["step"] == start]:
+                n_evals += 1
+                validate(llm, model, val_rows, args, done, n_evals, t_run, wandb_run)
+
         for step in range(start, steps):
             # --- train: one optimizer step; a first Ctrl-C waits for its end, so what is saved
             # is consistent ---
@@ -1150,8 +1300,7 @@ def main(argv=None):
             print(metric_table.step_line("sft", f"step {done}/{steps}", step_row), flush=True)
 
             # --- eval (greedy, on the engine after a push) ---
-            eval_now = done == steps or (args.eval_every and done % args.eval_every == 0)
-            if llm is not None and eval_now:
+            if llm is not None and eval_due(done, steps, args):
                 n_evals += 1
                 validate(llm, model, val_rows, args, done, n_evals, t_run, wandb_run)
 
@@ -1159,31 +1308,10 @@ def main(argv=None):
             if done == steps or (args.save_every and done % args.save_every == 0):
                 save_checkpoint(args, model, tokenizer, optimizer, scheduler, done)
     except KeyboardInterrupt:
-        if in_step:
-            # a second signal mid-step: the weights may be half-updated, so nothing is saved
-            raise SystemExit(
-                f"\naborted inside step {done + 1}: nothing saved; "
-                f"--resume {args.out} restarts from the last checkpoint"
-            ) from None
-        print(
-            f"\n{runs.stop_name()}: interrupted after step {done}: saving the checkpoint; "
-            f"continue with --resume {args.out}",
-            flush=True,
-        )
-        try:
-            save_checkpoint(args, model, tokenizer, optimizer, scheduler, done)
-        except KeyboardInterrupt:
-            # a second signal while saving: the swap keeps the last complete checkpoint
-            raise SystemExit(
-                f"aborted while saving step {done}; --resume {args.out} restarts from the last "
-                f"complete checkpoint"
-            ) from None
-        plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
-        sys.exit(runs.stop_exit_code())
+        stop_in_loop(args, model, tokenizer, optimizer, scheduler, done, in_step)
 
-    # --- the final model (a model card in --save-dir stays) ---
-    final_save(args, model, tokenizer, start, steps)
-    dashboard = plot.plot_runs([args.out], os.path.join(args.out, "dashboard.png"))
+    # --- the final model (a model card in --save-dir stays), the dashboard ---
+    dashboard = finish(args, model, tokenizer, start, steps)
     print(f"saved {args.save_dir}; metrics in {args.out}; dashboard {dashboard}")
     if wandb_run is not None:
         wandb_run.finish()

@@ -19,6 +19,7 @@ import pytest
 import torch
 import transformers
 
+import plot
 import rollout
 import runs
 import sft
@@ -290,6 +291,136 @@ def test_sigterm_saves_like_ctrl_c_and_exits_143(
     assert json.load(open(cut / "model" / "state.json"))["step"] == 3
 
 
+def eval_flags(model, data, out, *extra):
+    """flags() with a validation after every step through the HF engine (2 problems, 4 tokens)."""
+    argv = flags(model, data, out, "--save-every", "0", "--eval-every", "1", *extra)
+    argv += ["--eval-task", "countdown", "--eval-path", "synthetic", "--eval-n", "2"]
+    return argv + ["--eval-max-tokens", "4", "--engine", "hf"]
+
+
+def eval_rows(out):
+    rows = runs.read_metrics(os.path.join(out, "metrics.jsonl"))
+    keys = ("step", "eval_step", "eval/format_reward", "eval/response_len")
+    return [tuple(r[k] for k in keys) for r in rows if "eval_step" in r]
+
+
+def test_a_stop_in_a_step_that_ends_in_an_eval_resumes_with_that_eval(
+    tiny_model_dir, sft_jsonl, tmp_path, monkeypatch, ctrl_c
+):
+    """Ctrl-C inside a step whose end is due a validation (mid-run, and the last step): the step
+    finishes and is saved, the validation is skipped, and --resume runs it first: the eval rows
+    equal a straight run's."""
+    sft.main(eval_flags(tiny_model_dir, sft_jsonl, tmp_path / "straight", "--steps", "2"))
+    real = sft.sft_microbatch_train_step
+    for cut in (1, 2):
+        calls = []
+
+        def ctrl_c_in_the_cut_step(*a, calls=calls, cut=cut, **kw):  # one microbatch a step
+            calls.append(1)
+            if len(calls) == cut:
+                signal.raise_signal(signal.SIGINT)
+            return real(*a, **kw)
+
+        monkeypatch.setattr(sft, "sft_microbatch_train_step", ctrl_c_in_the_cut_step)
+        out = tmp_path / f"cut{cut}"
+        stop = stopped(eval_flags(tiny_model_dir, sft_jsonl, out, "--steps", "2"))
+        assert isinstance(stop, SystemExit) and stop.code == 130, repr(stop)
+        assert [r[0] for r in eval_rows(out)] == list(range(1, cut))  # the cut step's: skipped
+        monkeypatch.setattr(sft, "sft_microbatch_train_step", real)
+        sft.main(["--resume", str(out)])
+        assert eval_rows(out) == eval_rows(tmp_path / "straight"), cut
+        assert os.path.exists(out / "rollouts" / f"step_{cut:04d}.jsonl")
+
+
+def test_lr_and_weight_decay_given_with_resume_take_effect(tiny_model_dir, sft_jsonl, tmp_path):
+    """--resume RUN --lr X: the restored AdamW state carries the old lr and weight decay; the
+    flags win (constant schedule here: --min-lr-frac 1, no warmup)."""
+    out = tmp_path / "run"
+    sft.main(flags(tiny_model_dir, sft_jsonl, out, "--steps", "1", "--min-lr-frac", "1"))
+    rows = sft.main(["--resume", str(out), "--steps", "2", "--lr", "1e-3", "--weight-decay", "0.1"])
+    assert [r["train/lr"] for r in train_rows(rows)] == [pytest.approx(3e-3), pytest.approx(1e-3)]
+    group = torch.load(out / "checkpoint" / "optimizer.pt")["param_groups"][0]
+    assert group["lr"] == pytest.approx(1e-3) and group["initial_lr"] == pytest.approx(1e-3)
+    assert group["weight_decay"] == pytest.approx(0.1)
+
+
+def test_a_copied_run_saves_into_its_own_directory(tiny_model_dir, sft_jsonl, tmp_path, capsys):
+    """cp -a RUN COPY; --resume COPY: the saved --save-dir was RUN's own <out>/model, so COPY's
+    final model goes to COPY/model and RUN's stays as it was; --save-dir given now wins."""
+    run = tmp_path / "run"
+    sft.main(flags(tiny_model_dir, sft_jsonl, run, "--steps", "1"))
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy, symlinks=True)
+    sft.main(["--resume", str(copy), "--steps", "2"])
+    assert json.load(open(run / "model" / "state.json"))["step"] == 1
+    assert json.load(open(copy / "model" / "state.json"))["step"] == 2
+    assert "is a copy of the run saved in" in capsys.readouterr().out
+    named = tmp_path / "named"
+    sft.main(["--resume", str(copy), "--steps", "3", "--save-dir", str(named)])
+    assert json.load(open(named / "state.json"))["step"] == 3
+    assert json.load(open(copy / "model" / "state.json"))["step"] == 2
+
+
+@pytest.mark.parametrize("where", ["entering the final save", "in the closing plot"])
+def test_sigterm_around_the_final_save_is_one_line_and_143(
+    where, tiny_model_dir, sft_jsonl, tmp_path, monkeypatch, capsys, sigterm
+):
+    """SIGTERM just before the final save's deferral begins, or while the closing dashboard is
+    drawn: exit 143 with one line, no traceback; the run resumes to a complete model."""
+    real_defer = runs.finish_then_interrupt
+    real_plot = plot.plot_runs
+
+    def sigterm_entering(what="this step"):
+        if what == "the final save":
+            signal.raise_signal(signal.SIGTERM)
+        return real_defer(what)
+
+    def sigterm_plotting(*a, **kw):
+        signal.raise_signal(signal.SIGTERM)
+        return real_plot(*a, **kw)
+
+    if where == "entering the final save":
+        monkeypatch.setattr(runs, "finish_then_interrupt", sigterm_entering)
+    else:
+        monkeypatch.setattr(plot, "plot_runs", sigterm_plotting)
+    out = tmp_path / "run"
+    stop = stopped(flags(tiny_model_dir, sft_jsonl, out, "--steps", "1"))
+    assert isinstance(stop, SystemExit) and stop.code == 143, repr(stop)
+    said = capsys.readouterr().out
+    if where == "entering the final save":
+        assert "SIGTERM: stopped before the final save; --resume" in said
+        assert not (out / "model").exists()
+    else:
+        assert "SIGTERM: stopped after the final save" in said
+        assert os.path.exists(out / "dashboard.png")
+    assert not [n for n in os.listdir(out) if ".tmp" in n]
+    monkeypatch.undo()
+    sft.main(["--resume", str(out)])
+    assert json.load(open(out / "model" / "state.json"))["step"] == 1
+
+
+def test_ctrl_c_while_the_engine_starts_is_one_line_and_resumable(
+    tiny_model_dir, sft_jsonl, tmp_path, monkeypatch, capsys, ctrl_c
+):
+    real = rollout.init_engine
+
+    def ctrl_c_starting(*a, **kw):
+        signal.raise_signal(signal.SIGINT)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(rollout, "init_engine", ctrl_c_starting)
+    out = tmp_path / "run"
+    stop = stopped(eval_flags(tiny_model_dir, sft_jsonl, out, "--steps", "1"))
+    assert isinstance(stop, SystemExit) and stop.code == 130, repr(stop)
+    assert f"Ctrl-C: stopped while starting (no step ran); continue with --resume {out}" in (
+        capsys.readouterr().out
+    )
+    monkeypatch.setattr(rollout, "init_engine", real)
+    sft.main(["--resume", str(out)])
+    assert [r[:2] for r in eval_rows(out)] == [(1, 1)]
+    assert json.load(open(out / "model" / "state.json"))["step"] == 1
+
+
 @pytest.mark.parametrize(
     "save,needle",
     [
@@ -406,6 +537,38 @@ def test_a_kill_between_the_final_swaps_renames_is_recovered_with_the_model_card
     assert sft.save_complete(save)
     assert not os.path.exists(f"{save}.tmp")
     assert not os.path.exists(f"{save}.old")
+
+
+@pytest.mark.parametrize(
+    "kill",
+    ["tmp made", "tmp marker half-written", "claim half-written"],
+)
+def test_a_kill_at_each_point_of_the_final_save_is_recovered(
+    kill, tiny_model_dir, sft_jsonl, tmp_path, capsys
+):
+    """kill -9 in save_model leaves the directories as below (made here by hand: a real kill runs
+    no cleanup); --resume is not refused, finishes the save and leaves no <save-dir>.tmp / .old.
+    tmp made: runs.save_checkpoint created <save-dir>.tmp, the marker not yet in it. tmp marker
+    half-written: data.write_json_atomic's temp file of the marker is all it holds. claim
+    half-written: the same in <save-dir>, a directory with only a model card."""
+    save = tmp_path / "model-x"
+    out = tmp_path / "run"
+    sft.main(flags(tiny_model_dir, sft_jsonl, out, "--steps", "1", "--save-dir", save))
+    if kill == "claim half-written":
+        shutil.rmtree(save)
+        save.mkdir()
+        (save / "MODEL_CARD.md").write_text("# card\n")
+        (save / f"{sft.SAVE_MARKER}.tmp4242").write_text('{"written_by": "sf')
+    else:
+        os.mkdir(f"{save}.tmp")
+    if kill == "tmp marker half-written":
+        with open(os.path.join(f"{save}.tmp", f"{sft.SAVE_MARKER}.tmp4242"), "w") as f:
+            f.write('{"written_by": "sf')
+    sft.main(["--resume", str(out), "--steps", "2"])
+    assert sft.save_complete(save)
+    assert json.load(open(save / "state.json"))["step"] == 2
+    assert not os.path.exists(f"{save}.tmp") and not os.path.exists(f"{save}.old")
+    assert not [n for n in os.listdir(save) if n.startswith(f"{sft.SAVE_MARKER}.tmp")]
 
 
 def test_shared_prefix_falls_back_where_the_models_cache_fails_its_check(
