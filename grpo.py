@@ -322,6 +322,13 @@ def trainer_flags(g):
         action="store_true",
         help="bf16 weights + AdamW state (half the memory; drops small updates)",
     )
+    g.add_argument(
+        "--attn-implementation",
+        default="sdpa",
+        choices=hardware.ATTN_IMPLEMENTATIONS,
+        help="the policy's attention kernels (from_pretrained's attn_implementation; "
+        "flash_attention_2: CUDA and the flash-attn package, without --shared-prefix)",
+    )
 
 
 def loss_flags(p):
@@ -715,6 +722,9 @@ def check_systems(args):
     )
     hardware.check_device("--policy-device", args.policy_device)
     hardware.check_device("--vllm-device", args.vllm_device)
+    hardware.check_attn_implementation(
+        args.attn_implementation, args.policy_device, args.shared_prefix
+    )
 
 
 def run_flags(p):
@@ -960,7 +970,11 @@ def load_policy(path, args, runtime, dtype=None):
     log-probs turns the runtime's shared_prefix off."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    policy = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or runtime["param_dtype"])
+    policy = AutoModelForCausalLM.from_pretrained(
+        path,
+        dtype=dtype or runtime["param_dtype"],
+        attn_implementation=args.attn_implementation,
+    )
     policy = policy.to(runtime["policy_device"])
     if args.gradient_checkpointing:
         policy.gradient_checkpointing_enable()

@@ -9,6 +9,7 @@ vLLM engine beside the policy, and the CPU threads.
 """
 
 import contextlib
+import importlib.util
 import os
 
 from common import check, fail
@@ -41,6 +42,36 @@ def check_device(flag, device):
         parsed.index is None or n == 0 or parsed.index < n,
         f"{flag} {device}: torch sees {n} GPU(s), cuda:0 to cuda:{n - 1}",
     )
+
+
+# --attn-implementation, passed to from_pretrained (sdpa: what transformers picks for these models)
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+
+
+def check_attn_implementation(impl, device, shared_prefix):
+    """--attn-implementation against the run, before anything loads, each a one-line error:
+    flash_attention_2 (seed 000's) cannot run --shared-prefix (its packed rows need a 4-D block
+    mask, which FlashAttention-2 does not take), needs the flash-attn package and a CUDA policy
+    device (`device` None: CUDA where torch sees it)."""
+    if impl != "flash_attention_2":
+        return
+    flag = "--attn-implementation flash_attention_2"
+    check(
+        not shared_prefix,
+        f"{flag} cannot run --shared-prefix (its packed rows need a 4-D block mask that "
+        "FlashAttention-2 does not take): pass --no-shared-prefix, or --attn-implementation sdpa",
+    )
+    check(
+        importlib.util.find_spec("flash_attn") is not None,
+        f"{flag} needs the flash-attn package (pip install flash-attn --no-build-isolation), or "
+        "pass --attn-implementation sdpa",
+    )
+    import torch
+
+    on_cuda = torch.cuda.is_available()
+    if device:
+        on_cuda = str(device).startswith("cuda")
+    check(on_cuda, f"{flag} runs on CUDA only: pass --attn-implementation sdpa on this device")
 
 
 # ----------------------------------------------------------------------------- precision

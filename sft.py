@@ -205,6 +205,13 @@ def parse_args(argv=None):
         action="store_true",
         help="bf16 weights + AdamW state: half the memory, updates < half a bf16 step lost",
     )
+    g.add_argument(
+        "--attn-implementation",
+        default="sdpa",
+        choices=hardware.ATTN_IMPLEMENTATIONS,
+        help="the model's attention kernels (from_pretrained's attn_implementation; "
+        "flash_attention_2: CUDA and the flash-attn package, without --shared-prefix)",
+    )
 
     g = p.add_argument_group("eval")
     g.add_argument(
@@ -422,6 +429,9 @@ def resolve(args):
     n_gpu = torch.cuda.device_count()
     hardware.check_device("--policy-device", args.policy_device)
     hardware.check_device("--vllm-device", args.vllm_device)
+    hardware.check_attn_implementation(
+        args.attn_implementation, args.policy_device, args.shared_prefix
+    )
     if not args.policy_device:
         args.policy_device = "cuda:0" if n_gpu else "cpu"
     if not args.vllm_device:
@@ -1110,7 +1120,11 @@ def load_policy(args, pairs, threads):
     if args.lora_rank:
         weights_from = args.model  # a LoRA checkpoint holds the adapter; the base is --model
         weights_dtype = args.compute_dtype  # the frozen base needs no fp32 master copy
-    model = AutoModelForCausalLM.from_pretrained(weights_from, dtype=getattr(torch, weights_dtype))
+    model = AutoModelForCausalLM.from_pretrained(
+        weights_from,
+        dtype=getattr(torch, weights_dtype),
+        attn_implementation=args.attn_implementation,
+    )
     model = model.to(args.policy_device)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()

@@ -1803,6 +1803,11 @@ def test_a_second_sigterm_stops_at_once_keeping_the_last_checkpoint(
         ("--model /tmp", "no config.json"),
         ("--resume /tmp", "no complete checkpoint"),
         ("--wandb proj", "--wandb needs the wandb package"),  # (not installed here)
+        (
+            "--attn-implementation flash_attention_2 --shared-prefix",
+            "cannot run --shared-prefix (its packed rows need a 4-D block mask",
+        ),
+        ("--attn-implementation flash_attention_2", "needs the flash-attn package"),
     ],
 )
 def test_bad_values_fail_in_one_line_before_loading(bad, msg, tmp_path):
@@ -2128,3 +2133,32 @@ def test_tools_flags_refuse_in_one_line(tmp_path):
     args = grpo.parse_args(["--tools", "calculator", "--out", str(tmp_path / "r")])
     assert args.prompt == "r1_zero_calculator" and args.tool_isolated is False
     assert args.tool_timeout == 3.0
+
+
+def test_attn_implementation_reaches_the_policy(tiny_model_dir, task_file, tmp_path):
+    """--attn-implementation (seed 000 loads with FlashAttention-2) is from_pretrained's
+    attn_implementation and is recorded with the flags; sdpa, the default, is what transformers
+    picks for these models without it (so the default changes nothing)."""
+    for impl in ("eager", "sdpa"):
+        argv = tiny_flags(tiny_model_dir, task_file, "--attn-implementation", impl)
+        args = grpo.parse_args(argv + ["--out", str(tmp_path / impl)])
+        assert vars(args)["attn_implementation"] == impl  # args.json is vars(args)
+        runtime = grpo.setup_runtime(args)
+        policy = grpo.load_policy(args.model, args, runtime)[0]
+        assert policy.config._attn_implementation == impl
+    default = grpo.parse_args(tiny_flags(tiny_model_dir, task_file))
+    assert default.attn_implementation == "sdpa"
+
+
+def test_flash_attention_2_needs_cuda(monkeypatch, capsys):
+    """Where flash-attn is installed (faked here: no such package nor GPU on this machine), a CPU
+    policy is still one line."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: name == "flash_attn" or real(name, *a)
+    )
+    with pytest.raises(SystemExit):
+        hardware.check_attn_implementation("flash_attention_2", "cpu", None)
+    assert "runs on CUDA only" in capsys.readouterr().err

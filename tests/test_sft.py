@@ -617,6 +617,7 @@ def test_reusing_out_without_resume_is_refused(tiny_model_dir, sft_jsonl, tmp_pa
             "--sleep-engine is for an engine that shares",
         ),
         (["--wandb", "proj"], "--wandb needs the wandb package"),
+        (["--attn-implementation", "flash_attention_2"], "needs the flash-attn package"),
     ],
 )
 def test_bad_values_refused_in_one_line_before_a_model_loads(
