@@ -40,7 +40,8 @@ Examples:
   python best_of_n.py                              # embedded model, synthetic Countdown
   python best_of_n.py --model Qwen/Qwen3-0.6B --task gsm8k --data gsm8k_test.jsonl --n 16 \\
       --ns 1,4,8,16
-  python best_of_n.py --from-generations runs/bon_gsm8k/generations.jsonl --ns 1,2,4,8,16
+  python best_of_n.py --from-generations runs/bon_gsm8k/generations.jsonl --ns 1,2,4,8,16 \\
+      --overwrite                                  # replaces the run's best_of_n.json
   python best_of_n.py --tools calculator --limit 50 --n 8 --ns 1,2,4,8
 """
 

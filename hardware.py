@@ -59,7 +59,8 @@ def check_attn_implementation(impl, device, shared_prefix):
     check(
         not shared_prefix,
         f"{flag} cannot run --shared-prefix (its packed rows need a 4-D block mask that "
-        "FlashAttention-2 does not take): pass --no-shared-prefix, or --attn-implementation sdpa",
+        "FlashAttention-2 does not take): drop --shared-prefix (grpo.py: --no-shared-prefix), "
+        "or pass --attn-implementation sdpa",
     )
     check(
         importlib.util.find_spec("flash_attn") is not None,

@@ -183,7 +183,8 @@ def check_restored(action, value, source):
     bad = f"--resume: {source} has {flag} {value!r}"
     if value is None:
         return
-    if isinstance(action.const, bool) and action.nargs == 0:  # store_true / store_false
+    switch = isinstance(action.const, bool) and action.nargs == 0  # store_true / store_false
+    if switch or isinstance(action, argparse.BooleanOptionalAction):  # --x / --no-x
         check(isinstance(value, bool), f"{bad}, not true or false; fix or drop it there")
         return
     values = value
@@ -195,7 +196,8 @@ def check_restored(action, value, source):
             try:
                 converted = action.type(str(v))
             except (argparse.ArgumentTypeError, TypeError, ValueError) as e:
-                fail(f"{bad}: {e}; fix or drop it there")
+                # a flag typed now wins (--threads saved on a larger machine, say)
+                fail(f"{bad}: {e}; pass {flag} on this command line, or fix it there")
         if action.choices is not None:
             check(converted in action.choices, f"{bad}, not one of {list(action.choices)}")
 
@@ -301,12 +303,26 @@ def check_is_run(out, flag="--out"):
     metrics.jsonl) is refused in one line, never taken over, overwritten or deleted."""
     if not os.path.isdir(out):
         return
-    entries = os.listdir(out)
-    check(
-        not entries or LOCK_FILE in entries,
+    entries = []  # what makes the folder not empty (.gitkeep, .DS_Store and the like do not)
+    for name in os.listdir(out):
+        if not name.startswith(".") and name != "lost+found":
+            entries.append(name)
+    if not entries or LOCK_FILE in entries or _saved_before_the_marker(out):
+        return
+    fail(
         f"{flag} {out} is not empty and is not a run of this project (it has no {LOCK_FILE}): "
-        f"choose a new {flag}, or an empty folder",
+        f"choose a new {flag}, or an empty folder"
     )
+
+
+def _saved_before_the_marker(out):
+    """A run saved by this project before runs carried run.lock: a checkpoint whose state.json
+    holds the step and the run's flags, as only save_model_checkpoint writes it."""
+    for name in ("checkpoint", "checkpoint.old", "checkpoint.tmp"):
+        state = read_json(os.path.join(out, name, "state.json"), "step")
+        if state and isinstance(state.get("args"), dict) and state.get("script"):
+            return True
+    return False
 
 
 def run_markers(run_dir):
@@ -732,7 +748,14 @@ def save_snapshot(out_dir, model, tokenizer, args, state, keep):
     step_name = f"step_{state['step']:04d}"
     path = os.path.join(out_dir, SNAPSHOTS, step_name)
     manifest = os.path.join(out_dir, SNAPSHOTS, SNAPSHOTS_WRITTEN)
-    written = (read_json(manifest, "written") or {"written": []})["written"]
+    record = read_json(manifest, "written")
+    if record is None:  # a run saved before the record: its own snapshots, by their state.json
+        record = {"written": []}
+        for _, snapshot in snapshots(out_dir):
+            state = read_json(os.path.join(snapshot, "state.json"), "step")
+            if isinstance(state.get("args"), dict) and state.get("script") == this_script():
+                record["written"].append(os.path.basename(snapshot))
+    written = record["written"]
     if not read_json(os.path.join(path, "state.json"), "step"):
         if step_name not in written:
             written = written + [step_name]

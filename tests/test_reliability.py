@@ -483,6 +483,19 @@ def test_a_folder_without_the_run_marker_is_never_taken_for_a_run(tmp_path, caps
     assert f"--resume {d} is not empty and is not a run of this project" in err
     assert bytes_of(str(d)) == before
     assert not (d / "run.lock").exists()
+    # a run saved before runs carried run.lock is still one (its checkpoint's state.json says
+    # so); a folder holding only hidden files is empty
+    legacy = tmp_path / "legacy"
+    fake_run(legacy, state='{"step": 1, "args": {}, "script": "grpo.py"}')
+    os.remove(legacy / "run.lock")
+    grpo.parse_args(["--resume", str(legacy), "--dry-run"])
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / ".gitkeep").write_text("")
+    try:
+        assert runs.claim_run_dir(str(hidden)) == str(hidden)
+    finally:
+        runs.release_run_dir(str(hidden))
     empty = tmp_path / "empty"
     empty.mkdir()
     try:
@@ -500,6 +513,8 @@ def test_a_folder_without_the_run_marker_is_never_taken_for_a_run(tmp_path, caps
         ({"lr": "abc"}, "--lr 'abc': 'abc' is not a finite number > 0"),
         ({"loss": "nope"}, "--loss 'nope', not one of"),
         ({"mask_truncated": "yes"}, "--mask-truncated 'yes', not true or false"),
+        ({"shared_prefix": "yes"}, "--shared-prefix 'yes', not true or false"),
+        ({"threads": 50000}, "pass --threads on this command line"),
     ],
 )
 def test_restored_flags_pass_the_checks_typed_ones_do(saved, needle, tmp_path, capsys):
