@@ -77,7 +77,8 @@ TASKS = {
 # the seeds' hub sets: task -> dataset id, config, and the splits `prepare` writes
 HUB = {
     "gsm8k": {"id": "openai/gsm8k", "config": "main", "splits": ("train", "test")},  # seed 001
-    "math": {"id": "hiyouga/math12k", "config": None, "splits": ("train", "test")},  # seed 000
+    # seed 000; "val" is a held-out part of the train split (VAL_BUCKETS), which "train" excludes
+    "math": {"id": "hiyouga/math12k", "config": None, "splits": ("train", "val", "test")},
     "math500": {"id": "HuggingFaceH4/MATH-500", "config": None, "splits": ("test",)},  # seed 000
     # seed 002; one split on the hub, whose last COUNTDOWN_TEST_ROWS rows are held out as "test"
     "countdown": {
@@ -88,6 +89,9 @@ HUB = {
 }
 COUNTDOWN_TEST_ROWS = 1024  # held out of the Countdown hub set (seed 000's dev and test size)
 TEST_BUCKETS = 10  # of 100 hash buckets go to the test split (countdown, keyword)
+# of 100 hash buckets of math12k's train problems form its "val" split (~600 of 12,000): a
+# validation set apart from MATH-500, the final test (math12k's test split is those 500 problems)
+VAL_BUCKETS = 5
 # a longer question, answer, prompt, response or keyword is refused at load, naming its file and
 # line (a 10 MB question used to load, then fail late); ~25k tokens, beyond any context used here
 MAX_FIELD_CHARS = 100_000
@@ -496,13 +500,15 @@ def _source_rows(task, split, source):
             f"{HUB[task]['id']} has no {split!r} split; choose from {list(HUB[task]['splits'])}"
         )
     stored = split
-    if task == "countdown":
+    if task == "countdown" or split == "val":
         stored = "train"
     if source is None:
         rows = _hub_rows(task, stored)
         located = [(f"{HUB[task]['id']} row {i}", r) for i, r in enumerate(rows)]
     else:
         located = _copy_rows(source, task, stored)
+    if task == "math" and split in ("train", "val"):
+        return [(where, r) for where, r in located if _in_val(r) == (split == "val")]
     if task != "countdown":
         return located
     if split == "test":
@@ -514,6 +520,17 @@ def _source_rows(task, split, source):
 def _bucket(key):
     """A stable hash bucket in 0..99 (sha1: the same on every machine and Python run)."""
     return int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) % 100
+
+
+def _in_val(row):
+    """Whether a math12k train row is in the "val" split: VAL_BUCKETS of 100 buckets by a stable
+    hash of its problem text (a row without one is left to the loader's checks, in train)."""
+    question = None
+    if isinstance(row, dict):
+        question = row.get("problem", row.get("question"))
+    if not isinstance(question, str):
+        return False
+    return _bucket("math-val:" + question.strip()) < VAL_BUCKETS
 
 
 def _in_split(key, split):
@@ -729,15 +746,17 @@ def _keyword_rows(path, split, n, seed):
 PREPARE_NAMES = (*HUB, "sft")  # what `python data.py prepare NAME` writes
 
 
-def prepare(name, split="test", source=None, limit=None):
+def prepare(name, split="test", source=None, limit=None, exclude=None):
     """Rows of one of the seeds' data sets in the local format the recipes read: {"question",
     "answer"} for gsm8k, math and math500 (plus "solution" when the source has one),
     {"numbers", "target"} for countdown, {"prompt", "response"} for sft.
 
     source: None = the hub set (HUB); a path = a local copy of it (see _copy_rows); sft has no hub
-    id in the seeds, so it needs one. limit keeps the first rows of the split. Every row passes
-    the loaders' own checks here, so a written file loads as the hub set does:
-    load_task(name, split, path=FILE) == load_task(name, split).
+    id in the seeds, so it needs one. limit keeps the first rows of the split. exclude: a JSONL
+    file of held-out problems (prepare math --split val's): rows whose question or prompt holds
+    one of them are dropped, and counted in a notice, so training never sees a validation
+    problem. Every row passes the loaders' own checks here, so a written file loads as the hub
+    set does: load_task(name, split, path=FILE) == load_task(name, split).
     """
     from tqdm import tqdm
 
@@ -759,9 +778,25 @@ def prepare(name, split="test", source=None, limit=None):
     out = []
     for where, r in tqdm(located, f"prepare {name}", unit=" rows", file=sys.stdout, mininterval=1):
         out.append(_prepared_row(name, r, where))
+    if exclude is not None:
+        out = _without(out, exclude)
     if name == "countdown":
         _notice_unsolvable([{"ground_truth": r} for r in out], source or HUB[name]["id"])
     return out
+
+
+def _without(rows, exclude):
+    """rows less those whose question (or SFT prompt) holds a problem of the `exclude` file."""
+    held_out = []
+    for where, r in read_located(exclude):
+        held_out.append(_string(_object(r, where), _QUESTION_FIELDS, where).strip())
+    kept = []
+    for r in rows:
+        text = r.get("question", r.get("prompt", ""))
+        if not any(q in text for q in held_out):
+            kept.append(r)
+    print(f"--exclude {exclude}: dropped {len(rows) - len(kept)} of {len(rows)} rows")
+    return kept
 
 
 def _prepared_row(name, r, where):
@@ -987,9 +1022,10 @@ def prepare_main(argv):
     p.add_argument(
         "--split",
         default="test",
-        choices=("train", "test"),
-        help="math500 has test only; countdown's test split is the hub set's last 1024 rows; a "
-        "single-file --from of gsm8k/math/math500 is one split already",
+        choices=("train", "val", "test"),
+        help="math500 has test only; countdown's test split is the hub set's last 1024 rows; "
+        "math's val is a held-out part of its train split (VAL_BUCKETS), which its train split "
+        "excludes; a single-file --from of gsm8k/math/math500 is one split already",
     )
     p.add_argument(
         "--from",
@@ -1000,10 +1036,17 @@ def prepare_main(argv):
         "snapshot directory, or one .parquet/.json/.jsonl file of it",
     )
     p.add_argument("--n", type=int, default=None, help="keep the first N rows of the split")
+    p.add_argument(
+        "--exclude",
+        default=None,
+        metavar="HELD_OUT.jsonl",
+        help="drop rows holding a problem of this file (e.g. prepare math --split val's), so "
+        "training data never holds a validation problem",
+    )
     p.add_argument("--out", required=True, help="output .jsonl path (written atomically)")
     args = p.parse_args(argv)
     try:
-        rows = prepare(args.name, args.split, args.source, args.n)
+        rows = prepare(args.name, args.split, args.source, args.n, args.exclude)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None  # one line, exit code 1
     write_jsonl_atomic(args.out, rows)

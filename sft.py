@@ -6,8 +6,10 @@ NLL divided by --normalize-constant. Then AdamW with linear warmup and cosine de
 clipping. Weights stay fp32 (master weights) under bf16 autocast on CUDA. `--n-examples N` trains
 on N distinct pairs: those longer than --max-seq-len are excluded before the subset is drawn.
 
-Every --eval-every steps the engine receives the weights and greedily answers held-out problems,
-which are graded (2048 tokens, seed 000 §3.2). Eval rows carry "eval_step" too: the seed's two
+Before the first step (the curve's starting point), every --eval-every steps and after the last,
+the engine receives the weights and greedily answers held-out problems, which are graded (2048
+tokens, seed 000 §3.2): for MATH, `data.py prepare math --split val`'s problems, held out of every
+training file, so MATH-500 stays the final test. Eval rows carry "eval_step" too: the seed's two
 wandb axes.
 
 The final model goes to --save-dir: a new directory, or one an earlier sft.py save wrote (it
@@ -25,8 +27,8 @@ search trace, and `--init-config tiny` starts from a fresh BPE tokenizer and a r
 (see models/countdown-tiny).
 
 Examples:
-  python sft.py --model Qwen/Qwen2.5-Math-1.5B --data MATH/sft.jsonl --n-examples 512 \\
-      --eval-task math500 --eval-path MATH/validation.jsonl --batch-size 32 \\
+  python sft.py --model Qwen/Qwen2.5-Math-1.5B --data sft.jsonl --n-examples 512 \\
+      --eval-task math --eval-path math_val.jsonl --batch-size 32 \\
       --gradient-accumulation-steps 16 --lr 2e-5 --out runs/sft512
   python sft.py --init-config tiny --data countdown --out runs/countdown-tiny \\
       --save-dir models/countdown-tiny
@@ -1291,6 +1293,11 @@ def main(argv=None):
     done = start  # optimizer steps finished
     in_step = False  # inside an optimizer step: a second Ctrl-C there saves nothing
     try:
+        # --- the evaluation before training: the curve's starting point (seed 000's validation
+        # curves), once per run
+        if llm is not None and start == 0 and not [r for r in logged if "eval_step" in r]:
+            n_evals += 1
+            validate(llm, model, val_rows, args, 0, n_evals, t_run, wandb_run)
         # --- the evaluation a stop skipped: the checkpoint's step was due one that is not logged
         if llm is not None and start and eval_due(start, steps, args):
             if not [r for r in logged if "eval_step" in r and r["step"] == start]:

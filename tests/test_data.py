@@ -524,12 +524,17 @@ def hub_copies(tmp_path_factory):
             if config == "main":
                 expect["gsm8k", split] = [(q, str(i + 3)) for i, q in enumerate(questions)]
     # hiyouga/math12k: problem, answer (no solution); train and test
-    for split, n in (("train", 5), ("test", 3)):
+    for split, n in (("train", 60), ("test", 3)):  # 60: a few of them fall in "val"
         problems = [f"{split} {i}: what is $\\frac{{{i}}}{{2}}$ doubled?" for i in range(n)]
         answers = [str(i) for i in range(n)]
         path = root / "math12k" / "data" / f"{split}-00000-of-00001.parquet"
         _parquet(path, {"problem": problems, "answer": answers})
         expect["math", split] = list(zip(problems, answers))
+    # its train split less the held-out val problems (data.VAL_BUCKETS), and those
+    train = expect["math", "train"]
+    expect["math", "val"] = [(q, a) for q, a in train if data._in_val({"problem": q})]
+    expect["math", "train"] = [(q, a) for q, a in train if not data._in_val({"problem": q})]
+    assert expect["math", "val"]
     # HuggingFaceH4/MATH-500: test.jsonl, the answer column apart from the worked solution
     rows = []
     for i in range(3):
@@ -602,6 +607,7 @@ FIELDS = {  # the fields each prepared file holds
         ("gsm8k", "train"),
         ("gsm8k", "test"),
         ("math", "train"),
+        ("math", "val"),
         ("math", "test"),
         ("math500", "test"),
         ("countdown", "train"),
@@ -627,6 +633,48 @@ def test_prepare_writes_what_the_loaders_read(hub_copies, tmp_path, name, split,
     if name == "sft":  # sft.py reads the chat rows directly too
         assert _loaded(name, copies[name], split) == expect[name, split]
     assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
+
+
+def test_math_val_is_held_out_of_every_training_file(tmp_path, capsys):
+    """Issue 45: SFT validated on MATH's 500 test problems, the final test. `prepare math --split
+    val` is a hash-chosen ~5 % of math12k's train split, which `--split train` leaves out, and
+    `prepare sft --exclude` drops the SFT pairs whose prompt holds a val problem: validation,
+    GRPO training and SFT training sets are disjoint."""
+    rows = []
+    for i in range(400):
+        rows.append({"problem": f"Problem {i}: what is {i} + {i}?", "answer": str(2 * i)})
+    source = tmp_path / "math12k_train.jsonl"
+    _write(source, rows)
+    val = tmp_path / "math_val.jsonl"
+    train = tmp_path / "math_train.jsonl"
+    data.main(["prepare", "math", "--split", "val", "--from", str(source), "--out", str(val)])
+    data.main(["prepare", "math", "--split", "train", "--from", str(source), "--out", str(train)])
+    val_q = {r["question"] for r in data.read_jsonl(str(val))}
+    train_q = {r["question"] for r in data.read_jsonl(str(train))}
+    assert 8 <= len(val_q) <= 40  # ~5 % of 400
+    assert not val_q & train_q and len(val_q | train_q) == 400
+    # the same split whatever the source's order or size: by each problem's text
+    again = tmp_path / "val_again.jsonl"
+    _write(source, rows[::-1][:300])
+    data.main(["prepare", "math", "--split", "val", "--from", str(source), "--out", str(again)])
+    assert {r["question"] for r in data.read_jsonl(str(again))} <= val_q
+    # SFT pairs quoting a val problem in their (already formatted) prompt are dropped
+    pairs = []
+    for i in range(0, 400, 4):
+        prompt = f"A conversation. User: Problem {i}: what is {i} + {i}?\nAssistant: <think>"
+        pairs.append({"prompt": prompt, "response": f" {2 * i}</think> <answer>{2 * i}</answer>"})
+    sft_source = tmp_path / "pi.jsonl"
+    _write(sft_source, pairs)
+    sft_out = tmp_path / "sft.jsonl"
+    capsys.readouterr()
+    data.main(
+        ["prepare", "sft", "--from", str(sft_source), "--exclude", str(val), "--out", str(sft_out)]
+    )
+    kept = data.read_jsonl(str(sft_out))
+    quoted = [p for p in pairs if any(q in p["prompt"] for q in val_q)]
+    assert len(kept) == len(pairs) - len(quoted) and quoted  # some were dropped
+    assert not [p for p in kept if any(q in p["prompt"] for q in val_q)]
+    assert f"dropped {len(quoted)} of {len(pairs)} rows" in capsys.readouterr().out
 
 
 def test_prepare_limits_and_refuses_in_one_line(hub_copies, tmp_path):

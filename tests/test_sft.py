@@ -325,7 +325,8 @@ def test_a_stop_in_a_step_that_ends_in_an_eval_resumes_with_that_eval(
         out = tmp_path / f"cut{cut}"
         stop = stopped(eval_flags(tiny_model_dir, sft_jsonl, out, "--steps", "2"))
         assert isinstance(stop, SystemExit) and stop.code == 130, repr(stop)
-        assert [r[0] for r in eval_rows(out)] == list(range(1, cut))  # the cut step's: skipped
+        # step 0's (before training), then the cut step's: skipped
+        assert [r[0] for r in eval_rows(out)] == list(range(0, cut))
         monkeypatch.setattr(sft, "sft_microbatch_train_step", real)
         sft.main(["--resume", str(out)])
         assert eval_rows(out) == eval_rows(tmp_path / "straight"), cut
