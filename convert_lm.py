@@ -52,10 +52,13 @@ import json
 import os
 import pickle
 import re
+import shutil
 
 import torch
 
 from common import Parser, attempt, check, existing_file, positive_float, positive_int
+from runs import stop, storage_error_line
+from storage import unwritable
 
 # the handout's pre-tokenizer: GPT-2's split, applied between special tokens
 PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -165,7 +168,8 @@ def parse_args(argv=None):
         "--special-tokens",
         nargs="+",
         default=["<|endoftext|>"],
-        help="the special tokens you trained with; the first is EOS",
+        help="the special tokens you trained with, each non-empty (an empty one is refused: "
+        "'' names no token); the first is EOS",
     )
     g = p.add_argument_group("architecture (not in the checkpoint; the handout's defaults)")
     g.add_argument("--num-heads", type=positive_int, default=16, help="attention heads")
@@ -188,10 +192,15 @@ def resolve(args):
         check(args.merges is not None, "--tokenizer-format gpt2 needs --merges merges.txt")
     if args.final_norm_eps is None:
         args.final_norm_eps = args.norm_eps
+    for s in args.special_tokens:
+        check(s != "", "--special-tokens: an empty token ('') names nothing: leave it out")
+        check(args.special_tokens.count(s) == 1, f"--special-tokens names {s!r} twice")
     check(
         not os.path.isfile(args.out) and not (os.path.isdir(args.out) and os.listdir(args.out)),
         f"--out {args.out} exists and is not an empty directory: pick a new one",
     )
+    problem = unwritable(args.out)
+    check(problem is None, f"--out {args.out}: {problem}; choose another --out")
     return args
 
 
@@ -264,6 +273,13 @@ def id_to_value(table, path):
     """{id: token as stored} of a vocabulary mapping in either orientation ({id: token},
     {str(id): token}, {token: id}) or a list indexed by id; ValueError naming the file."""
     if isinstance(table, list):
+        for i, token in enumerate(table):
+            byte_list = isinstance(token, list) and all(isinstance(x, int) for x in token)
+            if not isinstance(token, (str, bytes)) and not byte_list:
+                raise ValueError(
+                    f"{path}: entry {i} of the vocabulary list is {str(token)[:40]!r}: a "
+                    f"list vocabulary holds id i's token at i (a string, or its bytes as ints)"
+                )
         return dict(enumerate(table))
     if not isinstance(table, dict) or not table:
         raise ValueError(f"{path}: expected a vocabulary mapping, got {type(table).__name__}")
@@ -271,13 +287,15 @@ def id_to_value(table, path):
     if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         out = {}
         for token, i in table.items():
+            if i < 0:
+                raise ValueError(f"{path}: token {token!r} has id {i}; ids count from 0")
             out[i] = token
         return out
     out = {}
     for i, token in table.items():
         if isinstance(i, str) and i.isdigit():
             i = int(i)
-        if not isinstance(i, int):
+        if not isinstance(i, int) or i < 0:
             raise ValueError(f"{path}: key {i!r} is neither an id nor a token mapped to an id")
         out[i] = token
     return out
@@ -319,8 +337,11 @@ def read_merges_text(path, vocab, special_tokens, form):
     literal = re.compile(r"""b'(?:[^'\\]|\\.)*'|b"(?:[^"\\]|\\.)*\"""")
     forms = [form] + [f for f in STRING_FORMS if f != form]
     merges = []
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     for n, line in enumerate(lines, 1):
         line = line.rstrip("\r")
         if not line.strip() or (n == 1 and line.startswith("#version")):
@@ -369,24 +390,47 @@ def read_json_tokenizer(vocab_path, merges_path, special_tokens, gpt2_only):
     orientation = "{id: token}"
     if isinstance(table, dict) and isinstance(next(iter(table.values())), int):
         orientation = "{token: id}"
-    with open(merges_path, encoding="utf-8") as f:
-        head = f.read(1).strip()
-    if head == "[":  # a JSON list of pairs
-        with open(merges_path, encoding="utf-8") as f:
-            pairs = json.load(f)
-        merges = []
-        for n, pair in enumerate(pairs):
-            if not isinstance(pair, list) or len(pair) != 2:
-                raise ValueError(f"{merges_path}: merge {n} is not a pair")
-            a = token_bytes(pair[0], vocab_form, special_tokens)
-            b = token_bytes(pair[1], vocab_form, special_tokens)
-            merges.append((a, b))
+    with open(merges_path, "rb") as f:
+        head = f.read(1).decode("latin-1")
+    if head in ("[", "{", '"'):  # JSON: a list of pairs, else the wrong shape
+        merges = read_merges_json(merges_path, vocab_form, special_tokens)
         merges_form = "a JSON list of pairs"
     else:
         merges = read_merges_text(merges_path, vocab, special_tokens, vocab_form)
         merges_form = "text lines"
     said = f"{vocab_path} as {orientation} with {form}, {merges_path} as {merges_form}"
     return vocab, merges, said
+
+
+def read_merges_json(path, form, special_tokens):
+    """[(bytes, bytes)] of a JSON merges file: a list of [a, b] pairs of tokens in the vocabulary's
+    string form (or byte-int lists)."""
+    with open(path, encoding="utf-8") as f:
+        try:
+            pairs = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not JSON ({e})") from None
+    if not isinstance(pairs, list):
+        raise ValueError(
+            f"{path}: a JSON {type(pairs).__name__}, expected a list of [a, b] pairs (or "
+            f"merges.txt's lines 'a b')"
+        )
+    return merge_pairs(pairs, path, form, special_tokens)
+
+
+def merge_pairs(pairs, path, form, special_tokens):
+    """[(bytes, bytes)] of a list of two-token pairs; ValueError naming the file and the merge."""
+    out = []
+    for n, pair in enumerate(pairs):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ValueError(f"{path}: merge {n} is {str(pair)[:40]!r}, not a pair of tokens")
+        try:
+            a = token_bytes(pair[0], form, special_tokens)
+            b = token_bytes(pair[1], form, special_tokens)
+        except ValueError as e:
+            raise ValueError(f"{path}: merge {n}: {e}") from None
+        out.append((a, b))
+    return out
 
 
 class NotPlainData(pickle.UnpicklingError):
@@ -434,14 +478,11 @@ def read_pickle(vocab_path, merges_path, special_tokens):
     raw = id_to_value(vocab, vocab_path)
     vocab, form = decode_vocab(raw, vocab_path, special_tokens, list(STRING_FORMS))
     if not isinstance(merges, (list, tuple)):
-        raise ValueError(f"{vocab_path}: merges are a {type(merges).__name__}, not a list")
-    pairs = []
-    for n, pair in enumerate(merges):
-        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-            raise ValueError(f"{vocab_path}: merge {n} is not a pair")
-        a = token_bytes(pair[0], form, special_tokens)
-        b = token_bytes(pair[1], form, special_tokens)
-        pairs.append((a, b))
+        raise ValueError(
+            f"{merges_path or vocab_path}: merges are a {type(merges).__name__}, expected a list "
+            f"of (bytes, bytes) pairs"
+        )
+    pairs = merge_pairs(merges, merges_path or vocab_path, form, special_tokens)
     if all(not isinstance(v, str) for v in raw.values()):
         form = "bytes"
     return vocab, pairs, f"{vocab_path} as a pickle of {form}"
@@ -541,6 +582,20 @@ def is_state_dict(obj):
     return all(isinstance(k, str) and torch.is_tensor(v) for k, v in obj.items())
 
 
+def not_a_tensor(obj, where=""):
+    """A line naming the first value that is not a tensor in a dict that holds tensors beside
+    other values (a state dict with a step count or a list in it), or None."""
+    if not isinstance(obj, dict) or not any(torch.is_tensor(v) for v in obj.values()):
+        return None
+    for name, value in obj.items():
+        if not torch.is_tensor(value):
+            return (
+                f"{where}{name} is not a tensor ({type(value).__name__}): a state dict holds "
+                f"tensors only; re-save model.state_dict()"
+            )
+    return None
+
+
 def load_checkpoint(path, trust):
     """torch.load with weights_only (no code runs), or in full with --trust-checkpoint."""
     if trust:
@@ -571,7 +626,8 @@ def find_state_dict(obj, state_key):
             have = list(obj)[:8] if isinstance(obj, dict) else type(obj).__name__
             raise ValueError(f"--state-key {state_key} is not one of its keys ({have})")
         if not is_state_dict(obj[state_key]):
-            raise ValueError(f"--state-key {state_key} does not hold a dict of tensors")
+            bad = not_a_tensor(obj[state_key], f"--state-key {state_key}: ")
+            raise ValueError(bad or f"--state-key {state_key} does not hold a dict of tensors")
         return obj[state_key]
     if is_state_dict(obj):
         return obj
@@ -581,6 +637,10 @@ def find_state_dict(obj, state_key):
     if len(found) > 1:
         raise ValueError(f"several entries are state dicts ({found}): pass --state-key NAME")
     if not found:
+        for key, value in [(None, obj), *obj.items()]:  # a state dict spoiled by one value
+            bad = not_a_tensor(value, "" if key is None else f"its {key!r} entry: ")
+            if bad:
+                raise ValueError(bad)
         raise ValueError(
             f"no entry is a state dict of tensors (keys: {list(obj)[:8]}): save "
             f"model.state_dict(), or pass --state-key NAME"
@@ -627,10 +687,30 @@ def drop_buffers(state):
     return kept
 
 
+def check_values(state):
+    """Every weight a real floating-point tensor of finite values; ValueError naming the first
+    that is not (an int or bool tensor would be cast without a word, a NaN or inf would convert
+    into a model that generates nothing)."""
+    for name, t in state.items():
+        if not t.is_floating_point():
+            raise ValueError(
+                f"{name} is a {t.dtype} tensor, not floating point: save the float weights "
+                f"(a quantized or integer checkpoint cannot convert)"
+            )
+        bad = (~torch.isfinite(t)).sum().item()
+        if bad:
+            raise ValueError(
+                f"{name} holds {bad} non-finite values (NaN or inf) of {t.numel()}: the training "
+                f"diverged before this save; convert an earlier checkpoint"
+            )
+
+
 def load_state_dict(path, state_key, trust):
-    """The checkpoint's weights, unwrapped, prefixes dropped, buffers dropped."""
+    """The checkpoint's weights, unwrapped, prefixes dropped, buffers dropped, values checked."""
     state = find_state_dict(load_checkpoint(path, trust), state_key)
-    return drop_buffers(strip_prefixes(state))
+    state = drop_buffers(strip_prefixes(state))
+    check_values(state)
+    return state
 
 
 # ----------------------------------------------------------------------------- names
@@ -778,6 +858,9 @@ def orient(state, transposed):
     (d_model is the embeddings' width), else --transposed / --no-transposed must say."""
     if "token_embeddings.weight" not in state:
         raise ValueError("no token embeddings: expected a weight named like token_embeddings")
+    shape = tuple(state["token_embeddings.weight"].shape)
+    if len(shape) != 2:
+        raise ValueError(f"token_embeddings.weight has shape {shape}, expected (vocab, d_model)")
     D = state["token_embeddings.weight"].shape[1]
     votes = {True: 0, False: 0}  # True: stored (d_in, d_out); the majority decides
     for name, t in state.items():
@@ -986,6 +1069,29 @@ def final_norm_change(model, final_eps, context_length):
 
 
 # ----------------------------------------------------------------------------- main
+def save(model, tokenizer, args):
+    """The model directory written whole or not at all: into a sibling .tmp directory, renamed to
+    --out at the end (over an empty --out). A full, read-only or size-limited disk is one line
+    (runs.storage_error_line), and the .tmp directory is removed."""
+    out = os.path.abspath(args.out)
+    tmp = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.tmp{os.getpid()}")
+    try:
+        os.makedirs(tmp)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        with open(os.path.join(tmp, "convert_args.json"), "w") as f:
+            json.dump(vars(args), f, indent=1)
+        os.replace(tmp, out)  # (an empty --out is replaced)
+    except BaseException as e:  # a full disk or Ctrl-C: no half-written model stays behind
+        line = None
+        if isinstance(e, Exception):  # asked before the .tmp directory frees its space
+            line = storage_error_line(e, out, "saving", args.out)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if line:
+            stop(line)
+        raise
+
+
 def main(argv=None):
     args = parse_args(argv)
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -1006,6 +1112,12 @@ def main(argv=None):
         len(tokenizer) <= sizes["vocab"],
         f"the tokenizer has {len(tokenizer)} tokens but token_embeddings.weight has "
         f"{sizes['vocab']} rows: pass the tokenizer files (and --special-tokens) you trained with",
+    )
+    top = max(tokenizer.get_vocab().values())
+    check(
+        top < sizes["vocab"],
+        f"the tokenizer has id {top} but token_embeddings.weight has {sizes['vocab']} rows: pass "
+        f"the tokenizer files (and --special-tokens) you trained with",
     )
     eos = tokenizer.eos_token_id
     config = LlamaConfig(
@@ -1044,11 +1156,7 @@ def main(argv=None):
             f"logits by {change:.1e} (over {EPS_TOLERANCE}): a Llama cannot hold both; check "
             f"--final-norm-eps",
         )
-    os.makedirs(args.out, exist_ok=True)
-    model.save_pretrained(args.out)
-    tokenizer.save_pretrained(args.out)
-    with open(os.path.join(args.out, "convert_args.json"), "w") as f:
-        json.dump(vars(args), f, indent=1)
+    save(model, tokenizer, args)
     print(
         f"converted {args.checkpoint}: vocab {sizes['vocab']}, d_model {sizes['d_model']}, "
         f"{sizes['layers']} layers, {args.num_heads} heads (head size "

@@ -58,6 +58,7 @@ from itertools import combinations
 
 # ground truths are parsed and checked by the grader's own rules
 from grader import gsm8k_answer, gsm8k_gold, math_answer
+from storage import storage_line, unwritable
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 PROMPTS_DIR = os.path.join(ROOT, "prompts")
@@ -1006,6 +1007,28 @@ def generate_countdown(n, numbers=(3, 3), max_value=10, seed=0, max_target=50, s
 
 
 # ----------------------------------------------------------------------------- CLI
+def check_out(path):
+    """--out can be written: refused in one line before any row is read or made."""
+    if os.path.isdir(path):
+        raise SystemExit(f"error: --out {path}: is a directory; pass a .jsonl file path")
+    problem = unwritable(path)
+    if problem:
+        raise SystemExit(f"error: --out {path}: {problem}; choose another --out")
+
+
+def write_out(path, rows):
+    """The CLI's output, written atomically: a full, read-only or size-limited disk is one line
+    (exit code 1) and leaves no file behind."""
+    try:
+        write_jsonl_atomic(path, rows)
+    except OSError as e:
+        line = storage_line(e, path, "writing")
+        if line is None:
+            raise
+        raise SystemExit(f"error: {line}") from None
+    print(f"wrote {len(rows)} rows to {path}")
+
+
 def prepare_main(argv):
     """`python data.py prepare NAME --out FILE`: one of the seeds' data sets as local JSONL."""
     p = argparse.ArgumentParser(
@@ -1045,12 +1068,12 @@ def prepare_main(argv):
     )
     p.add_argument("--out", required=True, help="output .jsonl path (written atomically)")
     args = p.parse_args(argv)
+    check_out(args.out)
     try:
         rows = prepare(args.name, args.split, args.source, args.n, args.exclude)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None  # one line, exit code 1
-    write_jsonl_atomic(args.out, rows)
-    print(f"wrote {len(rows)} rows to {args.out}")
+    write_out(args.out, rows)
 
 
 def main(argv=None):
@@ -1077,6 +1100,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--out", required=True, help="output .jsonl path (written atomically)")
     args = p.parse_args(argv)
+    check_out(args.out)
     try:
         if args.task == "countdown" and args.path in (None, "synthetic"):
             rows = generate_countdown(
@@ -1091,8 +1115,7 @@ def main(argv=None):
             rows = load_task(args.task, args.split or "test", args.path, args.n, args.seed)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None  # one line, exit code 1
-    write_jsonl_atomic(args.out, rows)
-    print(f"wrote {len(rows)} rows to {args.out}")
+    write_out(args.out, rows)
 
 
 if __name__ == "__main__":

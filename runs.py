@@ -37,6 +37,7 @@ import threading
 import time
 
 from common import check, check_hub_ids, check_model_dir, fail, read_json
+from storage import storage_line, storage_problem
 
 
 # ----------------------------------------------------------------------------- resume and dry runs
@@ -245,6 +246,7 @@ RUN_MARKERS = ("metrics.jsonl", "checkpoint", "checkpoint.tmp", "checkpoint.old"
 LOCK_FILE = "run.lock"  # held while a process runs on the directory; names its last holder
 _LOCKS = {}  # real path of a run directory this process holds -> (the path as given, fd)
 _RESTARTS = set()  # real paths of run directories this process starts again from step 0
+_CLAIMED = set()  # real paths claimed as runs (claim_run_dir): they go on with --resume
 
 
 def claim_run_dir(out, resume=None, flag="--out", script=None):
@@ -264,6 +266,7 @@ def claim_run_dir(out, resume=None, flag="--out", script=None):
         stop_on_storage_error(e, out, "creating")
         fail(f"{flag} {out}: cannot create it ({e.strerror})")
     lock_run_dir(out, flag, script)
+    _CLAIMED.add(os.path.realpath(out))
     metrics = os.path.join(out, "metrics.jsonl")
     held = run_markers(out)
     restart = os.path.realpath(out) in _RESTARTS
@@ -435,6 +438,7 @@ def release_run_dir(out):
     in-process and now hands the directory to another process)."""
     held = _LOCKS.pop(os.path.realpath(out), None)
     _RESTARTS.discard(os.path.realpath(out))
+    _CLAIMED.discard(os.path.realpath(out))
     if held:
         os.close(held[1])
 
@@ -844,59 +848,17 @@ def read_metrics(path, quiet=False):
 
 
 # ------------------------------------------------------------------------- a full or read-only disk
-# Writes fail on a full disk in many dialects: OSError(ENOSPC) from Python, "No space left on
-# device" inside a safetensors error, and torch.save's "unexpected pos 704 vs 598", which names
-# nothing. So the filesystem itself is asked too, right after the failure. Either way the run
-# stops with one line naming the problem and what to do; the last checkpoint stays whole.
-FULL_BYTES = 1 << 20  # less free space than this after a failed write: the disk is full
-_STORAGE_ERRNOS = {
-    errno.ENOSPC: "disk full",
-    errno.EDQUOT: "disk quota exceeded",
-    errno.EROFS: "read-only file system",
-    errno.EACCES: "permission denied",
-    errno.EPERM: "permission denied",
-}
-
-
-def storage_problem(exc, path):
-    """What about the filesystem of `path` explains `exc`: "disk full", "disk quota exceeded",
-    "read-only file system", "permission denied", or None (something else: raise it as is)."""
-    if isinstance(exc, OSError):
-        return _STORAGE_ERRNOS.get(exc.errno)  # other errnos (a missing file...) are no disk's
-    try:
-        fs = os.statvfs(_existing(path))
-    except OSError:
-        return None
-    if fs.f_flag & os.ST_RDONLY:
-        return "read-only file system"
-    if fs.f_bavail * fs.f_frsize < FULL_BYTES or "No space left on device" in str(exc):
-        return "disk full"
-    return None
-
-
+# storage.py says what about the filesystem explains a failed write; here the line adds how the run
+# goes on (its --resume). Either way the run stops with one line naming the problem and what to
+# do; the last checkpoint stays whole.
 def storage_error_line(exc, path, doing, target=None):
     """The one line for a write that `exc` ended, or None when the filesystem does not explain it:
     "disk full: saving runs/x/checkpoint failed (...); free space on /mnt (0.1 MiB free), then
     --resume runs/x continues from its last checkpoint (step 4)". target: what was being written
     (default: path)."""
-    problem = storage_problem(exc, path)
-    if problem is None:
+    if storage_problem(exc, path) is None:
         return None
-    if target is None:
-        target = path
-    detail = getattr(exc, "strerror", None)
-    if not detail:
-        text = str(exc).strip().splitlines() or [""]
-        detail = f"{type(exc).__name__}: {text[0][:150]}"
-    mount = _mount_point(path)
-    if problem == "read-only file system":
-        fix = f"make {mount} writable again"
-    elif problem == "permission denied":
-        fix = f"make {os.path.dirname(os.path.abspath(target))} writable for this user"
-    else:
-        fs = os.statvfs(mount)
-        fix = f"free space on {mount} ({fs.f_bavail * fs.f_frsize / 2**20:.1f} MiB free now)"
-    return f"{problem}: {doing} {target} failed ({detail}); {fix}, then {_how_to_go_on(path)}"
+    return storage_line(exc, path, doing, target, then=_how_to_go_on(path))
 
 
 def stop_on_storage_error(exc, path, doing, target=None):
@@ -913,39 +875,6 @@ def stop(line, code=1):
     sys.exit(code)
 
 
-def _existing(path):
-    """path, or its nearest ancestor that exists."""
-    path = os.path.abspath(path)
-    while not os.path.exists(path):
-        path = os.path.dirname(path)
-    return path
-
-
-def _mount_point(path):
-    """The mount point of the filesystem holding path: the longest listed in /proc/self/mounts
-    that holds it (a bind mount on the same device included), else found by os.path.ismount."""
-    path = os.path.realpath(_existing(path))
-    best = None
-    try:
-        with open("/proc/self/mounts") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        lines = []
-    for line in lines:
-        fields = line.split()
-        if len(fields) < 2:
-            continue
-        point = fields[1].replace("\\040", " ")  # (mounts escapes a space as \040)
-        if path == point or path.startswith(point.rstrip("/") + "/"):
-            if best is None or len(point) > len(best):
-                best = point
-    if best is None:
-        best = path
-        while not os.path.ismount(best):
-            best = os.path.dirname(best)
-    return best
-
-
 def _how_to_go_on(path):
     """How the run that `path` belongs to continues once the disk is fixed."""
     real = os.path.realpath(path)
@@ -955,6 +884,9 @@ def _how_to_go_on(path):
             run = given
     if run is None and _LOCKS:
         run = list(_LOCKS.values())[-1][0]  # the run this process claimed (sft's --save-dir)
+    if run is not None and os.path.realpath(run) not in _CLAIMED:
+        # locked but not claimed as a run: eval_zero_shot.py's or best_of_n.py's --out (no --resume)
+        return "run it again (with --overwrite if --out holds results it wrote)"
     parent = real
     for _ in range(3):  # a Ray actor's save, out/checkpoint.tmp/...: its driver claimed out
         parent = os.path.dirname(parent)

@@ -473,6 +473,36 @@ def head_bias(sd):
     sd["lm_head.bias"] = torch.ones(SIZES["vocab"])
 
 
+def int_weight(sd):
+    sd["layers.0.ln1.weight"] = 3
+
+
+def list_weight(sd):
+    sd["layers.0.ln1.weight"] = [1.0] * SIZES["d_model"]
+
+
+def all_nan(sd):
+    for name in sd:
+        sd[name] = torch.full_like(sd[name], math.nan)
+
+
+def one_inf(sd):
+    sd["layers.1.ffn.w2.weight"] = sd["layers.1.ffn.w2.weight"].clone()
+    sd["layers.1.ffn.w2.weight"][0, 0] = math.inf
+
+
+def nan_head_bias(sd):  # (an all-zero head bias is dropped: NaN must not pass for zero)
+    sd["lm_head.bias"] = torch.full((SIZES["vocab"],), math.nan)
+
+
+def flat_embeddings(sd):
+    sd["token_embeddings.weight"] = sd["token_embeddings.weight"].flatten()
+
+
+def int_tensor(sd):
+    sd["layers.0.ln1.weight"] = torch.ones(SIZES["d_model"], dtype=torch.long)
+
+
 BAD = [
     ("missing file", None, ["--checkpoint", "nope.pt"], "nope.pt: no such file"),
     ("heads", None, ["--num-heads", "3"], "--num-heads 3 does not split d_model 64"),
@@ -482,6 +512,15 @@ BAD = [
     ("vocab", small_vocab, [], "token_embeddings.weight has 300 rows"),
     ("extra key", extra_key, [], "names do not say which handout weight 1 keys are"),
     ("head bias", head_bias, [], "the output layer has a bias, which a Llama has not"),
+    ("int weight", int_weight, [], "layers.0.ln1.weight is not a tensor (int)"),
+    ("list weight", list_weight, [], "layers.0.ln1.weight is not a tensor (list)"),
+    ("all NaN", all_nan, [], "token_embeddings.weight holds 28672 non-finite values"),
+    ("one inf", one_inf, [], "layers.1.ffn.w2.weight holds 1 non-finite values (NaN or inf)"),
+    ("NaN head bias", nan_head_bias, [], "lm_head.bias holds 448 non-finite values"),
+    ("1-D embeddings", flat_embeddings, [], "token_embeddings.weight has shape (28672,)"),
+    ("int tensor", int_tensor, [], "layers.0.ln1.weight is a torch.int64 tensor"),
+    ("empty special", None, ["--special-tokens", ""], "an empty token ('') names nothing"),
+    ("two specials", None, ["--special-tokens", EOT, EOT], f"names {EOT!r} twice"),
     ("state key", None, ["--state-key", "weights"], "--state-key weights is not one of its keys"),
     ("no merges", None, ["--merges"], "vocab.json holds no merges: pass --merges merges.txt"),
     ("not a checkpoint", None, ["--checkpoint", "{dir}/merges.txt"], "cannot read it with torch"),
@@ -891,6 +930,71 @@ def test_a_lossy_json_vocabulary_is_one_line(student, tmp_path, capsys):
     write_student(tmp_path, student["vocab"], student["merges"], student["sd"], tokenizer=False)
     err = refusal(convert_argv(tmp_path, tmp_path / "lm", "--num-heads", "2"), capsys)
     assert "U+FFFD" in err
+
+
+def pairs_vocab(d, vocab, merges):  # [[token, id], ...]: a list, but not of tokens
+    table = json.loads((d / "vocab.json").read_text(encoding="utf-8"))
+    (d / "vocab.json").write_text(json.dumps(sorted(table.items(), key=lambda kv: kv[1])))
+
+
+def negative_ids(d, vocab, merges):
+    table = json.loads((d / "vocab.json").read_text(encoding="utf-8"))
+    (d / "vocab.json").write_text(json.dumps({t: i - 1 for t, i in table.items()}))
+
+
+def string_merges(d, vocab, merges):  # merges.txt's text saved as one JSON string
+    (d / "merges.txt").write_text(json.dumps((d / "merges.txt").read_text(encoding="utf-8")))
+
+
+def int_merges(d, vocab, merges):
+    (d / "merges.txt").write_text(json.dumps([[1, 2]]))
+
+
+def binary_merges(d, vocab, merges):
+    (d / "merges.txt").write_bytes(b"\xff\xfe a b\n")
+
+
+def pickled_string_merges(d, vocab, merges):
+    with open(d / "tokenizer.pkl", "wb") as f:
+        pickle.dump((vocab, "a b\nc d"), f)
+
+
+BAD_TOKENIZERS = [
+    ("list of pairs", pairs_vocab, "entry 0 of the vocabulary list is \"['<|endoftext|>', 0]\""),
+    ("negative ids", negative_ids, "has id -1; ids count from 0"),
+    ("string merges", string_merges, "merges.txt: a JSON str, expected a list of [a, b] pairs"),
+    ("int merges", int_merges, "merges.txt: merge 0: a int, not a token"),
+    ("binary merges", binary_merges, "merges.txt: not UTF-8 text"),
+    ("pickled string", pickled_string_merges, "tokenizer.pkl: merges are a str, expected a list"),
+]
+
+
+@pytest.mark.parametrize("what,spoil,needle", BAD_TOKENIZERS, ids=[b[0] for b in BAD_TOKENIZERS])
+def test_a_tokenizer_file_of_the_wrong_shape_is_one_line(
+    student, tmp_path, capsys, what, spoil, needle
+):
+    write_student(tmp_path, student["vocab"], student["merges"], student["sd"])
+    spoil(tmp_path, student["vocab"], student["merges"])
+    argv = convert_argv(tmp_path, tmp_path / "lm", "--num-heads", "2")
+    if spoil is pickled_string_merges:
+        argv = [
+            "--checkpoint",
+            str(tmp_path / "ckpt.pt"),
+            "--vocab",
+            str(tmp_path / "tokenizer.pkl"),
+        ]
+        argv += ["--out", str(tmp_path / "lm"), "--num-heads", "2"]
+    assert needle in refusal(argv, capsys)
+    assert not (tmp_path / "lm").exists()
+
+
+def test_token_ids_past_the_embeddings_are_one_line(student, tmp_path, capsys):
+    """A vocabulary whose ids run past token_embeddings' rows converted before without a word."""
+    write_student(tmp_path, student["vocab"], student["merges"], student["sd"])
+    table = json.loads((tmp_path / "vocab.json").read_text(encoding="utf-8"))
+    (tmp_path / "vocab.json").write_text(json.dumps({t: i * 10 for t, i in table.items()}))
+    err = refusal(convert_argv(tmp_path, tmp_path / "lm", "--num-heads", "2"), capsys)
+    assert "the tokenizer has id 4060 but token_embeddings.weight has 448 rows" in err
 
 
 class Payload:

@@ -14,7 +14,7 @@ import re
 from conftest import ROOT, doc_section
 
 LAYERS = [  # bottom first: a file imports only from the layers before its own
-    ("errors and flags, the metric table", ["common", "metric_table"]),
+    ("errors and flags, the metric table, storage errors", ["common", "metric_table", "storage"]),
     ("pure tensor and reward functions, the sandbox", ["losses", "grader", "sandbox"]),
     ("task data, LoRA, hardware", ["data", "lora", "hardware"]),
     ("a run on disk", ["runs"]),

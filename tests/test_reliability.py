@@ -1020,3 +1020,109 @@ def test_a_truncated_or_replaced_checkpoint_file_is_one_line(tiny_model_dir, tmp
         assert err.count("\n") == 1 and needle in err, err
     shutil.copy2(good / "optimizer.pt", optimizer)
     grpo.parse_args(["--resume", str(run_dir), "--dry-run"])  # whole again: accepted
+
+
+# ------------------------------------------- data.py, convert_lm.py and eval's --out on a bad disk
+# issue 44: a tool's output on a full, read-only or size-limited disk is one line and leaves no
+# partial file or model directory; a script without --resume is told to run it again.
+@pytest.fixture(scope="module")
+def student_files(tmp_path_factory):
+    """convert_lm.py's inputs: test_convert's random model (~0.6 MB of weights) and its BPE."""
+    import test_convert as tc
+
+    d = tmp_path_factory.mktemp("student")
+    vocab, merges = tc.train_bpe(tc.sample_strings(150, seed=1), n_merges=150)
+    tc.write_student(d, vocab, merges, tc.random_state_dict(**tc.SIZES))
+    argv = ["--checkpoint", str(d / "ckpt.pt"), "--vocab", str(d / "vocab.json")]
+    return argv + ["--merges", str(d / "merges.txt"), "--num-heads", "2"]
+
+
+def last_line_error(r, needle):
+    """One_line_error for a run that got as far as saving: transformers' progress bar may come
+    first on stderr; then one `error:` line, the last."""
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.replace("\r", "\n").strip().splitlines()
+    assert [x for x in lines if x.startswith("error")] == [lines[-1]], r.stderr
+    assert lines[-1].startswith(f"error: {needle}"), r.stderr
+
+
+def test_convert_lm_on_a_full_disk_is_one_line_and_leaves_no_model(student_files, mounts, tmp_path):
+    disk = mounts("tmpfs", tmp_path / "disk", size="256k")
+    out = os.path.join(disk, "lm")
+    r = run("convert_lm.py", *student_files, "--out", out, fast=60)
+    last_line_error(r, f"disk full: saving {out} failed (")
+    assert f"free space on {disk} (" in r.stderr and r.stderr.strip().endswith("run it again")
+    assert os.listdir(disk) == []  # no .lm.tmp<pid>, no lm
+
+
+def test_convert_lm_and_data_py_to_a_read_only_folder_are_one_line_first(mounts, tmp_path):
+    folder = mounts("read-only", tmp_path / "ro")
+    argv = ["--checkpoint", __file__, "--vocab", __file__, "--out", f"{folder}/lm"]
+    one_line_error(run("convert_lm.py", *argv, fast=10), f"read-only file system ({folder})")
+    r = run("data.py", "countdown", "--n", "5", "--out", f"{folder}/cd.jsonl", fast=10)
+    one_line_error(r, f"error: --out {folder}/cd.jsonl: read-only file system ({folder})")
+
+
+def test_data_py_on_a_full_disk_is_one_line_and_leaves_no_file(mounts, tmp_path):
+    disk = mounts("tmpfs", tmp_path / "disk", size="64k")
+    out = os.path.join(disk, "cd.jsonl")
+    r = run("data.py", "countdown", "--n", "3000", "--out", out, fast=60)
+    one_line_error(r, f"error: disk full: writing {out} failed (No space left on device); free")
+    assert r.returncode == 1 and os.listdir(disk) == []
+
+
+def limited(limit):
+    """A child process's file-size limit (RLIMIT_FSIZE, bytes), SIGXFSZ ignored so that a write
+    past it fails with EFBIG instead of killing the process."""
+
+    def start():
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return start
+
+
+@pytest.mark.parametrize("script", ["data.py", "convert_lm.py"])
+def test_a_file_size_limit_is_one_line_naming_it(script, student_files, tmp_path):
+    if script == "data.py":
+        out = str(tmp_path / "cd.jsonl")
+        argv = ["data.py", "countdown", "--n", "3000", "--out", out]
+        needle = f"file too large: writing {out} failed (File too large); raise"
+    else:
+        out = str(tmp_path / "lm")
+        argv = ["convert_lm.py", *student_files, "--out", out]
+        needle = f"file too large: saving {out} failed ("
+    r = subprocess.run(
+        [sys.executable, *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=limited(64 * 1024),
+    )
+    last_line_error(r, needle)
+    assert "raise the file-size limit (ulimit -f 64)" in r.stderr
+    assert os.listdir(tmp_path) == []
+
+
+CLAIM_OUT = """if True:
+    import sys, data, eval_zero_shot
+    out = sys.argv[1]
+    eval_zero_shot.claim_out(out)  # best_of_n.py claims its --out with this function too
+    data.write_json_atomic(out + "/summary.json", ["x" * 1000] * 2000)
+"""
+
+
+def test_a_full_disk_under_an_eval_out_advises_no_resume(mounts, tmp_path):
+    """eval_zero_shot.py and best_of_n.py have no --resume: the line says run it again."""
+    disk = mounts("tmpfs", tmp_path / "disk", size="1m")
+    out = os.path.join(disk, "eval")
+    argv = [sys.executable, "-c", CLAIM_OUT, out]
+    r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    one_line_error(r, "error: disk full: writing ")
+    assert "--resume" not in r.stderr
+    assert r.stderr.strip().endswith(
+        "then run it again (with --overwrite if --out holds results it wrote)"
+    )
