@@ -418,7 +418,7 @@ def test_ctrl_c_while_the_engine_starts_is_one_line_and_resumable(
     )
     monkeypatch.setattr(rollout, "init_engine", real)
     sft.main(["--resume", str(out)])
-    assert [r[:2] for r in eval_rows(out)] == [(1, 1)]
+    assert [r[:2] for r in eval_rows(out)] == [(0, 1), (1, 2)]  # before training, then step 1
     assert json.load(open(out / "model" / "state.json"))["step"] == 1
 
 
@@ -736,11 +736,15 @@ def test_sleep_engine_call_order(tiny_model_dir, sft_jsonl, tmp_path, monkeypatc
 
     sft.main(run(tmp_path / "a") + ["--sleep-engine"])
     wake = ["wake_engine", "generate", "sleep_engine"]  # (the HF engine's wake is a push: left out)
-    expected = ["sleep_engine", "train"] + wake + ["train"] + wake
+    expected = ["sleep_engine"] + wake + ["train"] + wake + ["train"] + wake  # step 0's first
     assert [c for c in calls if c != "load_policy_into_vllm"] == expected
     calls.clear()
     sft.main(run(tmp_path / "b"))
-    assert calls == ["train", "load_policy_into_vllm", "generate"] * 2
+    assert (
+        calls
+        == ["load_policy_into_vllm", "generate"]
+        + ["train", "load_policy_into_vllm", "generate"] * 2
+    )
 
 
 def test_tiny_tokenizers_survive_a_reload(tmp_path):
@@ -846,10 +850,10 @@ def test_from_scratch_cli_smoke_with_hf_engine_validation(tmp_path):
     cmd += ["--save-every", "1", "--keep-checkpoints", "1"]
     res = run_script(cmd)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "step 2/2 |" in res.stdout and "eval 2 @ step 2" in res.stdout
+    assert "step 2/2 |" in res.stdout and "eval 3 @ step 2" in res.stdout
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     evals = [r for r in rows if "eval_step" in r]
-    assert [(r["step"], r["eval_step"]) for r in evals] == [(1, 1), (2, 2)]
+    assert [(r["step"], r["eval_step"]) for r in evals] == [(0, 1), (1, 2), (2, 3)]
     for k in (
         "eval/accuracy",
         "eval/format_reward",
@@ -888,7 +892,7 @@ def test_checkpoint_round_trips_through_vllm_with_eval(tiny_model_dir, sft_jsonl
     argv += ["--eval-n", "4", "--eval-max-tokens", "8", "--eager"]
     hist = sft.main(argv)
     evals = [r for r in hist if "eval/accuracy" in r]
-    assert [r["eval_step"] for r in evals] == [1, 2]
+    assert [r["eval_step"] for r in evals] == [1, 2, 3]  # before training, then each step
     assert 0 <= evals[-1]["eval/format_reward"] <= 1
     assert os.path.exists(tmp_path / "rollouts" / "step_0002.jsonl")
     save = str(tmp_path / "model")
