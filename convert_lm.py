@@ -456,8 +456,18 @@ def read_one_pickle(path):
             return DataOnlyUnpickler(f).load()
     except NotPlainData as e:
         raise ValueError(f"{path}: {e}") from None
-    except (pickle.UnpicklingError, EOFError, IndexError, ValueError, TypeError) as e:
-        raise ValueError(f"{path}: not a pickle of plain data ({e})") from None
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        IndexError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        KeyError,
+        RecursionError,
+        MemoryError,
+    ) as e:  # a malformed pickle fails in any of these ways, never by running code
+        raise ValueError(f"{path}: not a pickle of plain data ({type(e).__name__})") from None
 
 
 def read_pickle(vocab_path, merges_path, special_tokens):
@@ -664,15 +674,24 @@ def strip_prefixes(state):
     return out
 
 
+# the words of a RoPE or mask buffer's name (rope.cos_cached, rotary_emb.inv_freq, freqs_cis,
+# causal_mask), matched as whole words so a module named "masked_attn" or "processing" is not one
+BUFFER_WORDS = {"rope", "rotary", "cos", "sin", "inv", "freq", "freqs", "cis", "mask", "causal"}
+
+
 def drop_buffers(state):
     """The state dict without the buffers a student registered as persistent: RoPE's (a cos/sin
     table or inv_freq, e.g. layers.0.attn.rope.cos_cached) and a causal mask. Not weights: the
     converted model builds its own from --rope-theta; a one-line notice names them."""
     dropped = []
     for name, t in state.items():
-        last = name.split(".")[-1]
-        named = any(word in name for word in ("rope", "rotary", "cos", "sin", "inv_freq", "mask"))
-        if named and last != "weight" and (t.is_floating_point() or t.dtype == torch.bool):
+        parts = name.lower().split(".")
+        if parts[-1] in ("weight", "bias"):
+            continue  # a parameter, whatever its module is called (masked_attn.wq.bias)
+        words = set()  # a name's words: "cos_cached" -> cos, cached
+        for part in parts:
+            words.update(part.split("_"))
+        if words & BUFFER_WORDS and (t.is_floating_point() or t.dtype == torch.bool):
             dropped.append(name)
     if dropped:
         print(
@@ -804,7 +823,12 @@ def map_names(state, key_map):
         for pattern, template in key_map:
             match = pattern.fullmatch(name)
             if match:
-                target = match.expand(template)
+                try:
+                    target = match.expand(template)
+                except (re.error, IndexError) as e:  # a group the pattern lacks
+                    raise ValueError(
+                        f"--key-map: {template!r} for {pattern.pattern!r}: {e}"
+                    ) from None
                 if not HANDOUT_NAME.fullmatch(target):
                     raise ValueError(
                         f"--key-map maps {name} to {target}, which is not a handout name "

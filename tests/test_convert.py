@@ -1047,3 +1047,27 @@ def test_the_readmes_seed_004_workflow_runs(student, tmp_path):
     assert saved["task"] == "keyword" and saved["model"] == "models/my-lm"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("train/loss" in m for m in metrics)
+
+
+def test_review_cases_are_kept_or_one_line(tmp_path):
+    """A bias under a module whose name holds "mask" or "sin" is a weight, not a RoPE/mask buffer
+    (it was dropped, converting to a model without biases); a malformed pickle and a --key-map
+    template naming a group its pattern lacks are ValueErrors (one line), not tracebacks."""
+    import re
+
+    state = {
+        "layers.0.masked_attn.wq.bias": torch.zeros(4),
+        "processing.w1.weight": torch.zeros(4, 4),
+        "layers.0.attn.rope.cos_cached": torch.zeros(8, 2),
+        "rotary_emb.inv_freq": torch.zeros(2),
+        "layers.0.attn.causal_mask": torch.ones(4, 4, dtype=torch.bool),
+    }
+    kept = convert_lm.drop_buffers(state)
+    assert sorted(kept) == ["layers.0.masked_attn.wq.bias", "processing.w1.weight"]
+    bad = tmp_path / "bad.pkl"
+    bad.write_bytes(b"\x80\x02}}b.")
+    with pytest.raises(ValueError, match="not a pickle of plain data"):
+        convert_lm.read_one_pickle(str(bad))
+    key_map = [(re.compile(r"emb\.(w)"), r"token_embeddings.\2")]
+    with pytest.raises(ValueError, match="--key-map"):
+        convert_lm.map_names({"emb.w": torch.zeros(2, 2)}, key_map)
