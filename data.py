@@ -43,7 +43,6 @@ Examples:
   python data.py gsm8k --path ../shared/data/gsm8k_test.jsonl --n 5 --out /tmp/gsm8k5.jsonl
 """
 
-import argparse
 import contextlib
 import hashlib
 import json
@@ -57,6 +56,7 @@ from functools import lru_cache
 from itertools import combinations
 
 # ground truths are parsed and checked by the grader's own rules
+from common import Parser
 from grader import gsm8k_answer, gsm8k_gold, math_answer
 from storage import storage_line, unwritable
 
@@ -1031,7 +1031,7 @@ def write_out(path, rows):
 
 def prepare_main(argv):
     """`python data.py prepare NAME --out FILE`: one of the seeds' data sets as local JSONL."""
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="data.py prepare",
         description="Write one of the seeds' data sets as the local JSONL the README's recipes "
         "read, from the hub or from a local copy of it.",
@@ -1082,7 +1082,7 @@ def main(argv=None):
     if argv[:1] == ["prepare"]:
         prepare_main(argv[1:])
         return
-    p = argparse.ArgumentParser(
+    p = Parser(
         description="Write task data as JSONL (synthetic Countdown or a loaded task); "
         "`python data.py prepare --help` writes the seeds' data sets."
     )
