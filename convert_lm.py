@@ -57,8 +57,8 @@ import shutil
 import torch
 
 from common import Parser, attempt, check, existing_file, positive_float, positive_int
-from runs import stop, storage_error_line
-from storage import unwritable
+from runs import stop
+from storage import storage_line, unwritable
 
 # the handout's pre-tokenizer: GPT-2's split, applied between special tokens
 PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -1096,7 +1096,7 @@ def final_norm_change(model, final_eps, context_length):
 def save(model, tokenizer, args):
     """The model directory written whole or not at all: into a sibling .tmp directory, renamed to
     --out at the end (over an empty --out). A full, read-only or size-limited disk is one line
-    (runs.storage_error_line), and the .tmp directory is removed."""
+    (storage.storage_line), and the .tmp directory is removed."""
     out = os.path.abspath(args.out)
     tmp = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.tmp{os.getpid()}")
     try:
@@ -1109,7 +1109,8 @@ def save(model, tokenizer, args):
     except BaseException as e:  # a full disk or Ctrl-C: no half-written model stays behind
         line = None
         if isinstance(e, Exception):  # asked before the .tmp directory frees its space
-            line = storage_error_line(e, out, "saving", args.out)
+            # no run to resume here: storage.py's line ends "then run it again"
+            line = storage_line(e, out, "saving", args.out)
         shutil.rmtree(tmp, ignore_errors=True)
         if line:
             stop(line)

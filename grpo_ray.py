@@ -702,6 +702,9 @@ def build_actors(args):
     joined. Colocated: the first min(N, M) actors ("colocated") are generator i and learner i."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy as InGroup
 
+    # the run directory is this run's before an actor writes its engine log there (runs.py: a
+    # folder without run.lock that is not empty is not taken for a run)
+    runs.claim_run_dir(args.out, args.resume)
     M = args.num_learners
     gpus = args.gpus_per_actor
     if gpus is None:  # default: one GPU per actor on a cluster that has GPUs

@@ -36,6 +36,7 @@ import ray  # noqa: E402
 
 import grpo_ray  # noqa: E402
 import plot  # noqa: E402
+import runs as run_dirs  # noqa: E402
 
 # <= ~4k prompt tokens per rollout batch: a seeded request split by vLLM's chunked prefill crashes
 # the CPU sampler ("CPU Generator does not use offset"), and the tiny tokenizers spend ~700 tokens
@@ -153,6 +154,7 @@ def main():
             actors = grpo_ray.build_actors(args)
             layout = mode_layout
         else:
+            run_dirs.claim_run_dir(args.out, args.resume)  # before the actors' engine logs
             ray.get([x.reset.remote(args) for x in actors["all"]], timeout=args.timeout_s)
         summary = grpo_ray.run(args, actors)
         result[mode] = {k: v for k, v in summary.items() if k not in ("engine", "mode")}

@@ -93,7 +93,9 @@ def cluster(make_args):
 
 
 def start(actors, args):
-    """Reset the actors for a new run with args; returns args."""
+    """Reset the actors for a new run with args; returns args. The driver claims the run
+    directory first, as grpo_ray.main does, before an actor writes its engine log there."""
+    runs.claim_run_dir(args.out, args.resume)
     ray.get([a.reset.remote(args) for a in actors["all"]], timeout=300)
     return args
 
