@@ -71,7 +71,6 @@ from eval_zero_shot import (
     check_out,
     check_sweep_out,
     claim_out,
-    close_tool,
     default_max_tokens,
     describe,
     expand_models,
@@ -462,7 +461,8 @@ def main(argv=None):
         print(f"\n{message}", file=sys.stderr)
         raise SystemExit(stop_exit_code()) from None
     finally:
-        close_tool(tool)
+        if tool is not None:
+            tool.close()
 
 
 def score(args, written, tool=None):

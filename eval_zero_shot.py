@@ -332,12 +332,6 @@ def sample_responses(llm, prompts, tool, **sampling):
     return tools.generate(llm, prompts, tool, turn_stride=TOOL_TURN_STRIDE, **sampling)
 
 
-def close_tool(tool):
-    """Stop the python tool's sandbox pool (a calculator has none)."""
-    if tool is not None and tool.pool is not None:
-        tool.pool.close()
-
-
 def add_data_flags(p):
     """The flags task_flags and load_examples read (best_of_n.py uses the same ones)."""
     p.add_argument(
@@ -569,7 +563,8 @@ def main(argv=None):
             rows.append(row)
         write_sweep(args.out, rows, f"{args.task} T={args.temperature}")
     finally:
-        close_tool(tool)  # also on a stop request or an error
+        if tool is not None:
+            tool.close()  # also on a stop request or an error
 
 
 def evaluate(args, tool=None, claim=True):

@@ -589,8 +589,8 @@ def main(args):
             tool,
         )
     finally:
-        if tool is not None and tool.pool is not None:
-            tool.pool.close()  # the sandbox workers
+        if tool is not None:
+            tool.close()  # the sandbox workers
 
 
 if __name__ == "__main__":

@@ -2170,8 +2170,8 @@ def main(args):
         interrupted,
         tool,
     )
-    if tool is not None and tool.pool is not None:
-        tool.pool.close()  # the sandbox workers
+    if tool is not None:
+        tool.close()  # the sandbox workers
 
 
 if __name__ == "__main__":

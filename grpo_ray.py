@@ -326,8 +326,8 @@ class Worker:
     def close(self):
         """Close the tool's sandbox pool, if any (a reused actor's reset, and the driver before
         it kills the actors)."""
-        if self.tool is not None and self.tool.pool is not None:
-            self.tool.pool.close()
+        if self.tool is not None:
+            self.tool.close()
         self.tool = None
 
     def runtime_record(self):

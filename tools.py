@@ -92,6 +92,11 @@ class Tool:
         self.seconds += time.perf_counter() - t0
         return results
 
+    def close(self):
+        """Stop the sandbox workers of python's pool (a calculator has none)."""
+        if self.pool is not None:
+            self.pool.close()
+
 
 CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
 
@@ -295,7 +300,7 @@ def isolated(args):
 
 def make(args):
     """The run's Tool (--tools), else None. python's calls run on one sandbox pool per run
-    (close it with tool.pool.close())."""
+    (close it with tool.close())."""
     if not args.tools:
         return None
     header = data.prompt_header(args.prompt)
@@ -393,25 +398,7 @@ def generate(
                 s["finish_reason"] = "truncated_by_tool"
             else:
                 calling.append(s)  # finished by the trigger: the tool runs
-        outputs = tool.run([s["turn_text"] for s in calling])
-        active = []
-        for s, (output, status) in zip(calling, outputs):
-            s["calls"] += 1  # the triggers the tool answered
-            s["errors"] += status in ("error", "timeout")
-            s["timeouts"] += status == "timeout"
-            if status == "void":
-                s["void"] = True  # a trigger with nothing to run
-            ids, text = observation(tool, output, tokenizer)
-            if len(s["token_ids"]) + len(ids) >= max_tokens:
-                s["finish_reason"] = "truncated_by_tool"  # no room left for a sampled token
-                continue
-            s["token_ids"] += ids
-            s["logprobs"] += [0.0] * len(ids)
-            s["policy_mask"] += [0] * len(ids)
-            s["text"] += text
-            s["segments"].append({"tool": text, "status": status})
-            s["obs_tokens"] += len(ids)
-            active.append(s)
+        active = _run_tool(tool, calling, tokenizer, max_tokens)
         turn += 1
     per_prompt = []
     for i in range(P):
@@ -419,6 +406,32 @@ def generate(
     for s in samples:
         del s["i"], s["j"], s["turn_text"]
     return per_prompt
+
+
+def _run_tool(tool, calling, tokenizer, max_tokens):
+    """The tool phase of a turn: the tool answers each calling sample's turn, and its output goes
+    in as an observation (mask 0, log-prob 0). -> the samples that go on to the next turn; one
+    whose observation leaves no room for a sampled token ends as "truncated_by_tool"."""
+    outputs = tool.run([s["turn_text"] for s in calling])
+    active = []
+    for s, (output, status) in zip(calling, outputs):
+        s["calls"] += 1  # the triggers the tool answered
+        s["errors"] += status in ("error", "timeout")
+        s["timeouts"] += status == "timeout"
+        if status == "void":
+            s["void"] = True  # a trigger with nothing to run
+        ids, text = observation(tool, output, tokenizer)
+        if len(s["token_ids"]) + len(ids) >= max_tokens:
+            s["finish_reason"] = "truncated_by_tool"  # no room left for a sampled token
+            continue
+        s["token_ids"] += ids
+        s["logprobs"] += [0.0] * len(ids)
+        s["policy_mask"] += [0] * len(ids)
+        s["text"] += text
+        s["segments"].append({"tool": text, "status": status})
+        s["obs_tokens"] += len(ids)
+        active.append(s)
+    return active
 
 
 def void_end(policy_text, last):
