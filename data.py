@@ -13,9 +13,12 @@ and offline runs use. `python data.py prepare NAME --out FILE` writes that file 
 or from a local copy of it (`--from`: a hub snapshot directory or one of its .parquet/.json/.jsonl
 files, for machines without hub access). NAME "sft" converts the Prime Intellect SFT set, which has
 no hub id in the seeds, from {"prompt", "response"} or chat "messages" rows (`load_sft_jsonl`, and
-so sft.py, reads both). The Countdown hub set has one split: its last COUNTDOWN_TEST_ROWS (1024)
-rows are held out as the test split (seed 000's course ships its own 10k / 1024 / 1024 subset; the
-README's recipes use this test split as its dev set). `load_task("countdown", path="synthetic")`
+so sft.py, reads both); its test split (`--split test`, the same rows) becomes {"question",
+"answer"} rows that `load_task("math", path=FILE)` reads: the question recovered from the prompt
+by the prompts/*.prompt template it was formatted with, the answer read off the response. The
+Countdown hub set has one split: its last COUNTDOWN_TEST_ROWS (1024) rows are held out as the test
+split (seed 000's course ships its own 10k / 1024 / 1024 subset; the README's recipes use this test
+split as its dev set). `load_task("countdown", path="synthetic")`
 uses the synthetic generator below, which needs nothing.
 
 Every row read from a file or hub set is checked at load, and nothing is coerced: a wrong type (a
@@ -38,6 +41,7 @@ Examples:
   python data.py prepare gsm8k --split test --out gsm8k_test.jsonl
   python data.py prepare countdown --split train --from Countdown-Tasks-3to4/ --out cd34_train.jsonl
   python data.py prepare sft --from prime_intellect_sft.jsonl --out sft.jsonl
+  python data.py prepare sft --split test --from prime_intellect_test.jsonl --out pi_test.jsonl
   python data.py countdown --numbers 3..4 --max-value 10 --seed 0 --n 1000 --out /tmp/cd_train.jsonl
   python data.py countdown --split test --n 200 --out /tmp/cd_test.jsonl
   python data.py gsm8k --path ../shared/data/gsm8k_test.jsonl --n 5 --out /tmp/gsm8k5.jsonl
@@ -57,7 +61,7 @@ from itertools import combinations
 
 # ground truths are parsed and checked by the grader's own rules
 from common import Parser
-from grader import gsm8k_answer, gsm8k_gold, math_answer
+from grader import gsm8k_answer, gsm8k_gold, last_boxed, math_answer, r1_zero_answer
 from storage import storage_line, unwritable
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -745,12 +749,22 @@ def _keyword_rows(path, split, n, seed):
 
 # ----------------------------------------------------------------------------- prepare
 PREPARE_NAMES = (*HUB, "sft")  # what `python data.py prepare NAME` writes
+SFT_SPLITS = ("train", "test")  # prepare sft: training pairs, or test rows to evaluate on
 
 
-def prepare(name, split="test", source=None, limit=None, exclude=None):
+def default_split(name):
+    """prepare's split when none is given: sft's training pairs, every other set's test split."""
+    if name == "sft":
+        return "train"
+    return "test"
+
+
+def prepare(name, split=None, source=None, limit=None, exclude=None):
     """Rows of one of the seeds' data sets in the local format the recipes read: {"question",
     "answer"} for gsm8k, math and math500 (plus "solution" when the source has one),
-    {"numbers", "target"} for countdown, {"prompt", "response"} for sft.
+    {"numbers", "target"} for countdown, {"prompt", "response"} for sft's train split and
+    {"question", "answer", "solution"} for its test split (sft_test_rows). split None: the
+    name's default_split.
 
     source: None = the hub set (HUB); a path = a local copy of it (see _copy_rows); sft has no hub
     id in the seeds, so it needs one. limit keeps the first rows of the split. exclude: a JSONL
@@ -768,8 +782,12 @@ def prepare(name, split="test", source=None, limit=None, exclude=None):
             "prepare sft needs --from LOCAL_FILE: the Prime Intellect SFT set comes with the "
             "course's data, not from a hub id"
         )
+    if split is None:
+        split = default_split(name)
+    if name == "sft" and split not in SFT_SPLITS:
+        raise ValueError(f"prepare sft has no {split!r} split; choose from {list(SFT_SPLITS)}")
     if name == "sft":
-        located = _copy_rows(source, name, "train")
+        located = _copy_rows(source, name, "train")  # a local file holds one split
     else:
         located = _source_rows(name, split, source)
     if limit is not None:
@@ -779,6 +797,8 @@ def prepare(name, split="test", source=None, limit=None, exclude=None):
     out = []
     for where, r in tqdm(located, f"prepare {name}", unit=" rows", file=sys.stdout, mininterval=1):
         out.append(_prepared_row(name, r, where))
+    if name == "sft" and split == "test":
+        out = sft_test_rows(out, source)
     if exclude is not None:
         out = _without(out, exclude)
     if name == "countdown":
@@ -798,6 +818,85 @@ def _without(rows, exclude):
             kept.append(r)
     print(f"--exclude {exclude}: dropped {len(rows) - len(kept)} of {len(rows)} rows")
     return kept
+
+
+def sft_test_rows(pairs, source):
+    """{"question", "answer", "solution"} rows of SFT {"prompt", "response"} pairs, for evaluation
+    (seed 000 §4.3 asks for the SFT model's accuracy on the Prime Intellect test set): the question
+    is the prompt less the prompts/*.prompt template it was formatted with (one line naming the
+    first prompt no template fits), the answer the response's final one (r1_zero's <answer>, else
+    its last \\boxed{}), the response kept as "solution". A pair whose response states no answer
+    cannot be graded: it is dropped and counted in a notice."""
+    templates = _question_templates()
+    out = []
+    used = {}  # template name -> rows formatted with it
+    no_answer = 0
+    for i, pair in enumerate(pairs):
+        found = _question_of(pair["prompt"], templates)
+        if found is None:
+            raise ValueError(
+                f"{source} row {i}: the prompt is none of prompts/*.prompt's templates "
+                f"({', '.join(templates)}) filled with a question, so its question cannot be "
+                f"recovered: add its template as prompts/NAME.prompt, or write the test rows as "
+                f'{{"question", "answer"}} and evaluate with --task math'
+            )
+        template, question = found
+        answer = _final_answer(pair["response"])
+        if not answer:
+            no_answer += 1
+            continue
+        used[template] = used.get(template, 0) + 1
+        out.append({"question": question, "answer": answer, "solution": pair["response"]})
+    if no_answer:
+        print(f"notice: {source}: {no_answer} of {len(pairs)} responses state no answer: dropped")
+    for template, n in used.items():
+        print(
+            f"{source}: {n} questions recovered from the {template} template (evaluate with "
+            f"--prompt {template} for the format the model was trained on)"
+        )
+    if not out:
+        raise ValueError(f"{source}: no response states an answer; nothing to evaluate on")
+    return out
+
+
+def _question_templates():
+    """{name: (text before {question}, text after)} of every one-template prompt file that takes
+    a question, longest head first (a template whose head holds another's wins)."""
+    out = {}
+    for f in sorted(os.listdir(PROMPTS_DIR)):
+        if not f.endswith(".prompt"):
+            continue
+        name = f[: -len(".prompt")]
+        template, header = read_prompt_file(name)
+        if header or template.count("{question}") != 1 or TEMPLATE_BREAK in template:
+            continue  # tool prompts share their task prompt's template; kissing's take none
+        head, tail = template.split("{question}")
+        out[name] = (head, tail)
+    return dict(sorted(out.items(), key=lambda item: -len(item[1][0])))
+
+
+def _question_of(prompt, templates):
+    """(template name, question) of a formatted prompt, or None when no template fits."""
+    for name, (head, tail) in templates.items():
+        text = prompt.strip()
+        if not head.strip() and not tail.strip():
+            continue  # question_only: every prompt would fit, an unknown template's text too
+        if text.startswith(head.strip()) and text.endswith(tail.strip()):
+            question = text[len(head.strip()) : len(text) - len(tail.strip())].strip()
+            if question:
+                return name, question
+    return None
+
+
+def _final_answer(response):
+    """The final answer an SFT response states: r1_zero's <answer> tag, else its last \\boxed{}."""
+    if "<answer>" in response:
+        answer = r1_zero_answer(response)
+    else:
+        answer = last_boxed(response)
+    if answer is None:
+        return None
+    return answer.strip()
 
 
 def _prepared_row(name, r, where):
@@ -1044,11 +1143,13 @@ def prepare_main(argv):
     )
     p.add_argument(
         "--split",
-        default="test",
+        default=None,
         choices=("train", "val", "test"),
-        help="math500 has test only; countdown's test split is the hub set's last 1024 rows; "
-        "math's val is a held-out part of its train split (VAL_BUCKETS), which its train split "
-        "excludes; a single-file --from of gsm8k/math/math500 is one split already",
+        help="default test (sft: train). math500 has test only; countdown's test split is the "
+        "hub set's last 1024 rows; math's val is a held-out part of its train split "
+        "(VAL_BUCKETS), which its train split excludes; sft's test split is written as "
+        "{question, answer} rows to evaluate on (--task math); a single-file --from is one "
+        "split already",
     )
     p.add_argument(
         "--from",

@@ -573,12 +573,22 @@ def hub_copies(tmp_path_factory):
     ]
     _write(root / "sft_messages.jsonl", [{"messages": t} for t in turns])
     expect["sft", None] = [(t[0]["content"], t[1]["content"]) for t in turns]
+    # its test file: {"prompt", "response"} pairs, the prompts formatted with the intellect prompt
+    intellect = data.load_prompt("intellect")
+    pairs = []
+    for i in range(3):
+        prompt = data.format_prompt(intellect, f"Double {i}.")
+        response = f"Twice {i}.\nTherefore, the final answer is: $\\boxed{{{2 * i}}}$. I hope"
+        pairs.append({"prompt": prompt, "response": response})
+    _write(root / "sft_test.jsonl", pairs)
+    expect["sft", "test"] = [(f"Double {i}.", str(2 * i)) for i in range(3)]
     copies = {
         "gsm8k": str(root / "gsm8k"),
         "math": str(root / "math12k"),
         "math500": str(root / "math500"),
         "countdown": str(root / "countdown"),
         "sft": str(root / "sft_messages.jsonl"),
+        "sft_test": str(root / "sft_test.jsonl"),
     }
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(datasets.config, "HF_DATASETS_CACHE", str(root / "cache"))
@@ -587,6 +597,8 @@ def hub_copies(tmp_path_factory):
 
 def _loaded(name, path, split):
     """(question, ground truth) pairs of a written file as the recipes load it."""
+    if name == "sft" and split == "test":  # its test rows are read as MATH problems
+        name = "math"
     if name == "sft":
         return [(p["prompt"], p["response"]) for p in data.load_sft_jsonl(path)]
     return [(r["question"], r["ground_truth"]) for r in data.load_task(name, split, path=path)]
@@ -677,6 +689,55 @@ def test_math_val_is_held_out_of_every_training_file(tmp_path, capsys):
     assert f"dropped {len(quoted)} of {len(pairs)} rows" in capsys.readouterr().out
 
 
+def test_prepare_sft_test_split_is_math_problems_to_evaluate_on(hub_copies, tmp_path, capsys):
+    """Seed 000 §4.3 asks for the SFT model's accuracy on the Prime Intellect test set: `prepare
+    sft --split test` recovers each question from its formatted prompt (intellect or r1_zero) and
+    the answer from its response, so `--task math` evaluates on it; a response stating no answer
+    is dropped with a count, a prompt no template fits is refused in one line."""
+    copies, expect = hub_copies
+    out = str(tmp_path / "pi_test.jsonl")
+    data.main(["prepare", "sft", "--split", "test", "--from", copies["sft_test"], "--out", out])
+    assert "3 questions recovered from the intellect template" in capsys.readouterr().out
+    assert _loaded("math", out, "test") == expect["sft", "test"]
+    assert all(set(r) == {"question", "answer", "solution"} for r in data.read_jsonl(out))
+    # r1_zero-formatted pairs (the <answer> tag, a boxed one inside it) and one with no answer
+    r1 = data.load_prompt("r1_zero")
+    pairs = [
+        {"prompt": data.format_prompt(r1, "What is 2 + 3?"), "response": " 5 </think> <answer>5"},
+        {
+            "prompt": data.format_prompt(r1, "Halve $\\frac{1}{2}$."),
+            "response": " half </think> <answer>$\\boxed{\\frac{1}{4}}$</answer>",
+        },
+        {"prompt": data.format_prompt(r1, "What is 1 + 1?"), "response": " I do not know"},
+    ]
+    source = _write(tmp_path / "r1.jsonl", pairs)
+    rows = data.prepare("sft", "test", source)
+    assert [(r["question"], r["answer"]) for r in rows] == [
+        ("What is 2 + 3?", "5"),
+        ("Halve $\\frac{1}{2}$.", "\\frac{1}{4}"),
+    ]
+    printed = capsys.readouterr().out
+    assert "1 of 3 responses state no answer: dropped" in printed
+    assert "--prompt r1_zero" in printed
+    # the grader reads the written answer back: the recovered row scores a correct response 1
+    import grader
+
+    loaded = data.load_task(
+        "math", path=_write(tmp_path / "r1_test.jsonl", rows), prompt="intellect"
+    )
+    verdict = grader.question_only_reward_fn(
+        "The answer is $\\boxed{5}$.", loaded[0]["ground_truth"]
+    )
+    assert verdict["reward"] == 1.0
+    # refusals: a prompt of no template, sft's val split
+    bad = _write(tmp_path / "bad.jsonl", [{"prompt": "Q: 2 + 2?\nA:", "response": "\\boxed{4}"}])
+    with pytest.raises(ValueError, match=r"row 0: the prompt is none of prompts/\*\.prompt") as e:
+        data.prepare("sft", "test", bad)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match=r"prepare sft has no 'val' split"):
+        data.prepare("sft", "val", bad)
+
+
 def test_prepare_limits_and_refuses_in_one_line(hub_copies, tmp_path):
     copies, expect = hub_copies
     rows = data.prepare("countdown", "train", copies["countdown"], limit=7)
@@ -748,20 +809,25 @@ def test_readme_recipes_read_what_its_prepare_lines_write(hub_copies, tmp_path, 
             assert argv[1].endswith("/prompts/keywords.txt")
             continue
         assert argv[:3] == ["python", "data.py", "prepare"]
-        assert tasks == {argv[3]}, f"{path} is written as {argv[3]}, read as {tasks}"
         flags = argv[3:]
+        split = data.default_split(argv[3])
+        if "--split" in flags:
+            split = flags[flags.index("--split") + 1]
+        read_as = argv[3]
+        copy = copies[argv[3]]
+        if argv[3] == "sft" and split == "test":  # the SFT set's test rows are MATH problems
+            read_as = "math"
+            copy = copies["sft_test"]
+        assert tasks == {read_as}, f"{path} is written as {read_as}, read as {tasks}"
         if "--from" in flags:
-            flags[flags.index("--from") + 1] = copies[argv[3]]
+            flags[flags.index("--from") + 1] = copy
         else:
-            flags += ["--from", copies[argv[3]]]
+            flags += ["--from", copy]
         out = str(tmp_path / path)
         flags[flags.index("--out") + 1] = out
         if "--exclude" in flags:
             held_out = flags.index("--exclude") + 1
             flags[held_out] = str(tmp_path / flags[held_out])
         data.main(["prepare", *flags])
-        split = "test"
-        if "--split" in flags:
-            split = flags[flags.index("--split") + 1]
         assert _loaded(argv[3], out, split), path
     capsys.readouterr()

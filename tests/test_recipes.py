@@ -283,14 +283,29 @@ def test_seed_004_converts_the_model_its_rows_run():
     assert converts == [SEED_MODELS[("004", "grpo_ray.py")]]
 
 
+def trained_from(model):
+    """The hub model a recipe row trains into `model` (its --out's model/ directory: an SFT run's
+    final model), or None when no row writes it."""
+    for _label, argv in recipes():
+        if argv[0] == "sft.py" and os.path.join(argv[argv.index("--out") + 1], "model") == model:
+            return argv[argv.index("--model") + 1]
+    return None
+
+
 def test_every_seed_row_runs_the_seeds_model():
+    """Each seed's rows name its model, or (seed 000's test numbers of the SFT model) the model a
+    row of the seed trained from it."""
     checked = set()
     for label, argv in recipes():
         seed = re.search(r"\((\d{3})\b", label)
         if seed is None or "--model" not in argv:  # the embedded model's rows
             continue
         key = (seed.group(1), argv[0])
-        assert argv[argv.index("--model") + 1] == SEED_MODELS[key], label
+        model = argv[argv.index("--model") + 1]
+        if trained_from(model) is not None:
+            assert trained_from(model) == SEED_MODELS[(key[0], "sft.py")], label
+            continue
+        assert model == SEED_MODELS[key], label
         checked.add(key)
     assert checked == set(SEED_MODELS)
 
@@ -423,6 +438,8 @@ STAND_INS = [
     (("Countdown zero-shot at 256/512/1024",), "hf", ["--max-tokens", "4,8,12"]),  # still a sweep
     (("Best-of-N at 1/4/8/16",), "hf", []),
     (("SFT, one size",), "hf", []),
+    (("the SFT model on the Prime Intellect test split",), "hf", []),
+    (("the SFT model on MATH-500",), "hf", []),
     (("embedded model, offline: expert iteration",), "hf", []),
     (("GSM8K expert iteration",), "hf", []),
     (("embedded model from scratch",), "hf", ["--countdown-n", "32"]),
@@ -547,6 +564,8 @@ def test_recipe_runs_end_to_end_on_a_stand_in(
     # seed 004's converted model -> a tiny converted one
     if hub:
         i = argv.index("--model") + 1
+        if trained_from(argv[i]) is not None:  # an SFT run's model: the model it trains
+            argv[i] = trained_from(argv[i])
         if argv[i] == SEED_MODELS[("004", "grpo_ray.py")]:
             argv[i] = request.getfixturevalue("tiny_converted_lm_dir")
         elif "Qwen2" in argv[i]:
