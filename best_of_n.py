@@ -30,7 +30,9 @@ the model's.
 eval_zero_shot.py): each sample's policy text is graded and voted, and generations.jsonl shows
 its "segments" (each turn and each tool output apart) and "policy_mask". Turn t of sample j of
 prompt i uses seed + j*P + i + t * eval_zero_shot.TOOL_TURN_STRIDE, so sample 0 is still
-eval_zero_shot's sample at the same flags.
+eval_zero_shot's sample at the same flags. --thinking-budget N (tools.generate_thinking) does the
+same for a thinking model whose thinking is closed at N tokens: the appended </think> is graded
+with the response but left out of its mean log-prob ("policy_mask" 0), with the same seeds.
 
 Ctrl-C or SIGTERM (a scheduler's stop) exits 130 / 143 naming what was written: nothing until the
 samples are graded (one generation pass), then generations.jsonl, then best_of_n.json. --out is
@@ -333,8 +335,9 @@ def resolve(args):
     if args.from_generations:
         check(not args.sweep, "--from-generations re-scores one file: drop the --model sweep")
         check(
-            not args.tools,
-            "--from-generations re-scores the file's samples as they are: drop --tools",
+            not args.tools and not args.thinking_budget,
+            "--from-generations re-scores the file's samples as they are: drop --tools and "
+            "--thinking-budget",
         )
         here = os.path.dirname(os.path.abspath(args.from_generations))
         args.out = args.out or here
@@ -370,6 +373,7 @@ def generate_rows(args, tool=None):
         llm,
         prompts,
         tool,
+        tools.thinking(args),
         n=args.n,
         temperature=args.temperature,
         top_p=args.top_p,
@@ -405,6 +409,10 @@ def generate_rows(args, tool=None):
             sample["segments"] = o["segments"]  # each turn and each tool output apart
             sample["calls"] = o["calls"]
             sample["errors"] = o["errors"]
+        if args.thinking_budget:
+            sample["policy_mask"] = o["policy_mask"]  # Best@k scores the 1s: not the close
+            sample["segments"] = o["segments"]  # the policy's turns and the appended </think>
+            sample["thinking_cut"] = o["thinking_cut"]
         samples.append(sample)
     rows = []
     for i, (p, ex) in enumerate(zip(prompts, examples)):

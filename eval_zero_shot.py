@@ -31,6 +31,10 @@ default prompt is the task's with _<tool> appended, the policy's own text is gra
 that prints an answer earns nothing), and each row of generations.jsonl shows the turns and the
 tool outputs apart ("segments"); summary.json adds the tool's rates.
 
+--thinking-budget N (tools.generate_thinking, docs/tools.md) closes a thinking model's thinking at
+N tokens: a response still thinking then gets </think> appended, graded with it; its row shows the
+close apart ("segments") and "thinking_cut"; summary.json adds the fraction cut.
+
 Examples:
   python eval_zero_shot.py                      # embedded tiny model, synthetic Countdown
   python eval_zero_shot.py --model Qwen/Qwen2.5-Math-1.5B --task math500 --data math500_test.jsonl
@@ -137,6 +141,9 @@ def summarize(rows):
     }
     if rows and "calls" in rows[0]:  # --tools
         out.update(tool_summary(rows))
+    if rows and "thinking_cut" in rows[0]:  # --thinking-budget
+        out["frac_thinking_cut"] = len([r for r in rows if r["thinking_cut"]]) / n
+        out["mean_policy_tokens"] = sum(r["policy_tokens"] for r in rows) / n
     return out
 
 
@@ -262,6 +269,8 @@ def describe(args):
     )
     if args.tools:
         line += f" | tools {args.tools} (up to {args.max_tool_calls} calls)"
+    if args.thinking_budget:
+        line += f" | thinking budget {args.thinking_budget} tokens"
     return line
 
 
@@ -322,13 +331,18 @@ def start_engine(args, prompts, max_tokens):
     return rollout.init_engine(args.engine, args.model, device=device, seed=args.seed, **extra)
 
 
-def sample_responses(llm, prompts, tool, **sampling):
+def sample_responses(llm, prompts, tool, thinking=None, **sampling):
     """rollout.generate's samples of the prompts; with a tool (--tools), tools.generate's
-    multi-turn ones, turn t seeded t * TOOL_TURN_STRIDE above turn 0."""
+    multi-turn ones, turn t seeded t * TOOL_TURN_STRIDE above turn 0; with a thinking budget
+    (tools.Thinking), tools.generate_thinking's, seeded so too."""
     import rollout
 
-    if tool is None:
+    if tool is None and thinking is None:
         return rollout.generate(llm, prompts, **sampling)
+    if tool is None:
+        return tools.generate_thinking(
+            llm, prompts, thinking, turn_stride=TOOL_TURN_STRIDE, **sampling
+        )
     return tools.generate(llm, prompts, tool, turn_stride=TOOL_TURN_STRIDE, **sampling)
 
 
@@ -484,6 +498,8 @@ def report(summary, rows, show):
     if "tool_calls_mean" in summary:
         parts.append(f"tool_calls {summary['tool_calls_mean']:.2f}")
         parts.append(f"tool_errors/call {summary['tool_error_rate']:.3f}")
+    if "frac_thinking_cut" in summary:
+        parts.append(f"thinking_cut {summary['frac_thinking_cut']:.3f}")
     parts.append(f"generate {summary['time/generate_s']:.1f}s")
     print(" | ".join(parts))
     for c in CATEGORIES:
@@ -536,6 +552,10 @@ def grade_chunk(args, examples, start, samples, max_tokens):
             row["calls"] = o["calls"]
             row["errors"] = o["errors"]
             row["policy_tokens"] = sum(o["policy_mask"])  # num_tokens counts the tool output too
+        if args.thinking_budget:
+            row["segments"] = o["segments"]  # the policy's turns and the appended </think> apart
+            row["thinking_cut"] = o["thinking_cut"]
+            row["policy_tokens"] = sum(o["policy_mask"])  # num_tokens counts the close too
         rows.append(row)
     return rows
 
@@ -607,6 +627,7 @@ def evaluate(args, tool=None, claim=True):
                         llm,
                         prompts[start : start + args.chunk],
                         tool,
+                        tools.thinking(args),
                         n=1,
                         temperature=args.temperature,
                         top_p=args.top_p,

@@ -228,6 +228,11 @@ def resolve(args):
         "(--max-tool-calls + 1) x 2 x --ei-batch-size x --group-size must be <= 2^20 (the step's "
         "seeds)",
     )
+    check(
+        not args.thinking_budget or 2 * 2 * args.ei_batch_size * args.group_size <= 2**20,
+        "--thinking-budget: 2 x 2 x --ei-batch-size x --group-size must be <= 2^20 (the step's "
+        "seeds)",
+    )
     args.tool_isolated = tools.isolated(args)  # last: it may start a probe call
     return args
 
@@ -354,7 +359,7 @@ def summarize(batch, kept, entropy, stats):
         "time/generation": stats["generation_s"],
         "time/grading": stats["grading_s"],
     }
-    if "policy_masks" in batch:
+    if "calls" in batch:  # --tools
         metrics |= grpo.tool_metrics(batch)
         metrics["time/tool"] = stats["tool_s"]
     if kept:  # nothing kept: no kept-response metrics
@@ -370,7 +375,7 @@ def sft_pairs(batch, kept, tokenizer):
     engine's text; when its token ids ended with a stop token (the engine's EOS) that token is
     appended as text, which the tokenizer reads back as the one special id: the decoded text drops
     it, and without it a prompt with no stop string never teaches the model to stop.
-    With --tools, id pairs instead (tool_pairs)."""
+    With --tools or --thinking-budget, id pairs instead (tool_pairs)."""
     if "policy_masks" in batch:
         return tool_pairs(batch, kept)
     stop_ids = set(batch["stop_token_ids"])
@@ -389,8 +394,9 @@ def tool_pairs(batch, kept):
     """--tools: the kept responses as sft.py's id pairs {"prompt_ids", "response_ids", "loss_mask",
     "n_tokens"}: the engine's ids as they are, its EOS included (re-tokenising the transcript
     would not give them back), and the policy mask as the loss mask: the tool output is context,
-    with no loss (the policy did not write it). n_tokens counts every token (it sorts
-    microbatches); the loss and train/nll_per_token count the policy's."""
+    with no loss (the policy did not write it); so is --thinking-budget's appended </think>.
+    n_tokens counts every token (it sorts microbatches); the loss and train/nll_per_token count
+    the policy's."""
     pairs = []
     for i in kept:
         pairs.append(

@@ -615,6 +615,10 @@ def check_sampling(args):
         args.min_tokens <= args.max_tokens,
         f"--min-tokens {args.min_tokens} must be <= --max-tokens {args.max_tokens}",
     )
+    common.check(
+        args.thinking_budget is None or args.min_tokens <= args.thinking_budget,
+        f"--min-tokens {args.min_tokens} must be <= --thinking-budget {args.thinking_budget}",
+    )
 
 
 def tool_flags(p):
@@ -636,6 +640,10 @@ def check_tools(args):
     common.check(
         not args.tools or (args.max_tool_calls + 1) * 2 * args.rollout_batch_size <= 2**20,
         "(--max-tool-calls + 1) x 2 x --rollout-batch-size must be <= 2^20 (the step's seeds)",
+    )
+    common.check(
+        not args.thinking_budget or 2 * 2 * args.rollout_batch_size <= 2**20,
+        "--thinking-budget: 2 x 2 x --rollout-batch-size must be <= 2^20 (the step's seeds)",
     )
 
 
@@ -1085,7 +1093,8 @@ def rollout(engine, rows, args, seed, tool=None):
     """G samples of each row's prompt -> batch: a dict of group-major lists (N = rows x G).
     With a tool (--tools) the samples are tools.generate's multi-turn ones: "responses" holds the
     policy's own text (what is graded), "transcripts" the text with the tool output, and
-    "policy_masks" which response tokens the engine sampled."""
+    "policy_masks" which response tokens the engine sampled. With --thinking-budget they are
+    tools.generate_thinking's: "policy_masks" (0 on an appended </think>) and "thinking_cut"."""
     prompts = [row["prompt"] for row in rows]
     sampling = {
         "n": args.group_size,
@@ -1096,8 +1105,12 @@ def rollout(engine, rows, args, seed, tool=None):
         "min_tokens": args.min_tokens,
         "stop": rows[0]["stop"],
     }
-    if tool is None:
+    thinking = tools.thinking(args)  # --thinking-budget, else None
+    if tool is None and thinking is None:
         outs = engines.generate(engine, prompts, **sampling)
+    elif tool is None:
+        stride = 2 * args.rollout_batch_size  # turn 1's seeds, as a tool run's
+        outs = tools.generate_thinking(engine, prompts, thinking, turn_stride=stride, **sampling)
     else:
         # turn t's seeds sit t strides past turn 0's: every shard's and round's block is disjoint
         stride = 2 * args.rollout_batch_size
@@ -1114,6 +1127,9 @@ def rollout(engine, rows, args, seed, tool=None):
     if tool is not None:
         for key in TOOL_KEYS:
             batch[key] = []
+    if thinking is not None:
+        batch["policy_masks"] = []
+        batch["thinking_cut"] = []
     for row, samples in zip(rows, outs):
         for sample in samples:  # group-major: a prompt's G samples one after the other
             batch["prompts"].append(row["prompt"])
@@ -1132,6 +1148,9 @@ def rollout(engine, rows, args, seed, tool=None):
                 batch["truncated_by_tool"].append(finish == "truncated_by_tool")
                 for key in ("calls", "errors", "timeouts", "turns", "obs_tokens", "void"):
                     batch[key].append(sample[key])
+            if thinking is not None:
+                batch["policy_masks"].append(sample["policy_mask"])
+                batch["thinking_cut"].append(sample["thinking_cut"])
     return batch
 
 
@@ -1350,9 +1369,11 @@ def summarize(batch, shard_stats, args):
         metrics["train/dynamic_filtered_frac"] = flat / sampled
         metrics["train/dynamic_prompts_sampled"] = sampled
         metrics["time/dynamic_extra_generation"] = max(s["extra_rounds_s"] for s in shard_stats)
-    if "policy_masks" in batch:
+    if "calls" in batch:  # --tools
         metrics |= tool_metrics(batch)
         metrics["time/tool"] = max(s["tool_s"] for s in shard_stats)
+    if "thinking_cut" in batch:
+        metrics["train/thinking_cut_frac"] = fmean(batch["thinking_cut"])
     return metrics
 
 
@@ -1392,6 +1413,7 @@ def evaluate_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_r
         args.min_tokens,
         args.grader_workers,
         tool=tool,
+        thinking=tools.thinking(args),
     )
     sampled = ""
     if args.eval_samples:
@@ -1406,6 +1428,7 @@ def evaluate_and_dump(engine, val_rows, args, step, state, t_run, batch, wandb_r
             args.grader_workers,
             args.seed,
             tool=tool,
+            thinking=tools.thinking(args),
         )
         k = args.eval_samples
         sampled = (

@@ -401,6 +401,7 @@ class Worker:
             a.min_tokens,
             a.grader_workers,
             tool=self.tool,
+            thinking=tools.thinking(a),
         )
         if a.eval_samples:
             metrics |= validation.sampled_eval(
@@ -414,6 +415,7 @@ class Worker:
                 a.grader_workers,
                 a.seed,
                 tool=self.tool,
+                thinking=tools.thinking(a),
             )
         span = _span(self.name, "eval", t0, version)
         self.free_at = span["t1"]

@@ -135,6 +135,8 @@ METRICS = [
       "the loss)"),
     M("tool/obs_tokens_mean", "", TOOL_RUNS, {},
       "--tools: mean tool-output tokens per response (response but not loss)"),
+    M("train/thinking_cut_frac", "", GRPO, {},
+      "--thinking-budget: fraction of responses still thinking at the budget (the close appended)"),
     # --- the learner
     M("train/epoch", GRPO, "", {}, "epoch within the rollout batch (--epochs-per-rollout-batch)"),
     M("train/ratio_mean", GRPO, "", {},

@@ -29,6 +29,11 @@ trained on, not run.
 Seeds: turn t of sample j of prompt i uses seed + t * turn_stride + j * P + i (P prompts), fixed by
 (prompt, sample, turn), not by a sample's place among those still running. Turn 0 is
 rollout.generate's own call, so a response that never calls a tool is the one it samples.
+
+A thinking budget (--thinking-budget N, Qwen3's) is the same structure with a fixed insertion:
+`generate_thinking` samples N tokens; a response still thinking then (no </think> in its text)
+gets the thinking's close appended (mask 0, log-prob 0), and a second turn, seeded as turn 1
+above, continues from the ids as they are. It does not combine with --tools.
 """
 
 import ast
@@ -37,6 +42,7 @@ import os
 import re
 import time
 from fractions import Fraction
+from typing import NamedTuple
 
 import common
 import data
@@ -248,6 +254,13 @@ def add_flags(p):
         help="python calls run in bubblewrap (sandbox.py); none: rlimits and an audit hook only, "
         "which hostile code can escape (on purpose only)",
     )
+    g.add_argument(
+        "--thinking-budget",
+        type=common.positive_int,
+        default=None,
+        help="thinking models: a response still thinking after N tokens gets </think> appended "
+        "(no loss) and answers in the rest of --max-tokens (default: no budget)",
+    )
     return g
 
 
@@ -266,6 +279,7 @@ def resolve(args, task_prompt):
                 "pass --prompt NAME, a prompt whose header declares the trigger (docs/tools.md)",
             )
     header = common.attempt(data.prompt_header, args.prompt, what=f"--prompt {args.prompt}")
+    check_thinking(args)
     if not args.tools:
         common.check(
             args.max_tool_calls is None and args.tool_timeout is None,
@@ -289,6 +303,26 @@ def resolve(args, task_prompt):
         args.tool_timeout = 3.0
         if args.task in ("math", "math500"):
             args.tool_timeout = 10.0
+
+
+def check_thinking(args):
+    """--thinking-budget's checks, each a one-line error: a prompt that opens <think> (r1_zero) or
+    the model's chat template with thinking on (Qwen3 opens <think> itself), and no tool (a turn
+    ends at a trigger or at the budget: the loop has one kind of turn)."""
+    if args.thinking_budget is None:
+        return
+    common.check(not args.tools, "--thinking-budget does not combine with --tools: drop one")
+    chat = getattr(args, "chat_template", "off")  # expert_iteration.py takes no --chat-template
+    common.check(
+        chat != "no_thinking",
+        "--thinking-budget with --chat-template no_thinking: the model does not think; pass "
+        "--chat-template on, or drop --thinking-budget",
+    )
+    common.check(
+        chat == "on" or "<think>" in data.load_prompt(args.prompt),
+        f"--thinking-budget: prompts/{args.prompt}.prompt opens no <think>: pass a prompt that "
+        "does (--prompt r1_zero), or --chat-template on with a thinking model (Qwen3)",
+    )
 
 
 def isolated(args):
@@ -506,3 +540,98 @@ def _add_turn(sample, out, tokenizer, called):
     sample["segments"].append({"policy": text})
     sample["turn_text"] = out["text"]
     sample["turns"] += 1
+
+
+# ----------------------------------------------------------------------------- the thinking budget
+# What --thinking-budget appends, as each format closes its thinking: Qwen3's chat template
+# ("<think>\n...\n</think>\n\n"), and a raw prompt's (r1_zero: "<think> ... </think> <answer>")
+THINKING_END = {"chat": "\n</think>\n\n", "prompt": " </think>"}
+
+
+class Thinking(NamedTuple):
+    budget: int  # tokens a response may think (sampled tokens before its </think>)
+    end: str  # the text appended to a response still thinking at the budget
+
+
+def thinking(args):
+    """The run's Thinking (--thinking-budget), else None. The appended close is the chat
+    template's under --chat-template on, else the prompt's."""
+    if args.thinking_budget is None:
+        return None
+    end = THINKING_END["prompt"]
+    if getattr(args, "chat_template", "off") == "on":  # expert_iteration.py takes none
+        end = THINKING_END["chat"]
+    return Thinking(args.thinking_budget, end)
+
+
+def generate_thinking(
+    llm,
+    prompts,
+    thinking,
+    n=1,
+    temperature=1.0,
+    top_p=1.0,
+    max_tokens=256,
+    min_tokens=0,
+    stop=None,
+    seed=None,
+    turn_stride=None,
+):
+    """rollout.generate with a thinking budget (module docstring) -> per prompt, n dicts:
+    rollout.generate's keys over the whole response, plus "policy_mask" (0 on the appended close,
+    whose log-probs read 0), "policy_text" (what is graded: the whole text, the close included:
+    it is the format's tag, the answer is the policy's), "segments" ([{"policy": text} or
+    {"appended": text}], joining to "text"), "turns" and "thinking_cut" (the budget closed the
+    thinking). Turn 0 is rollout.generate's own call with at most thinking.budget tokens: a
+    response that ends in it is the one rollout.generate samples. One cut there goes on in a
+    second turn (seed + turn_stride + j * P + i) with the rest of max_tokens, which counts the
+    close too; one that closed its thinking itself goes on with nothing appended."""
+    import rollout
+
+    P = len(prompts)
+    if turn_stride is None:
+        turn_stride = n * P
+    tokenizer = rollout.engine_tokenizer(llm)
+    end_ids = tokenizer(thinking.end, add_special_tokens=False).input_ids
+    first = min(thinking.budget, max_tokens)  # turn 0: the thinking's tokens
+    sampling = {"temperature": temperature, "top_p": top_p, "stop": list(stop or [])}
+    outs = rollout.generate(
+        llm, prompts, n=n, max_tokens=first, min_tokens=min_tokens, seed=seed, **sampling
+    )
+    samples = []  # sample j of prompt i at i * n + j
+    going = []  # the samples cut at the budget: their second turn is sampled
+    for i in range(P):
+        for j in range(n):
+            out = outs[i][j]
+            s = _new_sample(i, j)
+            s["prompt_token_ids"] = out["prompt_token_ids"]
+            s["thinking_cut"] = False
+            _add_turn(s, out, tokenizer, called=False)
+            s["finish_reason"] = out["finish_reason"]
+            s["stop_reason"] = out["stop_reason"]
+            samples.append(s)
+            if out["finish_reason"] != "length" or first == max_tokens:
+                continue  # it ended inside the budget, or at --max-tokens
+            if "</think>" not in s["text"]:
+                if len(s["token_ids"]) + len(end_ids) >= max_tokens:
+                    continue  # no room for the close and one more sampled token: cut as it is
+                s["token_ids"] += end_ids
+                s["logprobs"] += [0.0] * len(end_ids)
+                s["policy_mask"] += [0] * len(end_ids)
+                s["text"] += thinking.end
+                s["policy_text"] += thinking.end
+                s["segments"].append({"appended": thinking.end})
+                s["thinking_cut"] = True
+            going.append(s)
+    outs = _continue(llm, going, 1, sampling, max_tokens, seed, turn_stride, P)
+    for s, out in zip(going, outs):
+        _add_turn(s, out, tokenizer, called=False)
+        s["finish_reason"] = out["finish_reason"]
+        s["stop_reason"] = out["stop_reason"]
+    for s in samples:
+        for key in ("i", "j", "turn_text", "calls", "void", "errors", "timeouts", "obs_tokens"):
+            del s[key]  # the tool loop's
+    per_prompt = []
+    for i in range(P):
+        per_prompt.append(samples[i * n : (i + 1) * n])
+    return per_prompt

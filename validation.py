@@ -22,14 +22,19 @@ from grader import last_boxed
 
 
 # ----------------------------------------------------------------------------- validation
-def greedy_eval(engine, rows, reward, max_tokens, min_tokens=0, workers=None, tool=None):
+def greedy_eval(
+    engine, rows, reward, max_tokens, min_tokens=0, workers=None, tool=None, thinking=None
+):
     """The validation every trainer logs: greedy answers to the rows' prompts (stopped at their
     "stop" strings) on the engine's weights, graded -> (eval/ metrics, sample rows).
     eval/accuracy is the fraction with answer reward 1, in every script. With a tool (tools.Tool)
-    the answers use it, the policy's own text is graded and a sample row shows the transcript."""
+    the answers use it, the policy's own text is graded and a sample row shows the transcript.
+    With a thinking budget (tools.Thinking) the answers keep to it."""
     import grader
 
-    generations = answers_of(engine, rows, 1, 0.0, max_tokens, min_tokens, tool=tool)
+    generations = answers_of(
+        engine, rows, 1, 0.0, max_tokens, min_tokens, tool=tool, thinking=thinking
+    )
     outs = [samples[0] for samples in generations]  # n=1: one sample per prompt
     texts = [o.get("policy_text", o["text"]) for o in outs]
     gts = [r["ground_truth"] for r in rows]
@@ -45,7 +50,7 @@ def greedy_eval(engine, rows, reward, max_tokens, min_tokens=0, workers=None, to
     metrics["eval/accuracy"], metrics["eval/accuracy_se"] = mean_se(correct)
     metrics["eval/n_questions"] = len(rows)
     lengths = [len(o["token_ids"]) for o in outs]
-    if tool is not None:
+    if tool is not None or thinking is not None:
         lengths = [sum(o["policy_mask"]) for o in outs]  # the tokens sampled, as in training
     metrics["eval/response_len"] = sum(lengths) / n
     truncated = [o["finish_reason"] in ("length", "truncated_by_tool") for o in outs]
@@ -61,9 +66,11 @@ def greedy_eval(engine, rows, reward, max_tokens, min_tokens=0, workers=None, to
     return metrics, samples
 
 
-def answers_of(engine, rows, n, temperature, max_tokens, min_tokens, seed=None, tool=None):
+def answers_of(
+    engine, rows, n, temperature, max_tokens, min_tokens, seed=None, tool=None, thinking=None
+):
     """rollout.generate's n samples for each row's prompt, stopped at the rows' "stop" strings;
-    with a tool, tools.generate's."""
+    with a tool, tools.generate's; with a thinking budget, tools.generate_thinking's."""
     import rollout
     import tools
 
@@ -81,6 +88,8 @@ def answers_of(engine, rows, n, temperature, max_tokens, min_tokens, seed=None, 
     }
     if tool is not None:
         return tools.generate(engine, prompts, tool, **sampling)
+    if thinking is not None:
+        return tools.generate_thinking(engine, prompts, thinking, **sampling)
     return rollout.generate(engine, prompts, **sampling)
 
 
@@ -118,14 +127,26 @@ def sampled_metrics(correct, answers, k):
 
 
 def sampled_eval(
-    engine, rows, reward, k, temperature, max_tokens, min_tokens=0, workers=None, seed=0, tool=None
+    engine,
+    rows,
+    reward,
+    k,
+    temperature,
+    max_tokens,
+    min_tokens=0,
+    workers=None,
+    seed=0,
+    tool=None,
+    thinking=None,
 ):
     """Sampled validation (--eval-samples k, --eval-temperature T): k samples per question at T,
     graded -> sampled_metrics' eval/ keys. The same seeds at every evaluation (sample j of question
     i uses seed + j * len(rows) + i), so two steps differ by their weights, not their draws."""
     import grader
 
-    generations = answers_of(engine, rows, k, temperature, max_tokens, min_tokens, seed, tool)
+    generations = answers_of(
+        engine, rows, k, temperature, max_tokens, min_tokens, seed, tool, thinking
+    )
     texts = []
     gts = []
     for r, samples in zip(rows, generations):

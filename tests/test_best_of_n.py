@@ -165,6 +165,11 @@ def write_generations(path, **drop):
         # tools.resolve's checks, through eval_zero_shot.task_flags
         (["--tools", "python", "--prompt", "r1_zero"], "needs a prompt that declares its trigger"),
         (["--max-tool-calls", "2"], "need --tools"),
+        # tools.check_thinking's
+        (["--from-generations", "{tmp}/g.jsonl", "--thinking-budget", "8"], "--thinking-budget"),
+        (["--thinking-budget", "8", "--tools", "calculator"], "does not combine with --tools"),
+        (["--thinking-budget", "8", "--prompt", "question_only"], "opens no <think>"),
+        (["--thinking-budget", "8", "--chat-template", "no_thinking"], "does not think"),
     ],
 )
 def test_bad_input_one_line_error(args, needle, tmp_path):
@@ -478,3 +483,44 @@ def test_tools_end_to_end_rescored_and_sample_0_is_eval_zero_shots(tmp_path):
         assert z["segments"] == row["samples"][0]["segments"]
     with open(zs / "summary.json") as f:
         assert json.load(f)["rows"][0]["accuracy"] == res["first_sample_accuracy"]
+
+
+# ----------------------------------------------------------------------------- --thinking-budget
+def test_thinking_budget_end_to_end_and_sample_0_is_eval_zero_shots(tmp_path):
+    """--thinking-budget 12 on the embedded model (r1_zero: its search runs past 12 tokens): a
+    response cut there shows the appended close apart, with log-prob 0 and mask 0, left out of
+    its Best@k score; eval_zero_shot.py's sample is sample 0, both turns (chunked), and its
+    summary counts the responses cut."""
+    import best_of_n
+
+    out = tmp_path / "bon"
+    flags = ["--thinking-budget", "12", "--engine", "hf", "--limit", "2", "--max-tokens", "40"]
+    flags += ["--workers", "1"]
+    r = run(*flags, "--n", "2", "--ns", "1,2", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(out / "generations.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    cut = 0
+    for row in rows:
+        for x in row["samples"]:
+            assert "".join(next(iter(seg.values())) for seg in x["segments"]) == x["response"]
+            closes = [lp for lp, m in zip(x["logprobs"], x["policy_mask"]) if not m]
+            assert closes == [0.0] * len(closes) and bool(closes) == x["thinking_cut"]
+            if x["thinking_cut"]:
+                assert x["segments"][1] == {"appended": " </think>"}
+                policy = [lp for lp, m in zip(x["logprobs"], x["policy_mask"]) if m]
+                assert best_of_n.policy_score(x) == sum(policy) / len(policy)
+                cut += 1
+    assert cut
+    zs = tmp_path / "zs"
+    argv = [*flags, "--temperature", "1", "--chunk", "1", "--out", str(zs)]
+    r = run(*argv, script=os.path.join(ROOT, "eval_zero_shot.py"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(zs / "generations.jsonl") as f:
+        zs_rows = [json.loads(line) for line in f]
+    for z, row in zip(zs_rows, rows):
+        assert z["segments"] == row["samples"][0]["segments"]
+        assert z["thinking_cut"] == row["samples"][0]["thinking_cut"]
+    with open(zs / "summary.json") as f:
+        summary = json.load(f)["rows"][0]
+    assert summary["frac_thinking_cut"] == sum(z["thinking_cut"] for z in zs_rows) / 2

@@ -476,7 +476,9 @@ def test_tools_grade_the_policys_own_text_not_the_tool_output():
         }
         samples.append([sample])
     example = {"prompt": "p", "ground_truth": {"numbers": [5, 2], "target": 7}}
-    args = argparse.Namespace(tools="calculator", reward="countdown", workers=1)
+    args = argparse.Namespace(
+        tools="calculator", reward="countdown", workers=1, thinking_budget=None
+    )
     tool_said, policy_said = grade_chunk(args, [example, example], 0, samples, 64)
     assert tool_said["response"].endswith(answer) and tool_said["answer_reward"] == 0
     assert policy_said["answer_reward"] == 1

@@ -12,7 +12,7 @@ import grpo
 import losses
 import rollout
 import tools
-from conftest import requires_vllm
+from conftest import one_line_error, requires_vllm, run_script
 
 LOGPROB_ATOL = 1e-4  # test_rollout's single-turn tolerance: fp32 engine vs fp32 forward
 EOS = "<EOS>"  # in a script: the tokenizer's EOS token id here
@@ -263,6 +263,7 @@ def demo_args(**kw):
         mask_truncated=False,
         mask_void_turns=False,
         micro_train_batch_size=4,
+        thinking_budget=None,
     )
     return types.SimpleNamespace(**(args | kw))
 
@@ -585,3 +586,114 @@ def test_a_new_tool_is_three_lines_of_tools_py_and_a_prompt(tmp_path, tok, monke
     assert batch["transcripts"] == [" so abc! !cba os " + ANSWER]
     assert batch["responses"] == [" so abc!" + ANSWER]
     assert grpo.tool_metrics(batch)["tool/calls_mean"] == 1
+
+
+# ----------------------------------------------------------------------------- the thinking budget
+THINKING = {
+    "A: done inside the budget": [" 7 vs 7 yes" + ANSWER],
+    "B: thinks past it": [
+        " 1 + 1 = 2, 2 * 3 = 6 vs 7 no. 1 * 1 = 1, 1 + 3 = 4 vs 7 no.",
+        ANSWER[9:],
+    ],
+    "C: closes, answers past it": [
+        " 7 vs 7 yes </think> <answer> (5 + 2) * 1 * 1 *",
+        " 1 </answer>",
+    ],
+}
+BUDGET = 20  # A's 16 tokens fit; B's thinking and C's answer run past
+
+
+def thinking_samples(tok, thinking, max_tokens=64):
+    engine = ScriptedEngine(tok, THINKING)
+    outs = tools.generate_thinking(
+        engine,
+        list(THINKING),
+        thinking,
+        max_tokens=max_tokens,
+        min_tokens=2,
+        stop=["</answer>"],
+        seed=1000,
+        turn_stride=100,
+    )
+    return engine, [o[0] for o in outs]
+
+
+def test_a_thinking_budget_appends_the_close_as_context_with_no_loss(tok):
+    """--thinking-budget on a scripted policy: a response that ends inside the budget is turn 0
+    as sampled; one still thinking at the budget gets " </think>" (mask 0, log-prob 0) and goes on
+    in a second turn seeded as a tool run's turn 1; one that closed its thinking goes on with
+    nothing appended; the close counts in --max-tokens. grpo.rollout + collate: the loss and the
+    engine's log-probs sit on the policy's tokens only, and the close is graded."""
+    end = tools.THINKING_END["prompt"]
+    end_ids = obs_ids(tok, end)
+    engine, (a, b, c) = thinking_samples(tok, tools.Thinking(BUDGET, end))
+    assert engine.calls[0]["min_tokens"] == 2 and engine.calls[1]["min_tokens"] == 0
+    assert engine.calls[1]["seeds"] == [1101, 1102]  # seed + stride + i, for B and C
+    assert a["segments"] == [{"policy": THINKING["A: done inside the budget"][0]}]
+    assert (a["turns"], a["thinking_cut"], a["policy_mask"]) == (1, False, [1] * 16)
+    thought = obs_ids(tok, THINKING["B: thinks past it"][0])[:BUDGET]
+    assert b["token_ids"] == thought + end_ids + obs_ids(tok, ANSWER[9:])
+    assert b["policy_mask"] == [1] * BUDGET + [0] * len(end_ids) + [1] * 9
+    assert b["logprobs"][BUDGET : BUDGET + len(end_ids)] == [0.0] * len(end_ids)
+    assert b["thinking_cut"] and b["segments"][1] == {"appended": end}
+    assert b["text"] == tok.decode(thought) + end + ANSWER[9:] == b["policy_text"]
+    assert c["text"] == " 7 vs 7 yes </think> <answer> (5 + 2) * 1 * 1 * 1 </answer>"
+    assert (c["turns"], c["thinking_cut"], sum(c["policy_mask"])) == (2, False, BUDGET + 4)
+    for s in (a, b, c):
+        assert "".join(next(iter(seg.values())) for seg in s["segments"]) == s["text"]
+        assert s["finish_reason"] == "stop" and "calls" not in s
+    # no room for the close and one more token: B stays cut; a budget >= --max-tokens is none
+    _, (_, b, _) = thinking_samples(tok, tools.Thinking(BUDGET, end), BUDGET + len(end_ids))
+    assert (b["finish_reason"], b["thinking_cut"], len(b["token_ids"])) == ("length", False, 20)
+    engine, _ = thinking_samples(tok, tools.Thinking(64, end), 64)
+    assert len(engine.calls) == 1
+
+    args = demo_args(thinking_budget=BUDGET, max_tokens=64)
+    rows = [{"prompt": p, "ground_truth": None, "stop": ["</answer>"]} for p in THINKING]
+    batch = grpo.rollout(ScriptedEngine(tok, THINKING), rows, args, 0)
+    assert batch["thinking_cut"] == [False, True, False]
+    assert "</think> <answer>" in batch["responses"][1]  # graded with the close: format 1
+    tensors = grpo.collate(batch, args)
+    policy = tensors["policy_mask"]
+    assert torch.equal(tensors["loss_mask"], policy)
+    assert torch.equal(tensors["engine_log_probs"] != 0, policy)
+    assert tensors["response_mask"].sum() == policy.sum() + len(end_ids)
+
+
+def test_thinking_budget_flags_resolve_and_refuse_in_one_line(tmp_path):
+    """grpo.py's and expert_iteration.py's refusals (tools.check_thinking, grpo.check_sampling);
+    the close is the prompt's (r1_zero: " </think>") without a chat template."""
+    out = ["--out", str(tmp_path / "run")]
+    refused = [
+        (["grpo.py", "--thinking-budget", "2", "--min-tokens", "4"], "<= --thinking-budget 2"),
+        (["grpo.py", "--thinking-budget", "8", "--tools", "calculator"], "combine with --tools"),
+        (["expert_iteration.py", "--thinking-budget", "8", "--task", "keyword"], "no <think>"),
+    ]
+    for argv, needle in refused:
+        one_line_error(run_script(argv + out), needle)
+    args = grpo.parse_args(["--thinking-budget", "16", *out])
+    assert tools.thinking(args) == tools.Thinking(16, " </think>")
+
+
+@requires_vllm
+def test_thinking_budget_log_probs_are_the_engines_vllm(embedded_vllm, embedded_hf):
+    """--thinking-budget on the real engine (r1_zero, whose search runs past 40 tokens often): the
+    trainer's log-probs equal the engine's at every policy position, the appended close
+    included in the context; a response that ends inside the budget is rollout.generate's."""
+    rows = data.load_task("countdown", "test", "synthetic", 4, 0, prompt="r1_zero")
+    kw = dict(temperature=1.0, max_tokens=96, min_tokens=4)
+    args = demo_args(group_size=2, rollout_batch_size=8, thinking_budget=40, **kw)
+    batch = grpo.rollout(embedded_vllm, rows, args, 7)
+    batch["ban_token_ids"] = rollout.min_tokens_banned_ids(embedded_vllm)
+    assert any(batch["thinking_cut"]) and not all(batch["thinking_cut"])
+    for shared_prefix in (False, True):
+        worst = check_exact(batch, args, embedded_hf, shared_prefix)
+        print(f"\nvLLM thinking budget, shared prefix {shared_prefix}: {worst:.1e}")
+    plain = rollout.generate(
+        embedded_vllm, [r["prompt"] for r in rows], n=2, seed=7, stop=["</answer>"], **kw
+    )
+    plain = [s for samples in plain for s in samples]
+    inside = [k for k, ids in enumerate(batch["response_ids"]) if len(ids) < 40]
+    assert inside
+    for k in inside:
+        assert batch["response_ids"][k] == plain[k]["token_ids"]
