@@ -9,9 +9,14 @@ are known: the ratio losses with masked_mean give REINFORCE's gradient (cosine 1
 weight is exactly 1/L for masked_mean, 1/max_tokens for Dr. GRPO and N/N_tokens for DAPO; and the
 bench's gradient of reinforce_with_baseline has the norm grpo.train_step measured for the same loss
 on the same weights. grpo_step.py's FLOP counter is checked in-process on the conftest tiny model
-(a shared prompt counts once, no-grad passes not at all).
+(a shared prompt counts once, no-grad passes not at all). bench/gpu_check.py --tiny runs in-process
+with the packages a bare GPU image lacks made unimportable, its lines checked against the hub
+profile and a hand count of the step's FLOPs.
 """
 
+import argparse
+import ast
+import contextlib
 import json
 import os
 import subprocess
@@ -19,7 +24,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_script
 
 
 def run_bench(name, *flags, env=None):
@@ -348,3 +353,198 @@ def test_lora_bench_counts_the_adapters_alone():
         assert r["optimizer_state_bytes"] - r["adam_moment_bytes"] <= 8 * 7 * shape[-1] + 64
         assert r["train_step_s"] > 0
         assert r["first_update"]["grad_norm"] > 0, "no reward variance: nothing trained"
+
+
+def gpu_check_module():
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import gpu_check
+
+    return gpu_check
+
+
+def module_level_imports(source):
+    """The top-level packages a module imports when it is imported: its statements, including
+    those in module-level if/try/with blocks and class bodies, not those in function bodies."""
+    found = set()
+    stack = list(ast.parse(source).body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.add(alias.name.partition(".")[0])
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.partition(".")[0])
+        else:
+            stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def test_gpu_check_imports_no_optional_package_at_module_level():
+    """Every root script gpu_check can reach (through imports at any depth) imports none of
+    gpu_check.OPTIONAL (vllm, ray, math_verify, pebble, ...) when it is imported, so importing
+    them on a bare GPU image cannot fail (the tiny run below covers the imports inside functions).
+    """
+    gpu_check = gpu_check_module()
+    assert module_level_imports(
+        "import vllm\ntry:\n    import ray\nexcept ImportError:\n"
+        "    pass\ndef f():\n    import pebble\n"
+    ) == {"vllm", "ray"}
+    project = set()
+    for name in os.listdir(ROOT):
+        if name.endswith(".py"):
+            project.add(name[:-3])
+    todo = [os.path.join(ROOT, "bench", "gpu_check.py")]
+    seen = set()
+    while todo:
+        path = todo.pop()
+        with open(path) as f:
+            source = f.read()
+        found = module_level_imports(source) & set(gpu_check.OPTIONAL)
+        assert not found, f"{os.path.relpath(path, ROOT)} imports {found} at module level"
+        for node in ast.walk(ast.parse(source)):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name.partition(".")[0] for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module.partition(".")[0]]
+            for name in names:
+                if name in project and name not in seen:
+                    seen.add(name)
+                    todo.append(os.path.join(ROOT, f"{name}.py"))
+    assert {"grpo", "rollout", "grader", "lora", "losses", "hardware"} <= seen
+
+
+@contextlib.contextmanager
+def absent(names):
+    """Inside, the named packages cannot be imported, as on an image without them: each finder of
+    sys.meta_path answers None for them (find_spec says absent, import raises
+    ModuleNotFoundError), and their modules already imported leave sys.modules for the while."""
+
+    class Absent:
+        def __init__(self, finder):
+            self.finder = finder
+
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] in names:
+                return None
+            return self.finder.find_spec(name, path, target)
+
+        def __getattr__(self, attr):
+            return getattr(self.finder, attr)
+
+    finders = list(sys.meta_path)
+    loaded = {}
+    for key in list(sys.modules):
+        if key.partition(".")[0] in names:
+            loaded[key] = sys.modules.pop(key)
+    sys.meta_path[:] = [Absent(finder) for finder in finders]
+    try:
+        yield
+    finally:
+        sys.meta_path[:] = finders
+        sys.modules.update(loaded)
+
+
+def test_gpu_check_config_is_qwen25_math_15b():
+    """QWEN built on the meta device (no memory): the model card's 1.54B parameters, one tied
+    embedding, the matmul weights by hand; without CUDA the check runs the toy size, saying why."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    gpu_check = gpu_check_module()
+    a = gpu_check.parse([])
+    if not torch.cuda.is_available():
+        assert a.tiny and a.tiny_why == "no CUDA device"
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(
+            gpu_check.model_config(argparse.Namespace(tiny=False))
+        )
+    n = sum(p.numel() for p in model.parameters())
+    assert round(n / 1e9, 2) == 1.54, n
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    h = 1536
+    layer = 2 * h * h + 2 * h * 256 + 3 * h * 8960  # q, o; k, v (2 KV heads x 128); the MLP
+    assert gpu_check.matmul_weights(model) == 28 * layer + 151936 * h
+
+
+def test_gpu_check_tiny_without_the_optional_packages(tmp_path):
+    """bench/gpu_check.py --tiny with gpu_check.OPTIONAL (vllm, ray, math_verify, pebble, datasets,
+    wandb) unimportable: every section runs and its JSON line holds against the hub profile and a
+    hand computation: the batch is PROFILES["hub"]'s; the step's model FLOPs are 4 forwards of
+    2 W x tokens + 4 x layers x d_attn x pairs, counted by hand with the shared prefix off and on;
+    bf16 changed d logp/dh (autocast ran) no more than a plain log_softmax's own bf16 error, and the
+    chunked head equals the plain one in fp32; LoRA trains r x (in + out) per projection; the
+    engine produced every token; --out holds the same lines."""
+    import grpo
+
+    gpu_check = gpu_check_module()
+    out = tmp_path / "out"
+    with absent(set(gpu_check.OPTIONAL)):
+        proc = run_script(["gpu_check.py", "--tiny", "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = proc.stdout.splitlines()
+    assert (out / "gpu_check.jsonl").read_text().splitlines() == lines
+    records = [json.loads(line) for line in lines]
+    sections = [r["section"] for r in records]
+    assert sections == ["env", "step", "step", "logprobs", "lora", "engine", "done"]
+    env = records[0]
+    off = records[1]  # the step, shared prefix off
+    on = records[2]  # and on
+    logprobs = records[3]
+    lora_line = records[4]
+    engine = records[5]
+    done = records[6]
+    assert done["failed"] == []
+    assert env["vllm"] is None and env["absent"] == list(gpu_check.OPTIONAL)
+    cfg = env["model_config"]
+    hub = grpo.PROFILES["hub"]
+    micro = hub["train_batch_size"] // hub["gradient_accumulation_steps"]
+    P = off["prompt_tokens"] - 1  # the prompt's label positions
+    L = off["prompt_tokens"] + off["response_tokens"] - 1  # a row's
+    rows = off["microbatches_timed"] * micro
+    h = cfg["hidden_size"]
+    kv = cfg["num_key_value_heads"] * h // cfg["num_attention_heads"]
+    layer = 2 * h * h + 2 * h * kv + 3 * h * cfg["intermediate_size"]
+    W = cfg["num_hidden_layers"] * layer + cfg["vocab_size"] * h
+    own = L - P  # a row's tokens after its prompt
+    work = {  # (tokens, pairs) by hand
+        "shared_prefix_off": (rows * L, rows * L * (L + 1) // 2),
+        "shared_prefix_on": (
+            rows // micro * (P + micro * own),
+            rows // micro * (P * (P + 1) // 2 + micro * (own * P + own * (own + 1) // 2)),
+        ),
+    }
+    for r in (off, on):
+        assert r["shared_prefix_ran"] == r["shared_prefix"]
+        assert r["rows_per_step"] == hub["train_batch_size"]
+        assert r["microbatches_per_step"] == hub["gradient_accumulation_steps"]
+        assert r["micro_batch"] == micro and r["group_size"] == hub["group_size"]
+        assert r["extrapolated"] and r["microbatches_timed"] == 8
+        scale = r["microbatches_per_step"] / r["microbatches_timed"]
+        assert r["seconds_per_step"] == pytest.approx(r["measured_s"] * scale, abs=0.01)
+        assert r["parameters_matmul"] == W
+        tokens, pairs = work[r["variant"]]
+        forward = 2 * W * tokens + 4 * cfg["num_hidden_layers"] * h * pairs
+        assert r["flops"] == {
+            "tokens_run": tokens,
+            "pairs": pairs,
+            "old_log_probs": forward,
+            "training": 3 * forward,
+            "total": 4 * forward,
+        }
+        mfu = r["flops"]["total"] / r["measured_s"] / r["bf16_peak_flops"]
+        assert r["mfu"] == pytest.approx(mfu, rel=0.01)
+        assert r["first_update"]["grad_norm"] > 0
+        assert r["peak_reserved_bytes"] is None  # no CUDA here
+    assert on["first_update"]["grad_norm"] == pytest.approx(off["first_update"]["grad_norm"], 1e-2)
+    bf16 = logprobs["dlogp_dh_rel_err"]
+    assert 1e-4 < bf16["median"] <= 2 * logprobs["plain_dlogp_dh_rel_err"]["median"]
+    assert logprobs["chunked_vs_plain_float32_rel_err"]["max"] < 1e-5
+    assert lora_line["trainable"] == lora_adapter_count(
+        32, h, cfg["intermediate_size"], h, kv, cfg["num_hidden_layers"]
+    )
+    assert lora_line["first_update"]["grad_norm"] > 0
+    assert engine["tokens_generated"] == 16 * engine["tokens_per_response"]
+    assert engine["vllm"] is None and "note" in engine
