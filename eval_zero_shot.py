@@ -192,7 +192,7 @@ def task_flags(args):
     given or data.task_defaults', checked. Loads nothing; each script's resolve stores them."""
     check_model_dir(args.model)
     d = task_defaults(args.task, args.model)
-    tools.resolve(args, d["prompt"])  # sets args.prompt; a tool prompt's header checked
+    tools.resolve(args, d)  # sets args.prompt; a tool prompt's header checked
     reward = args.reward or d["reward"]
     path = args.data or d["path"]
     try:

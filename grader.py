@@ -426,13 +426,16 @@ def _answer_is(response):
 
 
 # ----------------------------------------------------------------------------- math rewards
+R1_ZERO_TAGS = "</think> <answer>"  # what r1_zero's format needs: the close, a space, the open
+
+
 def r1_zero_reward_fn(response, ground_truth):
     """The course's r1_zero rule: format 1 iff '</think> <answer>' and '</answer>' both appear;
     then the answer is r1_zero_answer's (an unreadable \\boxed in it: answer 0). Formatted but
     wrong: format 1, reward 0."""
     if not _readable(response):
         return dict(ZERO)
-    if "</think> <answer>" not in response or "</answer>" not in response:
+    if R1_ZERO_TAGS not in response or "</answer>" not in response:
         return dict(ZERO)
     answer = r1_zero_answer(response)
     if answer is None:

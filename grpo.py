@@ -838,7 +838,7 @@ def resolve(args):
             f"--n-grpo-steps {args.n_grpo_steps}: pass --n-grpo-steps {done} or more",
         )
     task = data.task_defaults(args.task, args.model)
-    tools.resolve(args, task["prompt"])  # --prompt's default, --tools' defaults and checks
+    tools.resolve(args, task)  # --prompt's default, --tools' defaults and checks
     args.reward = args.reward or task["reward"]
     args.train_path = args.train_path or task["path"]
     args.val_path = args.val_path or task["path"]

@@ -32,8 +32,10 @@ rollout.generate's own call, so a response that never calls a tool is the one it
 
 A thinking budget (--thinking-budget N, Qwen3's) is the same structure with a fixed insertion:
 `generate_thinking` samples N tokens; a response still thinking then (no </think> in its text)
-gets the thinking's close appended (mask 0, log-prob 0), and a second turn, seeded as turn 1
-above, continues from the ids as they are. It does not combine with --tools.
+gets the thinking's close appended (mask 0, log-prob 0; only the tag's rest when the cut fell
+inside it), and a second turn, seeded as turn 1 above, continues from the ids as they are; a stop
+string the cut split ends that turn where one call would have ended. It does not combine with
+--tools.
 """
 
 import ast
@@ -46,6 +48,7 @@ from typing import NamedTuple
 
 import common
 import data
+import grader
 import sandbox
 
 TOOLS = ("python", "calculator")  # --tools choices
@@ -264,11 +267,13 @@ def add_flags(p):
     return g
 
 
-def resolve(args, task_prompt):
+def resolve(args, task):
     """The tool flags' defaults and checks, before anything loads, each a one-line error: the
-    prompt (unset: the task's, `task_prompt`, with _<tool> appended under --tools), the call limit
-    by tool, the python timeout by task; a prompt that declares a trigger needs --tools and
-    --tools needs one."""
+    prompt (unset: the task's, data.task_defaults' `task["prompt"]`, with _<tool> appended under
+    --tools), the call limit by tool, the python timeout by task; a prompt that declares a trigger
+    needs --tools and --tools needs one; --thinking-budget's (check_thinking, with --reward or the
+    task's)."""
+    task_prompt = task["prompt"]
     if args.prompt is None:
         args.prompt = task_prompt
         if args.tools:
@@ -279,7 +284,7 @@ def resolve(args, task_prompt):
                 "pass --prompt NAME, a prompt whose header declares the trigger (docs/tools.md)",
             )
     header = common.attempt(data.prompt_header, args.prompt, what=f"--prompt {args.prompt}")
-    check_thinking(args)
+    check_thinking(args, args.reward or task["reward"])
     if not args.tools:
         common.check(
             args.max_tool_calls is None and args.tool_timeout is None,
@@ -305,10 +310,12 @@ def resolve(args, task_prompt):
             args.tool_timeout = 10.0
 
 
-def check_thinking(args):
+def check_thinking(args, reward):
     """--thinking-budget's checks, each a one-line error: a prompt that opens <think> (r1_zero) or
     the model's chat template with thinking on (Qwen3 opens <think> itself), and no tool (a turn
-    ends at a trigger or at the budget: the loop has one kind of turn)."""
+    ends at a trigger or at the budget: the loop has one kind of turn). Not the r1_zero reward
+    (`reward`, the run's) under --chat-template on: the chat's close (THINKING_END) ends in a blank
+    line, not r1_zero's "</think> <answer>", so no cut response could earn its format reward."""
     if args.thinking_budget is None:
         return
     common.check(not args.tools, "--thinking-budget does not combine with --tools: drop one")
@@ -322,6 +329,12 @@ def check_thinking(args):
         chat == "on" or "<think>" in data.load_prompt(args.prompt),
         f"--thinking-budget: prompts/{args.prompt}.prompt opens no <think>: pass a prompt that "
         "does (--prompt r1_zero), or --chat-template on with a thinking model (Qwen3)",
+    )
+    common.check(
+        chat != "on" or reward != "r1_zero",
+        f"--thinking-budget with --chat-template on closes a thinking with {THINKING_END['chat']!r}"
+        f", which --reward r1_zero never grades as formatted (it needs {grader.R1_ZERO_TAGS!r}): "
+        "pass a boxed-answer task (--task math) or --reward question_only",
     )
 
 
@@ -585,14 +598,15 @@ def generate_thinking(
     thinking). Turn 0 is rollout.generate's own call with at most thinking.budget tokens: a
     response that ends in it is the one rollout.generate samples. One cut there goes on in a
     second turn (seed + turn_stride + j * P + i) with the rest of max_tokens, which counts the
-    close too; one that closed its thinking itself goes on with nothing appended."""
+    close too (close_rest: only the tag's rest after a cut inside it); one that closed its
+    thinking itself goes on with nothing appended. A stop string that begins in turn 0 and ends in
+    turn 1 ends the response there (stop_across), as one call would have."""
     import rollout
 
     P = len(prompts)
     if turn_stride is None:
         turn_stride = n * P
     tokenizer = rollout.engine_tokenizer(llm)
-    end_ids = tokenizer(thinking.end, add_special_tokens=False).input_ids
     first = min(thinking.budget, max_tokens)  # turn 0: the thinking's tokens
     sampling = {"temperature": temperature, "top_p": top_p, "stop": list(stop or [])}
     outs = rollout.generate(
@@ -613,18 +627,22 @@ def generate_thinking(
             if out["finish_reason"] != "length" or first == max_tokens:
                 continue  # it ended inside the budget, or at --max-tokens
             if "</think>" not in s["text"]:
+                end = close_rest(s["text"], thinking.end)
+                end_ids = tokenizer(end, add_special_tokens=False).input_ids
                 if len(s["token_ids"]) + len(end_ids) >= max_tokens:
                     continue  # no room for the close and one more sampled token: cut as it is
                 s["token_ids"] += end_ids
                 s["logprobs"] += [0.0] * len(end_ids)
                 s["policy_mask"] += [0] * len(end_ids)
-                s["text"] += thinking.end
-                s["policy_text"] += thinking.end
-                s["segments"].append({"appended": thinking.end})
+                s["text"] += end
+                s["policy_text"] += end
+                s["segments"].append({"appended": end})
                 s["thinking_cut"] = True
             going.append(s)
     outs = _continue(llm, going, 1, sampling, max_tokens, seed, turn_stride, P)
     for s, out in zip(going, outs):
+        context = (s["prompt_token_ids"] + s["token_ids"])[-6:]
+        out = stop_across(s["text"], out, sampling["stop"], tokenizer, context)
         _add_turn(s, out, tokenizer, called=False)
         s["finish_reason"] = out["finish_reason"]
         s["stop_reason"] = out["stop_reason"]
@@ -635,3 +653,39 @@ def generate_thinking(
     for i in range(P):
         per_prompt.append(samples[i * n : (i + 1) * n])
     return per_prompt
+
+
+def close_rest(text, end):
+    """What of the close `end` a response still thinking gets: all of it, or, when its text stops
+    inside the tag ("... </" up to "... </think"), only the tag's rest and what follows it. A
+    lone "<" is left alone: in a thinking it is more likely a comparison than a tag."""
+    tag = "</think>"
+    at = end.index(tag)
+    for k in range(len(tag) - 1, 1, -1):  # the longest prefix first
+        if text.endswith(tag[:k]):
+            return end[at + k :]
+    return end
+
+
+def stop_across(head, out, stop, tokenizer, context):
+    """Turn 1's `out`, cut at a stop string that begins in the text before it (`head`: turn 0 cut
+    inside "</answer>", at "... </"), which the engine never sees: it searches its own output
+    only. Cut as one call would: at the first token whose text completes the string, the text
+    ending with it (that token may run past it), finish "stop". Else `out` as it is. `context`:
+    the ids before turn 1's, decoded with them as the engine's detokenizer does."""
+    import rollout
+
+    hit = rollout.first_stop(head + out["text"], len(head), stop)
+    if hit is None or hit[0] - len(hit[1]) >= len(head):
+        return out  # no stop string, or one all in turn 1: the engine's own
+    end, reason = hit
+    shown = len(tokenizer.decode(context, skip_special_tokens=True))
+    for k in range(1, len(out["token_ids"]) + 1):
+        whole = tokenizer.decode(context + out["token_ids"][:k], skip_special_tokens=True)
+        if len(whole) - shown >= end - len(head) and not whole.endswith("\ufffd"):
+            cut = {"text": out["text"][: end - len(head)], "finish_reason": "stop"}
+            cut["stop_reason"] = reason
+            cut["token_ids"] = out["token_ids"][:k]
+            cut["logprobs"] = out["logprobs"][:k]
+            return {**out, **cut}
+    return out  # the ids decode shorter than the engine's text (not seen): left as sampled

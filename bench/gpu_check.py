@@ -21,11 +21,12 @@ DIR/gpu_check.jsonl as each finishes, so a run cut off still reports what it did
   done      the sections run, those that failed, the total time
 
 A section that raises writes its error as its line (the traceback on stderr), the next one runs,
-and the exit code is 1. --tiny runs the same code on a toy config (CPU, seconds); the test suite
-runs it with OPTIONAL (vllm, ray, math_verify, pebble, datasets, wandb) unimportable and checks
-that no script it reaches imports them at module level, so this file cannot rot on a GPU image
-that lacks them. Without CUDA the toy size is what runs (a notice says so). Sections, flags and
-every JSON key: docs/gpu_check.md.
+and the exit code is 1; env too (a driver nvidia-smi cannot report is null, not an error). --tiny
+runs the same code on a toy config (CPU, seconds); the test suite runs it with OPTIONAL (vllm,
+ray, math_verify, pebble, datasets, wandb) unimportable and checks that no script it reaches
+imports them at module level, so this file cannot rot on a GPU image that lacks them. Without
+CUDA the toy size is what runs (a notice says so). Sections, flags and every JSON key:
+docs/gpu_check.md.
 
   python bench/gpu_check.py --out runs/gpu_check     # the full check on cuda:0 (~2-4 min expected)
   python bench/gpu_check.py --only lora              # one section again
@@ -779,12 +780,27 @@ def env_record(a):
 
 
 def nvidia_driver():
-    """nvidia-smi's driver version, or None without nvidia-smi."""
+    """nvidia-smi's driver version, or None: without nvidia-smi, or when it fails, runs past 30 s
+    or prints nothing."""
     if not shutil.which("nvidia-smi"):
         return None
     cmd = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    return out.stdout.strip().splitlines()[0] if out.returncode == 0 else None
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):  # TimeoutExpired included
+        return None
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        return None
+    return lines[0].strip()
+
+
+def error_record(e, failed, name):
+    """A section that raised: its traceback on stderr, its error as its line, its name failed."""
+    traceback.print_exc()
+    message = str(e).strip().split("\n")[0][:500]
+    failed.append(name)
+    return {"error": f"{type(e).__name__}: {message}"}
 
 
 def free(state, device):
@@ -826,7 +842,12 @@ def main():
         os.makedirs(a.out, exist_ok=True)
     t0 = time.perf_counter()
     config = model_config(a)
-    env = env_record(a)
+    ran = []
+    failed = []
+    try:
+        env = env_record(a)
+    except Exception as e:  # like a section's: its error as the line, and the sections still run
+        env = error_record(e, failed, "env")
     env["model"] = HUB_ID
     if a.tiny:
         env["model"] = f"{HUB_ID}'s architecture at toy size"
@@ -836,8 +857,6 @@ def main():
     if torch.cuda.is_available():
         device = "cuda:0"
     state = {}  # what sections share: the step's learner, the measured peak, the full step
-    ran = []
-    failed = []
     for name, fn, extra in plan(a):
         if name in ("lora", "engine"):
             free(state, device)
@@ -846,10 +865,7 @@ def main():
             with contextlib.redirect_stdout(sys.stderr):
                 record = fn(a, config, state, *extra)
         except Exception as e:  # written as the section's line, the traceback on stderr
-            traceback.print_exc()
-            message = str(e).strip().split("\n")[0][:500]
-            record = {"error": f"{type(e).__name__}: {message}"}
-            failed.append(name)
+            record = error_record(e, failed, name)
             free(state, device)
         if record.get("variant") == "shared_prefix_off":
             state["full_step"] = record

@@ -548,3 +548,36 @@ def test_gpu_check_tiny_without_the_optional_packages(tmp_path):
     assert lora_line["first_update"]["grad_norm"] > 0
     assert engine["tokens_generated"] == 16 * engine["tokens_per_response"]
     assert engine["vllm"] is None and "note" in engine
+
+
+@pytest.mark.parametrize(
+    "says, driver",
+    [("exit 0", None), ("echo broken >&2; exit 9", None), ("echo 550.54.15", "550.54.15")],
+)
+def test_gpu_check_driver_is_null_when_nvidia_smi_cannot_say(tmp_path, monkeypatch, says, driver):
+    """A fake nvidia-smi first on PATH: one that prints nothing (exit 0) or fails gives a null
+    driver, not an IndexError that would end the check before its first line."""
+    gpu_check = gpu_check_module()
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\n{says}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert gpu_check.nvidia_driver() == driver
+
+
+def test_gpu_check_env_that_raises_is_a_failed_section(monkeypatch):
+    """An env section that raises writes its error as its line, the sections still run and the
+    done line names env failed (exit 1): the run always leaves its JSON."""
+    gpu_check = gpu_check_module()
+
+    def broken(a):
+        raise RuntimeError("no driver\nsecond line")
+
+    monkeypatch.setattr(gpu_check, "env_record", broken)
+    monkeypatch.setattr(gpu_check, "plan", lambda a: [])
+    proc = run_script(["gpu_check.py", "--tiny"])
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert proc.returncode == 1
+    assert [r["section"] for r in records] == ["env", "done"]
+    assert records[0]["error"] == "RuntimeError: no driver"
+    assert records[1]["failed"] == ["env"]

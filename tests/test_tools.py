@@ -660,19 +660,62 @@ def test_a_thinking_budget_appends_the_close_as_context_with_no_loss(tok):
     assert tensors["response_mask"].sum() == policy.sum() + len(end_ids)
 
 
+SPLIT = {  # cut at 12 tokens: D inside its "</answer>", E inside its "</think>"
+    "D: cut inside </answer>": [" 7 vs 7 yes </think> <answer> 5 </answer>", "answer> and on"],
+    "E: cut inside </think>": [" 1 + 1 = 2 vs 7 no. 7 yes </think>", " <answer> 5 </answer>"],
+}
+
+
+def test_a_thinking_budget_cut_inside_a_tag_finishes_it(tok):
+    """A cut inside "</answer>" (turn 0 ends "... </"): turn 1's engine never sees the stop
+    string it completes, so generate_thinking cuts turn 1 where one call would have stopped (the
+    same ids, text and finish as the whole script in one call), not at --max-tokens. A cut inside
+    "</think>" gets only the tag's rest appended, not a second close."""
+    end = tools.THINKING_END["prompt"]
+    engine = ScriptedEngine(tok, SPLIT)
+    kw = dict(max_tokens=64, stop=["</answer>"], seed=1000, turn_stride=100)
+    outs = tools.generate_thinking(engine, list(SPLIT), tools.Thinking(12, end), **kw)
+    d, e = [o[0] for o in outs]
+    whole = {"D": ["".join(SPLIT["D: cut inside </answer>"])]}  # the same policy, one call
+    one = ScriptedEngine(tok, whole).generate(["D"], 1, 1.0, 1.0, [64], 0, ["</answer>"], 0, None)
+    one = one[0][0]
+    assert one["text"].endswith("</answer>") and one["finish_reason"] == "stop"
+    assert d["turns"] == 2 and not d["thinking_cut"]
+    assert d["text"] == d["policy_text"] == " 7 vs 7 yes </think> <answer> 5 </answer>"
+    assert (d["text"], d["token_ids"]) == (one["text"], one["token_ids"])
+    assert (d["finish_reason"], d["stop_reason"]) == ("stop", "</answer>")
+    assert len(d["logprobs"]) == len(d["policy_mask"]) == len(d["token_ids"])
+    assert d["segments"][1] == {"policy": "answer>"}
+    assert e["thinking_cut"] and e["segments"][1] == {"appended": "think>"}
+    rest = obs_ids(tok, "think>")
+    assert e["token_ids"][12 : 12 + len(rest)] == rest
+    assert e["policy_mask"][12 : 12 + len(rest)] == [0] * len(rest)
+    assert e["text"] == " 1 + 1 = 2 vs 7 no. 7 yes </think> <answer> 5 </answer>"
+    assert tools.close_rest(" no </think", "\n</think>\n\n") == ">\n\n"
+    assert tools.close_rest(" x <", " </think>") == " </think>"  # a comparison, not a tag
+    assert tools.close_rest(" x", " </think>") == " </think>"
+
+
 def test_thinking_budget_flags_resolve_and_refuse_in_one_line(tmp_path):
-    """grpo.py's and expert_iteration.py's refusals (tools.check_thinking, grpo.check_sampling);
-    the close is the prompt's (r1_zero: " </think>") without a chat template."""
+    """grpo.py's, expert_iteration.py's and eval_zero_shot.py's refusals (tools.check_thinking,
+    grpo.check_sampling), the r1_zero reward under --chat-template on included (its format needs
+    "</think> <answer>", which the chat's close never gives); the close is the prompt's (r1_zero:
+    " </think>") without a chat template, the chat's with one."""
     out = ["--out", str(tmp_path / "run")]
+    chat = ["--thinking-budget", "8", "--chat-template", "on"]
     refused = [
         (["grpo.py", "--thinking-budget", "2", "--min-tokens", "4"], "<= --thinking-budget 2"),
         (["grpo.py", "--thinking-budget", "8", "--tools", "calculator"], "combine with --tools"),
         (["expert_iteration.py", "--thinking-budget", "8", "--task", "keyword"], "no <think>"),
+        (["grpo.py", *chat, "--reward", "r1_zero"], "never grades as formatted"),
+        (["eval_zero_shot.py", *chat, "--task", "gsm8k"], "never grades as formatted"),
     ]
     for argv, needle in refused:
         one_line_error(run_script(argv + out), needle)
     args = grpo.parse_args(["--thinking-budget", "16", *out])
     assert tools.thinking(args) == tools.Thinking(16, " </think>")
+    args = grpo.parse_args([*chat, "--task", "math", *out])  # question_only: the box is read
+    assert tools.thinking(args) == tools.Thinking(8, "\n</think>\n\n")
 
 
 @requires_vllm
