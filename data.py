@@ -430,6 +430,43 @@ def _sft_pair(r, where):
     return {"prompt": prompt, "response": response}
 
 
+# ----------------------------------------------------------------------------- pass rates
+# An offline difficulty filter (Kimi k1.5, Qwen3): eval_zero_shot.py --pass-rate-samples k writes
+# pass_rates.jsonl, one row per prompt {"prompt", "ground_truth", "samples", "pass_rate"}; the
+# trainers' --pass-rates FILE --keep-pass-rate LO HI keep the prompts whose rate is in [LO, HI].
+def read_pass_rates(path):
+    """{formatted prompt: pass rate} of a pass_rates.jsonl file; a row without a string "prompt"
+    and a "pass_rate" in [0, 1] is a one-line ValueError naming its line."""
+    rates = {}
+    for where, r in read_located(path):
+        r = _object(r, where)
+        prompt = _string(r, ["prompt"], where)
+        rate = r.get("pass_rate")
+        if not (_is_finite_number(rate) and 0 <= rate <= 1):
+            raise ValueError(
+                f'{where}: "pass_rate" is {_shown(rate)}, not a number in [0, 1]; write the file '
+                f"with eval_zero_shot.py --pass-rate-samples"
+            )
+        rates[prompt] = rate
+    return rates
+
+
+def keep_by_pass_rate(rows, path, low, high):
+    """The rows whose prompt's pass rate in `path` (read_pass_rates) lies in [low, high], in
+    their order. The file must hold every row's prompt, formatted as the rows' (same --prompt and
+    --chat-template): else a one-line ValueError saying how many it lacks and how to remake it."""
+    rates = read_pass_rates(path)
+    missing = [r for r in rows if r["prompt"] not in rates]
+    if missing:
+        raise ValueError(
+            f"{path} has no pass rate for {len(missing)} of the {len(rows)} training prompts "
+            f"(e.g. {_shown(missing[0]['prompt'][-60:])}): write it on this training data with "
+            "eval_zero_shot.py --pass-rate-samples K --data <the --train-path> --split train "
+            "and the same --prompt and --chat-template"
+        )
+    return [r for r in rows if low <= rates[r["prompt"]] <= high]
+
+
 # ----------------------------------------------------------------------------- sources
 # Where a task's rows come from: its hub set, or a local copy of it (prepare's --from).
 def _datasets(task):

@@ -35,12 +35,20 @@ tool outputs apart ("segments"); summary.json adds the tool's rates.
 N tokens: a response still thinking then gets </think> appended, graded with it; its row shows the
 close apart ("segments") and "thinking_cut"; summary.json adds the fraction cut.
 
+--pass-rate-samples K (the offline difficulty filter of Kimi k1.5 and Qwen3, docs/objectives.md):
+K samples per example, at T 1.0 unless --temperature says otherwise, and pass_rates.jsonl in
+--out, each example's fraction of correct samples. Run it on the training prompts (--data FILE
+--split train, the trainer's --prompt and --chat-template) and give the file to grpo.py,
+grpo_ray.py or expert_iteration.py: --pass-rates FILE --keep-pass-rate LO HI. generations.jsonl
+then holds K rows per example (its "sample" 0..K-1), and the accuracy is over all of them.
+
 Examples:
   python eval_zero_shot.py                      # embedded tiny model, synthetic Countdown
   python eval_zero_shot.py --model Qwen/Qwen2.5-Math-1.5B --task math500 --data math500_test.jsonl
   python eval_zero_shot.py --model Qwen/Qwen3-1.7B --task countdown --max-tokens 256,512,1024 \\
       --dry-run
   python eval_zero_shot.py --tools calculator --limit 100   # prompt r1_zero_calculator
+  python eval_zero_shot.py --split train --limit 2000 --pass-rate-samples --out runs/pass_rates
 """
 
 import argparse
@@ -94,6 +102,7 @@ from runs import (
 from validation import mean_se
 
 CATEGORIES = ["format1_answer1", "format1_answer0", "format0_answer0", "format0_answer1"]
+PASS_RATES = "pass_rates.jsonl"  # --pass-rate-samples: each example's pass rate (data.py reads it)
 # zero-shot (max generated tokens, temperature) per task, as the seeds set them; flags override
 SEED_SETTINGS = {
     "math": (2048, 0.0),
@@ -424,6 +433,16 @@ def parse_args(argv=None):
     )
     p.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling mass")
     p.add_argument(
+        "--pass-rate-samples",
+        type=positive_int,
+        nargs="?",
+        const=8,
+        default=0,
+        metavar="K",
+        help="K samples per example (8 if K is omitted; --temperature default 1.0) and each "
+        "example's pass rate in pass_rates.jsonl: the trainers' --pass-rates file",
+    )
+    p.add_argument(
         "--seed", type=nonneg_int, default=0, help="engine seed; example i is sampled with seed + i"
     )
     # --- output ---
@@ -467,8 +486,20 @@ def resolve(args):
     args.max_tokens = args.max_tokens or [default_max_tokens(args.task, args.model)]
     if args.temperature is None:
         args.temperature = SEED_SETTINGS[args.task][1]
+        if args.pass_rate_samples:
+            args.temperature = 1.0  # Kimi k1.5 samples "at a relatively high temperature"
     args.out = args.out or os.path.join("runs", f"eval_{args.task}")
     results = ["generations.jsonl", "summary.json"]
+    # samples per example: one, or --pass-rate-samples K for pass_rates.jsonl
+    args.samples_per_example = 1
+    if args.pass_rate_samples:
+        args.samples_per_example = args.pass_rate_samples
+        results.append(PASS_RATES)
+        check(
+            args.temperature > 0,
+            "--pass-rate-samples needs --temperature > 0 (greedy samples are all the same)",
+        )
+        check(len(args.max_tokens) == 1, "--pass-rate-samples takes one --max-tokens")
     if args.sweep:
         check(
             len(args.max_tokens) == 1,
@@ -517,12 +548,44 @@ def pass_summary(p):
     }
 
 
+def write_pass_rates(args, rows):
+    """--pass-rate-samples: PASS_RATES in --out, one row per example graded {"prompt",
+    "ground_truth", "samples", "pass_rate"} (the fraction of its samples that are correct), and a
+    line counting the never and the always solved."""
+    by_example = {}  # index -> its graded samples
+    for r in rows:
+        by_example.setdefault(r["index"], []).append(r)
+    out = []
+    for group in by_example.values():
+        correct = len([r for r in group if is_correct(r)])
+        out.append(
+            {
+                "prompt": group[0]["prompt"],
+                "ground_truth": group[0]["ground_truth"],
+                "samples": len(group),
+                "pass_rate": correct / len(group),
+            }
+        )
+    path = os.path.join(args.out, PASS_RATES)
+    write_jsonl_atomic(path, out)
+    never = len([r for r in out if r["pass_rate"] == 0])
+    always = len([r for r in out if r["pass_rate"] == 1])
+    print(
+        f"pass rates of {len(out)} examples ({args.pass_rate_samples} samples each at T "
+        f"{args.temperature}): {never} never solved, {always} always solved -> {path}"
+    )
+
+
 def grade_chunk(args, examples, start, samples, max_tokens):
-    """The rows of generations.jsonl for examples start, start + 1, ... (one sample each)."""
+    """The rows of generations.jsonl for examples start, start + 1, ... (one sample each; with
+    --pass-rate-samples K > 1, K each, numbered by "sample")."""
+    k = len(samples[0])  # samples per example
     outs = []
-    for per_prompt in samples:
-        outs.append(per_prompt[0])
-    chunk = examples[start : start + len(outs)]
+    chunk = []  # each sample's example
+    for ex, per_prompt in zip(examples[start:], samples):
+        for o in per_prompt:
+            outs.append(o)
+            chunk.append(ex)
     texts = []  # what is graded: with --tools the policy's own text, not the tool output
     for o in outs:
         if args.tools:
@@ -532,10 +595,10 @@ def grade_chunk(args, examples, start, samples, max_tokens):
     truths = [ex["ground_truth"] for ex in chunk]
     rewards = grade_batch(REWARD_FNS[args.reward], texts, truths, workers=args.workers)
     rows = []
-    for i, (o, ex, r) in enumerate(zip(outs, chunk, rewards), start):
+    for n, (o, ex, r) in enumerate(zip(outs, chunk, rewards)):
         row = {
             "max_tokens": max_tokens,
-            "index": i,
+            "index": start + n // k,
             "prompt": ex["prompt"],
             "response": o["text"],
             "ground_truth": ex["ground_truth"],
@@ -546,6 +609,8 @@ def grade_chunk(args, examples, start, samples, max_tokens):
             "num_tokens": len(o["token_ids"]),
             "finish_reason": o["finish_reason"],
         }
+        if k > 1:
+            row["sample"] = n % k
         if args.tools:
             # the transcript turn by turn: the policy's turns and the tool outputs apart
             row["segments"] = o["segments"]
@@ -616,7 +681,9 @@ def evaluate(args, tool=None, claim=True):
             passes.append(p)
             # --- generate, then grade, a chunk at a time: a stop keeps the chunks graded. Example
             # i is sampled with seed + i whatever the chunking, as rollout.generate seeds prompt k
-            # of a call with seed + k (--tools: turn t with seed + i + t * TOOL_TURN_STRIDE) ---
+            # of a call with seed + k (--tools: turn t with seed + i + t * TOOL_TURN_STRIDE).
+            # --pass-rate-samples K: a chunk from example s takes K x its size seeds from
+            # seed + s * K, each (example, sample) its own ---
             bar = tqdm(
                 total=len(prompts), desc=f"generate max_tokens={max_tokens}", file=sys.stdout
             )
@@ -628,12 +695,12 @@ def evaluate(args, tool=None, claim=True):
                         prompts[start : start + args.chunk],
                         tool,
                         tools.thinking(args),
-                        n=1,
+                        n=args.samples_per_example,
                         temperature=args.temperature,
                         top_p=args.top_p,
                         max_tokens=max_tokens,
                         stop=stop,
-                        seed=args.seed + start,
+                        seed=args.seed + start * args.samples_per_example,
                     )
                     p["generate_s"] += time.time() - t0
                     p["rows"] += grade_chunk(args, examples, start, samples, max_tokens)
@@ -665,6 +732,8 @@ def evaluate(args, tool=None, claim=True):
         # a stop here waits for both files (a second one aborts): the graded rows are not lost
         with finish_then_interrupt("writing the results"):
             write_jsonl_atomic(os.path.join(args.out, "generations.jsonl"), all_rows)
+            if args.pass_rate_samples:
+                write_pass_rates(args, all_rows)
             write_json_atomic(path, summary)
             written = True
     except KeyboardInterrupt:

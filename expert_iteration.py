@@ -208,6 +208,7 @@ def resolve(args):
         "--batch-size must be divisible by --gradient-accumulation-steps",
     )
     args.micro_batch_size = args.batch_size // args.gradient_accumulation_steps
+    grpo.check_data(args)  # --pass-rates with --keep-pass-rate (grpo.load_rows filters)
     grpo.check_sampling(args)
     grpo.check_systems(args)
     grpo.check_keep_checkpoints(args)

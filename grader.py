@@ -664,6 +664,45 @@ def is_correct(grades):
     return grades["answer_reward"] >= 1
 
 
+# ----------------------------------------------------------------------------- reasoning language
+HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"  # Chinese characters (CJK ideographs)
+# Han, kana and Hangul: scripts written without spaces, so each character counts as one word
+CJK = HAN + "\u3040-\u30ff\uac00-\ud7af"
+# a word: one CJK character, or a maximal run of other letters (any script; digits, "_",
+# punctuation and symbols are not letters)
+WORD = re.compile(rf"[{CJK}]|[^\W\d_{CJK}]+")
+# --target-language: is this word in the language?
+LANGUAGES = {
+    "en": lambda word: word.isascii(),  # ASCII letters only
+    "zh": lambda word: re.fullmatch(f"[{HAN}]", word) is not None,  # one Chinese character
+}
+
+
+def reasoning(response):
+    """The reasoning part of a response: the text before its first "</think>" or "<answer>"
+    (whichever comes first; the whole response when it has neither), "<think>" tags removed. The
+    prompt is not part of a response, and the answer is cut off."""
+    end = len(response)
+    for tag in ("</think>", "<answer>"):
+        at = response.find(tag)
+        if 0 <= at < end:
+            end = at
+    return response[:end].replace("<think>", "")
+
+
+def language_fraction(response, language="en"):
+    """DeepSeek-R1's language-consistency score: the fraction of the reasoning's words (WORD, in
+    `reasoning(response)`) that are in `language` (LANGUAGES); 0.0 when the reasoning has no word,
+    or the response is longer than MAX_RESPONSE_CHARS (unread). One pass over the text."""
+    if not _readable(response):
+        return 0.0
+    words = WORD.findall(reasoning(response))
+    if not words:
+        return 0.0
+    in_language = LANGUAGES[language]
+    return len([w for w in words if in_language(w)]) / len(words)
+
+
 # ----------------------------------------------------------------------------- worker pool
 _POOLS = {}  # (pid, workers) -> pebble ProcessPool; a forked child never uses its parent's
 _LOCK = threading.Lock()

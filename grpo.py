@@ -28,7 +28,8 @@ Departures from the seeds (their settings, and ours, are in PROFILES):
   --warmup-frac / --min-lr-frac ask for sft.py's warmup and cosine decay (lr_factor);
 - the seeds' raw prompt text by default; --chat-template wraps it in the model's chat template.
 The extras (DAPO, rollout importance sampling, KL monitoring, the advantage estimators, CISPO, the
-entropy controls, ...) are in docs/objectives.md.
+entropy controls, seed 003's menu: curriculum sampling, the pass-rate filter, the length and
+language rewards, ...) are in docs/objectives.md.
 
 Examples:
   python grpo.py                                                  # offline CPU demo
@@ -161,7 +162,8 @@ def parser():
         description="GRPO on a verifiable-reward task (seed 000 §7). "
         "Unset flags come from PROFILES."
     )
-    model_and_data_flags(p)  # --- model and data ---
+    g = model_and_data_flags(p)  # --- model and data ---
+    curriculum_flags(g)  # --curriculum (grpo.py's own)
     optimisation_flags(p)  # --- optimisation ---
     loss_flags(p)  # --- loss ---
     correction_flags(p)  # --- off-policy correction and DAPO ---
@@ -229,7 +231,56 @@ def model_and_data_flags(p):
         default=0,
         help="seed of the synthetic data set (kept apart from --seed)",
     )
+    g.add_argument(
+        "--pass-rates",
+        type=common.existing_file,
+        default=None,
+        help="eval_zero_shot.py --pass-rate-samples' pass_rates.jsonl, read by --keep-pass-rate",
+    )
+    g.add_argument(
+        "--keep-pass-rate",
+        type=common.fraction,
+        nargs=2,
+        metavar=("LO", "HI"),
+        default=None,
+        help="train on the prompts whose --pass-rates rate is in [LO, HI] only (e.g. 0.125 0.875:"
+        " not the always and never solved)",
+    )
     return g
+
+
+def check_data(args):
+    """The "model and data" flags that need each other (grpo.py's and expert_iteration.py's)."""
+    common.check(
+        (args.pass_rates is None) == (args.keep_pass_rate is None),
+        "--pass-rates FILE and --keep-pass-rate LO HI go together: pass both or neither",
+    )
+    common.check(
+        args.keep_pass_rate is None or args.keep_pass_rate[0] <= args.keep_pass_rate[1],
+        f"--keep-pass-rate {args.keep_pass_rate}: LO must be <= HI",
+    )
+
+
+def curriculum_flags(g):
+    """--curriculum and its settings, on grpo.py's "model and data" group `g`."""
+    g.add_argument(
+        "--curriculum",
+        action="store_true",
+        help="draw each step's prompts with weight max(floor, 1 - s), s the prompt's running"
+        " success rate (Kimi k1.5; grpo.Curriculum)",
+    )
+    g.add_argument(
+        "--curriculum-decay",
+        type=common.fraction,
+        default=0.5,
+        help="s <- decay x s + (1 - decay) x the fraction correct of the prompt's group",
+    )
+    g.add_argument(
+        "--curriculum-floor",
+        type=common.probability,
+        default=0.05,
+        help="the least weight of a prompt (a solved one is still drawn now and then)",
+    )
 
 
 def optimisation_flags(p):
@@ -556,6 +607,27 @@ def correction_flags(p):
         default=0,
         help="DAPO soft length penalty over the last N tokens",
     )
+    g.add_argument(
+        "--length-reward-weight",
+        type=common.nonneg_float,
+        default=0.0,
+        help="add w x Kimi k1.5's length reward (shorter correct responses in a group gain) to"
+        " each reward; it adds to --overlong-buffer's penalty when both are on",
+    )
+    g.add_argument(
+        "--language-reward-weight",
+        type=common.nonneg_float,
+        default=0.0,
+        help="add w x the fraction of the reasoning's words in --target-language to each reward"
+        " (DeepSeek-R1's language consistency); adds to the other shaping terms",
+    )
+    g.add_argument(
+        "--target-language",
+        default="en",
+        choices=sorted(grader.LANGUAGES),
+        help="--language-reward-weight's language (en: a word of ASCII letters; zh: a Chinese"
+        " character; grader.language_fraction)",
+    )
     return g
 
 
@@ -565,6 +637,10 @@ def check_correction(args):
     check(
         args.overlong_buffer < args.max_tokens,
         f"--overlong-buffer {args.overlong_buffer} must be < --max-tokens {args.max_tokens}",
+    )
+    check(
+        args.target_language == "en" or args.language_reward_weight > 0,
+        "--target-language is --language-reward-weight's language: set that weight > 0",
     )
     check(
         args.rollout_is == "none" or args.old_log_probs == "trainer",
@@ -861,6 +937,7 @@ def resolve(args):
     # pi_old by a no-grad pass (seed 000 asks for it on-policy too)
     args.needs_old = losses.LOSSES[args.loss].needs_old or args.rollout_is != "none"
 
+    check_data(args)
     check_loss(args)
     check_correction(args)
     check_sampling(args)
@@ -937,8 +1014,9 @@ def load_data(args):
 def load_rows(args):
     """The "model and data" flags' (train rows, validation rows), for grpo.py and
     expert_iteration.py: --train-n train and --eval-n validation questions, each row with its
-    formatted "prompt" (in the chat template with --chat-template). Missing data or an empty
-    validation set is a one-line error."""
+    formatted "prompt" (in the chat template with --chat-template); with --pass-rates, the train
+    rows --keep-pass-rate keeps. Missing data, a pass-rate file without some training prompt or an
+    empty validation set is a one-line error."""
     train = common.attempt(
         data.load_task,
         args.task,
@@ -968,6 +1046,15 @@ def load_rows(args):
         data.apply_chat_template, val, tokenizer_path, args.chat_template, what="--chat-template"
     )
     common.check(len(val) > 0, "the validation set is empty: check --val-path")
+    if args.pass_rates:  # the offline difficulty filter, on the prompts as formatted
+        low, high = args.keep_pass_rate
+        loaded = len(train)
+        keep = data.keep_by_pass_rate
+        train = common.attempt(keep, train, args.pass_rates, low, high, what="--pass-rates")
+        print(
+            f"data: kept {len(train)} of {loaded} prompts, those with a pass rate in "
+            f"[{low:g}, {high:g}] ({args.pass_rates})"
+        )
     return train, val
 
 
@@ -1169,9 +1256,13 @@ TOOL_KEYS = (
 
 
 def score(batch, args):
-    """Grade every response, with DAPO's overlong penalty if asked. Sets batch["rewards"] (the
+    """Grade every response, and add the shaping terms asked for: DAPO's overlong penalty, Kimi
+    k1.5's length reward (batch["length_reward"] (N,), weighted), DeepSeek-R1's language
+    consistency (batch["language_fraction"], N floats); they add up. Sets batch["rewards"] (the
     reward dicts), batch["raw"] (N,), the total rewards, and batch["correct"] (grader.is_correct
-    of each); returns the batch. Reward shaping goes here: batch["raw"] is what advantages read."""
+    of each); returns the batch. Reward shaping goes here: batch["raw"] is what advantages read.
+    A length is the response's tokens (with --tools, tool output included); a group is G
+    consecutive rows."""
     reward_fn = grader.REWARD_FNS[args.reward]
     dicts = grader.grade_batch(
         reward_fn, batch["responses"], batch["ground_truths"], workers=args.grader_workers
@@ -1183,9 +1274,22 @@ def score(batch, args):
         n = torch.tensor(lengths, dtype=torch.float32)  # (N,)
         left = args.max_tokens - args.overlong_buffer - n  # (N,) below 0 inside the buffer
         raw += (left / args.overlong_buffer).clamp(-1.0, 0.0)
+    correct = [grader.is_correct(d) for d in dicts]
+    if args.length_reward_weight:
+        # within each group, the shorter correct responses gain and the longer ones lose
+        lengths = [len(ids) for ids in batch["response_ids"]]
+        unweighted = losses.kimi_length_reward(lengths, correct, args.group_size)  # (N,)
+        batch["length_reward"] = args.length_reward_weight * unweighted
+        raw += batch["length_reward"]
+    if args.language_reward_weight:
+        fractions = []  # of each response's reasoning words in the target language
+        for response in batch["responses"]:
+            fractions.append(grader.language_fraction(response, args.target_language))
+        batch["language_fraction"] = fractions
+        raw += args.language_reward_weight * torch.tensor(fractions, dtype=torch.float32)
     batch["rewards"] = dicts
     batch["raw"] = raw
-    batch["correct"] = [grader.is_correct(d) for d in dicts]
+    batch["correct"] = correct
     return batch
 
 
@@ -1237,11 +1341,69 @@ def _drop_flat_groups(part, room, args):
     return kept, n_flat
 
 
-def collect(engine, train_rows, args, step, shard=(0, 1), tool=None):
+class Curriculum:
+    """Kimi k1.5's sampling by success rate, seed 003's "curriculum" (--curriculum): a step's
+    prompts are drawn without replacement with weight w = max(--curriculum-floor, 1 - s), s the
+    prompt's running success rate, an exponential average of its groups' fractions correct:
+    s <- d s + (1 - d) f, with d = --curriculum-decay, from s = 0.5 for a prompt not yet drawn.
+    One sampler per run, where
+    the step's prompts are chosen (grpo.py's loop; grpo_ray.py's driver, which hands every
+    generator the step's choice), updated once per step from the joined scored batch; `success`
+    is saved in the checkpoint's state.json and resumed from it."""
+
+    def __init__(self, train_rows, args, success=None):
+        self.args = args
+        self.success = [0.5] * len(train_rows)  # s of each train row, 0.5 until it is drawn
+        if success is not None:  # a resumed run's
+            common.check(
+                len(success) == len(train_rows),
+                f"--resume: its curriculum holds {len(success)} prompts, the training data "
+                f"{len(train_rows)}: resume with the run's --train-path, --train-n, --pass-rates",
+            )
+            self.success = list(success)
+        self.rows_of = {}  # prompt text -> its train rows (the same prompt twice: both move)
+        for i, row in enumerate(train_rows):
+            self.rows_of.setdefault(row["prompt"], []).append(i)
+
+    def weights(self):
+        """(n_rows,) float64: max(floor, 1 - s) of each train row."""
+        s = torch.tensor(self.success, dtype=torch.float64)  # (n_rows,)
+        return (1 - s).clamp(min=self.args.curriculum_floor)
+
+    def choose(self, step):
+        """Step `step`'s prompts, all shards': --rollout-batch-size / G train-row indices drawn
+        without replacement by weight, seeded by the step's sample_seed."""
+        gen = torch.Generator().manual_seed(sample_seed(self.args, step))
+        total = self.args.n_prompts_per_rollout_batch
+        picks = torch.multinomial(self.weights(), total, replacement=False, generator=gen)
+        return picks.tolist()
+
+    def update(self, batch):
+        """Each group of a step's joined scored batch (G consecutive rows, batch["correct"]) moves
+        its prompt's s towards the group's fraction correct: the groups the batch holds, so under
+        --dynamic-sampling those of every round that it kept, not the flat ones it dropped."""
+        G = self.args.group_size
+        d = self.args.curriculum_decay
+        for g in range(len(batch["correct"]) // G):
+            frac = fmean(batch["correct"][g * G : (g + 1) * G])
+            for i in self.rows_of[batch["prompts"][g * G]]:
+                self.success[i] = d * self.success[i] + (1 - d) * frac
+
+
+def start_curriculum(train_rows, args, state):
+    """--curriculum's sampler (Curriculum), with the success rates of a resumed run's checkpoint
+    (`state`, as start_state returns it) when it has them; None without --curriculum."""
+    if not args.curriculum:
+        return None
+    return Curriculum(train_rows, args, state.get("curriculum"))
+
+
+def collect(engine, train_rows, args, step, shard=(0, 1), tool=None, picks=None):
     """The rollout and reward phases of a step -> (scored batch, this shard's stats: its seconds
     of generation, grading, tool calls and extra rounds, prompts sampled, flat groups dropped,
     all-correct and all-wrong groups). `summarize` turns the joined batch into the step's rollout
-    metrics. tool: the run's tools.Tool (--tools), else None.
+    metrics. tool: the run's tools.Tool (--tools), else None. picks: the step's prompts over all
+    shards as train_rows indices (--curriculum: Curriculum.choose), else None: a uniform draw.
 
     --dynamic-sampling (DAPO) drops the groups whose score does not vary and samples fresh prompts
     to fill their place, for up to --dynamic-sampling-max-rounds more rounds; then it trains what
@@ -1253,7 +1415,10 @@ def collect(engine, train_rows, args, step, shard=(0, 1), tool=None):
     total = args.n_prompts_per_rollout_batch  # the step's prompts, over all shards
     start = i * total // n  # this shard's first prompt
     end = (i + 1) * total // n
-    chosen = random.Random(sample_seed(args, step)).sample(train_rows, total)
+    if picks is None:
+        chosen = random.Random(sample_seed(args, step)).sample(train_rows, total)
+    else:
+        chosen = [train_rows[j] for j in picks]
     rows = chosen[start:end]
     rng = random.Random(f"{sample_seed(args, step)}-{i}")  # extra rounds: this shard's own draws
     n_rounds = 1
@@ -1310,7 +1475,7 @@ def collect(engine, train_rows, args, step, shard=(0, 1), tool=None):
         missing = want - len(batch["raw"]) // G
         if not args.dynamic_sampling or missing <= 0:
             break
-        # oversample: some of the groups come out flat
+        # oversample: some of the groups come out flat (uniformly, also with --curriculum)
         rows = rng.sample(train_rows, min(len(train_rows), 2 * missing))
     if len(batch["raw"]) == 0:
         # nothing to learn from in this step: train a batch's worth of flat groups (advantages
@@ -1369,6 +1534,10 @@ def summarize(batch, shard_stats, args):
         metrics["train/dynamic_filtered_frac"] = flat / sampled
         metrics["train/dynamic_prompts_sampled"] = sampled
         metrics["time/dynamic_extra_generation"] = max(s["extra_rounds_s"] for s in shard_stats)
+    if args.length_reward_weight:
+        metrics["train/length_reward"] = batch["length_reward"].mean().item()
+    if args.language_reward_weight:
+        metrics["train/language_fraction"] = fmean(batch["language_fraction"])
     if "calls" in batch:  # --tools
         metrics |= tool_metrics(batch)
         metrics["time/tool"] = max(s["tool_s"] for s in shard_stats)
@@ -2017,11 +2186,12 @@ def stopped(message):
 
 def start_state(args):
     """The run's counters {"step", "opt_step", "wall"}: zero, or a resumed run's checkpoint's
-    (runs.restore_checkpoint also cuts metrics.jsonl back to them)."""
+    (runs.restore_checkpoint also cuts metrics.jsonl back to them), with its "curriculum"
+    (Curriculum.success) when it saved one."""
     state = {"step": 0, "opt_step": 0, "wall": 0.0}
     if args.resume:
         saved = runs.restore_checkpoint(args.resume, args.out)
-        state = {k: v for k, v in saved.items() if k in state}
+        state = {k: v for k, v in saved.items() if k in state or k == "curriculum"}
     return state
 
 
@@ -2105,6 +2275,7 @@ def main(args):
         learner = build_learner(args, runtime)
         policy = learner["policy"]
         state = start_state(args)  # a resumed run's counters
+        curriculum = start_curriculum(train_rows, args, state)  # --curriculum, else None
         engine = make_engine(lora.model_path(args), args, runtime, policy)
         if args.resume and args.lora_rank:
             engines.load_policy_into_vllm(policy, engine)  # the base + the checkpoint's adapter
@@ -2136,9 +2307,14 @@ def main(args):
         )
         for step in steps:
             t_step = time.perf_counter()
-            # --- rollout + reward: G samples per question from the engine, which holds pi_step;
-            # the batch's metrics ---
-            batch, stats = collect(engine, train_rows, args, step, tool=tool)
+            # --- rollout + reward: G samples per question from the engine, which holds pi_step
+            # (--curriculum chooses the questions); the batch's metrics ---
+            picks = None  # collect's uniform draw
+            if curriculum is not None:
+                picks = curriculum.choose(step)
+            batch, stats = collect(engine, train_rows, args, step, tool=tool, picks=picks)
+            if curriculum is not None:
+                curriculum.update(batch)
             metrics = summarize(batch, [stats], args)
             # --- eval: greedy on the engine's weights, the policy after `step` updates ---
             if args.eval_every and step % args.eval_every == 0:
@@ -2171,6 +2347,8 @@ def main(args):
                 state["step"] = step + 1
                 state["opt_step"] = rows[-1]["opt_step"]
                 state["wall"] = time.perf_counter() - t_run
+                if curriculum is not None:
+                    state["curriculum"] = list(curriculum.success)  # as of the steps trained
                 dirty = False
             # --- save ---
             if args.save_every and (step + 1) % args.save_every == 0:

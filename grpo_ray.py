@@ -29,6 +29,8 @@ ends the run in one line naming it and its logs; Ctrl-C or SIGTERM saves the ste
 joined batch, so every learner leaves tool output out of the loss, as grpo.py does.
 --weight-sync gloo / nccl: Ray Direct Transport (one learner, one generator; nccl is Ray's
 documented API, NOT exercised in CI).
+--curriculum (grpo.Curriculum): the driver holds the run's one sampler; it chooses a step's prompts
+when it launches the step, hands them to every generator, and learns from the joined batch.
 
 Departures from the seed: a version is one trained rollout batch; lag = learner version -
 generating version; a stale batch takes pi_old from the engine's log-probs (the only holder of that
@@ -334,13 +336,14 @@ class Worker:
         """What this actor decided at run time (grpo.setup_runtime, after loading its models)."""
         return self.runtime
 
-    def generate(self, step, shard=(0, 1)):
+    def generate(self, step, shard=(0, 1), picks=None):
         """This engine's shard (i, n) of step `step`'s rollout batch, graded (grpo.collect; with
         the run's tool, multi-turn: the batch holds grpo.TOOL_KEYS' columns, its policy masks
-        among them)."""
+        among them). picks: the step's prompts as the driver's curriculum chose them, else None
+        (collect's own draw)."""
         t0 = time.time()
         batch, stats = grpo.collect(
-            self.engine, self.train_rows, self.args, step, shard, tool=self.tool
+            self.engine, self.train_rows, self.args, step, shard, tool=self.tool, picks=picks
         )
         t_gen = t0 + stats["generation_s"]  # collect times generation and grading apart
         spans = [
@@ -854,15 +857,28 @@ def run(args, actors):
     nxt = start  # the next step to launch
     syncs = []  # refs of the push not yet waited for
     state.update(done=start, dirty=False)  # steps logged; inside a train step
+    # --curriculum: the one sampler, here where each step's prompts are chosen (at launch: with
+    # staleness s, step j's choice has seen the batches up to j - s - 1)
+    curriculum = None
+    if args.curriculum:
+        curriculum = grpo.start_curriculum(grpo.load_data(args)[0], args, saved)
     try:
         for t in range(start, n):
             # --- rollout + reward: launch every batch the staleness bound allows (j needs version
             # j - s pushed; the colocated k-schedule is s = k - 1), each generator sampling its
             # shard; shards joined in order ---
             while nxt < n and nxt - s <= pushed:
-                pending[nxt] = [g.generate.remote(nxt, (i, len(gens))) for i, g in enumerate(gens)]
+                picks = None  # each generator's own uniform draw (the same one)
+                if curriculum is not None:
+                    picks = curriculum.choose(nxt)
+                shards = []
+                for i, g in enumerate(gens):
+                    shards.append(g.generate.remote(nxt, (i, len(gens)), picks))
+                pending[nxt] = shards
                 nxt += 1
             gen = join_shards(get(pending.pop(t), f"rollout step {t}", args, actors))
+            if curriculum is not None:
+                curriculum.update(gen["batch"])  # once per step, from the joined batch
             # --- the batch's metrics: once, on the joined batch ---
             gen["metrics"] = grpo.summarize(gen["batch"], gen["stats"], args)
             lag = t - gen["version"]
@@ -880,6 +896,8 @@ def run(args, actors):
                 syncs = _synced(args, actors, state, syncs, pushed)
                 _log_step(args, state, gen, trs, t_run)
                 state.update(done=t + 1, dirty=False)
+                if curriculum is not None:
+                    state["curriculum"] = list(curriculum.success)  # saved with the steps trained
 
             # --- sync weights after every k-th batch, queued behind the generations already
             # launched ---
@@ -1002,6 +1020,8 @@ def _save(args, actors, state, version, wall, final=False):
     """Checkpoint `version`: the learners are in lockstep, so rank 0 saves. final: the run's last
     save (finished or stopped)."""
     meta = {"step": version, "opt_step": state["opt_step"], "wall": wall}
+    if "curriculum" in state:  # --curriculum's success rates after `version` steps
+        meta["curriculum"] = state["curriculum"]
     ref = actors["learner"][0].save.remote(args.out, meta, final)
     get(ref, f"checkpoint of version {version}", args, actors)
 

@@ -597,6 +597,23 @@ def group_normalized_advantages(rewards, group_size, advantage_eps, std_norm):
     return compute_advantages(rewards, group_size, "grpo", adv_std, advantage_eps)
 
 
+# ----------------------------------------------------------------------------- reward shaping
+def kimi_length_reward(lengths, correct, group_size):
+    """Kimi k1.5's length reward (its §2.3.3), unweighted: within each group of G responses,
+    lambda_i = 0.5 - (len_i - min_len) / (max_len - min_len), 0 for the whole group when
+    max_len = min_len; a correct response gets lambda_i, an incorrect one min(0, lambda_i).
+    lengths (N,) response lengths, correct (N,) bool, N = prompts x G, G consecutive rows per
+    group -> (N,) float32."""
+    L = torch.as_tensor(lengths, dtype=torch.float32).view(-1, group_size)  # (n_prompts, G)
+    right = torch.as_tensor(correct, dtype=torch.bool).view(-1, group_size)  # (n_prompts, G)
+    shortest = L.amin(dim=1, keepdim=True)  # (n_prompts, 1)
+    spread = L.amax(dim=1, keepdim=True) - shortest  # (n_prompts, 1)
+    lam = 0.5 - (L - shortest) / spread.clamp(min=1e-9)  # (n_prompts, G)
+    lam = torch.where(spread > 0, lam, 0.0)  # one length in the group: no length signal
+    reward = torch.where(right, lam, lam.clamp(max=0.0))  # (n_prompts, G)
+    return reward.reshape(-1)
+
+
 # ----------------------------------------------------------------------------- policy-gradient loss
 @dataclasses.dataclass
 class LossSettings:

@@ -116,6 +116,12 @@ METRICS = [
       "--dynamic-sampling: fraction of the sampled groups that were flat in --dynamic-sampling-on"),
     M("train/dynamic_prompts_sampled", "", GRPO, {},
       "--dynamic-sampling: prompts sampled to fill the batch"),
+    M("train/length_reward", "", GRPO, {},
+      "--length-reward-weight w: the batch mean of w x Kimi k1.5's length reward, a term of each "
+      "reward (losses.kimi_length_reward)"),
+    M("train/language_fraction", "", GRPO, {},
+      "--language-reward-weight w: the batch mean fraction of the reasoning's words in "
+      "--target-language (grader.language_fraction); w x it is a term of each reward"),
     # --- tools (--tools; grpo.tool_metrics)
     M("train/response_len_total_mean", "", TOOL_RUNS, {},
       "--tools: mean response length in tokens, tool output included (what --max-tokens counts)"),

@@ -1,8 +1,10 @@
 """Replay ONE frozen rollout batch of the embedded model through grpo.py's objective menu and
 compare what each objective does with it: the loss, the per-token gradient weight as a function of
 the response length (the length bias), and the cosine between every pair of parameter gradients.
-The objectives include the advantage estimators (rloo, REINFORCE++-baseline, pass@k), CISPO and
-the exploration controls (an entropy bonus, the top-20% entropy tokens). Prints one JSON object.
+The objectives include the advantage estimators (rloo, REINFORCE++-baseline, pass@k), CISPO, the
+exploration controls (an entropy bonus, the top-20% entropy tokens) and seed 003's reward shaping
+(Kimi k1.5's length reward, DeepSeek-R1's language consistency: the frozen batch re-scored by
+grpo.score with the flag, SHAPED). Prints one JSON object.
 
 The off-policy situation is emulated honestly, the way grpo.py meets it: the batch is sampled by
 the engine (mu = its sampled log-probs) at the initial weights theta_0; pi_old = the trainer's
@@ -62,9 +64,14 @@ OBJECTIVES = {
     # exploration controls on grpo_clip
     "grpo_clip_entropy_bonus": "--loss grpo_clip --entropy-coef 0.01",
     "grpo_clip_top20_entropy": "--loss grpo_clip --entropy-top-quantile 0.2",  # Wang et al. 2025
+    # reward shaping on grpo_clip (seed 003's lecture)
+    "grpo_clip_kimi_length": "--loss grpo_clip --length-reward-weight 0.5",  # Kimi k1.5
+    "grpo_clip_language": "--loss grpo_clip --language-reward-weight 0.5",  # DeepSeek-R1
 }
 # train_step(lag=1): pi_old = the current policy (theta_1), mu = the engine (theta_0)
 LAGGED = {"grpo_clip_tis_lag1"}
+# the batch re-scored (grpo.score) with the objective's shaping flags before its advantages
+SHAPED = {"grpo_clip_kimi_length", "grpo_clip_language"}
 BUCKETS = [1, 9, 17, 33, 65, 129, 257, 513]  # response-length bucket edges: [1, 8], [9, 16], ...
 
 
@@ -330,7 +337,10 @@ def run(a):
         pi_old = old
         if name in LAGGED:
             pi_old = cur
-        loss, meta, adv = objective_loss(logp, entropy, pi_old, batch, tensors, args)
+        scored = batch
+        if name in SHAPED:
+            scored = grpo.score(dict(batch), args)  # a copy: the same responses, shaped rewards
+        loss, meta, adv = objective_loss(logp, entropy, pi_old, scored, tensors, args)
         g_tok, g_ent = torch.autograd.grad(loss, (logp, entropy), allow_unused=True)
         buckets, slope = length_bias(g_tok, adv, mask)
         g_toks.append(g_tok)
@@ -338,6 +348,7 @@ def run(a):
         result["objectives"][name] = {
             "flags": OBJECTIVES[name],
             "loss": loss.item(),
+            "reward_mean": scored["raw"].mean().item(),
             "clip_fraction": float(meta.get("clip_fraction", 0.0)),
             "length_exponent": slope,
             "per_token_weight_by_length": buckets,

@@ -107,6 +107,11 @@ def test_objectives_keys_and_on_policy_gradients(objectives):
     assert abs(bonus - o["grpo_clip"]["grad_norm"]) > 1e-6 * bonus
     assert r["grad_cosine"]["grpo_clip"]["grpo_clip_top20_entropy"] < 0.9999
     assert o["passk_4"]["grad_norm"] > 0
+    # seed 003's shaping, the batch re-scored with the flag: the length reward changes the rewards
+    # trained on; the language reward adds w = 0.5 x a fraction in [0, 1] to each
+    assert o["grpo_clip_kimi_length"]["reward_mean"] != o["grpo_clip"]["reward_mean"]
+    gain = o["grpo_clip_language"]["reward_mean"] - o["grpo_clip"]["reward_mean"]
+    assert -1e-6 <= gain <= 0.5 + 1e-6
 
 
 def test_grpo_step_keys_and_exactness():

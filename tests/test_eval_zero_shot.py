@@ -97,6 +97,9 @@ def test_categories_and_accuracy_is_answer_reward():
         (["--tools", "python", "--prompt", "r1_zero"], "needs a prompt that declares its trigger"),
         (["--max-tool-calls", "2"], "need --tools"),
         (["--prompt", "r1_zero_calculator"], "pass --tools"),
+        (["--pass-rate-samples", "--temperature", "0"], "needs --temperature > 0"),
+        (["--pass-rate-samples", "--max-tokens", "32,64"], "takes one --max-tokens"),
+        (["--pass-rate-samples", "0"], "integer > 0"),
     ],
 )
 def test_bad_input_one_line_error(args, needle, tmp_path):
@@ -153,6 +156,13 @@ def test_dry_run_effective_config(tmp_path):
     cfg = dry_config(run("--tools", "calculator", "--out", out, "--dry-run"))
     assert cfg["prompt"] == "r1_zero_calculator"
     assert cfg["max_tool_calls"] == 8 and cfg["tool_isolated"] is False
+    # --pass-rate-samples: 8 when given alone, sampled at T 1.0 unless --temperature says
+    cfg = dry_config(run("--pass-rate-samples", "--out", out, "--dry-run"))
+    assert (cfg["pass_rate_samples"], cfg["samples_per_example"], cfg["temperature"]) == (8, 8, 1)
+    cfg = dry_config(
+        run("--pass-rate-samples", "3", "--temperature", "0.7", "--out", out, "--dry-run")
+    )
+    assert (cfg["samples_per_example"], cfg["temperature"]) == (3, 0.7)
     # --overwrite lets a run replace earlier results
     os.makedirs(out)
     open(os.path.join(out, "generations.jsonl"), "w").close()

@@ -327,6 +327,16 @@ def test_bad_input_is_one_line_before_loading(tmp_path, capsys):
     flags = ["--train-path", str(path), "--ei-batch-size", "4", "--out", str(tmp_path / "o")]
     args = ei.parse_args(flags)
     one_line_error_in_process(capsys, lambda: ei.load_data(args), "--ei-batch-size 4")
+    # grpo.py's pass-rate filter (grpo.load_rows): its flags' check, and a file without the prompts
+    flags = ["--keep-pass-rate", "0", "1"]
+    one_line_error_in_process(capsys, lambda: ei.parse_args(flags), "go together")
+    rates = tmp_path / "pass_rates.jsonl"
+    data.write_jsonl_atomic(str(rates), [{"prompt": "another prompt", "pass_rate": 0.5}])
+    flags = ["--train-path", str(path), "--ei-batch-size", "1", "--out", str(tmp_path / "o2")]
+    flags += ["--pass-rates", str(rates), "--keep-pass-rate", "0", "1"]
+    args = ei.parse_args(flags)
+    needle = "has no pass rate for 2 of the 2 training prompts"
+    one_line_error_in_process(capsys, lambda: ei.load_data(args), needle)
     # with a tool, every turn's seeds fit the step's 2^20: 9 turns x 2 x 65536 samples do not
     flags = ["--tools", "calculator", "--ei-batch-size", "8192", "--group-size", "8"]
     needle = "(--max-tool-calls + 1) x 2 x --ei-batch-size x --group-size must be <= 2^20"

@@ -722,3 +722,24 @@ def test_grade_batch_in_a_daemonic_process():
     with multiprocessing.get_context("spawn").Pool(1) as daemonic:
         res = daemonic.apply(grade_batch, (pow, [2, 3, 5], [3, 10**8, 2]), {"workers": 1})
         assert res == [8, grader.ZERO, 25]
+
+
+@pytest.mark.parametrize(
+    "response,en,zh",
+    [
+        # the reasoning ends at </think>: the answer's words are not read
+        (" I add 3 and 5 </think> <answer> eight </answer>", 1.0, 0.0),
+        # each Chinese character is a word: 3 English of 7
+        (" we compute 我们计算 then 3+5=8 </think> <answer>8</answer>", 3 / 7, 4 / 7),
+        # a word with a letter outside ASCII is not English; digits and symbols are no words
+        ("<think> naïve café ok 12 * 3 <answer> 36 </answer>", 1 / 3, 0.0),
+        # no tag: the whole response; Cyrillic is another script
+        ("Ответ yes", 1 / 2, 0.0),
+        # no word at all: 0
+        (" 3 + 5 = 8 </think> <answer> 8 </answer>", 0.0, 0.0),
+        ("x" * (grader.MAX_RESPONSE_CHARS + 1), 0.0, 0.0),  # unread, as the graders do
+    ],
+)
+def test_language_fraction_counts_the_reasonings_words(response, en, zh):
+    assert grader.language_fraction(response, "en") == pytest.approx(en)
+    assert grader.language_fraction(response, "zh") == pytest.approx(zh)

@@ -156,13 +156,19 @@ def test_step_keys_are_in_the_readme_glossary():
 
 @pytest.fixture(scope="module")
 def on_policy(tiny_model_dir, task_file, tmp_path_factory):
-    """2 steps with KL monitoring, then a resume that names only --resume and two overrides; and 3
-    steps straight through with the same seed."""
+    """2 steps with KL monitoring and --curriculum, then a resume that names only --resume and two
+    overrides; and 3 steps straight through with the same seed."""
     if not HAS_VLLM:
         pytest.skip("vllm is not installed (the --engine hf runs below still run)")
     d = tmp_path_factory.mktemp("runs")
     flags = tiny_flags(
-        tiny_model_dir, task_file, "--loss", "reinforce_with_baseline", "--kl-every", "1"
+        tiny_model_dir,
+        task_file,
+        "--loss",
+        "reinforce_with_baseline",
+        "--kl-every",
+        "1",
+        "--curriculum",
     )
     proc = run_grpo(flags + ["--n-grpo-steps", "2"], d / "a", merge=True)
     first = metrics(d / "a")
@@ -170,6 +176,7 @@ def on_policy(tiny_model_dir, task_file, tmp_path_factory):
     run_grpo(flags + ["--n-grpo-steps", "3", "--eval-every", "0"], d / "b")  # straight through
     return {
         "dir": d / "a",
+        "straight_dir": d / "b",
         "first": first,
         "resumed": metrics(d / "a"),
         "straight": metrics(d / "b"),
@@ -299,6 +306,13 @@ def test_resume_restores_the_run_flags_and_continues_identically(on_policy):
     assert resumed["train/grad_norm"] == pytest.approx(straight["train/grad_norm"], rel=1e-3)
     # the rows past the checkpoint are dropped
     assert [r["step"] for r in train_metrics(on_policy["resumed"])] == [0, 1, 2]
+    # --curriculum's success rates: saved at step 2, resumed, and after step 3 the straight run's
+    saved = []
+    for run in (on_policy["dir"], on_policy["straight_dir"]):
+        with open(run / "checkpoint" / "state.json") as f:
+            saved.append(json.load(f)["curriculum"])
+    assert saved[0] == saved[1]
+    assert len(saved[0]) == 64 and set(saved[0]) != {0.5}
 
 
 def test_off_policy_run_ratio_starts_at_one_and_hf_engine_smoke(
@@ -1383,6 +1397,84 @@ def test_mask_truncated_and_overlong_buffer(live):
     assert penalised.tolist() == pytest.approx(want)
 
 
+def kimi_by_hand(lengths, correct, G):
+    """Kimi k1.5's length reward of each response, in plain Python (group by group)."""
+    out = []
+    for g in range(0, len(lengths), G):
+        lo = min(lengths[g : g + G])
+        hi = max(lengths[g : g + G])
+        for n, right in zip(lengths[g : g + G], correct[g : g + G]):
+            lam = 0.0
+            if hi > lo:
+                lam = 0.5 - (n - lo) / (hi - lo)
+            if not right:
+                lam = min(0.0, lam)
+            out.append(lam)
+    return out
+
+
+def test_length_and_language_rewards_add_to_the_overlong_penalty(live):
+    """grpo.score: each shaping term by hand, and their sum is the reward trained on; summarize
+    logs their means."""
+    flags = ["--overlong-buffer", "8", "--length-reward-weight", "0.5"]
+    flags += ["--language-reward-weight", "0.25"]
+    args, _ = make(live, *flags)
+    batch = {}  # a copy of the live batch: score writes into it
+    for k, v in live["batch"].items():
+        if isinstance(v, list):
+            batch[k] = list(v)
+        else:
+            batch[k] = v
+    grpo.score(batch, args)
+    lens = [len(r) for r in batch["response_ids"]]
+    correct = [grader.is_correct(d) for d in batch["rewards"]]
+    kimi = kimi_by_hand(lens, correct, args.group_size)
+    assert len(set(kimi)) > 1, "the live groups should differ in length"
+    language = [grader.language_fraction(r) for r in batch["responses"]]
+    for i, (n, d) in enumerate(zip(lens, batch["rewards"])):
+        overlong = -max(0.0, min(1.0, (n - 8) / 8))
+        want = d["reward"] + overlong + 0.5 * kimi[i] + 0.25 * language[i]
+        assert batch["raw"][i].item() == pytest.approx(want, abs=1e-6)
+    stats = shard_stats(1.0, 0.5, 0.0, len(lens) // args.group_size, 0)
+    m = grpo.summarize(batch, [stats], args)
+    assert m["train/length_reward"] == pytest.approx(0.5 * statistics.fmean(kimi), abs=1e-6)
+    assert m["train/language_fraction"] == pytest.approx(statistics.fmean(language))
+    assert {"train/length_reward", "train/language_fraction"} <= glossary_keys()
+
+
+def test_curriculum_weights_and_draws_follow_the_success_rates():
+    """After a step where prompt 0 is always solved its weight is 1 - (0.5 x 0.5 + 0.5 x 1) =
+    0.25, a half-solved one keeps 0.5; solved again and again it reaches the floor. Draws are
+    without replacement, by weight, fixed by the step's seed; a prompt written twice moves as
+    one."""
+    args = summarize_args("--curriculum")  # 2 prompts x G = 4 a step, decay 0.5, floor 0.05
+    rows = [{"prompt": f"question {i}"} for i in range(5)] + [{"prompt": "question 1"}]
+    cur = grpo.Curriculum(rows, args)
+    assert cur.weights().tolist() == [0.5] * 6  # unseen: s = 0.5
+    batch = {
+        "prompts": ["question 0"] * 4 + ["question 1"] * 4,
+        "correct": [True] * 4 + [True, False, True, False],
+    }
+    cur.update(batch)
+    assert cur.weights().tolist() == [0.25, 0.5, 0.5, 0.5, 0.5, 0.5]
+    for _ in range(5):
+        cur.update(batch)
+    s0 = 1 - 0.5**7  # six updates towards 1 from 0.5
+    assert cur.success[0] == pytest.approx(s0)
+    assert cur.weights()[0].item() == 0.05  # max(floor, 1 - s0 = 0.0078)
+    assert cur.success[1] == cur.success[5] == 0.5
+    counts = [0] * 6
+    for step in range(300):
+        picks = cur.choose(step)
+        assert len(set(picks)) == len(picks) == 2
+        assert picks == cur.choose(step)
+        for j in picks:
+            counts[j] += 1
+    assert counts[0] < min(counts[1:]) / 3, counts  # weight 0.05 against 0.5
+    with pytest.raises(SystemExit):  # a resumed state of another data set: one line
+        grpo.Curriculum(rows[:3], args, cur.success)
+
+
 def test_sample_seeds_never_overlap():
     """Each (step, round) owns a block of 2^20 seeds; a call uses prompts x G of them."""
     args = grpo.parse_args(["--seed", "3"])
@@ -1808,6 +1900,10 @@ def test_a_second_sigterm_stops_at_once_keeping_the_last_checkpoint(
             "cannot run --shared-prefix (its packed rows need a 4-D block mask",
         ),
         ("--attn-implementation flash_attention_2", "needs the flash-attn package"),
+        ("--keep-pass-rate 0.1 0.9", "--pass-rates FILE and --keep-pass-rate LO HI go together"),
+        ("--pass-rates README.md --keep-pass-rate 0.9 0.1", "LO must be <= HI"),
+        ("--target-language zh", "set that weight > 0"),
+        ("--curriculum-floor 0", "probability"),
     ],
 )
 def test_bad_values_fail_in_one_line_before_loading(bad, msg, tmp_path):
@@ -2091,6 +2187,55 @@ def test_keep_checkpoints_needs_save_every(tiny_model_dir, task_file, capsys):
     with pytest.raises(SystemExit):
         grpo.parse_args(flags + ["--out", "/tmp/unused"])
     assert "--keep-checkpoints keeps the --save-every checkpoints" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------- seed 003's menu, end to end
+def test_the_lecture_menu_on_the_embedded_model(tmp_path):
+    """The offline difficulty filter made and read: eval_zero_shot.py --pass-rate-samples 4 on the
+    demo's training prompts writes each prompt's fraction of correct samples (by hand from its
+    generations), grpo.py --pass-rates --keep-pass-rate keeps the prompts in range and says how
+    many; one step of the embedded model with --curriculum and the length and language rewards
+    logs their metrics and saves the curriculum. A file without the run's prompts is refused in
+    one line before the model loads. (--engine hf: the rollouts' engine plays no part here.)"""
+    rates = tmp_path / "rates"
+    sample = ["--data", "synthetic", "--split", "train", "--limit", "16", "--max-tokens", "48"]
+    sample += ["--pass-rate-samples", "4", "--engine", "hf", "--workers", "1", "--show", "0"]
+    proc = run_script(["eval_zero_shot.py", *sample, "--out", str(rates)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with open(rates / "generations.jsonl") as f:
+        generations = [json.loads(line) for line in f]
+    with open(rates / "pass_rates.jsonl") as f:
+        pass_rates = [json.loads(line) for line in f]
+    assert len(generations) == 64 and len(pass_rates) == 16
+    for i, row in enumerate(pass_rates):
+        samples = [g for g in generations if g["index"] == i]
+        assert [g["sample"] for g in samples] == [0, 1, 2, 3]
+        assert row["prompt"] == samples[0]["prompt"] and row["samples"] == 4
+        assert row["pass_rate"] == statistics.fmean(grader.is_correct(g) for g in samples)
+    kept = [r for r in pass_rates if r["pass_rate"] <= 0.5]
+    assert len(kept) >= 4, "a step needs 4 prompts"
+    out = tmp_path / "run"
+    flags = [
+        "--train-n", "16", "--pass-rates", str(rates / "pass_rates.jsonl"),
+        "--keep-pass-rate", "0", "0.5", "--curriculum", "--length-reward-weight", "0.5",
+        "--language-reward-weight", "0.5", "--n-grpo-steps", "1", "--rollout-batch-size", "16",
+        "--group-size", "4", "--train-batch-size", "16", "--gradient-accumulation-steps", "2",
+        "--max-tokens", "48", "--eval-n", "4", "--eval-every", "0", "--grader-workers", "0",
+        "--engine", "hf",
+    ]  # fmt: skip
+    proc = run_grpo(flags, out)
+    assert f"data: kept {len(kept)} of 16 prompts" in proc.stdout
+    step = train_metrics(metrics(out))[0]
+    assert -0.25 <= step["train/length_reward"] <= 0.25  # w x a mean lambda in [-0.5, 0.5]
+    assert 0 <= step["train/language_fraction"] <= 1
+    with open(out / "checkpoint" / "state.json") as f:
+        success = json.load(f)["curriculum"]
+    moved = [s for s in success if s != 0.5]  # the step's 4 prompts: 0.25 + 0.5 x f
+    assert len(success) == len(kept) and len(moved) <= 4
+    assert set(moved) <= {0.25, 0.375, 0.625, 0.75}
+    proc = run_grpo(flags[2:] + ["--train-n", "32"], tmp_path / "more", check=False)
+    one_line_error(proc, "has no pass rate for 16 of the 32 training prompts")
+    assert not os.path.exists(tmp_path / "more" / "checkpoint")
 
 
 # ----------------------------------------------------------------------------- --tools

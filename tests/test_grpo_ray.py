@@ -647,12 +647,37 @@ def spans(args, phase, actor=None):
     return by_step
 
 
+def record_curriculum(monkeypatch):
+    """[(step, picks)] of every Curriculum.choose and [(prompts, correct)] of every update, as the
+    driver calls them (it runs in this process)."""
+    chosen = []
+    updates = []
+    choose = grpo.Curriculum.choose
+    update = grpo.Curriculum.update
+
+    def recorded_choose(self, step):
+        chosen.append((step, choose(self, step)))
+        return chosen[-1][1]
+
+    def recorded_update(self, batch):
+        updates.append({"prompts": list(batch["prompts"]), "correct": list(batch["correct"])})
+        update(self, batch)
+
+    monkeypatch.setattr(grpo.Curriculum, "choose", recorded_choose)
+    monkeypatch.setattr(grpo.Curriculum, "update", recorded_update)
+    return chosen, updates
+
+
 @requires_vllm
-def test_disaggregated_sync(disaggregated, make_args):
-    """Also the sampled validation and the checkpoint series (issue 32) through the actors."""
+def test_disaggregated_sync(disaggregated, make_args, monkeypatch):
+    """Also the sampled validation and the checkpoint series (issue 32) through the actors, and
+    --curriculum: the driver's sampler chooses each step's prompts, the generator samples those,
+    the sampler learns from the joined batch once per step, as grpo.py's; the checkpoint saves it
+    and a resume continues it."""
     flags = "--placement disaggregated --eval-every 1 --eval-samples 2 --save-every 1"
-    flags += " --keep-checkpoints 1"
+    flags += " --keep-checkpoints 1 --curriculum"
     args = start(disaggregated, make_args(*flags.split()))
+    chosen, updates = record_curriculum(monkeypatch)
     summary = grpo_ray.run(args, disaggregated)
     assert summary["lags"] == [0, 0, 0]
     assert summary["devices"] == 2
@@ -683,6 +708,25 @@ def test_disaggregated_sync(disaggregated, make_args):
         "sync: generation t+1 uses train t's weights"
     )
     assert_synced(disaggregated["generator"][0], args)
+    # --curriculum: grpo.py's sampler replayed on the joined batches chooses the same prompts,
+    # the batches hold them (G each), and ends with the success rates the checkpoint saved
+    monkeypatch.undo()  # the replay's own calls unrecorded
+    train_rows = grpo.load_data(args)[0]
+    replay = grpo.Curriculum(train_rows, args)
+    assert [step for step, _ in chosen] == [0, 1, 2]
+    for (step, picks), batch in zip(chosen, updates):
+        assert replay.choose(step) == picks
+        prompts = [train_rows[j]["prompt"] for j in picks for _ in range(args.group_size)]
+        assert batch["prompts"] == prompts
+        replay.update(batch)
+    assert read(args, "checkpoint/state.json")["curriculum"] == replay.success
+    resumed = start(
+        disaggregated, grpo_ray.parse_args(["--resume", args.out, "--n-grpo-steps", "4"])
+    )
+    chosen, _ = record_curriculum(monkeypatch)
+    grpo_ray.run(resumed, disaggregated)
+    monkeypatch.undo()
+    assert chosen == [(3, replay.choose(3))], "the resumed sampler is the saved one"
 
 
 @requires_vllm

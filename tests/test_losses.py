@@ -163,6 +163,20 @@ def test_group_normalized_advantages():
         L.group_normalized_advantages(raw, 1, 1e-6, True)
 
 
+def test_kimi_length_reward_by_hand():
+    """Kimi k1.5's length reward per group: lambda = 0.5 - (len - min) / (max - min); a correct
+    response gets lambda, an incorrect one min(0, lambda); a group of one length gets 0."""
+    lengths = [10, 20, 30, 40] + [7, 7, 7, 7] + [5, 15, 25, 5]
+    correct = [True, False, True, False] + [True, False, True, True] + [False, True, False, True]
+    got = L.kimi_length_reward(lengths, correct, 4)
+    # group 0: lambda = 0.5, 1/6, -1/6, -0.5; the wrong 20-token one keeps min(0, 1/6) = 0
+    want = [0.5, 0.0, -1 / 6, -0.5]
+    want += [0.0] * 4  # one length: no signal, right or wrong
+    want += [0.0, 0.0, -0.5, 0.5]  # lambda = 0.5, 0, -0.5, 0.5 (min 5, max 25)
+    close(got, want)
+    assert got.dtype == torch.float32
+
+
 def test_per_token_losses():
     lp = torch.log(T([[1.5, 0.5, 1.0], [1.5, 0.5, 1.0]]))  # old = 0 so ratio = (1.5, 0.5, 1.0)
     old = torch.zeros(2, 3)
