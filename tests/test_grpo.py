@@ -2221,11 +2221,12 @@ def test_the_lecture_menu_on_the_embedded_model(tmp_path):
         "--language-reward-weight", "0.5", "--n-grpo-steps", "1", "--rollout-batch-size", "16",
         "--group-size", "4", "--train-batch-size", "16", "--gradient-accumulation-steps", "2",
         "--max-tokens", "48", "--eval-n", "4", "--eval-every", "0", "--grader-workers", "0",
-        "--engine", "hf",
+        "--engine", "hf", "--thinking-budget", "24",
     ]  # fmt: skip
     proc = run_grpo(flags, out)
     assert f"data: kept {len(kept)} of 16 prompts" in proc.stdout
     step = train_metrics(metrics(out))[0]
+    assert 0 <= step["train/thinking_cut_frac"] <= 1  # and the thinking budget's step ran
     assert -0.25 <= step["train/length_reward"] <= 0.25  # w x a mean lambda in [-0.5, 0.5]
     assert 0 <= step["train/language_fraction"] <= 1
     with open(out / "checkpoint" / "state.json") as f:
