@@ -19,6 +19,9 @@ own (gloo on CPU / NCCL on GPU), not the default group, which an in-process vLLM
 Colocated, actor i is generator i and learner i for i < min(N, M) (N = M is verl's layout: an engine
 and a learner shard per device, taking turns); each such engine copies the weights of the learner
 beside it (the learners are in lockstep).
+--learner-sharding fsdp (disaggregated, M >= 2): the learners own the default group and shard the
+policy, its gradients and AdamW state and the frozen copies with FSDP2 (sharding.py), so each holds
+1/M; every learner joins each push's gather and saves its own shard of each checkpoint.
 The actors sit in one Ray placement group (--placement-strategy; --address auto joins a cluster);
 each applies grpo.py's --threads (default: Ray's OMP_NUM_THREADS = the actor's CPUs). A dead actor
 ends the run in one line naming it and its logs; Ctrl-C or SIGTERM saves the steps logged (exit
@@ -43,6 +46,8 @@ mismatch together; timestamps are each actor's own clock.
       --num-generators 6 --num-learners 2                            # 8 GPUs, on any nodes
   python grpo_ray.py --address auto --model Qwen/Qwen2.5-Math-1.5B-Instruct \\
       --placement colocated --num-generators 8 --num-learners 8      # 8 GPUs, engine + learner each
+  python grpo_ray.py --address auto --model Qwen/Qwen2.5-Math-7B --placement disaggregated \\
+      --num-generators 4 --num-learners 4 --learner-sharding fsdp     # 7B: a quarter per learner
 """
 
 import datetime

@@ -100,7 +100,7 @@ def full_state_dict(model, keep):
 
     reshard(model)
     out = {}
-    done = {}  # id of a sharded tensor -> its gathered copy (tied weights)
+    done = {}  # id of a tensor gathered already -> its copy where kept (tied weights), else None
     for name, value in model.state_dict().items():
         if id(value) in done:
             full = done[id(value)]
@@ -108,6 +108,8 @@ def full_state_dict(model, keep):
             full = value.full_tensor().detach().cpu()
         else:
             full = value.detach().cpu()
+        if not keep:
+            full = None  # freed now: the next gather reuses the memory
         done[id(value)] = full
         if keep:
             out[name] = full
