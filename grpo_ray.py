@@ -54,6 +54,7 @@ import datetime
 import json
 import math
 import os
+import shutil
 import socket
 import threading
 import time
@@ -664,7 +665,7 @@ class Worker:
             runs.write_state(tmp, state, self.args, script)
 
         path = runs.save_checkpoint(out_dir, write)
-        os.rmdir(staging)
+        shutil.rmtree(staging, ignore_errors=True)  # (a failed save's leftovers too)
         return path
 
     def get_weights(self, clone=False):
