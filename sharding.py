@@ -7,8 +7,11 @@ The group is torch.distributed's default group, owned by the M disaggregated lea
 in their processes). A colocated actor cannot shard: its vLLM engine owns that default group
 (world size 1), and a group built beside it (grpo_ray.py's TCPStore group) is no c10d group that a
 DeviceMesh can span: c10d maps a group's ranks through the default world's, in which every
-colocated learner is rank 0 (tried on torch 2.13: both learners took shard 0), so grpo_ray.py
-refuses --learner-sharding fsdp there.
+colocated learner is rank 0. Tried on torch 2.13 (two processes, each with its own world-1 default
+group, as vLLM makes it): DeviceMesh.from_group refuses a bare ProcessGroupGloo; registered by
+hand in c10d's private tables, the group gave both learners rank 0 and mesh coordinate 0 (both
+would hold shard 0), and FSDP2's first collective failed to resolve the group's name. So
+grpo_ray.py refuses --learner-sharding fsdp there.
 
 Numerics are those of one learner: the parameters stay fp32 and are all-gathered in fp32, the
 forward runs under the same autocast as unsharded (no FSDP mixed-precision policy), and the
