@@ -59,6 +59,7 @@ import losses
 import metric_table
 import rollout as engines
 import runs
+import sharding
 import tools
 import validation
 
@@ -1093,23 +1094,36 @@ def load_policy(path, args, runtime, dtype=None):
     return policy.train(), tokenizer
 
 
-def build_learner(args, runtime):
+def build_learner(args, runtime, mesh=None):
     """The learner of grpo.py and of each grpo_ray.py learner actor: {"policy", "tokenizer",
     "optimizer" (AdamW), "ref_model" (frozen pi_init or None), "prev_model" (frozen pi_{t-1} or
     None)}. With LoRA the base is in the compute dtype (frozen: no fp32 master copy), the optimizer
     holds the fp32 adapters only, "ref_model" is the policy itself (train_step turns its adapters
-    off) and pi_{t-1} is "prev_adapters": {"step", "weights"} (lora.adapter_state)."""
+    off) and pi_{t-1} is "prev_adapters": {"step", "weights"} (lora.adapter_state).
+    mesh (grpo_ray.py --learner-sharding fsdp: the learners' DeviceMesh): the policy and the frozen
+    models sharded over it (sharding.shard) before the optimizer is built, and a resumed run's
+    weights and AdamW state are this learner's shard of its checkpoint."""
     dtype = None  # the master-weight dtype
     if args.lora_rank:
         dtype = runtime["compute_dtype"]
-    policy, tokenizer = load_policy(lora.model_path(args), args, runtime, dtype)
+    path = lora.model_path(args)
+    if mesh is not None:
+        path = args.model  # a sharded checkpoint holds shards, loaded below, not a model
+    policy, tokenizer = load_policy(path, args, runtime, dtype)
     policy = lora.wrap(policy, args)  # LoRA: adapters, from --resume's checkpoint if resumed
+    if mesh is not None:
+        policy = sharding.shard(policy, mesh)
     optimizer = torch.optim.AdamW(
         lora.trainable(policy), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95)
     )
     # every grpo_ray.py learner loads the one checkpoint: the group stays in lockstep
     if args.resume:
-        saved = torch.load(os.path.join(args.resume, "optimizer.pt"), map_location="cpu")
+        if mesh is None:
+            saved = torch.load(os.path.join(args.resume, "optimizer.pt"), map_location="cpu")
+        else:
+            rank = mesh.get_local_rank()
+            path = sharding.local_path(args.resume, rank, mesh.size())
+            saved = sharding.load_shard(path, policy, lora.trainable(policy))
         optimizer.load_state_dict(saved)
         # this run's --lr (a resume may override it): the saved groups hold the old one
         for group in optimizer.param_groups:
@@ -1121,6 +1135,8 @@ def build_learner(args, runtime):
     frozen = []
     for _ in range(args.frozen_models):
         model = load_policy(args.model, args, runtime)[0]
+        if mesh is not None:
+            model = sharding.shard(model, mesh)
         frozen.append(model.eval().requires_grad_(False))
     learner = {
         "policy": policy,
@@ -1745,7 +1761,12 @@ def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None, rows=None, 
     if entropy:
         key = "token_entropy"
     model.eval()
-    with torch.inference_mode(), hardware.autocast(device, runtime["compute_dtype"]):
+    # a sharded model (FSDP2) gathers its parameters into buffers it reuses: made under
+    # inference_mode, the training forward could not write them later
+    no_grad = torch.inference_mode
+    if sharding.is_sharded(model):
+        no_grad = torch.no_grad
+    with no_grad(), hardware.autocast(device, runtime["compute_dtype"]):
         for start in range(0, len(rows), mbs):
             for idx, mb, L, P in forward_passes(
                 tensors, rows[start : start + mbs], shared_prefix, device
@@ -1927,6 +1948,9 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
                 staleness = losses.kl_divergence(prev, cur, sampled, "k3")
                 metrics["train/mismatch_kernel_kl"] = kernel.item()
                 metrics["train/mismatch_staleness_kl"] = staleness.item()
+    # a sharded model keeps its root's parameters gathered after the passes above (FSDP2): back in
+    # their shards before its state and parameters are read (a no-op unsharded)
+    sharding.reshard(policy, ref_model, prev_model)
     if prev_model is not None and args.kl_every and (step + 1) % args.kl_every == 0:
         prev_model.load_state_dict(policy.state_dict())  # pi_t, the next step's previous policy
         prev_model.holds_step = step
@@ -2041,6 +2065,8 @@ def _updates(learner, batch, tensors, args, runtime, step, dp=None):
                 # the step's gradient and metrics: every learner's part
                 ratio_min, ratio_max = _reduce(params, sums, ratio_min, ratio_max, dp)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+            if dp is not None and dp.get("sharded"):
+                grad_norm = grad_norm.full_tensor()  # the norm over every learner's shard
             # the seed's scheduler.step(): the lr follows the optimizer step's place in the run,
             # so a resumed run (and every grpo_ray.py learner) continues the schedule. The base lr
             # is the one the optimizer was built with, kept as torch's schedulers keep it
@@ -2098,8 +2124,23 @@ def top_entropy_tokens(policy, tensors, rows, args, runtime, ban_ids, dp=None):
 
 
 def _reduce(params, sums, ratio_min, ratio_max, dp):
-    """All-reduce over the learners: the accumulated gradients (as one flat buffer), the step's
-    metric sums (in place), and the ratio's extremes. -> (ratio_min, ratio_max) over all."""
+    """All-reduce over the learners: the accumulated gradients (as one flat buffer; sharded, FSDP2's
+    backward has summed them already, each learner's shard apart), the step's metric sums (in
+    place), and the ratio's extremes. -> (ratio_min, ratio_max) over all."""
+    if not dp.get("sharded"):
+        _reduce_gradients(params, dp)
+    keys = list(sums)
+    values = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
+    values = dp["reduce"](values, "sum").tolist()
+    for key, value in zip(keys, values):
+        sums[key] = value
+    ratio_min = dp["reduce"](torch.tensor(ratio_min), "min").item()
+    ratio_max = dp["reduce"](torch.tensor(ratio_max), "max").item()
+    return ratio_min, ratio_max
+
+
+def _reduce_gradients(params, dp):
+    """The accumulated gradients summed over the learners, as one flat buffer."""
     grads = []
     for p in params:
         if p.grad is None:
@@ -2110,14 +2151,6 @@ def _reduce(params, sums, ratio_min, ratio_max, dp):
     sizes = [p.numel() for p in params]
     for p, g in zip(params, flat.split(sizes)):
         p.grad = g.view_as(p).clone()
-    keys = list(sums)
-    values = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
-    values = dp["reduce"](values, "sum").tolist()
-    for key, value in zip(keys, values):
-        sums[key] = value
-    ratio_min = dp["reduce"](torch.tensor(ratio_min), "min").item()
-    ratio_max = dp["reduce"](torch.tensor(ratio_max), "max").item()
-    return ratio_min, ratio_max
 
 
 # ----------------------------------------------------------------------------- 6. log

@@ -19,6 +19,9 @@ own (gloo on CPU / NCCL on GPU), not the default group, which an in-process vLLM
 Colocated, actor i is generator i and learner i for i < min(N, M) (N = M is verl's layout: an engine
 and a learner shard per device, taking turns); each such engine copies the weights of the learner
 beside it (the learners are in lockstep).
+--learner-sharding fsdp (disaggregated, M >= 2): the learners own the default group and shard the
+policy, its gradients and AdamW state and the frozen copies with FSDP2 (sharding.py), so each holds
+1/M; every learner joins each push's gather and saves its own shard of each checkpoint.
 The actors sit in one Ray placement group (--placement-strategy; --address auto joins a cluster);
 each applies grpo.py's --threads (default: Ray's OMP_NUM_THREADS = the actor's CPUs). A dead actor
 ends the run in one line naming it and its logs; Ctrl-C or SIGTERM saves the steps logged (exit
@@ -45,12 +48,15 @@ mismatch together; timestamps are each actor's own clock.
       --num-generators 6 --num-learners 2                            # 8 GPUs, on any nodes
   python grpo_ray.py --address auto --model Qwen/Qwen2.5-Math-1.5B-Instruct \\
       --placement colocated --num-generators 8 --num-learners 8      # 8 GPUs, engine + learner each
+  python grpo_ray.py --address auto --model Qwen/Qwen2.5-Math-7B --placement disaggregated \\
+      --num-generators 4 --num-learners 4 --learner-sharding fsdp     # 7B: a quarter per learner
 """
 
 import datetime
 import json
 import math
 import os
+import shutil
 import socket
 import threading
 import time
@@ -66,6 +72,7 @@ import losses
 import plot
 import rollout
 import runs
+import sharding
 import tools
 import validation
 
@@ -117,6 +124,12 @@ def parse_args(argv=None):
     )
     g.add_argument(
         "--num-learners", type=pos, default=1, help="data-parallel learners (a gloo / NCCL group)"
+    )
+    g.add_argument(
+        "--learner-sharding",
+        default="replicate",
+        choices=["replicate", "fsdp"],
+        help="each learner a whole copy, or 1/M of weights, gradients, AdamW (FSDP2)",
     )
 
     g = p.add_argument_group("ray")
@@ -182,6 +195,10 @@ def resolve(args):
     N = args.num_generators
     M = args.num_learners
     colocated = args.placement == "colocated"
+    if args.resume:
+        check_resumed_sharding(args)
+    if args.learner_sharding == "fsdp":
+        check_sharding(args)
     common.check(
         (k == 1 or colocated) and not (args.async_mode and colocated),
         "--steps-per-rollout > 1 needs --placement colocated, --async disaggregated",
@@ -214,6 +231,11 @@ def resolve(args):
         not args.sleep_engine,
         "--sleep-engine is grpo.py's single-GPU mode; Ray places engine and learner itself",
     )
+    if args.learner_sharding == "fsdp":
+        # FSDP2 gathers a layer again for its backward when the gradient reaches the layer's
+        # output; the shared prefix's reaches the prefix pass's layers through the KV cache, where
+        # no hook sees it, so sharded learners run each row whole
+        args.shared_prefix = False
     common.check(
         N <= args.n_prompts_per_rollout_batch,
         f"--num-generators {N} > {args.n_prompts_per_rollout_batch} prompts per rollout "
@@ -243,7 +265,61 @@ def resolve(args):
         args.mode = "disaggregated-sync"
     if N * M > 1:
         args.mode += f"-N{N}M{M}"
+    if args.learner_sharding == "fsdp":
+        args.mode += "-fsdp"
     return args
+
+
+def check_sharding(args):
+    """--learner-sharding fsdp's refusals, each a one-line error naming the fix."""
+    M = args.num_learners
+    common.check(
+        args.placement == "disaggregated",
+        "--learner-sharding fsdp needs --placement disaggregated: the learners shard over "
+        "torch.distributed's default group, which a colocated actor's vLLM engine owns",
+    )
+    common.check(
+        M >= 2, "--learner-sharding fsdp shards over the learners: --num-learners 2 or more"
+    )
+    common.check(
+        not args.lora_rank,
+        "--learner-sharding fsdp shards whole models; LoRA's adapters are small: drop "
+        "--lora-rank or use --learner-sharding replicate",
+    )
+    common.check(
+        args.weight_sync == "object_store",
+        "--learner-sharding fsdp pushes weights through the object store (every learner gathers "
+        "them): --weight-sync object_store",
+    )
+    common.check(
+        args.shared_prefix is not True,
+        "--learner-sharding fsdp runs each row whole (FSDP2 does not see the shared prefix's "
+        "gradient through the KV cache): drop --shared-prefix",
+    )
+    common.check(
+        not args.keep_checkpoints,
+        "--learner-sharding fsdp checkpoints shards, not models: drop --keep-checkpoints (the "
+        "run's final checkpoint holds the whole model)",
+    )
+
+
+def check_resumed_sharding(args):
+    """A resumed checkpoint's layout must be this run's: a sharded one (runs.SHARDS_FILE names its
+    learner count) resumes with fsdp and as many learners, a whole model with replicate."""
+    manifest = common.read_json(os.path.join(args.resume, runs.SHARDS_FILE), "learners")
+    if manifest is None:
+        common.check(
+            args.learner_sharding == "replicate",
+            f"--resume {args.resume} holds a whole model: resume it with --learner-sharding "
+            "replicate",
+        )
+        return
+    M = manifest["learners"]
+    common.check(
+        args.learner_sharding == "fsdp" and args.num_learners == M,
+        f"--resume {args.resume} holds the shards of {M} learners: resume it with "
+        f"--learner-sharding fsdp --num-learners {M}",
+    )
 
 
 # ----------------------------------------------------------------------------- actor
@@ -268,8 +344,10 @@ class Worker:
     and previous policy), or both on one device (colocated: seed 004 §3.1's ColocatedWorker).
     name ("generator 1") labels its spans."""
 
-    # grpo.train_step's {"rank", "world", "reduce"} once init_dp has joined a learner group
+    # grpo.train_step's {"rank", "world", "reduce", "sharded"} once init_dp has joined a learner
+    # group; with --learner-sharding fsdp, also the group's DeviceMesh
     dp = None
+    mesh = None
 
     def __init__(self, args, name, generator, learner):
         self.name = name
@@ -295,8 +373,17 @@ class Worker:
         # the learner first: a colocated engine's memory share is sized from the policy beside it
         beside = None  # colocated: the policy in this actor
         if self.is_learner:
-            self.learner = grpo.build_learner(args, self.runtime)
-            beside = self.learner["policy"]
+            self.learner = None
+            if args.learner_sharding == "replicate":
+                self.learner = grpo.build_learner(args, self.runtime)
+                beside = self.learner["policy"]
+            elif self.dp is not None:  # a reused actor: its group and mesh are up
+                common.check(
+                    self.mesh is not None,
+                    f"{self.name}: its learner group was built unsharded: build new actors",
+                )
+                self.learner = grpo.build_learner(args, self.runtime, self.mesh)
+            # else: init_dp builds the sharded learner, once the group's mesh exists
         if self.is_generator:
             # in the run dir on this actor's node; its WARNINGs reach the driver's console via Ray
             log = f"engine_{self.name.replace(' ', '_')}.log"
@@ -310,8 +397,11 @@ class Worker:
             # a LoRA checkpoint holds the adapter: the engine starts from the base, then takes the
             # merged weights
             stale = bool(args.resume and args.lora_rank)
+            path = lora.model_path(args)
+            if args.learner_sharding == "fsdp":
+                path = args.model  # a sharded checkpoint: run() pushes the learners' weights first
             if self.engine is None:
-                self.engine = grpo.make_engine(lora.model_path(args), args, self.runtime, beside)
+                self.engine = grpo.make_engine(path, args, self.runtime, beside)
             else:  # a reused actor: its engine takes the new run's start weights
                 stale = True
             if stale:
@@ -320,7 +410,7 @@ class Worker:
                 )
                 if args.lora_rank:
                     dtype = self.runtime["compute_dtype"]
-                policy = grpo.load_policy(lora.model_path(args), args, self.runtime, dtype)[0]
+                policy = grpo.load_policy(path, args, self.runtime, dtype)[0]
                 policy = lora.wrap(policy, args)  # LoRA: the adapter from --resume
                 rollout.load_policy_into_vllm(policy, self.engine)
         return os.getpid()
@@ -436,16 +526,30 @@ class Worker:
             return ray.util.get_node_ip_address(), s.getsockname()[1]
 
     def init_dp(self, address, rank, world):
-        """Join the data-parallel learner group: a process group of its own, built on rank 0's TCP
-        store. Not torch.distributed's default group: an in-process vLLM engine has made that one
-        (world size 1) and its parallel state lives on it, so the learners leave it alone."""
+        """Join the data-parallel learner group, built on rank 0's TCP store. Replicated: a process
+        group of its own, not torch.distributed's default group: an in-process vLLM engine has
+        made that one (world size 1) and its parallel state lives on it, so the learners leave it
+        alone. Sharded (--learner-sharding fsdp, disaggregated learners: no engine here): the
+        default group itself, which FSDP2's DeviceMesh needs; then the sharded learner is built."""
         dev = self.runtime["policy_device"]
         dist = torch.distributed
         timeout = datetime.timedelta(seconds=self.args.timeout_s)
         host, port = address
         store = dist.TCPStore(host, port, world, rank == 0, timeout=timeout)
         store = dist.PrefixStore("grpo_ray/learners", store)  # its keys apart from anyone else's
-        if dev.startswith("cuda"):  # NOT run in CI (no GPU)
+        sharded = self.args.learner_sharding == "fsdp"
+        if sharded:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            backend = "gloo"
+            if dev.startswith("cuda"):  # NOT run in CI (no GPU)
+                backend = "nccl"
+            dist.init_process_group(
+                backend, store=store, rank=rank, world_size=world, timeout=timeout
+            )
+            group = dist.group.WORLD
+            self.mesh = init_device_mesh(dev.split(":")[0], (world,))
+        elif dev.startswith("cuda"):  # NOT run in CI (no GPU)
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
             group = dist.ProcessGroupNCCL(store, rank, world, options)
@@ -461,7 +565,9 @@ class Worker:
             group.allreduce([x], options).wait()
             return t.copy_(x)
 
-        self.dp = {"rank": rank, "world": world, "reduce": reduce}
+        self.dp = {"rank": rank, "world": world, "reduce": reduce, "sharded": sharded}
+        if sharded and self.learner is None:
+            self.learner = grpo.build_learner(self.args, self.runtime, self.mesh)
 
     def train(self, gen):
         """One rollout batch through grpo.train_step (lag = versions the batch is behind);
@@ -489,7 +595,9 @@ class Worker:
 
     def save(self, out_dir, state, final=False):
         """Checkpoint (and --keep-checkpoints' snapshot); the final save of a run, finished or
-        stopped, also writes --export-merged's model."""
+        stopped, also writes --export-merged's model. Sharded: every learner saves its shard."""
+        if self.dp and self.dp["sharded"]:
+            return self._save_shards(out_dir, state, final)
         path = runs.save_model_checkpoint(
             out_dir,
             self.learner["policy"],
@@ -516,17 +624,72 @@ class Worker:
             )
         return path
 
+    def _save_shards(self, out_dir, state, final):
+        """--learner-sharding fsdp's checkpoint: every learner stages its shard (weights and AdamW
+        state, sharding.save_shard) beside the checkpoint, then learner 0 swaps the checkpoint in
+        whole (runs.save_checkpoint): the shards, runs.SHARDS_FILE, the tokenizer, state.json with
+        every file's record; at the run's end (final) also the whole model as an HF directory,
+        gathered by all. A mid-run checkpoint holds no model: only grpo_ray.py --resume reads it.
+        -> the checkpoint's path on learner 0, None on the others."""
+        policy = self.learner["policy"]
+        rank = self.dp["rank"]
+        world = self.dp["world"]
+        weights = None
+        if final:  # a collective: every learner gathers, learner 0 keeps the tensors
+            weights = sharding.full_state_dict(policy, keep=rank == 0)
+        staging = os.path.join(out_dir, "checkpoint.shards")
+        error = None
+        try:
+            os.makedirs(staging, exist_ok=True)
+            path = os.path.join(staging, sharding.shard_name(rank, world))
+            sharding.save_shard(path, policy, self.learner["optimizer"])
+        except OSError as e:
+            error = e
+        # every learner learns whether all shards are staged: a failed one stops them all
+        staged = self.dp["reduce"](torch.tensor(float(error is None)), "min").item()
+        if error is not None:
+            runs.stop_on_storage_error(error, staging, "saving")
+            raise error
+        common.check(staged == 1, f"{self.name}: another learner failed to stage its shard")
+        if rank != 0:
+            return None
+        names = []
+        for r in range(world):
+            names.append(sharding.shard_name(r, world))
+        script = runs.this_script() or runs.read_claim(out_dir).get("script")  # the driver's
+
+        def write(tmp):
+            for name in names:
+                os.replace(os.path.join(staging, name), os.path.join(tmp, name))
+            data.write_json_atomic(
+                os.path.join(tmp, runs.SHARDS_FILE), {"learners": world, "files": names}
+            )
+            if final:
+                policy.save_pretrained(tmp, state_dict=weights)
+            self.learner["tokenizer"].save_pretrained(tmp)
+            runs.write_state(tmp, state, self.args, script)
+
+        path = runs.save_checkpoint(out_dir, write)
+        shutil.rmtree(staging, ignore_errors=True)  # (a failed save's leftovers too)
+        return path
+
     def get_weights(self, clone=False):
         """{"weights", "spans"} to push: a CPU copy, or with clone=True a device clone for RDT (Ray
-        keeps a reference to the tensors it sends, not a copy)."""
+        keeps a reference to the tensors it sends, not a copy). Sharded, every learner gathers
+        (sharding.full_state_dict) and learner 0's copy is the one pushed; the others' weights
+        are {}."""
         t0 = time.time()
+        policy = self.learner["policy"]
         weights = {}
-        # with LoRA: the merged W + (alpha / r) B A under the base's names (lora.merged_state_dict)
-        for name, tensor in lora.merged_state_dict(self.learner["policy"]).items():
-            if clone:
-                weights[name] = tensor.detach().clone()
-            else:
-                weights[name] = tensor.detach().cpu()
+        if sharding.is_sharded(policy):
+            weights = sharding.full_state_dict(policy, keep=self.dp["rank"] == 0)
+        else:
+            # with LoRA: the merged W + (alpha / r) B A under the base's names
+            for name, tensor in lora.merged_state_dict(policy).items():
+                if clone:
+                    weights[name] = tensor.detach().clone()
+                else:
+                    weights[name] = tensor.detach().cpu()
         return {
             "weights": weights,
             "spans": [_span(self.name, "get_weights", t0, self.version - 1)],
@@ -732,6 +895,7 @@ def build_actors(args):
         )
         handles.append(options.remote(args, *spec))
     actors = {"generator": [], "learner": [], "colocated": [], "all": handles, "pg": pg}
+    actors["sharded"] = args.learner_sharding == "fsdp"  # every learner saves and gathers
     actors["names"] = {}  # actor id -> its name, for error messages
     for handle, (name, generator, learner) in zip(handles, specs):
         actors["names"][handle._actor_id.hex()] = name
@@ -808,13 +972,16 @@ def join_shards(shards):
 def _push(actors, version, transport):
     """Version `version` into every engine (refs): each colocated one in-process from the learner
     beside it (the learners are in lockstep: the same weights), the others from ONE put of learner
-    0's weights."""
+    0's weights (sharded learners all gather them: their refs are waited for too)."""
     lead = actors["learner"][0]
     colocated = actors["colocated"]
     syncs = []
     for a in colocated:
         syncs.append(a.sync.remote(version))
     others = actors["generator"][len(colocated) :]
+    if actors["sharded"]:  # every learner takes part in the gather; learner 0's copy is pushed
+        for a in actors["learner"][1:]:
+            syncs.append(a.get_weights.remote())
     if others:
         weights = lead.get_weights.options(**transport).remote(clone=bool(transport))
         for g in others:
@@ -843,6 +1010,10 @@ def run(args, actors):
         "rows": [],  # this session's step rows
         "last": time.time(),  # when the previous step was logged: the next time/step starts here
     }
+    if args.resume and actors["sharded"]:
+        # a sharded checkpoint holds no model: the engines, started from --model, take the
+        # learners' resumed weights before the first eval
+        _synced(args, actors, state, _push(actors, start, {}), start)
     _evaluate(args, actors, state, start)
     t_run = time.time() - state["wall"]  # time/wall: the eval before the first step not counted
     state["t_run"] = t_run
@@ -1017,13 +1188,16 @@ def _checkpoint_and_eval(args, actors, state, syncs, version, t_run):
 
 
 def _save(args, actors, state, version, wall, final=False):
-    """Checkpoint `version`: the learners are in lockstep, so rank 0 saves. final: the run's last
-    save (finished or stopped)."""
+    """Checkpoint `version`: the learners are in lockstep, so rank 0 saves (sharded: every learner
+    its shard, rank 0 the checkpoint). final: the run's last save (finished or stopped)."""
     meta = {"step": version, "opt_step": state["opt_step"], "wall": wall}
     if "curriculum" in state:  # --curriculum's success rates after `version` steps
         meta["curriculum"] = state["curriculum"]
-    ref = actors["learner"][0].save.remote(args.out, meta, final)
-    get(ref, f"checkpoint of version {version}", args, actors)
+    savers = actors["learner"][:1]
+    if actors["sharded"]:
+        savers = actors["learner"]
+    refs = [a.save.remote(args.out, meta, final) for a in savers]
+    get(refs, f"checkpoint of version {version}", args, actors)
 
 
 def _evaluate(args, actors, state, version):

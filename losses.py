@@ -317,18 +317,19 @@ def get_response_log_probs(
         ban_ids = torch.as_tensor(ban_token_ids, dtype=torch.long, device=dev)
     _check_model(model)
     fast = model._logprob_fast_path  # body @ head in chunks, else the model's own logits
+    fwd = model
     if fast:
-        fwd = model.base_model
-        head_weight = model.get_output_embeddings().weight  # (V, H)
-    else:
-        fwd = model
-        head_weight = None
+        # a model sharded by sharding.shard (FSDP2) runs its body through the root's hooks, which
+        # gather the embeddings, the final norm and the head (kept gathered until the backward)
+        fwd = getattr(model, "gathering_body", model.base_model)
     ids = input_ids
     kw = {"use_cache": False}
     if P:
         ids, kw = _packed_after_prefix(model, fwd, input_ids, row, col, P)
     out = fwd(input_ids=ids, **kw)
+    head_weight = None
     if fast:
+        head_weight = model.get_output_embeddings().weight  # (V, H), read after the body ran
         h = out.last_hidden_state.reshape(len(col), -1)  # (N, H)
     else:
         h = out.logits.reshape(len(col), -1)  # (N, V)

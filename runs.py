@@ -94,6 +94,10 @@ def resume_from(parser, argv, args, needs=(), script=None):
         if os.path.isfile(os.path.join(ckpt, "adapter_config.json")):
             # a LoRA run's checkpoint: the adapter; its base is the run's --model
             needs = ("adapter_model.safetensors", *needs)
+        elif os.path.isfile(os.path.join(ckpt, SHARDS_FILE)):
+            # grpo_ray.py --learner-sharding fsdp: each learner's shard of the weights and the
+            # optimizer state (check_files below checks them), a model only at the run's end
+            needs = ()
         else:
             check_model_dir(ckpt, "--resume")  # a broken checkpoint names its missing file
         for f in needs:
@@ -691,7 +695,6 @@ def save_model_checkpoint(
     actor saves a run its driver claimed)."""
     import torch
 
-    import data
     import lora
 
     if script is None:
@@ -705,15 +708,28 @@ def save_model_checkpoint(
         tokenizer.save_pretrained(tmp)
         for name, obj in (extra or {}).items():
             torch.save(obj, os.path.join(tmp, name))
-        # state.json last and atomically: a crash mid-write leaves no half file that looks complete
-        state_with_args = dict(state)
-        state_with_args["files"] = file_records(tmp)  # what a resume checks (check_files)
-        if script:
-            state_with_args["script"] = script
-        state_with_args["args"] = jsonable(vars(args))
-        data.write_json_atomic(os.path.join(tmp, "state.json"), state_with_args)
+        write_state(tmp, state, args, script)
 
     return save_checkpoint(out_dir, write, name=name, keep=keep)
+
+
+def write_state(tmp, state, args, script):
+    """A checkpoint's state.json, written last and atomically (a crash mid-write leaves no half file
+    that looks complete): `state`, the records of the files beside it (what a resume checks,
+    check_files), the script that wrote the run and its flags."""
+    import data
+
+    state_with_args = dict(state)
+    state_with_args["files"] = file_records(tmp)
+    if script:
+        state_with_args["script"] = script
+    state_with_args["args"] = jsonable(vars(args))
+    data.write_json_atomic(os.path.join(tmp, "state.json"), state_with_args)
+
+
+# in a checkpoint of grpo_ray.py --learner-sharding fsdp: {"learners": M, "files": each learner's
+# shard}. Such a checkpoint holds no model until the run's end; only grpo_ray.py resumes it
+SHARDS_FILE = "shards.json"
 
 
 SNAPSHOTS = "checkpoints"  # a run's weights-only series (--keep-checkpoints), beside checkpoint/

@@ -282,6 +282,8 @@ def test_eval_and_save_fall_on_the_first_push_past_each_multiple():
     assert not grpo_ray.due(0, 4, 4)
 
 
+# 2 disaggregated learners sharded with FSDP2
+FSDP = "--placement disaggregated --num-learners 2 --learner-sharding fsdp"
 # (flags, a substring of the one-line error)
 BAD_MODES = [
     ("--async", "disaggregated"),
@@ -296,6 +298,14 @@ BAD_MODES = [
     ),
     ("--num-generators 3", "whole group"),  # 8 samples / group 4 = 2 prompts
     ("--placement disaggregated --num-learners 2 --num-cpus 2", "--num-cpus"),
+    # --learner-sharding fsdp's refusals (FSDP = the flags that shard 2 disaggregated learners)
+    ("--num-learners 2 --learner-sharding fsdp", "--placement disaggregated"),
+    (FSDP.replace("disaggregated", "colocated"), "--placement disaggregated"),
+    (FSDP.replace("--num-learners 2", ""), "--num-learners 2 or more"),
+    (FSDP + " --lora-rank 2", "drop --lora-rank"),
+    (FSDP + " --engine hf --weight-sync gloo", "--weight-sync object_store"),
+    (FSDP + " --shared-prefix", "drop --shared-prefix"),
+    (FSDP + " --save-every 1 --keep-checkpoints 1", "drop --keep-checkpoints"),
 ]
 
 
@@ -1297,6 +1307,129 @@ def test_lora_learner_holds_the_adapters_and_resume_continues(cluster, make_args
         assert resumed.lora_rank == 2
         grpo_ray.run(resumed, actors)
         assert [r["step"] for r in logged_steps(resumed)] == [0, 1]
+    finally:
+        grpo_ray.kill_actors(actors)
+
+
+# ----------------------------------------------------------------------------- --learner-sharding
+def held(worker):
+    """Sharding probe: {model: (bytes of the tensors this learner holds, bytes of the whole
+    tensors, bytes of one dim-0 row of each)} of the policy, the frozen copies and the AdamW
+    state (its moments; the scalar step counts aside), measured from the tensors."""
+    from torch.distributed.tensor import DTensor
+
+    def sizes(tensors):
+        local = 0
+        whole = 0
+        rows = 0
+        for t in tensors:
+            assert isinstance(t, DTensor), "an unsharded tensor"
+            size = t.element_size()
+            local += t.to_local().numel() * size
+            whole += t.numel() * size
+            rows += t.numel() // t.shape[0] * size
+        return local, whole, rows
+
+    learner = worker.learner
+    moments = []
+    for state in learner["optimizer"].state.values():
+        moments += [state["exp_avg"], state["exp_avg_sq"]]
+    out = {"optimizer": sizes(moments)}
+    for key in ("policy", "ref_model", "prev_model"):
+        out[key] = sizes(learner[key].parameters())
+    return out
+
+
+def engine_weights(worker):
+    """Probe: the HF engine's weights."""
+    return {k: v.clone() for k, v in worker.engine.model.state_dict().items()}
+
+
+def final_weights(args):
+    """The whole model a run's final checkpoint holds."""
+    from safetensors.torch import load_file
+
+    return load_file(os.path.join(args.out, "checkpoint", "model.safetensors"))
+
+
+def test_fsdp_learners_shard_and_train_as_one(cluster, make_args, capsys):
+    """--learner-sharding fsdp, 2 disaggregated learners over gloo (HF engine; KL monitoring, so
+    pi_ref and pi_{t-1} are kept): after one step the gathered policy equals one unsharded
+    learner's on the same batch; each learner holds half of every parameter, AdamW moment and
+    frozen copy; a mid-run checkpoint holds shards, no model; a run stopped after 1 step and
+    resumed to 2 equals 2 straight steps bit for bit; the engine's weights equal the gathered
+    policy after the final sync; a different learner count or sharding at resume is refused."""
+    flags = FSDP + " --engine hf --loss grpo_clip --kl-every 1 --seed 2 --n-grpo-steps 1"
+    flags += " --no-shared-prefix"  # as the sharded learners run (and the unsharded one here)
+    args = make_args(*flags.split())
+    assert args.mode == "disaggregated-sync-N1M2-fsdp"
+    actors = grpo_ray.build_actors(args)
+    learners = actors["learner"]
+    try:
+        # one step on one batch, rewards varied in every group (non-zero advantages)
+        gen = ray.get(actors["generator"][0].generate.remote(0), timeout=120)
+        gen["batch"]["raw"] = torch.linspace(-1.0, 1.0, len(gen["batch"]["raw"]))
+        ref = ray.put(gen)
+        ray.get([a.train.remote(ref) for a in learners], timeout=120)
+        pushed = ray.get([a.get_weights.remote() for a in learners], timeout=120)
+        assert pushed[1]["weights"] == {}, "learner 1 keeps no gathered copy"
+        gathered = pushed[0]["weights"]
+        # one unsharded learner (this process) on the same batch
+        alone_args = make_args(*flags.replace(FSDP, "--placement disaggregated").split())
+        runtime = grpo.setup_runtime(alone_args)
+        alone = grpo.build_learner(alone_args, runtime)
+        before = {k: v.clone() for k, v in alone["policy"].state_dict().items()}
+        grpo.train_step(alone, gen["batch"], alone_args, runtime, 0)
+        after = alone["policy"].state_dict()
+        assert set(gathered) == set(after)
+        assert max((gathered[k] - after[k]).abs().max().item() for k in after) <= 1e-6
+        assert max((after[k] - before[k]).abs().max().item() for k in after) > 1e-4, "moved"
+        # half of everything on each learner: the two shards make the whole, each within FSDP2's
+        # padding of dim 0 to a multiple of 2 (at most one row per tensor)
+        probes = ray.get([a.__ray_call__.remote(held) for a in learners], timeout=60)
+        for key in ("policy", "optimizer", "ref_model", "prev_model"):
+            locals_ = [p[key][0] for p in probes]
+            whole, rows = probes[0][key][1:]
+            assert sum(locals_) == whole, key
+            assert all(abs(b - whole / 2) <= rows for b in locals_), key
+
+        # a mid-run checkpoint: the shards, no model
+        scratch = make_args(*flags.split())
+        grpo_ray._save(scratch, actors, {"opt_step": 1}, 1, 0.0)
+        ckpt = os.listdir(os.path.join(scratch.out, "checkpoint"))
+        assert {"shard_0_of_2.pt", "shard_1_of_2.pt", runs.SHARDS_FILE, "state.json"} <= set(ckpt)
+        assert "model.safetensors" not in ckpt and "config.json" not in ckpt
+
+        # 1 step, then resumed to 2, equals 2 straight steps; a resume with another learner count
+        # or sharding is one line, before Ray is asked for anything
+        first = start(actors, make_args(*flags.split()))
+        grpo_ray.run(first, actors)
+        more = ["--resume", first.out, "--n-grpo-steps", "2"]
+        for bad in (["--num-learners", "3"], ["--learner-sharding", "replicate"]):
+            with pytest.raises(SystemExit):
+                grpo_ray.parse_args(more + bad)
+            err = capsys.readouterr().err.strip().splitlines()[-1]  # after the actors' lines
+            assert err.startswith("error:") and "holds the shards of 2 learners" in err, err
+        resumed = start(actors, grpo_ray.parse_args(more))
+        grpo_ray.run(resumed, actors)
+        straight = make_args(*flags.replace("--n-grpo-steps 1", "--n-grpo-steps 2").split())
+        grpo_ray.run(start(actors, straight), actors)
+        a = final_weights(resumed)
+        b = final_weights(straight)
+        assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in b)
+        rows = [logged_steps(run) for run in (resumed, straight)]
+        assert [r["step"] for r in rows[0]] == [r["step"] for r in rows[1]] == [0, 1]
+        for key in rows[0][1]:  # (a resumed run's first step has no pi_{t-1}: no train/kl_prev)
+            if key.startswith("train/"):
+                assert rows[0][1][key] == rows[1][1][key], key
+        assert any(r["train/zero_var_frac"] < 1 for r in rows[1]), "no signal: vacuous"
+
+        # the engine holds the gathered policy after the final sync
+        engine = ray.get(actors["generator"][0].__ray_call__.remote(engine_weights), timeout=60)
+        pushed = ray.get([a.get_weights.remote() for a in learners], timeout=60)
+        policy = pushed[0]["weights"]
+        assert set(engine) == set(policy)
+        assert all(torch.equal(engine[k], policy[k]) for k in policy)
     finally:
         grpo_ray.kill_actors(actors)
 

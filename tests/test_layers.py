@@ -16,7 +16,7 @@ from conftest import ROOT, doc_section
 LAYERS = [  # bottom first: a file imports only from the layers before its own
     ("errors and flags, the metric table, storage errors", ["common", "metric_table", "storage"]),
     ("pure tensor and reward functions, the sandbox", ["losses", "grader", "sandbox"]),
-    ("task data, LoRA, hardware", ["data", "lora", "hardware"]),
+    ("task data, LoRA, hardware, FSDP2 sharding", ["data", "lora", "hardware", "sharding"]),
     ("a run on disk", ["runs"]),
     ("engines", ["rollout"]),
     ("the multi-turn loop with tools", ["tools"]),
