@@ -461,8 +461,9 @@ def keep_by_pass_rate(rows, path, low, high):
         raise ValueError(
             f"{path} has no pass rate for {len(missing)} of the {len(rows)} training prompts "
             f"(e.g. {_shown(missing[0]['prompt'][-60:])}): write it on this training data with "
-            "eval_zero_shot.py --pass-rate-samples K --data <the --train-path> --split train "
-            "and the same --prompt and --chat-template"
+            "eval_zero_shot.py --pass-rate-samples K --data <the --train-path> --split train, "
+            "a --limit that covers the trainer's --train-n, and the same --prompt and "
+            "--chat-template"
         )
     return [r for r in rows if low <= rates[r["prompt"]] <= high]
 

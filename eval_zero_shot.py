@@ -38,9 +38,11 @@ close apart ("segments") and "thinking_cut"; summary.json adds the fraction cut.
 --pass-rate-samples K (the offline difficulty filter of Kimi k1.5 and Qwen3, docs/objectives.md):
 K samples per example, at T 1.0 unless --temperature says otherwise, and pass_rates.jsonl in
 --out, each example's fraction of correct samples. Run it on the training prompts (--data FILE
---split train, the trainer's --prompt and --chat-template) and give the file to grpo.py,
-grpo_ray.py or expert_iteration.py: --pass-rates FILE --keep-pass-rate LO HI. generations.jsonl
-then holds K rows per example (its "sample" 0..K-1), and the accuracy is over all of them.
+--split train, a --limit that covers the trainer's --train-n, its --prompt and --chat-template)
+and give the file to grpo.py, grpo_ray.py or expert_iteration.py: --pass-rates FILE
+--keep-pass-rate LO HI. generations.jsonl then holds K rows per example (its "sample" 0..K-1,
+sample j of example i seeded seed + i * K + j whatever --chunk), and the accuracy is over all of
+them.
 
 Examples:
   python eval_zero_shot.py                      # embedded tiny model, synthetic Countdown
@@ -443,7 +445,11 @@ def parse_args(argv=None):
         "example's pass rate in pass_rates.jsonl: the trainers' --pass-rates file",
     )
     p.add_argument(
-        "--seed", type=nonneg_int, default=0, help="engine seed; example i is sampled with seed + i"
+        "--seed",
+        type=nonneg_int,
+        default=0,
+        help="engine seed; example i is sampled with seed + i (--pass-rate-samples K: its sample j"
+        " with seed + i * K + j), whatever --chunk",
     )
     # --- output ---
     p.add_argument("--out", default=None, help="output dir (default runs/eval_<task>)")
@@ -576,6 +582,33 @@ def write_pass_rates(args, rows):
     )
 
 
+def sample_chunk(llm, args, chunk, start, tool, max_tokens, stop):
+    """The samples of a chunk of prompts, the first example `start`: one list per prompt of
+    --pass-rate-samples K (else 1) samples. Each prompt goes K times into one call with n = 1, so
+    sample j of example i draws with seed + i * K + j (and its turns above that, --tools), not
+    with a seed that depends on --chunk."""
+    k = args.samples_per_example
+    repeated = []  # each prompt k times, in (example, sample) order
+    for prompt in chunk:
+        repeated += [prompt] * k
+    outs = sample_responses(
+        llm,
+        repeated,
+        tool,
+        tools.thinking(args),
+        n=1,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_tokens=max_tokens,
+        stop=stop,
+        seed=args.seed + start * k,
+    )
+    samples = []  # each example's k samples
+    for i in range(0, len(outs), k):
+        samples.append([out[0] for out in outs[i : i + k]])
+    return samples
+
+
 def grade_chunk(args, examples, start, samples, max_tokens):
     """The rows of generations.jsonl for examples start, start + 1, ... (one sample each; with
     --pass-rate-samples K > 1, K each, numbered by "sample")."""
@@ -682,26 +715,16 @@ def evaluate(args, tool=None, claim=True):
             # --- generate, then grade, a chunk at a time: a stop keeps the chunks graded. Example
             # i is sampled with seed + i whatever the chunking, as rollout.generate seeds prompt k
             # of a call with seed + k (--tools: turn t with seed + i + t * TOOL_TURN_STRIDE).
-            # --pass-rate-samples K: a chunk from example s takes K x its size seeds from
-            # seed + s * K, each (example, sample) its own ---
+            # --pass-rate-samples K: each prompt K times in the call (n = 1), so sample j of
+            # example i has seed + i * K + j whatever the chunking ---
             bar = tqdm(
                 total=len(prompts), desc=f"generate max_tokens={max_tokens}", file=sys.stdout
             )
             with bar:
                 for start in range(0, len(prompts), args.chunk):
                     t0 = time.time()
-                    samples = sample_responses(
-                        llm,
-                        prompts[start : start + args.chunk],
-                        tool,
-                        tools.thinking(args),
-                        n=args.samples_per_example,
-                        temperature=args.temperature,
-                        top_p=args.top_p,
-                        max_tokens=max_tokens,
-                        stop=stop,
-                        seed=args.seed + start * args.samples_per_example,
-                    )
+                    chunk = prompts[start : start + args.chunk]
+                    samples = sample_chunk(llm, args, chunk, start, tool, max_tokens, stop)
                     p["generate_s"] += time.time() - t0
                     p["rows"] += grade_chunk(args, examples, start, samples, max_tokens)
                     bar.update(len(samples))
@@ -711,8 +734,8 @@ def evaluate(args, tool=None, claim=True):
         if passes:
             p = passes[-1]
             stopped = (
-                f"{stop_name()} at max_tokens {p['max_tokens']}, after {len(p['rows'])} of "
-                f"{len(examples)} examples"
+                f"{stop_name()} at max_tokens {p['max_tokens']}, after "
+                f"{len(p['rows']) // args.samples_per_example} of {len(examples)} examples"
             )
 
     # --- save (atomic: tmp + os.replace; --out was checked before any work) ---

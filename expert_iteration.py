@@ -242,10 +242,12 @@ def load_data(args):
     """(train rows, validation rows), each row with its formatted "prompt" (grpo.load_rows). Missing
     or empty data, or fewer questions than --ei-batch-size, is a one-line error."""
     train, val = grpo.load_rows(args)
+    fix = "more data or a smaller --ei-batch-size"
+    if args.pass_rates:
+        fix = "a wider --keep-pass-rate, more data or a smaller --ei-batch-size"
     common.check(
         len(train) >= args.ei_batch_size,
-        f"{len(train)} train questions < --ei-batch-size {args.ei_batch_size}: more data or a"
-        " smaller --ei-batch-size",
+        f"{len(train)} train questions < --ei-batch-size {args.ei_batch_size}: {fix}",
     )
     return train, val
 

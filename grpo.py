@@ -40,7 +40,9 @@ Examples:
 """
 
 import contextlib
+import hashlib
 import importlib.util
+import json
 import math
 import os
 import random
@@ -620,7 +622,9 @@ def correction_flags(p):
         type=common.nonneg_float,
         default=0.0,
         help="add w x the fraction of the reasoning's words in --target-language to each reward"
-        " (DeepSeek-R1's language consistency); adds to the other shaping terms",
+        " (DeepSeek-R1's language consistency); adds to the other shaping terms. The reasoning is"
+        " the text before </think> or <answer>, the whole response without them (intellect);"
+        " one without words (equations only) scores 0",
     )
     g.add_argument(
         "--target-language",
@@ -999,10 +1003,13 @@ def load_data(args):
     """(train rows, validation rows), each row with its formatted "prompt" (load_rows). Missing or
     empty data, or fewer questions than a rollout batch, is a one-line error."""
     train, val = load_rows(args)
+    fix = "more data or a smaller --rollout-batch-size"
+    if args.pass_rates:
+        fix = "a wider --keep-pass-rate, more data or a smaller --rollout-batch-size"
     common.check(
         len(train) >= args.n_prompts_per_rollout_batch,
         f"{len(train)} train questions < {args.n_prompts_per_rollout_batch} prompts per rollout"
-        " batch: more data or a smaller --rollout-batch-size",
+        f" batch: {fix}",
     )
     if args.train_path == "synthetic":
         print(
@@ -1056,6 +1063,7 @@ def load_rows(args):
             f"data: kept {len(train)} of {loaded} prompts, those with a pass rate in "
             f"[{low:g}, {high:g}] ({args.pass_rates})"
         )
+        common.check(train, f"--keep-pass-rate {low:g} {high:g} keeps no prompt: widen it")
     return train, val
 
 
@@ -1277,8 +1285,9 @@ def score(batch, args):
     consistency (batch["language_fraction"], N floats); they add up. Sets batch["rewards"] (the
     reward dicts), batch["raw"] (N,), the total rewards, and batch["correct"] (grader.is_correct
     of each); returns the batch. Reward shaping goes here: batch["raw"] is what advantages read.
-    A length is the response's tokens (with --tools, tool output included); a group is G
-    consecutive rows."""
+    The overlong penalty's length is the response's tokens (with --tools, tool output included);
+    the length reward's, the tokens the policy sampled (batch["policy_masks"] when there are
+    any: train/response_len_mean's count). A group is G consecutive rows."""
     reward_fn = grader.REWARD_FNS[args.reward]
     dicts = grader.grade_batch(
         reward_fn, batch["responses"], batch["ground_truths"], workers=args.grader_workers
@@ -1292,8 +1301,11 @@ def score(batch, args):
         raw += (left / args.overlong_buffer).clamp(-1.0, 0.0)
     correct = [grader.is_correct(d) for d in dicts]
     if args.length_reward_weight:
-        # within each group, the shorter correct responses gain and the longer ones lose
+        # within each group, the shorter correct responses gain and the longer ones lose; a
+        # length is what the policy wrote (not a tool's output, not an appended </think>)
         lengths = [len(ids) for ids in batch["response_ids"]]
+        if "policy_masks" in batch:
+            lengths = [sum(mask) for mask in batch["policy_masks"]]
         unweighted = losses.kimi_length_reward(lengths, correct, args.group_size)  # (N,)
         batch["length_reward"] = args.length_reward_weight * unweighted
         raw += batch["length_reward"]
@@ -1364,17 +1376,26 @@ class Curriculum:
     s <- d s + (1 - d) f, with d = --curriculum-decay, from s = 0.5 for a prompt not yet drawn.
     One sampler per run, where
     the step's prompts are chosen (grpo.py's loop; grpo_ray.py's driver, which hands every
-    generator the step's choice), updated once per step from the joined scored batch; `success`
-    is saved in the checkpoint's state.json and resumed from it."""
+    generator the step's choice), updated once per step from every group the step scored; `state()`
+    is saved in the checkpoint's state.json and resumed from it (`saved`)."""
 
-    def __init__(self, train_rows, args, success=None):
+    def __init__(self, train_rows, args, saved=None):
         self.args = args
         self.success = [0.5] * len(train_rows)  # s of each train row, 0.5 until it is drawn
-        if success is not None:  # a resumed run's
+        self.prompts_sha = prompts_sha(train_rows)  # which prompts, in which order, s is about
+        if saved is not None:  # a resumed run's state(); before prompts_sha: the bare list
+            success = saved
+            if isinstance(saved, dict):
+                success = saved["success"]
             common.check(
                 len(success) == len(train_rows),
                 f"--resume: its curriculum holds {len(success)} prompts, the training data "
                 f"{len(train_rows)}: resume with the run's --train-path, --train-n, --pass-rates",
+            )
+            common.check(
+                not isinstance(saved, dict) or saved["prompts_sha"] == self.prompts_sha,
+                "--resume: its curriculum's prompts differ from the training data's (text or "
+                "order): resume with the run's --data-seed, --pass-rates, --keep-pass-rate",
             )
             self.success = list(success)
         self.rows_of = {}  # prompt text -> its train rows (the same prompt twice: both move)
@@ -1394,16 +1415,34 @@ class Curriculum:
         picks = torch.multinomial(self.weights(), total, replacement=False, generator=gen)
         return picks.tolist()
 
-    def update(self, batch):
-        """Each group of a step's joined scored batch (G consecutive rows, batch["correct"]) moves
-        its prompt's s towards the group's fraction correct: the groups the batch holds, so under
-        --dynamic-sampling those of every round that it kept, not the flat ones it dropped."""
-        G = self.args.group_size
+    def update(self, outcomes):
+        """Each (prompt, fraction correct) of a step's scored groups (collect's
+        stats["group_outcomes"], all shards' in order) moves its prompt's s towards the fraction:
+        every group scored, so under --dynamic-sampling the flat groups it dropped too (an
+        always-solved prompt's s rises)."""
         d = self.args.curriculum_decay
-        for g in range(len(batch["correct"]) // G):
-            frac = fmean(batch["correct"][g * G : (g + 1) * G])
-            for i in self.rows_of[batch["prompts"][g * G]]:
+        for prompt, frac in outcomes:
+            for i in self.rows_of[prompt]:
                 self.success[i] = d * self.success[i] + (1 - d) * frac
+
+    def state(self):
+        """What a checkpoint saves: {"prompts_sha", "success"}."""
+        return {"prompts_sha": self.prompts_sha, "success": list(self.success)}
+
+
+def prompts_sha(train_rows):
+    """A short hash of the training prompts in order: a resumed curriculum's rates are theirs."""
+    prompts = [row["prompt"] for row in train_rows]
+    return hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16]
+
+
+def group_outcomes(part, args):
+    """[(prompt, fraction correct)] of each group of G consecutive rows of a scored part."""
+    G = args.group_size
+    outcomes = []
+    for g in range(len(part["correct"]) // G):
+        outcomes.append((part["prompts"][g * G], fmean(part["correct"][g * G : (g + 1) * G])))
+    return outcomes
 
 
 def start_curriculum(train_rows, args, state):
@@ -1417,9 +1456,11 @@ def start_curriculum(train_rows, args, state):
 def collect(engine, train_rows, args, step, shard=(0, 1), tool=None, picks=None):
     """The rollout and reward phases of a step -> (scored batch, this shard's stats: its seconds
     of generation, grading, tool calls and extra rounds, prompts sampled, flat groups dropped,
-    all-correct and all-wrong groups). `summarize` turns the joined batch into the step's rollout
-    metrics. tool: the run's tools.Tool (--tools), else None. picks: the step's prompts over all
-    shards as train_rows indices (--curriculum: Curriculum.choose), else None: a uniform draw.
+    all-correct and all-wrong groups, and every group's (prompt, fraction correct), the dropped
+    ones too: what the curriculum learns from). `summarize` turns the joined batch into the
+    step's rollout metrics. tool: the run's tools.Tool (--tools), else None. picks: the step's
+    prompts over all shards as train_rows indices (--curriculum: Curriculum.choose), else None: a
+    uniform draw.
 
     --dynamic-sampling (DAPO) drops the groups whose score does not vary and samples fresh prompts
     to fill their place, for up to --dynamic-sampling-max-rounds more rounds; then it trains what
@@ -1448,6 +1489,7 @@ def collect(engine, train_rows, args, step, shard=(0, 1), tool=None, picks=None)
     n_flat = 0  # sampled groups dropped for no variance (--dynamic-sampling)
     all_correct = 0  # sampled groups whose every response is correct (before the filter)
     all_wrong = 0  # sampled groups with no correct response
+    outcomes = []  # every sampled group's (prompt, fraction correct), before the filter
     t0 = time.perf_counter()
     t_grade = 0.0
     t_tool = 0.0
@@ -1467,6 +1509,7 @@ def collect(engine, train_rows, args, step, shard=(0, 1), tool=None, picks=None)
         _, right, wrong = count_groups(part, args)
         all_correct += right
         all_wrong += wrong
+        outcomes += group_outcomes(part, args)
         t_grade = t_grade + time.perf_counter() - t1
         if args.dynamic_sampling:
             # keep the groups with variance, up to the batch size
@@ -1514,6 +1557,7 @@ def collect(engine, train_rows, args, step, shard=(0, 1), tool=None, picks=None)
         "groups_flat": n_flat,
         "groups_all_correct": all_correct,
         "groups_all_wrong": all_wrong,
+        "group_outcomes": outcomes,
     }
     return batch, stats
 
@@ -2220,7 +2264,7 @@ def stopped(message):
 def start_state(args):
     """The run's counters {"step", "opt_step", "wall"}: zero, or a resumed run's checkpoint's
     (runs.restore_checkpoint also cuts metrics.jsonl back to them), with its "curriculum"
-    (Curriculum.success) when it saved one."""
+    (Curriculum.state()) when it saved one."""
     state = {"step": 0, "opt_step": 0, "wall": 0.0}
     if args.resume:
         saved = runs.restore_checkpoint(args.resume, args.out)
@@ -2347,7 +2391,7 @@ def main(args):
                 picks = curriculum.choose(step)
             batch, stats = collect(engine, train_rows, args, step, tool=tool, picks=picks)
             if curriculum is not None:
-                curriculum.update(batch)
+                curriculum.update(stats["group_outcomes"])  # every group, the dropped ones too
             metrics = summarize(batch, [stats], args)
             # --- eval: greedy on the engine's weights, the policy after `step` updates ---
             if args.eval_every and step % args.eval_every == 0:
@@ -2381,7 +2425,7 @@ def main(args):
                 state["opt_step"] = rows[-1]["opt_step"]
                 state["wall"] = time.perf_counter() - t_run
                 if curriculum is not None:
-                    state["curriculum"] = list(curriculum.success)  # as of the steps trained
+                    state["curriculum"] = curriculum.state()  # as of the steps trained
                 dirty = False
             # --- save ---
             if args.save_every and (step + 1) % args.save_every == 0:

@@ -1030,9 +1030,7 @@ def run(args, actors):
     state.update(done=start, dirty=False)  # steps logged; inside a train step
     # --curriculum: the one sampler, here where each step's prompts are chosen (at launch: with
     # staleness s, step j's choice has seen the batches up to j - s - 1)
-    curriculum = None
-    if args.curriculum:
-        curriculum = grpo.start_curriculum(grpo.load_data(args)[0], args, saved)
+    curriculum = start_curriculum(args, saved, state)
     try:
         for t in range(start, n):
             # --- rollout + reward: launch every batch the staleness bound allows (j needs version
@@ -1049,7 +1047,9 @@ def run(args, actors):
                 nxt += 1
             gen = join_shards(get(pending.pop(t), f"rollout step {t}", args, actors))
             if curriculum is not None:
-                curriculum.update(gen["batch"])  # once per step, from the joined batch
+                # once per step, from every group each shard scored (the dropped ones too)
+                for shard_stats in gen["stats"]:
+                    curriculum.update(shard_stats["group_outcomes"])
             # --- the batch's metrics: once, on the joined batch ---
             gen["metrics"] = grpo.summarize(gen["batch"], gen["stats"], args)
             lag = t - gen["version"]
@@ -1068,7 +1068,7 @@ def run(args, actors):
                 _log_step(args, state, gen, trs, t_run)
                 state.update(done=t + 1, dirty=False)
                 if curriculum is not None:
-                    state["curriculum"] = list(curriculum.success)  # saved with the steps trained
+                    state["curriculum"] = curriculum.state()  # saved with the steps trained
 
             # --- sync weights after every k-th batch, queued behind the generations already
             # launched ---
@@ -1088,6 +1088,17 @@ def run(args, actors):
 
     # --- the end: the last push, the final eval, the save, the summary ---
     return _finish(args, actors, state, syncs, pushed, start)
+
+
+def start_curriculum(args, saved, state):
+    """The driver's --curriculum sampler (grpo.start_curriculum; None without --curriculum), from
+    the checkpoint `saved`'s rates when resumed. Its state() goes into `state` at once: a save
+    before this session's first step (a stop, or nothing left to train) keeps it."""
+    if not args.curriculum:
+        return None
+    curriculum = grpo.start_curriculum(grpo.load_data(args)[0], args, saved)
+    state["curriculum"] = curriculum.state()
+    return curriculum
 
 
 def _finish(args, actors, state, syncs, pushed, start):

@@ -533,3 +533,40 @@ def test_tools_calculator_end_to_end(tmp_path):
     assert s["frac_with_call"] == len([c for c in calls if c]) / 3
     cut = [row for row in rows if row["finish_reason"] in ("length", "truncated_by_tool")]
     assert s["frac_truncated"] == len(cut) / 3
+
+
+def test_pass_rate_samples_seeds_do_not_depend_on_the_chunk(
+    tiny_model_dir, problems, tmp_path, sigterm, capsys
+):
+    """--pass-rate-samples 2: sample j of example i draws with seed + 2i + j, so --chunk 1 and
+    --chunk 2 generate the same rows (the tiny model, --engine hf, T 1). A SIGTERM in --chunk
+    1's second call stops after 1 of 2 examples: the message counts examples, not their 2 rows."""
+    import eval_zero_shot
+    import rollout
+
+    argv = ["--model", tiny_model_dir, "--engine", "hf", "--data", problems, "--limit", "2"]
+    argv += ["--pass-rate-samples", "2"]
+    argv += ["--max-tokens", "4", "--workers", "1", "--show", "0"]
+
+    def generations(out):
+        rows = [json.loads(line) for line in open(out / "generations.jsonl")]
+        return [(r["index"], r["sample"], r["response"]) for r in rows]
+
+    eval_zero_shot.main(argv + ["--chunk", "2", "--out", str(tmp_path / "a")])
+    whole = generations(tmp_path / "a")
+    assert len(whole) == 4 and len({text for _, _, text in whole[:2]}) == 2
+    real_generate = rollout.generate
+    calls = []
+
+    def generate(*a, **kw):
+        calls.append(kw["seed"])
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # this call's chunk is not graded
+        return real_generate(*a, **kw)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(rollout, "generate", generate)
+        with pytest.raises(SystemExit):
+            eval_zero_shot.main(argv + ["--chunk", "1", "--out", str(tmp_path / "b")])
+    assert generations(tmp_path / "b") == whole[:2]
+    assert "after 1 of 2 examples" in capsys.readouterr().err

@@ -312,7 +312,7 @@ def test_resume_restores_the_run_flags_and_continues_identically(on_policy):
         with open(run / "checkpoint" / "state.json") as f:
             saved.append(json.load(f)["curriculum"])
     assert saved[0] == saved[1]
-    assert len(saved[0]) == 64 and set(saved[0]) != {0.5}
+    assert len(saved[0]["success"]) == 64 and set(saved[0]["success"]) != {0.5}
 
 
 def test_off_policy_run_ratio_starts_at_one_and_hf_engine_smoke(
@@ -1455,10 +1455,12 @@ def test_curriculum_weights_and_draws_follow_the_success_rates():
         "prompts": ["question 0"] * 4 + ["question 1"] * 4,
         "correct": [True] * 4 + [True, False, True, False],
     }
-    cur.update(batch)
+    outcomes = grpo.group_outcomes(batch, args)
+    assert outcomes == [("question 0", 1.0), ("question 1", 0.5)]
+    cur.update(outcomes)
     assert cur.weights().tolist() == [0.25, 0.5, 0.5, 0.5, 0.5, 0.5]
     for _ in range(5):
-        cur.update(batch)
+        cur.update(outcomes)
     s0 = 1 - 0.5**7  # six updates towards 1 from 0.5
     assert cur.success[0] == pytest.approx(s0)
     assert cur.weights()[0].item() == 0.05  # max(floor, 1 - s0 = 0.0078)
@@ -1473,6 +1475,107 @@ def test_curriculum_weights_and_draws_follow_the_success_rates():
     assert counts[0] < min(counts[1:]) / 3, counts  # weight 0.05 against 0.5
     with pytest.raises(SystemExit):  # a resumed state of another data set: one line
         grpo.Curriculum(rows[:3], args, cur.success)
+
+
+def test_curriculum_resume_refuses_the_rates_of_other_prompts(capsys):
+    """The checkpoint's rates name their prompts (a hash, in order): the same number of prompts
+    in another order (another --data-seed, --keep-pass-rate) is one line, not a silent shift; a
+    checkpoint from before the hash (a bare list) is checked by its length."""
+    args = summarize_args("--curriculum")
+    rows = [{"prompt": f"question {i}"} for i in range(5)]
+    cur = grpo.Curriculum(rows, args)
+    cur.update([("question 0", 1.0)])
+    saved = cur.state()
+    assert grpo.Curriculum(rows, args, saved).success == cur.success
+    assert grpo.Curriculum(rows, args, saved["success"]).success == cur.success
+    with pytest.raises(SystemExit):
+        grpo.Curriculum(rows[::-1], args, saved)
+    assert "curriculum's prompts differ" in capsys.readouterr().err
+
+
+def test_curriculum_learns_from_the_groups_dynamic_sampling_drops(monkeypatch):
+    """--dynamic-sampling drops an always-solved prompt's flat group from the batch, but collect's
+    stats["group_outcomes"] keep it: the curriculum lowers that prompt's weight below a
+    half-solved one's (learning from the kept batch alone left it at 0.5, above)."""
+    args = summarize_args("--curriculum", "--dynamic-sampling", "--min-tokens", "0")
+    G = args.group_size
+    script = {"easy": [RIGHT] * G, "half": [RIGHT, UNFORMATTED] * (G // 2)}
+    rows = [{"prompt": "easy"}, {"prompt": "half"}, {"prompt": "half"}]
+
+    def fake_rollout(engine, rows, args, seed, tool=None):
+        prompts = [row["prompt"] for row in rows for _ in range(G)]
+        return {"prompts": prompts, "response_ids": [[1]] * len(prompts)}
+
+    def fake_score(batch, args):
+        rewards = []
+        for g in range(0, len(batch["prompts"]), G):
+            rewards += script[batch["prompts"][g]]
+        batch["rewards"] = rewards
+        batch["correct"] = [grader.is_correct(d) for d in rewards]
+        batch["raw"] = torch.tensor([d["reward"] for d in rewards])
+        return batch
+
+    monkeypatch.setattr(grpo, "rollout", fake_rollout)
+    monkeypatch.setattr(grpo, "score", fake_score)
+    cur = grpo.Curriculum(rows, args)
+    batch, stats = grpo.collect(None, rows, args, 0, picks=[0, 1])
+    assert "easy" not in batch["prompts"]  # the filter dropped it
+    assert stats["group_outcomes"][:2] == [("easy", 1.0), ("half", 0.5)]
+    cur.update(stats["group_outcomes"])
+    weights = cur.weights().tolist()
+    assert weights[0] <= 0.25 and weights[1] == weights[2] == 0.5  # (easy again in round 1?)
+
+
+def test_length_reward_counts_the_tokens_the_policy_sampled(monkeypatch):
+    """With policy masks (--tools, --thinking-budget) a response's length is sum(mask), the count
+    train/response_len_mean logs: four responses of 10 tokens, of which the policy sampled 2, 4,
+    6, 8, get lambda 0.5 - (n - 2) / 6, not the 0 of equal lengths."""
+    args = summarize_args("--length-reward-weight", "1", "--grader-workers", "0")
+    monkeypatch.setitem(grader.REWARD_FNS, args.reward, lambda response, truth: RIGHT)
+    sampled = [2, 4, 6, 8]
+    batch = {
+        "responses": ["r"] * 4,
+        "ground_truths": ["t"] * 4,
+        "response_ids": [[1] * 10] * 4,
+        "policy_masks": [[1] * n + [0] * (10 - n) for n in sampled],
+    }
+    grpo.score(batch, args)
+    want = kimi_by_hand(sampled, [True] * 4, 4)
+    assert batch["length_reward"].tolist() == pytest.approx(want)
+    assert want == pytest.approx([0.5, 1 / 6, -1 / 6, -0.5])
+
+
+def test_pass_rate_filter_errors_name_the_flag_to_change(tmp_path, capsys):
+    """A pass-rate file short of the training prompts names the eval's --limit; a --keep-pass-rate
+    that keeps none, or fewer than a step draws (2), names --keep-pass-rate."""
+    flags = [
+        "--train-n",
+        "8",
+        "--group-size",
+        "4",
+        "--rollout-batch-size",
+        "8",
+        "--train-batch-size",
+        "8",
+    ]
+    rows = grpo.load_rows(grpo.parse_args(flags))[0]
+    path = tmp_path / "pass_rates.jsonl"
+    with open(path, "w") as f:
+        for i, row in enumerate(rows):
+            f.write(json.dumps({"prompt": row["prompt"], "pass_rate": min(i, 1) * 0.5}) + "\n")
+    cases = [
+        (["--train-n", "16", "--keep-pass-rate", "0", "1"], "a --limit that covers"),
+        (["--keep-pass-rate", "0.9", "1"], "--keep-pass-rate 0.9 1 keeps no prompt"),
+        (
+            ["--keep-pass-rate", "0", "0"],
+            "1 train questions < 2 prompts per rollout batch: a wider",
+        ),
+    ]
+    for extra, message in cases:
+        args = grpo.parse_args(flags + ["--pass-rates", str(path)] + extra)
+        with pytest.raises(SystemExit):
+            grpo.load_data(args)
+        assert message in capsys.readouterr().err, extra
 
 
 def test_sample_seeds_never_overlap():
@@ -2230,7 +2333,7 @@ def test_the_lecture_menu_on_the_embedded_model(tmp_path):
     assert -0.25 <= step["train/length_reward"] <= 0.25  # w x a mean lambda in [-0.5, 0.5]
     assert 0 <= step["train/language_fraction"] <= 1
     with open(out / "checkpoint" / "state.json") as f:
-        success = json.load(f)["curriculum"]
+        success = json.load(f)["curriculum"]["success"]
     moved = [s for s in success if s != 0.5]  # the step's 4 prompts: 0.25 + 0.5 x f
     assert len(success) == len(kept) and len(moved) <= 4
     assert set(moved) <= {0.25, 0.375, 0.625, 0.75}

@@ -658,8 +658,8 @@ def spans(args, phase, actor=None):
 
 
 def record_curriculum(monkeypatch):
-    """[(step, picks)] of every Curriculum.choose and [(prompts, correct)] of every update, as the
-    driver calls them (it runs in this process)."""
+    """[(step, picks)] of every Curriculum.choose and the (prompt, fraction correct) outcomes of
+    every update, as the driver calls them (it runs in this process)."""
     chosen = []
     updates = []
     choose = grpo.Curriculum.choose
@@ -669,13 +669,27 @@ def record_curriculum(monkeypatch):
         chosen.append((step, choose(self, step)))
         return chosen[-1][1]
 
-    def recorded_update(self, batch):
-        updates.append({"prompts": list(batch["prompts"]), "correct": list(batch["correct"])})
-        update(self, batch)
+    def recorded_update(self, outcomes):
+        updates.append(list(outcomes))
+        update(self, outcomes)
 
     monkeypatch.setattr(grpo.Curriculum, "choose", recorded_choose)
     monkeypatch.setattr(grpo.Curriculum, "update", recorded_update)
     return chosen, updates
+
+
+def test_the_curriculum_is_in_the_state_before_the_first_step(make_args):
+    """The driver's state holds the sampler's rates from the start: a save before this session's
+    first step (a stop during the first rollout after --resume) keeps the resumed ones."""
+    args = make_args("--curriculum")
+    rows = grpo.load_data(args)[0]
+    resumed = grpo.Curriculum(rows, args)
+    resumed.update([(rows[0]["prompt"], 1.0)])
+    state = {}
+    assert grpo_ray.start_curriculum(args, {"curriculum": resumed.state()}, state) is not None
+    assert state["curriculum"] == resumed.state()
+    state = {}
+    assert grpo_ray.start_curriculum(make_args(), {}, state) is None and state == {}
 
 
 @requires_vllm
@@ -718,18 +732,23 @@ def test_disaggregated_sync(disaggregated, make_args, monkeypatch):
         "sync: generation t+1 uses train t's weights"
     )
     assert_synced(disaggregated["generator"][0], args)
-    # --curriculum: grpo.py's sampler replayed on the joined batches chooses the same prompts,
-    # the batches hold them (G each), and ends with the success rates the checkpoint saved
+    # --curriculum: grpo.py's sampler replayed on the shards' group outcomes chooses the same
+    # prompts, the outcomes are theirs (one per group, shard by shard, once per step), and it ends
+    # with the success rates the checkpoint saved
     monkeypatch.undo()  # the replay's own calls unrecorded
     train_rows = grpo.load_data(args)[0]
     replay = grpo.Curriculum(train_rows, args)
     assert [step for step, _ in chosen] == [0, 1, 2]
-    for (step, picks), batch in zip(chosen, updates):
+    assert len(updates) == 3 * len(disaggregated["generator"])
+    n_shards = len(disaggregated["generator"])
+    for t, (step, picks) in enumerate(chosen):
         assert replay.choose(step) == picks
-        prompts = [train_rows[j]["prompt"] for j in picks for _ in range(args.group_size)]
-        assert batch["prompts"] == prompts
-        replay.update(batch)
-    assert read(args, "checkpoint/state.json")["curriculum"] == replay.success
+        outcomes = []
+        for shard_outcomes in updates[t * n_shards : (t + 1) * n_shards]:
+            outcomes += shard_outcomes
+        assert [prompt for prompt, _ in outcomes] == [train_rows[j]["prompt"] for j in picks]
+        replay.update(outcomes)
+    assert read(args, "checkpoint/state.json")["curriculum"] == replay.state()
     resumed = start(
         disaggregated, grpo_ray.parse_args(["--resume", args.out, "--n-grpo-steps", "4"])
     )
