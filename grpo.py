@@ -1788,6 +1788,24 @@ def _shard(rows, dp):
     return rows[start:end]
 
 
+def _microbatches(rows, dp, mbs):
+    """This learner's microbatches of `rows` (tensors of row numbers, mbs rows each), each with
+    whether it is a dummy. Sharded (FSDP2), every forward gathers each layer and every backward
+    reduce-scatters it, collectives all learners must join: each runs as many microbatches as the
+    learner with the most rows (no shared prefix there: one forward each), the missing ones dummies
+    of the step's first row, whose outputs the caller discards (its loss times 0)."""
+    mine = _shard(rows, dp)
+    out = []
+    for start in range(0, len(mine), mbs):
+        out.append((mine[start : start + mbs], False))
+    if dp is not None and dp.get("sharded"):
+        most_rows = -(-len(rows) // dp["world"])  # ceil: _shard's largest share
+        most = -(-most_rows // mbs)
+        while len(out) < most:
+            out.append((rows[:1], True))
+    return out
+
+
 def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None, rows=None, entropy=False):
     """(N, T) label log-probs under `model` at the sampling temperature, no grad; with entropy:
     the token entropies instead. Of `rows` only (the others read 0), by default all.
@@ -1798,7 +1816,6 @@ def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None, rows=None, 
     was_training = model.training
     if rows is None:
         rows = torch.arange(N)
-    rows = _shard(rows, dp)
     mbs = args.micro_train_batch_size
     shared_prefix = runtime["shared_prefix"]
     key = "log_probs"  # get_response_log_probs' output this returns
@@ -1811,10 +1828,8 @@ def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None, rows=None, 
     if sharding.is_sharded(model):
         no_grad = torch.no_grad
     with no_grad(), hardware.autocast(device, runtime["compute_dtype"]):
-        for start in range(0, len(rows), mbs):
-            for idx, mb, L, P in forward_passes(
-                tensors, rows[start : start + mbs], shared_prefix, device
-            ):
+        for micro, dummy in _microbatches(rows, dp, mbs):
+            for idx, mb, L, P in forward_passes(tensors, micro, shared_prefix, device):
                 result = losses.get_response_log_probs(
                     model,
                     **mb,
@@ -1823,8 +1838,12 @@ def batch_log_probs(model, tensors, args, runtime, ban_ids, dp=None, rows=None, 
                     ban_token_ids=ban_ids,
                     prefix_len=P,
                 )
-                out[idx, :L] = result[key].float().cpu()  # (rows, L)
+                if not dummy:
+                    out[idx, :L] = result[key].float().cpu()  # (rows, L)
     model.train(was_training)
+    # a sharded model keeps its root's parameters gathered after a no-grad pass (FSDP2): back in
+    # their shards now, so one model's root is whole at a time (a no-op unsharded)
+    sharding.reshard(model)
     out = out.clone()  # a normal tensor: inference tensors cannot enter autograd later
     if dp is None:
         return out
@@ -1992,9 +2011,6 @@ def train_step(learner, batch, args, runtime, step, lag=0, dp=None):
                 staleness = losses.kl_divergence(prev, cur, sampled, "k3")
                 metrics["train/mismatch_kernel_kl"] = kernel.item()
                 metrics["train/mismatch_staleness_kl"] = staleness.item()
-    # a sharded model keeps its root's parameters gathered after the passes above (FSDP2): back in
-    # their shards before its state and parameters are read (a no-op unsharded)
-    sharding.reshard(policy, ref_model, prev_model)
     if prev_model is not None and args.kl_every and (step + 1) % args.kl_every == 0:
         prev_model.load_state_dict(policy.state_dict())  # pi_t, the next step's previous policy
         prev_model.holds_step = step
@@ -2061,11 +2077,8 @@ def _updates(learner, batch, tensors, args, runtime, step, dp=None):
             keep = None  # (N, T) the tokens that carry the policy gradient; None: all
             if args.entropy_top_quantile < 1:
                 keep = top_entropy_tokens(policy, tensors, rows, args, runtime, ban_ids, dp)
-            mine = _shard(rows, dp)
-            for start in range(0, len(mine), mbs):
-                for idx, mb, L, P in forward_passes(
-                    tensors, mine[start : start + mbs], shared_prefix, device
-                ):
+            for micro, dummy in _microbatches(rows, dp, mbs):
+                for idx, mb, L, P in forward_passes(tensors, micro, shared_prefix, device):
                     with hardware.autocast(device, runtime["compute_dtype"]):
                         out = losses.get_response_log_probs(
                             policy,
@@ -2094,6 +2107,9 @@ def _updates(learner, batch, tensors, args, runtime, step, dp=None):
                         token_entropy=out["token_entropy"],
                         entropy_mask=mb_keep,
                     )
+                    if dummy:
+                        (loss * 0.0).backward()  # the sharded collectives pair up; nothing learnt
+                        continue
                     loss.backward()
                     # token averages over the whole step, whatever the forwards' split
                     tok = float(mb_mask.sum()) / n_tok

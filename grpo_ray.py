@@ -638,17 +638,25 @@ class Worker:
         if final:  # a collective: every learner gathers, learner 0 keeps the tensors
             weights = sharding.full_state_dict(policy, keep=rank == 0)
         staging = os.path.join(out_dir, "checkpoint.shards")
+        path = os.path.join(staging, sharding.shard_name(rank, world))
         error = None
+        line = None  # the one line of a storage error
         try:
             os.makedirs(staging, exist_ok=True)
-            path = os.path.join(staging, sharding.shard_name(rank, world))
             sharding.save_shard(path, policy, self.learner["optimizer"])
-        except OSError as e:
+        except Exception as e:  # torch.save on a full disk raises RuntimeError, not OSError
             error = e
-        # every learner learns whether all shards are staged: a failed one stops them all
+            line = runs.storage_error_line(e, staging, "saving")  # before the file frees space
+            try:
+                os.remove(path)  # nothing half-written stays behind
+            except OSError:
+                pass
+        # every learner, the failed one too, learns whether all shards are staged: one failure
+        # stops them all
         staged = self.dp["reduce"](torch.tensor(float(error is None)), "min").item()
+        if line:
+            runs.stop(line)
         if error is not None:
-            runs.stop_on_storage_error(error, staging, "saving")
             raise error
         common.check(staged == 1, f"{self.name}: another learner failed to stage its shard")
         if rank != 0:

@@ -66,6 +66,8 @@ def shard(model, mesh):
 
 def is_sharded(model):
     """Is this model sharded (by `shard`)?"""
+    if not hasattr(model, "gathering_body"):  # shard's mark: unsharded, nothing to import
+        return False
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
@@ -75,11 +77,11 @@ def reshard(*models):
     """Put each sharded model's parameters back in their shards (None and unsharded models are
     skipped). FSDP2 keeps a root's parameters gathered from a forward until the backward: after a
     no-grad pass, the model's state dict and parameters would be the gathered root tensors."""
-    from torch.distributed.fsdp import FSDPModule
-
     for model in models:
-        if model is None:
+        if model is None or not hasattr(model, "gathering_body"):  # not sharded: nothing to do
             continue
+        from torch.distributed.fsdp import FSDPModule
+
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.reshard()

@@ -1500,3 +1500,73 @@ def test_tools_colocated_on_the_embedded_model(cluster, make_tool_args):
         assert_loss_leaves_tool_output_out(actors["learner"][0], joined)
     finally:
         grpo_ray.kill_actors(actors)
+
+
+# 2 sharded learners over gloo in their own processes (torch.multiprocessing), no Ray: train_step
+# on a batch given as a file; rank 0 writes the gathered policy
+FSDP_PROBE = """
+import datetime, os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+sys.path.insert(0, os.getcwd())
+
+def main(rank, args, batch, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    timeout = datetime.timedelta(seconds=60)  # a hang fails the test, not the suite
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timeout)
+    from torch.distributed.device_mesh import init_device_mesh
+    import grpo, sharding
+    runtime = grpo.setup_runtime(args)
+    learner = grpo.build_learner(args, runtime, init_device_mesh("cpu", (2,)))
+    def reduce(t, op):
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op.upper()))
+        return t
+    dp = {"rank": rank, "world": 2, "reduce": reduce, "sharded": True}
+    grpo.train_step(learner, batch, args, runtime, 0, dp=dp)
+    weights = sharding.full_state_dict(learner["policy"], keep=rank == 0)
+    if rank == 0:
+        torch.save(weights, out)
+
+if __name__ == "__main__":
+    args, batch, port, out = torch.load(sys.argv[1], weights_only=False)
+    mp.spawn(main, args=(args, batch, port, out), nprocs=2)
+"""
+
+
+def test_fsdp_learners_with_uneven_shares_train_as_one(make_args, tmp_path):
+    """--learner-sharding fsdp on a step whose rows do not split evenly (3 rows, 1 per
+    microbatch: 1 and 2 per learner): the learner with fewer rows runs dummy passes, so every
+    FSDP2 collective pairs up (no hang), and the update equals one learner's on the whole batch.
+    KL monitoring and --entropy-top-quantile add the pi_ref, pi_{t-1} and entropy passes."""
+    flags = "--group-size 3 --rollout-batch-size 3 --train-batch-size 3"
+    flags += " --gradient-accumulation-steps 3 --loss grpo_clip --kl-every 1 --no-shared-prefix"
+    flags += " --entropy-top-quantile 0.5"
+    args = make_args(*flags.split())
+    assert args.micro_train_batch_size == 1
+    gen = torch.Generator().manual_seed(0)
+    batch = {"prompt_ids": [], "response_ids": [], "engine_logprobs": []}
+    for n in (5, 3, 4):  # response lengths
+        batch["prompt_ids"].append(torch.randint(5, 60, (4,), generator=gen).tolist())
+        batch["response_ids"].append(torch.randint(5, 60, (n,), generator=gen).tolist())
+        batch["engine_logprobs"].append([-1.0] * n)
+    batch["raw"] = torch.tensor([-1.0, 0.5, 1.0])
+    batch["truncated"] = [False] * 3
+    batch["void"] = [False] * 3
+    batch["ban_token_ids"] = [1]
+    out = tmp_path / "gathered.pt"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.save((args, batch, port, str(out)), tmp_path / "inputs.pt")
+    (tmp_path / "probe.py").write_text(FSDP_PROBE)
+    cmd = [sys.executable, str(tmp_path / "probe.py"), str(tmp_path / "inputs.pt")]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    gathered = torch.load(out)
+    runtime = grpo.setup_runtime(args)
+    alone = grpo.build_learner(args, runtime)
+    before = {k: v.clone() for k, v in alone["policy"].state_dict().items()}
+    grpo.train_step(alone, batch, args, runtime, 0)
+    after = alone["policy"].state_dict()
+    assert set(gathered) == set(after)
+    assert max((gathered[k] - after[k]).abs().max().item() for k in after) <= 1e-6
+    assert max((after[k] - before[k]).abs().max().item() for k in after) > 1e-4, "moved"
