@@ -23,8 +23,11 @@ def children():
     """The PIDs of this process's living children (any thread's)."""
     found = set()
     for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
-        with open(path) as f:
-            found |= set(f.read().split())
+        try:
+            with open(path) as f:
+                found |= set(f.read().split())
+        except FileNotFoundError:  # the thread ended between the listing and the read
+            continue
     return found
 
 
