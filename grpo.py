@@ -1453,6 +1453,33 @@ def start_curriculum(train_rows, args, state):
     return Curriculum(train_rows, args, state.get("curriculum"))
 
 
+def shard_prompts(train_rows, args, step, shard, picks):
+    """(index of this shard's first prompt, its prompts) among the step's: a uniform draw seeded
+    by the step, or the curriculum's picks (train_rows indices); shard (i, n) takes its part."""
+    i, n = shard
+    total = args.n_prompts_per_rollout_batch  # the step's prompts, over all shards
+    start = i * total // n  # this shard's first prompt
+    end = (i + 1) * total // n
+    if picks is None:
+        chosen = random.Random(sample_seed(args, step)).sample(train_rows, total)
+    else:
+        chosen = [train_rows[j] for j in picks]
+    return start, chosen[start:end]
+
+
+def _join_parts(batch, part):
+    """The groups kept so far (None before the first round) with a round's kept groups after."""
+    if batch is None:
+        return part
+    joined = {}
+    for key, values in part.items():
+        if torch.is_tensor(values):
+            joined[key] = torch.cat([batch[key], values])
+        else:
+            joined[key] = batch[key] + values
+    return joined
+
+
 def collect(engine, train_rows, args, step, shard=(0, 1), tool=None, picks=None):
     """The rollout and reward phases of a step -> (scored batch, this shard's stats: its seconds
     of generation, grading, tool calls and extra rounds, prompts sampled, flat groups dropped,
@@ -1467,16 +1494,9 @@ def collect(engine, train_rows, args, step, shard=(0, 1), tool=None, picks=None)
     it has. shard (i, n): generator i of n (grpo_ray.py) takes its part of the step's prompts and
     seeds; the n parts joined in order are one batch.
     """
-    i, n = shard
+    i = shard[0]
     G = args.group_size
-    total = args.n_prompts_per_rollout_batch  # the step's prompts, over all shards
-    start = i * total // n  # this shard's first prompt
-    end = (i + 1) * total // n
-    if picks is None:
-        chosen = random.Random(sample_seed(args, step)).sample(train_rows, total)
-    else:
-        chosen = [train_rows[j] for j in picks]
-    rows = chosen[start:end]
+    start, rows = shard_prompts(train_rows, args, step, shard, picks)
     rng = random.Random(f"{sample_seed(args, step)}-{i}")  # extra rounds: this shard's own draws
     n_rounds = 1
     if args.dynamic_sampling:
@@ -1519,16 +1539,7 @@ def collect(engine, train_rows, args, step, shard=(0, 1), tool=None, picks=None)
             flat = part
             part, n_dropped = _drop_flat_groups(flat, want - have, args)
             n_flat += n_dropped
-        if batch is None:
-            batch = part
-        else:
-            joined = {}
-            for key, values in part.items():
-                if torch.is_tensor(values):
-                    joined[key] = torch.cat([batch[key], values])
-                else:
-                    joined[key] = batch[key] + values
-            batch = joined
+        batch = _join_parts(batch, part)
         if t_round0 is None:
             t_round0 = time.perf_counter() - t0
         missing = want - len(batch["raw"]) // G
